@@ -1,0 +1,49 @@
+# The two set-up commands of the README: `make run` and `make test`.
+# Prerequisites: Python 3.11+, make, a JDK 17+ and Maven (for the test Kafka broker).
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-dev
+
+.PHONY: run test venv lint format typecheck bench clean kcat
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+## make run: the main job on the embedded default (no broker): the quickstart scenario, every policy.
+run: $(STAMP)
+	$(BIN)/headroom simulate scenarios/quickstart.yaml
+
+## make test: lint, then the whole suite, including the integration tests on a real Kafka broker
+## (started here unless KAFKA_BOOTSTRAP_SERVERS names one, and stopped afterwards).
+test: $(STAMP) kcat
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	PATH="$(abspath $(BIN)):$$PATH" ./tools/run-tests.sh
+
+kcat:
+	@command -v kcat >/dev/null 2>&1 || ./tools/install-kcat.sh
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/headroom bench --out BENCH.json
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache headroom/broker/libs

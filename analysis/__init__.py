@@ -1,0 +1,1 @@
+"""Structured-log analysis: one analyzer turns any event log (simulated or real) into metrics.json, plots and a report."""

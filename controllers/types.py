@@ -1,0 +1,112 @@
+"""Plain data that crosses the boundary of the pure control cores.
+
+The simulator and the Faust app both build a :class:`RegionObservation` per region per control
+interval and hand it to :class:`controllers.plane.ControlPlane`, which returns
+:class:`RegionTargets` (the body of one ``headroom.targets`` message). Nothing here does I/O or
+reads a clock: ``now`` is always given (the record's event time where there is one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+Resource = Literal["cpu", "accelerator"]
+Pool = Literal["dedicated", "opportunistic"]
+Path = Literal["base", "rma", "sbm"]
+Arm = Literal["treatment", "control"]
+
+LEVER_RMA = "rma"
+LEVER_SBM = "sbm"
+LEVER_PRECOMPUTE = "precompute"
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityLevel:
+    """The newest announced level of one (resource, hardware, pool) in a region."""
+
+    resource: Resource
+    hardware: str
+    pool: Pool
+    units: float
+    expires_in_s: float | None = None  # expected remaining lifetime; None = unknown
+    remote: bool = False  # only asynchronous work (precompute) may use it
+    ts: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ArmStats:
+    """Sums of one (segment, lever, arm) over some windows: they add exactly (CONTRACT §2)."""
+
+    n: int = 0
+    value_sum: float = 0.0
+    value_sq_sum: float = 0.0
+    cpu_ms: float = 0.0
+    accelerator_ms: float = 0.0
+
+    def __add__(self, other: ArmStats) -> ArmStats:
+        return ArmStats(
+            self.n + other.n,
+            self.value_sum + other.value_sum,
+            self.value_sq_sum + other.value_sq_sum,
+            self.cpu_ms + other.cpu_ms,
+            self.accelerator_ms + other.accelerator_ms,
+        )
+
+
+# (segment, lever, arm) -> sums received since the previous control step
+ValueKey = tuple[str, str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class RegionObservation:
+    """What the controllers know about one region at one control step."""
+
+    region: str
+    now: float
+    window_s: float  # length of the control window these measurements cover
+    # p99 of the ranking path over the window, from merged sketches; None = no samples.
+    # Keys: "all" (every request), "base", "rma", "sbm".
+    p99_ms: Mapping[str, float | None]
+    request_rps: float
+    eligible_rps: float
+    segment_rps: Mapping[str, float]  # request rate per segment (eligible or not)
+    capacity: tuple[CapacityLevel, ...]
+    value: Mapping[ValueKey, ArmStats] = field(default_factory=dict)  # new sums this window
+    observed_coverage: float | None = None  # share of eligible requests served by the strong model
+    # seconds since the newest value signal arrived (None = never): stale signals trigger fallback
+    value_age_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LeverShare:
+    """One lever's slice of a region's opportunistic capacity, as the allocator decided it."""
+
+    lever: str
+    cpu: float  # cores
+    accelerator: float  # device equivalents
+    hardware: str | None = None  # accelerator type this slice runs on
+    value_per_unit_lcb: float = 0.0  # the lower-confidence marginal value that justified it
+
+
+@dataclass(frozen=True, slots=True)
+class RegionTargets:
+    """One ``headroom.targets`` message body (CONTRACT §2), every field already clamped."""
+
+    region: str
+    ts: float
+    epoch: int
+    ttl_s: float
+    rma_candidates: int
+    rma_base: int
+    rma_max: int
+    sbm_coverage: float
+    sbm_segments: Mapping[str, float]
+    budget_cpu: float
+    budget_accelerator: float
+    reason: str
+    allocation: tuple[LeverShare, ...] = ()
+    # precompute: jobs per second the precompute workers may run (0 when the lever is off)
+    precompute_jobs_per_s: float = 0.0
+    fallback: str | None = None  # why the allocator fell back, if it did

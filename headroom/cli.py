@@ -1,0 +1,299 @@
+"""The one console entry point, ``headroom``.
+
+Every command of CONTRACT §4 is declared here, with its flags, in one table-like place; the work
+itself lives in the module each command names (imported lazily, so ``headroom --help`` stays fast
+and a command never pays for another's imports).
+
+Exit codes (CONTRACT §4): 0 success; 2 bad input (usage, scenario, config) with one line per
+problem and no traceback; 1 any other failure, with a message saying what failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from headroom.errors import ConfigError, HeadroomError
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_BAD_INPUT = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors exit 2 with one line (argparse already uses 2)."""
+
+
+def _add_kafka_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--bootstrap",
+        metavar="HOST:PORT",
+        default=None,
+        help="Kafka bootstrap servers (default: $KAFKA_BOOTSTRAP_SERVERS, else the local broker "
+        "that `headroom kafka start` runs)",
+    )
+    p.add_argument(
+        "--prefix",
+        metavar="P",
+        default=None,
+        help="topic name prefix (default: $HEADROOM_TOPIC_PREFIX, else 'headroom.')",
+    )
+
+
+def _add_scenario_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--scenario",
+        metavar="FILE",
+        default=None,
+        help="scenario whose slo, world, models and segments configure this component "
+        "(default: the quickstart scenario)",
+    )
+
+
+def _add_metrics_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--metrics-port",
+        metavar="N",
+        type=int,
+        default=None,
+        help="serve Prometheus metrics on this port (0 = a free port, printed at start-up; "
+        "default: no endpoint)",
+    )
+
+
+def _state_dir_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        default=None,
+        help="where the broker keeps its pid, data and log (default: $HEADROOM_KAFKA_STATE_DIR, "
+        "else ~/.local/state/headroom/kafka)",
+    )
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0: {text!r}")
+    return value
+
+
+# (command path, module, function) — the function takes the parsed args and returns an exit code.
+Handler = tuple[str, str]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="headroom",
+        description="headroom: spend idle, reclaimable inference capacity on optional ranking "
+        "work, and give it back within milliseconds.",
+    )
+    parser.add_argument("--version", action="version", version=f"headroom {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def cmd(
+        parent: argparse._SubParsersAction[argparse.ArgumentParser],
+        name: str,
+        help_text: str,
+        handler: Handler | None,
+    ) -> argparse.ArgumentParser:
+        p = parent.add_parser(name, help=help_text, description=help_text)
+        if handler is not None:
+            p.set_defaults(_handler=handler)
+        return p
+
+    # --- simulate -----------------------------------------------------------------------------
+    p = cmd(
+        sub,
+        "simulate",
+        "virtual-time run of a scenario, policies side by side (no broker needed)",
+        ("sim.cli", "simulate"),
+    )
+    p.add_argument("scenario", metavar="SCENARIO", help="scenario YAML file")
+    p.add_argument(
+        "--policy",
+        action="append",
+        metavar="P",
+        default=None,
+        help="policy to run (repeatable or comma-separated): static, greedy, central-only, aimd, "
+        "gradient, headroom, oracle (default: all side by side)",
+    )
+    p.add_argument("--seed", type=int, metavar="N", default=None, help="override the scenario seed")
+    p.add_argument(
+        "--replay",
+        metavar="FILE",
+        default=None,
+        help="a recording whose capacity levels and request arrivals drive the run",
+    )
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        default=None,
+        help="output directory (default: runs/<scenario>-<time>/)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-plots", action="store_true", help="skip PNG plots and report.html")
+
+    # --- scenario -----------------------------------------------------------------------------
+    p = cmd(sub, "scenario", "scenario files: schema, validation, conversion", None)
+    ssub = p.add_subparsers(dest="scenario_command", metavar="SUBCOMMAND", required=True)
+    cmd(ssub, "schema", "print the JSON Schema of scenario files", ("sim.cli", "scenario_schema"))
+    q = cmd(
+        ssub,
+        "check",
+        "validate a scenario file (exit 0 if valid, else 2 with one line per problem)",
+        ("sim.cli", "scenario_check"),
+    )
+    q.add_argument("file", metavar="FILE")
+    q = cmd(
+        ssub,
+        "from-recording",
+        "turn a recording of capacity and requests into a scenario with CSV traces",
+        ("sim.cli", "scenario_from_recording"),
+    )
+    q.add_argument("file", metavar="FILE", help="recording (JSON lines, kcat -C -J envelope)")
+    q.add_argument("--base", metavar="SCENARIO", required=True, help="scenario giving slo, world, models, segments")
+    q.add_argument("--out", metavar="NEW.yaml", required=True, help="scenario file to write")
+
+    # --- kafka --------------------------------------------------------------------------------
+    p = cmd(sub, "kafka", "the local Apache Kafka broker for development and tests", None)
+    ksub = p.add_subparsers(dest="kafka_command", metavar="SUBCOMMAND", required=True)
+    q = cmd(
+        ksub,
+        "start",
+        "assemble (first time) and start a one-node KRaft broker on loopback; prints the "
+        "bootstrap address last",
+        ("streams.broker_cli", "start"),
+    )
+    q.add_argument("--port", type=int, metavar="N", default=None, help="client port (default 19092)")
+    _state_dir_flag(q)
+    q.add_argument("--timeout", type=_positive_float, default=120.0, metavar="S", help="give up after S seconds")
+    q = cmd(ksub, "status", "print the bootstrap address; exit 0 while the broker runs", ("streams.broker_cli", "status"))
+    _state_dir_flag(q)
+    q = cmd(ksub, "stop", "stop the broker that `kafka start` started (only that one)", ("streams.broker_cli", "stop"))
+    _state_dir_flag(q)
+
+    # --- topics -------------------------------------------------------------------------------
+    p = cmd(sub, "topics", "headroom's Kafka topics", None)
+    tsub = p.add_subparsers(dest="topics_command", metavar="SUBCOMMAND", required=True)
+    q = cmd(tsub, "create", "create every topic with its partitions and retention (idempotent)", ("streams.topics_cli", "create"))
+    _add_kafka_flags(q)
+    q = cmd(tsub, "list", "print the topic registry (names, partitions, configs)", ("streams.topics_cli", "list_topics"))
+    q.add_argument("--prefix", metavar="P", default=None, help="topic name prefix (default 'headroom.')")
+    q = cmd(
+        tsub,
+        "validate",
+        "check every message of a topic against the contract, dead-letter the bad ones; last "
+        'line {"topic":…,"valid":N,"invalid":M}',
+        ("streams.topics_cli", "validate"),
+    )
+    q.add_argument("topic", metavar="TOPIC", help="topic name, with or without the prefix (e.g. capacity)")
+    q.add_argument("--from-beginning", action="store_true", help="start at the earliest offset")
+    q.add_argument("--timeout", type=_positive_float, default=5.0, metavar="S", help="stop after S seconds with no new message (default 5)")
+    _add_kafka_flags(q)
+
+    # --- controller, workers ------------------------------------------------------------------
+    p = cmd(sub, "controller", "run the Faust controller app (allocator, RMA PID, SBM coverage, router)", ("controllers.app_cli", "controller"))
+    p.add_argument("--interval", type=_positive_float, default=60.0, metavar="S", help="control interval in seconds (default 60)")
+    _add_scenario_flag(p)
+    _add_kafka_flags(p)
+    _add_metrics_flag(p)
+
+    p = cmd(sub, "server", "run one ranking-server worker", ("workers.server_cli", "server"))
+    p.add_argument("--region", required=True, metavar="R")
+    p.add_argument("--pool", required=True, metavar="P", choices=["dedicated", "opportunistic"])
+    p.add_argument("--port", type=int, default=0, metavar="N", help="port clients connect to (0 = free port)")
+    _add_scenario_flag(p)
+    _add_kafka_flags(p)
+    _add_metrics_flag(p)
+
+    p = cmd(sub, "client", "run one client worker", ("workers.client_cli", "client"))
+    p.add_argument("--region", required=True, metavar="R")
+    _add_scenario_flag(p)
+    _add_kafka_flags(p)
+    _add_metrics_flag(p)
+
+    p = cmd(sub, "precompute", "run one precompute worker", ("workers.precompute_cli", "precompute"))
+    p.add_argument("--region", required=True, metavar="R")
+    _add_scenario_flag(p)
+    _add_kafka_flags(p)
+    _add_metrics_flag(p)
+
+    p = cmd(sub, "feed", "publish a scenario's capacity levels and request traffic", ("workers.feed_cli", "feed"))
+    p.add_argument("scenario", metavar="SCENARIO")
+    p.add_argument("--speed", type=_positive_float, default=1.0, metavar="X", help="X times faster than real time (default 1)")
+    _add_kafka_flags(p)
+
+    p = cmd(sub, "up", "run the whole streaming stack locally against Kafka", ("workers.up_cli", "up"))
+    p.add_argument("scenario", metavar="SCENARIO")
+    p.add_argument("--out", metavar="DIR", default=None)
+    _add_kafka_flags(p)
+
+    # --- record / replay ----------------------------------------------------------------------
+    p = cmd(sub, "record", "record topics to a JSON-lines file (kcat -C -J envelope)", ("streams.recording_cli", "record"))
+    p.add_argument("--topic", action="append", required=True, metavar="T", help="topic to record (repeatable; with or without the prefix)")
+    p.add_argument("--out", required=True, metavar="FILE")
+    p.add_argument("--from-beginning", action="store_true", help="start at the earliest offset")
+    p.add_argument("--timeout", type=_positive_float, default=None, metavar="S", help="stop after S seconds with no new message (default: until interrupted)")
+    _add_kafka_flags(p)
+
+    p = cmd(sub, "replay", "replay a recording into Kafka, keeping keys, per-key order and timing", ("streams.recording_cli", "replay"))
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--speed", type=_positive_float, default=1.0, metavar="X", help="X times faster than recorded (0 = as fast as possible)")
+    p.add_argument("--topic-map", action="append", default=[], metavar="OLD=NEW", help="rename a topic on replay (repeatable)")
+    _add_kafka_flags(p)
+
+    # --- analysis, bench ----------------------------------------------------------------------
+    p = cmd(sub, "analyze", "rebuild metrics.json, plots and report from an event log", ("analysis.cli", "analyze"))
+    p.add_argument("events", metavar="EVENTS.jsonl")
+    p.add_argument("--out", metavar="DIR", default=None, help="output directory (default: beside the log)")
+    p.add_argument("--no-plots", action="store_true", help="skip PNG plots and report.html")
+
+    p = cmd(sub, "bench", "run the performance benchmarks and print JSON", ("bench.runner", "bench"))
+    p.add_argument("--only", action="append", default=None, metavar="NAME", help="run only this benchmark (repeatable)")
+    p.add_argument("--out", metavar="FILE", default=None, help="also write the JSON here")
+    p.add_argument("--quick", action="store_true", help="fewer iterations (for smoke tests)")
+    _add_kafka_flags(p)
+
+    return parser
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("headroom")
+    except Exception:  # pragma: no cover - running from a source tree without install
+        return "0+unknown"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    module_name, func_name = args._handler
+    try:
+        module = importlib.import_module(module_name)
+        func: Callable[[argparse.Namespace], int] = getattr(module, func_name)
+        return int(func(args) or 0)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"headroom: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except HeadroomError as exc:
+        print(f"headroom: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # e.g. `headroom scenario schema | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The ranking world, pure shedding policies, and the worker processes: ranking server, client, precompute worker, feed."""
