@@ -143,19 +143,19 @@ def build_parser() -> argparse.ArgumentParser:
     # --- scenario -----------------------------------------------------------------------------
     p = cmd(sub, "scenario", "scenario files: schema, validation, conversion", None)
     ssub = p.add_subparsers(dest="scenario_command", metavar="SUBCOMMAND", required=True)
-    cmd(ssub, "schema", "print the JSON Schema of scenario files", ("sim.cli", "scenario_schema"))
+    cmd(ssub, "schema", "print the JSON Schema of scenario files", ("headroom.scenario_cli", "scenario_schema"))
     q = cmd(
         ssub,
         "check",
         "validate a scenario file (exit 0 if valid, else 2 with one line per problem)",
-        ("sim.cli", "scenario_check"),
+        ("headroom.scenario_cli", "scenario_check"),
     )
     q.add_argument("file", metavar="FILE")
     q = cmd(
         ssub,
         "from-recording",
         "turn a recording of capacity and requests into a scenario with CSV traces",
-        ("sim.cli", "scenario_from_recording"),
+        ("sim.replay_cli", "scenario_from_recording"),
     )
     q.add_argument("file", metavar="FILE", help="recording (JSON lines, kcat -C -J envelope)")
     q.add_argument("--base", metavar="SCENARIO", required=True, help="scenario giving slo, world, models, segments")
@@ -278,7 +278,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     module_name, func_name = args._handler
     try:
-        module = importlib.import_module(module_name)
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            print(f"headroom: {args.command} is not implemented in this version yet", file=sys.stderr)
+            return EXIT_FAILURE
         func: Callable[[argparse.Namespace], int] = getattr(module, func_name)
         return int(func(args) or 0)
     except ConfigError as exc:
