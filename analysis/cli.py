@@ -1,0 +1,59 @@
+"""``headroom analyze EVENTS.jsonl [--out DIR] [--no-plots]``.
+
+Reads any event log (docs/events.md) — written by the simulator or by the streaming workers —
+and writes ``metrics.json`` (CONTRACT §5), the PNG plots and a self-contained ``report.html`` into
+``--out`` (default: the log's directory). Prints the summary table and, as the last line, the
+report's path (or the metrics path with ``--no-plots``).
+
+Corrupt lines and lines of unknown kinds are counted and reported on stderr, never fatal. A missing
+log, or a log that is not a headroom event log at all (no policy, no ``run.started``), exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from analysis.events import EventLog
+from analysis.metrics import MetricsAccumulator
+from analysis.table import format_table
+from headroom.errors import HeadroomError
+
+
+def write_metrics(metrics: dict[str, Any], path: Path) -> Path:
+    """Write a metrics document as indented JSON (the file CONTRACT §5 names)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.write_bytes(orjson.dumps(metrics, option=orjson.OPT_INDENT_2) + b"\n")
+    except OSError as exc:
+        raise HeadroomError(f"cannot write {path}: {exc.strerror}") from exc
+    return path
+
+
+def analyze(args: argparse.Namespace) -> int:
+    events_path = Path(args.events)
+    log = EventLog(events_path)  # ConfigError (exit 2) when missing
+    out_dir = Path(args.out) if args.out else events_path.resolve().parent
+
+    acc = MetricsAccumulator()
+    for event in log:
+        acc.add(event)
+    metrics = acc.result()
+    print(f"analyze: {log.stats.summary()}", file=sys.stderr)
+
+    metrics_path = write_metrics(metrics, out_dir / "metrics.json")
+    print(format_table(metrics))
+    if getattr(args, "no_plots", False):
+        print(f"metrics: {metrics_path}")
+        return 0
+
+    from analysis.report import write_report
+
+    report = write_report(metrics, events_path, out_dir)
+    print(f"metrics: {metrics_path}")
+    print(f"report: {report}")
+    return 0

@@ -1,0 +1,614 @@
+"""Event log → the metrics document of CONTRACT §5, in one streaming pass.
+
+Pure: an iterable of event dicts in (``compute_metrics``, or :class:`MetricsAccumulator` fed one
+event at a time), a JSON-ready ``dict`` out. No files, no clock, no randomness; the same events
+give the same document, whichever engine (simulator or Kafka workers) wrote them.
+
+The algorithm, per policy (every line carries ``policy``; a ``null`` policy on ``run.started`` or
+``oracle.bound`` applies to every policy):
+
+* **SLO windows.** ``window`` lines are grouped by (policy, region, ``t_start``). Counts and sums
+  are added as each line arrives (they add exactly, in any order). Latency is judged per window on
+  the *merged* sketch of every source of that window (``LatencySketch.merge``; percentiles are
+  never averaged): ``p99 = merged.quantile(0.99)``. A window is judged once no line for it can
+  still arrive — when a line of the same (policy, region) starts ``lateness`` seconds of event time
+  after the window ended (``max(60 s, 6 windows)``: Kafka delivery and client flush delays are
+  seconds, not minutes), or at the end of the log. A window whose merged sketch is empty does not
+  count. Memory is bounded by the open windows plus one float per judged window.
+
+  ``violation_fraction = #{judged windows with p99 > slo.p99_ms} / #{judged windows}``, pooled over
+  regions; ``worst_window_p99_ms = max p99``.
+
+* **Value.** ``incremental = Σ_windows (value_total − value_baseline)``; ``incremental_<lever> =
+  Σ inc[lever]``. ``oracle_incremental`` from ``oracle.bound``; ``capture_ratio = incremental /
+  oracle_incremental`` (0 when the oracle is 0).
+
+* **Holdout estimate** (stratified by segment, with a shared control arm). From the per-segment
+  arm sums ``{n, value_sum, value_sq_sum}`` of every window: for segment s and treatment arm L,
+  ``est = Σ_s Σ_L n_{s,L} (mean_{s,L} − mean_{s,C})`` and
+  ``Var = Σ_s [ Σ_L n_{s,L} s²_{s,L} + (Σ_L n_{s,L})² s²_{s,C} / n_{s,C} ]``
+  (the first term is the noise of the treated sums, the second the noise of the one control mean
+  every arm of the segment subtracts); ``ci95 = est ± 1.959964 √Var`` (normal approximation,
+  justified by the thousands of requests per arm in any run worth estimating). ``s²`` is the
+  unbiased sample variance; an arm with fewer than 2 requests borrows the control arm's ``s²``.
+  A segment with treated requests but fewer than 2 control requests has no usable baseline: its
+  treated requests are left out and counted in ``estimate_unusable_segments``.
+
+* **Release times.** ``release_ms`` of ``optional.released`` events; p50 and p99 by the
+  nearest-rank rule (the smallest observed value with at least q of the observations at or below
+  it: a tail figure that was actually observed, never interpolated below one), and the max.
+
+Where the window lines carry ``precompute`` sums, the policy gets a ``precompute`` section:
+``hit_rate = Σ hits / Σ visits`` and ``staleness_s_p50`` the nearest-rank median of every
+staleness sample the windows carry (each window ships at most 32, docs/events.md).
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from analysis.events import KNOWN_KINDS as _KNOWN
+from headroom.errors import ConfigError
+
+LEVERS: tuple[str, ...] = ("rma", "sbm", "precompute")
+RESOURCES: tuple[str, ...] = ("cpu", "accelerator")
+CONTROL_ARM = "control"
+# 97.5th percentile of the standard normal: the two-sided 95% interval.
+Z_95 = 1.959963984540054
+# A window is judged once event time has moved this far past its end (see module docstring).
+MIN_LATENESS_S = 60.0
+LATENESS_WINDOWS = 6
+
+
+class AnalysisError(ConfigError):
+    """The event log cannot be analysed (bad input: exit 2), e.g. it has no ``run.started``."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Small pure helpers (also used by the report)
+# ---------------------------------------------------------------------------------------------
+
+
+def nearest_rank(sorted_values: Sequence[float], q: float) -> float:
+    """The nearest-rank q-quantile of already sorted values (0.0 for none)."""
+    n = len(sorted_values)
+    if n == 0:
+        return 0.0
+    rank = max(1, math.ceil(q * n - 1e-9))
+    return float(sorted_values[min(rank, n) - 1])
+
+
+@dataclass(slots=True)
+class ArmSums:
+    """Sums of one (segment, arm): they add exactly across windows and sources."""
+
+    n: int = 0
+    value_sum: float = 0.0
+    value_sq_sum: float = 0.0
+
+    def add(self, d: Mapping[str, Any]) -> None:
+        self.n += int(d.get("n", 0) or 0)
+        self.value_sum += float(d.get("value_sum", 0.0) or 0.0)
+        self.value_sq_sum += float(d.get("value_sq_sum", 0.0) or 0.0)
+
+    @property
+    def mean(self) -> float:
+        return self.value_sum / self.n if self.n else 0.0
+
+    @property
+    def variance(self) -> float:
+        """Unbiased sample variance (0 for fewer than 2 observations)."""
+        if self.n < 2:
+            return 0.0
+        return max(0.0, (self.value_sq_sum - self.value_sum**2 / self.n) / (self.n - 1))
+
+
+@dataclass(frozen=True, slots=True)
+class HoldoutEstimate:
+    value: float
+    variance: float
+    unusable_segments: tuple[str, ...]
+
+    @property
+    def se(self) -> float:
+        return math.sqrt(self.variance)
+
+    @property
+    def ci95(self) -> tuple[float, float]:
+        half = Z_95 * self.se
+        return (self.value - half, self.value + half)
+
+
+def holdout_estimate(arms: Mapping[str, Mapping[str, ArmSums]]) -> HoldoutEstimate:
+    """The stratified holdout estimate of the incremental value (module docstring formula)."""
+    total = 0.0
+    variance = 0.0
+    unusable: list[str] = []
+    for segment in sorted(arms):
+        by_arm = arms[segment]
+        control = by_arm.get(CONTROL_ARM, ArmSums())
+        treated = [s for name, s in by_arm.items() if name != CONTROL_ARM and s.n > 0]
+        if not treated:
+            continue
+        if control.n < 2:
+            unusable.append(segment)
+            continue
+        control_var = control.variance
+        n_treated = 0
+        for arm in treated:
+            total += arm.n * (arm.mean - control.mean)
+            arm_var = arm.variance if arm.n >= 2 else control_var
+            variance += arm.n * arm_var
+            n_treated += arm.n
+        variance += n_treated**2 * control_var / control.n
+    return HoldoutEstimate(total, variance, tuple(unusable))
+
+
+# ---------------------------------------------------------------------------------------------
+# Window judging
+# ---------------------------------------------------------------------------------------------
+
+
+def _sketch_from(d: Any) -> Any:
+    from streams.sketch import LatencySketch
+
+    return LatencySketch.from_dict(d)
+
+
+@dataclass(slots=True)
+class _OpenWindow:
+    t_start: float
+    t_end: float
+    sketch: Any  # merged LatencySketch of the lines seen so far, or None
+
+
+@dataclass(slots=True)
+class WindowSeries:
+    """Judged windows of one (policy, region), in judging order: start, end and p99 (ms)."""
+
+    t_start: array[float] = field(default_factory=lambda: array("d"))
+    t_end: array[float] = field(default_factory=lambda: array("d"))
+    p99_ms: array[float] = field(default_factory=lambda: array("d"))
+
+
+@dataclass(slots=True)
+class _RegionWindows:
+    lateness_s: float | None
+    open: dict[float, _OpenWindow] = field(default_factory=dict)
+    judged: WindowSeries = field(default_factory=WindowSeries)
+    judged_upto: float = -math.inf  # end of the newest judged window
+    next_flush_at: float = math.inf  # event time at which the oldest open window can be judged
+    late_lines: int = 0
+
+    def add(self, t_start: float, t_end: float, sketch_dict: Any, default_lateness: float) -> None:
+        lateness = self.lateness_s if self.lateness_s is not None else default_lateness
+        if t_start >= self.next_flush_at:
+            self._flush(t_start, lateness)
+        key = round(t_start, 6)
+        window = self.open.get(key)
+        if window is None:
+            if t_start < self.judged_upto:  # its neighbours were judged already: too late
+                self.late_lines += 1
+                return
+            window = _OpenWindow(t_start, t_end, None)
+            self.open[key] = window
+            self.next_flush_at = min(self.next_flush_at, t_end + lateness)
+        if sketch_dict:
+            sketch = _sketch_from(sketch_dict)
+            if window.sketch is None:
+                window.sketch = sketch
+            else:
+                window.sketch.merge(sketch)
+
+    def _flush(self, now: float, lateness: float) -> None:
+        due = [k for k, w in self.open.items() if w.t_end + lateness <= now]
+        due.sort(key=lambda k: self.open[k].t_start)
+        for key in due:
+            self._judge(self.open.pop(key))
+        self.next_flush_at = min((w.t_end + lateness for w in self.open.values()), default=math.inf)
+
+    def finish(self) -> None:
+        self._flush(math.inf, 0.0)
+
+    def _judge(self, window: _OpenWindow) -> None:
+        self.judged_upto = max(self.judged_upto, window.t_end)
+        sketch = window.sketch
+        if sketch is None or sketch.count <= 0:
+            return
+        self.judged.t_start.append(window.t_start)
+        self.judged.t_end.append(window.t_end)
+        self.judged.p99_ms.append(float(sketch.quantile(0.99)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-policy accumulation
+# ---------------------------------------------------------------------------------------------
+
+
+def _num(value: Any) -> float:
+    """A number from a log field; missing, null or non-numeric counts as 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0.0
+    return float(value)
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0
+    return int(value)
+
+
+@dataclass(slots=True)
+class _SegmentSums:
+    requests: int = 0
+    sbm: int = 0
+    inc: float = 0.0
+
+
+@dataclass(slots=True)
+class _PolicyState:
+    name: str
+    lateness_s: float | None
+    run: dict[str, Any] | None = None
+    regions: dict[str, _RegionWindows] = field(default_factory=dict)
+    window_lines: int = 0
+    requests: int = 0
+    errors: int = 0
+    timeouts: int = 0
+    value_total: float = 0.0
+    value_baseline: float = 0.0
+    inc: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LEVERS, 0.0))
+    arms: dict[str, dict[str, ArmSums]] = field(default_factory=dict)
+    offered: dict[str, float] = field(default_factory=lambda: dict.fromkeys(RESOURCES, 0.0))
+    used: dict[str, float] = field(default_factory=lambda: dict.fromkeys(RESOURCES, 0.0))
+    segments: dict[str, _SegmentSums] = field(default_factory=dict)
+    oracle: dict[str | None, dict[str, Any]] = field(default_factory=dict)
+    reclaims: int = 0
+    release_ms: array[float] = field(default_factory=lambda: array("d"))
+    shedding: Counter[str] = field(default_factory=Counter)
+    shedding_by_lever: Counter[str] = field(default_factory=Counter)
+    targets_issued: int = 0
+    targets_expired: int = 0
+    fallbacks: Counter[str] = field(default_factory=Counter)
+    cap_bounds: Counter[str] = field(default_factory=Counter)
+    precompute: dict[str, float] | None = None
+    staleness: array[float] = field(default_factory=lambda: array("d"))
+    t_min: float = math.inf
+    t_max: float = -math.inf
+
+    def region(self, name: str) -> _RegionWindows:
+        r = self.regions.get(name)
+        if r is None:
+            r = self.regions[name] = _RegionWindows(self.lateness_s)
+        return r
+
+
+_PRECOMPUTE_SUMS = ("jobs", "used", "expired_unused", "visits", "hits", "wasted_partial")
+
+
+class MetricsAccumulator:
+    """Feed events one at a time with :meth:`add`; :meth:`result` gives the metrics document.
+
+    ``lateness_s`` overrides how long a window waits for late lines before it is judged (default:
+    ``max(60 s, 6 windows)``).
+    """
+
+    def __init__(self, *, lateness_s: float | None = None) -> None:
+        self._lateness_s = lateness_s
+        self._policies: dict[str, _PolicyState] = {}
+        self._run_default: dict[str, Any] | None = None  # run.started with a null policy
+        self._oracle_default: dict[str | None, dict[str, Any]] = {}
+        self._scenario: str | None = None
+        self._seed: int | None = None
+        self.unknown_kinds: Counter[str] = Counter()
+        self.events = 0
+
+    # -- input ----------------------------------------------------------------------------------
+
+    def _policy(self, name: str) -> _PolicyState:
+        state = self._policies.get(name)
+        if state is None:
+            state = self._policies[name] = _PolicyState(name, self._lateness_s)
+        return state
+
+    def add(self, event: Mapping[str, Any]) -> None:
+        self.events += 1
+        kind = event.get("kind")
+        policy = event.get("policy")
+        if kind == "window":
+            if isinstance(policy, str):
+                self._window(self._policy(policy), event)
+            return
+        if kind == "run.started":
+            self._run_started(policy, event)
+            return
+        if kind == "oracle.bound":
+            target = (
+                self._policy(policy).oracle if isinstance(policy, str) else self._oracle_default
+            )
+            region = event.get("region")
+            target[region if isinstance(region, str) else None] = dict(event)
+            return
+        if not isinstance(policy, str):
+            if kind not in _KNOWN:
+                self.unknown_kinds[str(kind)] += 1
+            return
+        state = self._policy(policy)
+        if kind == "capacity.reclaimed":
+            state.reclaims += 1
+        elif kind == "optional.released":
+            release = event.get("release_ms")
+            if isinstance(release, int | float) and math.isfinite(release):
+                state.release_ms.append(float(release))
+        elif kind == "shedding.started":
+            side = event.get("side")
+            state.shedding[side if side in ("server", "client") else "other"] += 1
+            state.shedding_by_lever[str(event.get("lever"))] += 1
+        elif kind == "target.issued":
+            state.targets_issued += 1
+            fallback = event.get("fallback")
+            if fallback:
+                state.fallbacks[str(fallback)] += 1
+        elif kind == "target.expired":
+            state.targets_expired += 1
+        elif kind == "allocator.fallback":
+            state.fallbacks[str(event.get("reason"))] += 1
+        elif kind == "allocator.cap_bound":
+            state.cap_bounds[str(event.get("lever"))] += 1
+        elif kind not in _KNOWN:
+            self.unknown_kinds[str(kind)] += 1
+
+    def _run_started(self, policy: Any, event: Mapping[str, Any]) -> None:
+        if self._scenario is None and isinstance(event.get("scenario"), str):
+            self._scenario = event["scenario"]
+        seed = event.get("seed")
+        if self._seed is None and isinstance(seed, int) and not isinstance(seed, bool):
+            self._seed = seed
+        if isinstance(policy, str):
+            self._policy(policy).run = dict(event)
+        else:
+            self._run_default = dict(event)
+
+    def _window(self, state: _PolicyState, e: Mapping[str, Any]) -> None:
+        state.window_lines += 1
+        t_start = _num(e.get("t_start"))
+        t_end = _num(e.get("t_end"))
+        state.t_min = min(state.t_min, t_start)
+        state.t_max = max(state.t_max, t_end)
+        region = e.get("region")
+        run = state.run or self._run_default
+        window_s = _num((run or {}).get("slo", {}).get("window_s")) or (t_end - t_start)
+        state.region(str(region)).add(
+            t_start, t_end, e.get("sketch"), max(MIN_LATENESS_S, LATENESS_WINDOWS * window_s)
+        )
+        state.requests += _count(e.get("requests"))
+        state.errors += _count(e.get("errors"))
+        state.timeouts += _count(e.get("timeouts"))
+        state.value_total += _num(e.get("value_total"))
+        state.value_baseline += _num(e.get("value_baseline"))
+        inc = e.get("inc")
+        if isinstance(inc, Mapping):
+            for lever, v in inc.items():
+                state.inc[lever] = state.inc.get(lever, 0.0) + _num(v)
+        arms = e.get("arms")
+        if isinstance(arms, Mapping):
+            for segment, by_arm in arms.items():
+                if not isinstance(by_arm, Mapping):
+                    continue
+                seg = state.arms.setdefault(segment, {})
+                for arm, sums in by_arm.items():
+                    if isinstance(sums, Mapping):
+                        a = seg.get(arm)
+                        if a is None:
+                            a = seg[arm] = ArmSums()
+                        a.add(sums)
+        for key, target in (("offered_unit_s", state.offered), ("used_unit_s", state.used)):
+            d = e.get(key)
+            if isinstance(d, Mapping):
+                for resource, v in d.items():
+                    target[resource] = target.get(resource, 0.0) + _num(v)
+        segments = e.get("segments")
+        if isinstance(segments, Mapping):
+            for name, d in segments.items():
+                if not isinstance(d, Mapping):
+                    continue
+                s = state.segments.get(name)
+                if s is None:
+                    s = state.segments[name] = _SegmentSums()
+                s.requests += _count(d.get("requests"))
+                s.sbm += _count(d.get("sbm"))
+                s.inc += _num(d.get("inc"))
+        pre = e.get("precompute")
+        if isinstance(pre, Mapping):
+            if state.precompute is None:
+                state.precompute = dict.fromkeys(_PRECOMPUTE_SUMS, 0.0)
+            for key in _PRECOMPUTE_SUMS:
+                state.precompute[key] += _num(pre.get(key))
+            samples = pre.get("staleness_s")
+            if isinstance(samples, list):
+                state.staleness.extend(
+                    float(x) for x in samples if isinstance(x, int | float) and math.isfinite(x)
+                )
+
+    # -- output ---------------------------------------------------------------------------------
+
+    def policy_names(self) -> list[str]:
+        return list(self._policies)
+
+    def window_series(self, policy: str, region: str) -> WindowSeries:
+        """Judged windows so far (all of them after :meth:`result`)."""
+        return self._policies[policy].regions[region].judged
+
+    def regions(self, policy: str) -> list[str]:
+        return list(self._policies[policy].regions)
+
+    def result(self) -> dict[str, Any]:
+        """The metrics document (judges every window still open: call at the end of the log)."""
+        if not self._policies:
+            if self.events == 0:
+                raise AnalysisError("the event log holds no events")
+            raise AnalysisError("the event log names no policy (no line has a 'policy' field)")
+        policies: dict[str, Any] = {}
+        for name, state in self._policies.items():
+            policies[name] = self._policy_metrics(state)
+        doc: dict[str, Any] = {"scenario": self._scenario, "seed": self._seed, "policies": policies}
+        return doc
+
+    def _policy_metrics(self, state: _PolicyState) -> dict[str, Any]:
+        run = state.run or self._run_default
+        if run is None:
+            raise AnalysisError(
+                f"policy {state.name!r}: the event log has no run.started line for it, so its "
+                "SLO is unknown"
+            )
+        slo_field = run.get("slo")
+        slo: Mapping[str, Any] = slo_field if isinstance(slo_field, Mapping) else {}
+        p99_limit = slo.get("p99_ms")
+        if not isinstance(p99_limit, int | float) or isinstance(p99_limit, bool):
+            raise AnalysisError(f"run.started.slo.p99_ms: missing for policy {state.name!r}")
+        window_s = slo.get("window_s")
+
+        judged = violations = 0
+        worst = 0.0
+        late = 0
+        by_region: dict[str, Any] = {}
+        for region_name, region in state.regions.items():
+            region.finish()
+            p99s = region.judged.p99_ms
+            r_viol = sum(1 for p in p99s if p > p99_limit)
+            r_worst = max(p99s, default=0.0)
+            by_region[region_name] = {
+                "windows": len(p99s),
+                "violation_fraction": r_viol / len(p99s) if p99s else 0.0,
+                "worst_window_p99_ms": r_worst,
+                "late_window_lines": region.late_lines,
+            }
+            judged += len(p99s)
+            violations += r_viol
+            worst = max(worst, r_worst)
+            late += region.late_lines
+
+        incremental = state.value_total - state.value_baseline
+        oracle_total, oracle_by_lever = self._oracle(state)
+        estimate = holdout_estimate(state.arms)
+        ci_low, ci_high = estimate.ci95
+
+        duration = run.get("duration_s")
+        if not isinstance(duration, int | float) or isinstance(duration, bool):
+            duration = max(0.0, state.t_max - state.t_min) if state.window_lines else 0.0
+
+        segment_names = [s for s in run.get("segments") or [] if isinstance(s, str)]
+        for s in state.segments:
+            if s not in segment_names:
+                segment_names.append(s)
+        segments: dict[str, Any] = {}
+        for s in segment_names:
+            sums = state.segments.get(s, _SegmentSums())
+            segments[s] = {
+                "requests": sums.requests,
+                "sbm_share": sums.sbm / sums.requests if sums.requests else 0.0,
+                "incremental": sums.inc,
+            }
+
+        releases = sorted(state.release_ms)
+        out: dict[str, Any] = {
+            "policy": state.name,
+            "duration_s": duration,
+            "slo": {
+                "p99_ms": p99_limit,
+                "window_s": window_s,
+                "violation_fraction": violations / judged if judged else 0.0,
+                "worst_window_p99_ms": worst,
+                "windows": judged,
+                "late_window_lines": late,
+                "by_region": by_region,
+            },
+            "requests": {
+                "total": state.requests,
+                "errors": state.errors,
+                "timeouts": state.timeouts,
+            },
+            "value": {
+                "total": state.value_total,
+                "baseline": state.value_baseline,
+                "incremental": incremental,
+                "incremental_rma": state.inc.get("rma", 0.0),
+                "incremental_sbm": state.inc.get("sbm", 0.0),
+                "incremental_precompute": state.inc.get("precompute", 0.0),
+                "oracle_incremental": oracle_total,
+                "oracle_by_lever": oracle_by_lever,
+                "capture_ratio": incremental / oracle_total if oracle_total else 0.0,
+                "estimated_incremental": estimate.value,
+                "estimated_ci95": [ci_low, ci_high],
+                "estimate_unusable_segments": list(estimate.unusable_segments),
+            },
+            "capacity": {
+                "offered_unit_s": {r: state.offered.get(r, 0.0) for r in _keys(state.offered)},
+                "used_unit_s": {r: state.used.get(r, 0.0) for r in _keys(state.used)},
+            },
+            "reclaims": {
+                "count": state.reclaims,
+                "releases": len(releases),
+                "release_ms_p50": nearest_rank(releases, 0.50),
+                "release_ms_p99": nearest_rank(releases, 0.99),
+                "release_ms_max": releases[-1] if releases else 0.0,
+            },
+            "shedding": {
+                "server_activations": state.shedding.get("server", 0),
+                "client_activations": state.shedding.get("client", 0),
+                "by_lever": dict(sorted(state.shedding_by_lever.items())),
+            },
+            "allocator": {
+                "targets_issued": state.targets_issued,
+                "targets_expired": state.targets_expired,
+                "fallbacks": dict(sorted(state.fallbacks.items())),
+                "cap_bounds": dict(sorted(state.cap_bounds.items())),
+            },
+            "segments": segments,
+        }
+        if state.precompute is not None or run.get("precompute_enabled") is True:
+            pre = state.precompute or dict.fromkeys(_PRECOMPUTE_SUMS, 0.0)
+            visits = pre["visits"]
+            out["precompute"] = {
+                "jobs": int(pre["jobs"]),
+                "used": int(pre["used"]),
+                "expired_unused": int(pre["expired_unused"]),
+                "hit_rate": pre["hits"] / visits if visits else 0.0,
+                "staleness_s_p50": nearest_rank(sorted(state.staleness), 0.5),
+                "visits": int(visits),
+                "hits": int(pre["hits"]),
+                "wasted_partial": int(pre["wasted_partial"]),
+            }
+        return out
+
+    def _oracle(self, state: _PolicyState) -> tuple[float, dict[str, float]]:
+        bounds = state.oracle or self._oracle_default
+        if not bounds:
+            return 0.0, dict.fromkeys(LEVERS, 0.0)
+        # A run-wide line (region null) is the total; otherwise per-region lines add up.
+        chosen = [bounds[None]] if None in bounds else list(bounds.values())
+        total = sum(_num(b.get("oracle_incremental")) for b in chosen)
+        by_lever = dict.fromkeys(LEVERS, 0.0)
+        for b in chosen:
+            levers = b.get("by_lever")
+            if isinstance(levers, Mapping):
+                for lever, v in levers.items():
+                    by_lever[lever] = by_lever.get(lever, 0.0) + _num(v)
+        return total, by_lever
+
+
+def _keys(d: Mapping[str, float]) -> list[str]:
+    return list(RESOURCES) + [k for k in d if k not in RESOURCES]
+
+
+def compute_metrics(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The metrics document (CONTRACT §5) of an event log, in one pass."""
+    acc = MetricsAccumulator()
+    for event in events:
+        acc.add(event)
+    return acc.result()
