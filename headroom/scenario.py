@@ -117,6 +117,7 @@ class ScenarioEvent:
     units: float | None = None
     factor: float | None = None
     duration_s: float | None = None
+    remote: bool = False  # preempt/grant: the event applies to the region's remote pool
 
 
 @dataclass(frozen=True, slots=True)
