@@ -1,0 +1,473 @@
+"""One lever interface, what optional work costs, and how its value is estimated.
+
+A *lever* is a kind of optional work that can turn spare capacity into value. The allocator
+(controllers/allocator.py) knows nothing about RMA or SBM: it asks every registered lever five
+questions and solves one linear program over the answers.
+
+1. **Cost** — :meth:`Lever.unit_cost`: core-seconds of CPU and device-seconds of accelerator per
+   *unit of work* (RMA: one extra candidate for one request; SBM: one request on the strong
+   model; precompute: one job).
+2. **Capacity it may use** — :attr:`Lever.use` (``LIVE``: only pools not marked ``remote``;
+   ``ASYNC``: any pool), :attr:`Lever.hardware` (accelerator types it runs on; ``None`` = any),
+   :attr:`Lever.min_durability_s` (a pool expiring sooner is useless to it: the strong model's
+   ``load_s`` for SBM).
+3. **Demand** — :meth:`Lever.demand`: the most units per second that are useful right now.
+4. **Value** — :meth:`Lever.estimate`: incremental value per unit of work, from the holdout A/B
+   sums in a :class:`ValueBook`, with a standard error and a lower confidence bound.
+5. **Apply and shed** — :meth:`Lever.rate_for` turns a granted budget into a work rate;
+   :attr:`Lever.shed_action` says what local shedding drops first (trim candidates, downgrade to
+   the base model, stop jobs).
+
+Costs live here and nowhere else (:class:`CostModel`): the simulator and the workers reuse them.
+CONTRACT §3: a request's CPU work is candidates × ``cpu_ms_per_candidate``, its accelerator work
+candidates × ``accelerator_ms_per_candidate`` of the model that ranks it. Hence, per unit:
+
+* RMA, one extra candidate ranked by the base model: base ``cpu_ms`` + base ``accelerator_ms``.
+* SBM, one request ranked by the strong model on opportunistic replicas: ``base_candidates`` ×
+  strong ``cpu_ms`` (its own feature work) and × strong ``accelerator_ms``. Retrieval stays on the
+  dedicated path and the base model's share is given back there, so it is not counted.
+* Precompute, one job: retrieval and features done ahead of the visit (``base_candidates`` × base
+  ``cpu_ms``) plus strong-model ranking (× strong ``cpu_ms`` and ``accelerator_ms``).
+
+**Value estimate.** Value signals arrive as per-window sums per (segment, lever, arm). A
+:class:`ValueBook` keeps exponentially discounted sums, ``S <- γ·S + new`` with
+``γ = 0.5 ** (window_s / half_life_s)``, so an estimate follows a drifting world with a known
+memory. Per segment the uplift per treated request is ``d_s = mean_t - mean_c`` with variance
+``var_t/n_t + var_c/n_c``; a lever's uplift pools segments by their treatment counts
+(``w_s = n_t,s / Σ n_t``; stratified, so a control arm with a different segment mix cannot bias
+it), ``Δ = Σ w_s d_s``, ``se² = Σ w_s² v_s``. Divided by the units of work behind one treated
+request (:meth:`Lever.units_per_treated`: RMA the extra candidates in force, SBM one request,
+precompute the jobs run per request), that is the value per unit of work, and
+``lcb = mean - z·se`` (``z`` = 1.645, one-sided 95 %). Below ``min_samples`` effective samples in
+either arm there is no estimate.
+
+Adding a lever: subclass :class:`Lever`, give it a name, costs and a demand, and register it in
+a :class:`LeverRegistry` passed to the control plane (docs/controllers.md has a worked example).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+from controllers.types import LEVER_PRECOMPUTE, LEVER_RMA, LEVER_SBM, ArmStats, ValueKey
+
+if TYPE_CHECKING:
+    from headroom.scenario import Models
+
+__all__ = [
+    "CapacityUse",
+    "CostModel",
+    "Lever",
+    "LeverContext",
+    "LeverRegistry",
+    "PrecomputeLever",
+    "ResourceCost",
+    "RmaLever",
+    "SbmLever",
+    "ShedAction",
+    "Uplift",
+    "ValueBook",
+    "ValueEstimate",
+]
+
+
+class CapacityUse(Enum):
+    """Which capacity a lever may run on."""
+
+    LIVE = "live"  # on the request path: never on a ``remote`` pool
+    ASYNC = "async"  # ahead of the request: any pool, remote included
+
+
+class ShedAction(Enum):
+    """What local shedding does to this lever's work (lowest value first)."""
+
+    TRIM_CANDIDATES = "trim_candidates"  # RMA: rank fewer extra candidates
+    DOWNGRADE_MODEL = "downgrade_model"  # SBM: send the request back to the base model
+    STOP_JOBS = "stop_jobs"  # precompute: stop running jobs (a half-done job is wasted)
+    DROP = "drop"  # generic optional work: do not do it
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceCost:
+    """Resources one unit of work takes: core-seconds of CPU, device-seconds of accelerator."""
+
+    cpu_s: float
+    accelerator_s: float
+
+    def __mul__(self, k: float) -> ResourceCost:
+        return ResourceCost(self.cpu_s * k, self.accelerator_s * k)
+
+    def __add__(self, other: ResourceCost) -> ResourceCost:
+        return ResourceCost(self.cpu_s + other.cpu_s, self.accelerator_s + other.accelerator_s)
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    """Per-candidate costs of the two models, in milliseconds, and the base candidate count.
+
+    The single source of what work costs (see the module docstring for the accounting)."""
+
+    base_cpu_ms: float
+    base_accelerator_ms: float
+    strong_cpu_ms: float
+    strong_accelerator_ms: float
+    base_candidates: int
+    base_hardware: tuple[str, ...]
+    strong_hardware: tuple[str, ...]
+    strong_load_s: float = 0.0
+
+    @classmethod
+    def from_models(cls, models: Models, base_candidates: int) -> CostModel:
+        return cls(
+            base_cpu_ms=models.base.cpu_ms_per_candidate,
+            base_accelerator_ms=models.base.accelerator_ms_per_candidate,
+            strong_cpu_ms=models.strong.cpu_ms_per_candidate,
+            strong_accelerator_ms=models.strong.accelerator_ms_per_candidate,
+            base_candidates=base_candidates,
+            base_hardware=tuple(models.base.hardware),
+            strong_hardware=tuple(models.strong.hardware),
+            strong_load_s=models.strong.load_s,
+        )
+
+    def request(self, candidates: float, model: str = "base") -> ResourceCost:
+        """All the work of one request ranking ``candidates`` with ``model`` (base or strong):
+        retrieval and features on CPU, inference on the accelerator."""
+        if model == "base":
+            return ResourceCost(
+                candidates * self.base_cpu_ms / 1e3, candidates * self.base_accelerator_ms / 1e3
+            )
+        if model == "strong":
+            return ResourceCost(
+                candidates * (self.base_cpu_ms + self.strong_cpu_ms) / 1e3,
+                candidates * self.strong_accelerator_ms / 1e3,
+            )
+        raise ValueError(f"model must be 'base' or 'strong', got {model!r}")
+
+    @property
+    def rma_per_candidate(self) -> ResourceCost:
+        """One extra candidate for one request, ranked by the base model."""
+        return ResourceCost(self.base_cpu_ms / 1e3, self.base_accelerator_ms / 1e3)
+
+    @property
+    def sbm_per_request(self) -> ResourceCost:
+        """One request moved to the strong model's opportunistic replicas (base candidates)."""
+        n = self.base_candidates
+        return ResourceCost(n * self.strong_cpu_ms / 1e3, n * self.strong_accelerator_ms / 1e3)
+
+    @property
+    def precompute_per_job(self) -> ResourceCost:
+        """One precompute job: retrieval and features, then strong-model ranking."""
+        return self.request(self.base_candidates, "strong")
+
+
+@dataclass(frozen=True, slots=True)
+class LeverContext:
+    """What a lever may look at to size its demand and interpret its value signals."""
+
+    request_rps: float
+    eligible_rps: float
+    rma_extra_candidates: float = 0.0  # extra candidates per request in force (target - base)
+    precompute_jobs_per_s: float = 0.0  # job rate in force
+
+
+@dataclass(frozen=True, slots=True)
+class Uplift:
+    """Incremental value per treated request (treatment - control), pooled over segments."""
+
+    mean: float
+    se: float
+    n_treatment: float
+    n_control: float
+
+
+@dataclass(frozen=True, slots=True)
+class ValueEstimate:
+    """Incremental value per unit of work; ``known`` is False until both arms have data."""
+
+    mean: float
+    se: float
+    lcb: float
+    ucb: float
+    n_treatment: float
+    n_control: float
+    known: bool
+
+    @classmethod
+    def unknown(cls, n_treatment: float = 0.0, n_control: float = 0.0) -> ValueEstimate:
+        return cls(0.0, math.inf, -math.inf, math.inf, n_treatment, n_control, False)
+
+
+def _arm_moments(a: list[float]) -> tuple[float, float, float]:
+    """(n, mean, variance of one observation) from discounted sums [n, s, q]."""
+    n, s, q = a
+    if n <= 0.0:
+        return 0.0, 0.0, 0.0
+    mean = s / n
+    var = max(q / n - mean * mean, 0.0)
+    if n > 1.0:
+        var *= n / (n - 1.0)
+    return n, mean, var
+
+
+class ValueBook:
+    """Discounted holdout sums per (segment, lever, arm); see the module docstring."""
+
+    __slots__ = ("_sums",)
+
+    def __init__(self) -> None:
+        self._sums: dict[ValueKey, list[float]] = {}
+
+    def decay(self, factor: float) -> None:
+        """Multiply every sum by ``factor`` in [0, 1] (call once per window before adding)."""
+        if factor >= 1.0:
+            return
+        for a in self._sums.values():
+            a[0] *= factor
+            a[1] *= factor
+            a[2] *= factor
+
+    def add(self, value: Mapping[ValueKey, ArmStats]) -> None:
+        for key, st in value.items():
+            if st.n <= 0 or not (math.isfinite(st.value_sum) and math.isfinite(st.value_sq_sum)):
+                continue
+            a = self._sums.get(key)
+            if a is None:
+                self._sums[key] = [float(st.n), st.value_sum, max(st.value_sq_sum, 0.0)]
+            else:
+                a[0] += st.n
+                a[1] += st.value_sum
+                a[2] += max(st.value_sq_sum, 0.0)
+
+    def segments(self, lever: str) -> list[str]:
+        return sorted({k[0] for k in self._sums if k[1] == lever})
+
+    def uplift(self, lever: str, segment: str | None = None) -> Uplift:
+        """Stratified uplift of ``lever`` per treated request (one segment, or all pooled)."""
+        segs = [segment] if segment is not None else self.segments(lever)
+        parts: list[tuple[float, float, float]] = []  # (n_t, d, v)
+        n_t_total = 0.0
+        n_c_total = 0.0
+        for seg in segs:
+            t = self._sums.get((seg, lever, "treatment"))
+            c = self._sums.get((seg, lever, "control"))
+            if t is None or c is None:
+                continue
+            n_t, m_t, v_t = _arm_moments(t)
+            n_c, m_c, v_c = _arm_moments(c)
+            if n_t < 2.0 or n_c < 2.0:
+                continue
+            parts.append((n_t, m_t - m_c, v_t / n_t + v_c / n_c))
+            n_t_total += n_t
+            n_c_total += n_c
+        if not parts:
+            return Uplift(0.0, math.inf, n_t_total, n_c_total)
+        mean = 0.0
+        var = 0.0
+        for n_t, d, v in parts:
+            w = n_t / n_t_total
+            mean += w * d
+            var += w * w * v
+        return Uplift(mean, math.sqrt(var), n_t_total, n_c_total)
+
+    def pooled_sd(self) -> float:
+        """Standard deviation of one request's value over everything seen (0 if nothing)."""
+        n = s = q = 0.0
+        for a in self._sums.values():
+            n += a[0]
+            s += a[1]
+            q += a[2]
+        if n < 2.0:
+            return 0.0
+        mean = s / n
+        return math.sqrt(max(q / n - mean * mean, 0.0))
+
+    def snapshot(self) -> list[list[Any]]:
+        return [[k[0], k[1], k[2], a[0], a[1], a[2]] for k, a in sorted(self._sums.items())]
+
+    @classmethod
+    def restore(cls, data: Iterable[Iterable[Any]]) -> ValueBook:
+        book = cls()
+        for row in data:
+            seg, lever, arm, n, s, q = row
+            book._sums[(str(seg), str(lever), str(arm))] = [float(n), float(s), float(q)]
+        return book
+
+
+class Lever(ABC):
+    """One kind of optional work; see the module docstring for the five questions."""
+
+    name: str
+    use: CapacityUse = CapacityUse.LIVE
+    shed_action: ShedAction = ShedAction.DROP
+    hardware: tuple[str, ...] | None = None  # accelerator types it may use; None = any
+    min_durability_s: float = 0.0  # pools expiring sooner than this are useless to it
+
+    @abstractmethod
+    def unit_cost(self) -> ResourceCost:
+        """Resources per unit of work (core-seconds, device-seconds)."""
+
+    @abstractmethod
+    def demand(self, ctx: LeverContext) -> float:
+        """Most units of work per second that are useful now (>= 0)."""
+
+    def units_per_treated(self, ctx: LeverContext) -> float:
+        """Units of work behind one treated request, to turn uplift per request into value per
+        unit of work. Default: one."""
+        return 1.0
+
+    def can_use_accelerator(self, hardware: str) -> bool:
+        return self.hardware is None or hardware in self.hardware
+
+    def estimate(
+        self, book: ValueBook, ctx: LeverContext, z: float, min_samples: float
+    ) -> ValueEstimate:
+        """Value per unit of work from the book (see the module docstring)."""
+        up = book.uplift(self.name)
+        if up.n_treatment < min_samples or up.n_control < min_samples or not math.isfinite(up.se):
+            return ValueEstimate.unknown(up.n_treatment, up.n_control)
+        units = max(self.units_per_treated(ctx), 1e-12)
+        mean = up.mean / units
+        se = up.se / units
+        return ValueEstimate(
+            mean, se, mean - z * se, mean + z * se, up.n_treatment, up.n_control, True
+        )
+
+    def rate_for(self, cpu: float, accelerator: float) -> float:
+        """Apply: the work rate (units/s) a budget of ``cpu`` cores and ``accelerator`` devices
+        pays for — the binding resource decides."""
+        cost = self.unit_cost()
+        rate = math.inf
+        if cost.cpu_s > 0.0:
+            rate = min(rate, max(cpu, 0.0) / cost.cpu_s)
+        if cost.accelerator_s > 0.0:
+            rate = min(rate, max(accelerator, 0.0) / cost.accelerator_s)
+        return 0.0 if math.isinf(rate) else rate
+
+
+class RmaLever(Lever):
+    """Rank More Ads: extra candidates per request, retrieval CPU plus base-model accelerator."""
+
+    name = LEVER_RMA
+    use = CapacityUse.LIVE
+    shed_action = ShedAction.TRIM_CANDIDATES
+
+    def __init__(self, costs: CostModel, base_candidates: int, max_candidates: int) -> None:
+        self.costs = costs
+        self.hardware = costs.base_hardware
+        self.span = max(max_candidates - base_candidates, 0)
+
+    def unit_cost(self) -> ResourceCost:
+        return self.costs.rma_per_candidate
+
+    def demand(self, ctx: LeverContext) -> float:
+        return max(ctx.request_rps, 0.0) * self.span
+
+    def units_per_treated(self, ctx: LeverContext) -> float:
+        return max(ctx.rma_extra_candidates, 1.0)
+
+
+class SbmLever(Lever):
+    """Serve Better Models: a share of eligible requests on the strong model's replicas."""
+
+    name = LEVER_SBM
+    use = CapacityUse.LIVE
+    shed_action = ShedAction.DOWNGRADE_MODEL
+
+    def __init__(self, costs: CostModel, max_coverage: float = 1.0) -> None:
+        self.costs = costs
+        self.hardware = costs.strong_hardware
+        self.min_durability_s = costs.strong_load_s
+        self.max_coverage = max_coverage
+
+    def unit_cost(self) -> ResourceCost:
+        return self.costs.sbm_per_request
+
+    def demand(self, ctx: LeverContext) -> float:
+        return max(ctx.eligible_rps, 0.0) * self.max_coverage
+
+
+class PrecomputeLever(Lever):
+    """Precompute: rank a returning user's candidates with the strong model ahead of a visit."""
+
+    name = LEVER_PRECOMPUTE
+    use = CapacityUse.ASYNC
+    shed_action = ShedAction.STOP_JOBS
+
+    def __init__(self, costs: CostModel, max_jobs_per_request: float = 1.0) -> None:
+        self.costs = costs
+        self.hardware = costs.strong_hardware
+        self.max_jobs_per_request = max_jobs_per_request
+
+    def unit_cost(self) -> ResourceCost:
+        return self.costs.precompute_per_job
+
+    def demand(self, ctx: LeverContext) -> float:
+        # at most one stored result per upcoming visit is worth computing
+        return max(ctx.request_rps, 0.0) * self.max_jobs_per_request
+
+    def units_per_treated(self, ctx: LeverContext) -> float:
+        if ctx.request_rps <= 0.0 or ctx.precompute_jobs_per_s <= 0.0:
+            return 1.0
+        return ctx.precompute_jobs_per_s / ctx.request_rps
+
+
+class LeverRegistry:
+    """An immutable, ordered set of levers by name, passed to the control plane (never global)."""
+
+    __slots__ = ("_levers",)
+
+    def __init__(self, levers: Iterable[Lever] = ()) -> None:
+        items: dict[str, Lever] = {}
+        for lever in levers:
+            if not getattr(lever, "name", ""):
+                raise ValueError(f"lever {lever!r} has no name")
+            if lever.name in items:
+                raise ValueError(f"lever {lever.name!r} registered twice")
+            items[lever.name] = lever
+        self._levers = items
+
+    @classmethod
+    def standard(
+        cls,
+        costs: CostModel,
+        base_candidates: int,
+        max_candidates: int,
+        *,
+        max_coverage: float = 1.0,
+        precompute: bool = False,
+    ) -> LeverRegistry:
+        """RMA and SBM, plus precompute when the scenario allows it."""
+        levers: list[Lever] = [
+            RmaLever(costs, base_candidates, max_candidates),
+            SbmLever(costs, max_coverage),
+        ]
+        if precompute:
+            levers.append(PrecomputeLever(costs))
+        return cls(levers)
+
+    def with_lever(self, lever: Lever) -> LeverRegistry:
+        return LeverRegistry([*self._levers.values(), lever])
+
+    def __getitem__(self, name: str) -> Lever:
+        return self._levers[name]
+
+    def get(self, name: str) -> Lever | None:
+        return self._levers.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._levers
+
+    def __iter__(self) -> Iterator[Lever]:
+        return iter(self._levers.values())
+
+    def __len__(self) -> int:
+        return len(self._levers)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._levers)
