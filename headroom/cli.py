@@ -172,6 +172,13 @@ def build_parser() -> argparse.ArgumentParser:
         ("streams.broker_cli", "start"),
     )
     q.add_argument("--port", type=int, metavar="N", default=None, help="client port (default 19092)")
+    q.add_argument(
+        "--controller-port",
+        type=int,
+        metavar="N",
+        default=None,
+        help="KRaft controller port (default: the client port + 1 when free, else any free port)",
+    )
     _state_dir_flag(q)
     q.add_argument("--timeout", type=_positive_float, default=120.0, metavar="S", help="give up after S seconds")
     q = cmd(ksub, "status", "print the bootstrap address; exit 0 while the broker runs", ("streams.broker_cli", "status"))
