@@ -387,8 +387,8 @@ class DecayedLogHistogram:
         return min(1.0, max(0.0, below / float(self.counts.sum())))
 
     def snapshot(self) -> dict[str, Any]:
-        scale = self._w
-        return {"counts": (self.counts / scale).tolist(), "total": self.total / scale}
+        """Raw bins and the running weight, so a restored histogram answers bit for bit alike."""
+        return {"counts": self.counts.tolist(), "total": self.total, "w": self._w}
 
     def restore(self, state: Mapping[str, Any]) -> None:
         counts = np.asarray(state["counts"], dtype=np.float64)
@@ -398,7 +398,7 @@ class DecayedLogHistogram:
             )
         self.counts = counts.copy()
         self.total = float(state["total"])
-        self._w = 1.0
+        self._w = float(state["w"])
 
 
 class ValueRanker:
@@ -510,17 +510,106 @@ class ServerShedder:
         capacity: OptionalCapacity | None = None,
         now: float = 0.0,
     ) -> None:
-        raise NotImplementedError  # filled in below the API commit
+        cfg = config or ServerShedConfig()
+        self.config = cfg
+        cap = capacity or OptionalCapacity(0.0, 0.0)
+        self._wc = cfg.cpu_cost_weight
+        self._wa = cfg.accelerator_cost_weight
+        # Opportunistic level (units = ms of work per ms) and token buckets (ms of work).
+        self._cap_cpu = cap.cpu
+        self._cap_acc = cap.accelerator
+        self._tok_cpu = cap.cpu * cfg.burst_ms  # a new server starts with full buckets
+        self._tok_acc = cap.accelerator * cfg.burst_ms
+        self._t = now  # time the buckets, τ decay and demand decay were last brought up to
+        # Offered optional demand, time-decayed sums of ms (rate = sum / demand_window_ms).
+        self._dem_cpu = 0.0
+        self._dem_acc = 0.0
+        # CoDel state.
+        self._first_above: float | None = None
+        self._dropping = False
+        self._count = 0
+        self._drop_next = 0.0
+        self._queue_ms = 0.0
+        self._exh_cpu = False
+        self._exh_acc = False
+        self._reported_overload = False
+        # τ_overload and the cached threshold θ.
+        self._tau_over = 0.0
+        self._hist = DecayedLogHistogram(cfg.histogram)
+        self._theta = 0.0
+        self._theta_tau = 0.0
+        self._since_refresh = 0
+        self._dirty = True
+        # Shedding episode (for poll()).
+        self._shedding = False
+        self._last_drop = -_INF
+        self._ep_dropped = 0
+        self._ep_extra = 0
+        self._ep_strong = 0
+        # Counters.
+        self._n = [0, 0, 0, 0]  # per Decision
+        self._dropped_extra = 0
+        self._dropped_strong = 0
+        self._inflight_cut = 0
+
+    # -- time -----------------------------------------------------------------------------
+
+    def _advance(self, now: float) -> None:
+        """Bring buckets, τ_overload and the demand estimate up to ``now``.
+
+        Time never runs backwards here: an older ``now`` (out-of-order readings) changes nothing.
+        """
+        dt = now - self._t
+        if dt <= 0.0:
+            return
+        self._t = now
+        dt_ms = dt * 1000.0
+        burst = self.config.burst_ms
+        if self._cap_cpu > 0.0:
+            self._tok_cpu = min(self._cap_cpu * burst, self._tok_cpu + self._cap_cpu * dt_ms)
+        if self._cap_acc > 0.0:
+            self._tok_acc = min(self._cap_acc * burst, self._tok_acc + self._cap_acc * dt_ms)
+        if self._dem_cpu > 0.0 or self._dem_acc > 0.0:
+            decay = math.exp(-dt_ms / self.config.demand_window_ms)
+            self._dem_cpu *= decay
+            self._dem_acc *= decay
+        if not self._dropping and self._tau_over > 0.0:
+            self._tau_over = max(0.0, self._tau_over - self.config.recovery_per_s * dt)
+            self._dirty = True
 
     # -- inputs ---------------------------------------------------------------------------
 
     def on_capacity(self, level: OptionalCapacity, now: float) -> bool:
         """Set the opportunistic level; takes effect on the very next decision.
 
-        Buckets are clamped to the new depth at once. Returns True when the level went down on
-        some resource (the caller should then call :meth:`trim_inflight`).
+        A bucket keeps its fill fraction when its level falls (tokens × new/old, so a drop to
+        zero empties it at once) and gains the new depth when its level rises (granted capacity
+        is usable at once). Returns True when the level went down on some resource (the caller
+        should then call :meth:`trim_inflight`).
         """
-        raise NotImplementedError
+        self._advance(now)
+        burst = self.config.burst_ms
+        reduced = False
+
+        def rebucket(tokens: float, old: float, new: float) -> float:
+            if new < old:
+                return tokens * (new / old) if old > 0.0 else 0.0
+            return min(new * burst, tokens + (new - old) * burst)
+
+        if level.cpu != self._cap_cpu:
+            reduced |= level.cpu < self._cap_cpu
+            self._tok_cpu = rebucket(self._tok_cpu, self._cap_cpu, level.cpu)
+            self._cap_cpu = level.cpu
+        if level.accelerator != self._cap_acc:
+            reduced |= level.accelerator < self._cap_acc
+            self._tok_acc = rebucket(self._tok_acc, self._cap_acc, level.accelerator)
+            self._cap_acc = level.accelerator
+        self._dirty = True
+        return reduced
+
+    @property
+    def capacity(self) -> OptionalCapacity:
+        return OptionalCapacity(self._cap_cpu, self._cap_acc)
 
     def observe(
         self,
@@ -531,13 +620,142 @@ class ServerShedder:
         """Feed one health reading: the queueing delay (CoDel: the sojourn time of the request
         just dequeued) and, optionally, free slots per resource (``"cpu"``, ``"accelerator"``).
         Returns a transition when the overloaded state changes."""
-        raise NotImplementedError
+        if not math.isfinite(queue_ms) or queue_ms < 0.0:
+            raise ValueError(f"queue_ms: must be a finite number ≥ 0 (got {queue_ms!r})")
+        self._advance(now)
+        cfg = self.config
+        self._queue_ms = queue_ms
+        if queue_ms < cfg.target_queue_ms:
+            self._first_above = None
+            self._dropping = False
+        elif self._first_above is None:
+            self._first_above = now + cfg.interval_ms / 1000.0
+        elif not self._dropping:
+            if now >= self._first_above:
+                self._dropping = True
+                self._count = 1
+                self._raise_tau()
+                self._drop_next = now + cfg.interval_ms / 1000.0
+        else:
+            while now >= self._drop_next:  # CoDel control law: interval / sqrt(count)
+                self._count += 1
+                self._raise_tau()
+                self._drop_next += cfg.interval_ms / 1000.0 / math.sqrt(self._count)
+        if free_slots is not None:
+            for key, free in free_slots.items():
+                if key == "cpu":
+                    self._exh_cpu = free <= cfg.reserve_slots
+                elif key == "accelerator":
+                    self._exh_acc = free <= cfg.reserve_slots
+                else:
+                    raise ValueError(f"free_slots: unknown resource {key!r} (cpu, accelerator)")
+        overloaded = self.overloaded
+        if overloaded == self._reported_overload:
+            return None
+        self._reported_overload = overloaded
+        if overloaded:
+            reason = "queue_delay" if self._dropping else "slots_exhausted"
+            return OverloadTransition(ShedEvent.OVERLOAD_ENTERED, now, queue_ms, reason)
+        return OverloadTransition(ShedEvent.OVERLOAD_LEFT, now, queue_ms, "recovered")
+
+    def _raise_tau(self) -> None:
+        cfg = self.config
+        self._tau_over = min(cfg.max_shed_quantile, self._tau_over + cfg.shed_step)
+        self._dirty = True
+
+    # -- the threshold --------------------------------------------------------------------
+
+    def _tau(self) -> float:
+        tau = self._tau_over
+        if self.config.budget_aware:
+            window = self.config.demand_window_ms
+            if self._dem_cpu > 0.0:
+                tau = max(tau, 1.0 - self._cap_cpu * window / self._dem_cpu)
+            if self._dem_acc > 0.0:
+                tau = max(tau, 1.0 - self._cap_acc * window / self._dem_acc)
+        return min(1.0, max(0.0, tau))
+
+    def _current_threshold(self) -> float:
+        tau = self._tau()
+        if (
+            self._dirty
+            or self._since_refresh >= self.config.threshold_refresh
+            or abs(tau - self._theta_tau) > 0.01
+        ):
+            self._theta = self._hist.quantile(tau) if tau > 0.0 else 0.0
+            self._theta_tau = tau
+            self._since_refresh = 0
+            self._dirty = False
+        return self._theta
 
     # -- decisions ------------------------------------------------------------------------
 
     def decide(self, now: float, work: OptionalWork) -> Verdict:
-        """Decide one request's optional work."""
-        raise NotImplementedError
+        """Decide one request's optional work (arrival order; see :meth:`decide_batch`)."""
+        extra = work.extra
+        strong = work.strong
+        if extra <= 0 and not strong:
+            self._n[0] += 1
+            return _ADMIT_NOTHING
+        if now > self._t:
+            self._advance(now)
+        ec = work.extra_cpu_ms if extra > 0 else 0.0
+        ea = work.extra_accelerator_ms if extra > 0 else 0.0
+        sc = work.strong_cpu_ms if strong else 0.0
+        sa = work.strong_accelerator_ms if strong else 0.0
+        cpu = ec + sc
+        acc = ea + sa
+        cost = self._wc * cpu + self._wa * acc
+        if cost > 0.0:
+            vpc = work.value / cost
+            self._hist.add(vpc, cost)
+        else:
+            vpc = _INF
+        self._dem_cpu += cpu
+        self._dem_acc += acc
+        self._since_refresh += 1
+        theta = self._current_threshold()
+
+        keep_strong = False
+        n = 0
+        if vpc >= theta:
+            tok_cpu = 0.0 if self._exh_cpu else self._tok_cpu
+            tok_acc = 0.0 if self._exh_acc else self._tok_acc
+            if strong and sc <= tok_cpu and sa <= tok_acc:
+                keep_strong = True
+                tok_cpu -= sc
+                tok_acc -= sa
+                self._tok_cpu -= sc
+                self._tok_acc -= sa
+            if extra > 0:
+                n = extra
+                if ec > 0.0:
+                    n = min(n, int(tok_cpu * extra / ec + 1e-9))
+                if ea > 0.0:
+                    n = min(n, int(tok_acc * extra / ea + 1e-9))
+                if n > 0:
+                    self._tok_cpu -= ec * n / extra
+                    self._tok_acc -= ea * n / extra
+        return self._verdict(now, extra, strong, n, keep_strong)
+
+    def _verdict(self, now: float, extra: int, strong: bool, n: int, keep_strong: bool) -> Verdict:
+        lost_strong = strong and not keep_strong
+        lost_extra = extra - n
+        if lost_strong:
+            decision = Decision.DOWNGRADE if n > 0 else Decision.SHED
+        elif lost_extra > 0:
+            decision = Decision.TRIM if (n > 0 or keep_strong) else Decision.SHED
+        else:
+            decision = Decision.ADMIT
+        self._n[decision] += 1
+        if decision is not Decision.ADMIT:
+            self._dropped_extra += lost_extra
+            self._dropped_strong += lost_strong
+            self._ep_dropped += 1
+            self._ep_extra += lost_extra
+            self._ep_strong += lost_strong
+            self._last_drop = now
+        return Verdict(decision, n, keep_strong)
 
     def decide_batch(
         self,
@@ -549,46 +767,278 @@ class ServerShedder:
         strong: BoolArray,
         strong_cpu_ms: FloatArray,
         strong_accelerator_ms: FloatArray,
+        span_s: float = 0.0,
     ) -> BatchVerdict:
-        """Decide many requests that arrive together (same ``now``), lowest vpc shed first."""
-        raise NotImplementedError
+        """Decide many requests that arrive together (same ``now``).
+
+        ``span_s`` > 0 says the batch stands for the arrivals of ``(now − span_s, now]`` (a
+        simulator step): the buckets then also pay for what the level can do during the span,
+        ``level × span``, on top of what they hold (a fluid approximation; without it a batch
+        could never use more than ``burst_ms`` of work).
+
+        All arrays have one entry per request (costs as in :class:`OptionalWork`). The batch is
+        served in decreasing value per cost: the strong parts fill the buckets first, then the
+        extra candidates, the first request that no longer fits is trimmed to what remains and
+        the ones after it are shed. So within a batch, no request keeps optional work while one
+        with a higher vpc and the same needs lost it.
+        """
+        value = np.asarray(value, dtype=np.float64)
+        m = value.shape[0]
+        extra_i = np.asarray(extra, dtype=np.int64)
+        strong_b = np.asarray(strong, dtype=np.bool_)
+        has_extra = extra_i > 0
+        ec = np.where(has_extra, np.asarray(extra_cpu_ms, dtype=np.float64), 0.0)
+        ea = np.where(has_extra, np.asarray(extra_accelerator_ms, dtype=np.float64), 0.0)
+        sc = np.where(strong_b, np.asarray(strong_cpu_ms, dtype=np.float64), 0.0)
+        sa = np.where(strong_b, np.asarray(strong_accelerator_ms, dtype=np.float64), 0.0)
+        optional = has_extra | strong_b
+        out_extra = np.where(has_extra, extra_i, 0)
+        out_strong = strong_b.copy()
+        codes = np.zeros(m, dtype=np.int8)
+        n_opt = int(optional.sum())
+        self._n[0] += m - n_opt
+        if n_opt == 0:
+            if now > self._t:
+                self._advance(now)
+            return BatchVerdict(codes, out_extra, out_strong)
+        if span_s > 0.0:
+            self._advance(now - span_s)
+            start_cpu, start_acc = self._tok_cpu, self._tok_acc
+            self._advance(now)
+            span_ms = span_s * 1000.0
+            self._tok_cpu = start_cpu + self._cap_cpu * span_ms
+            self._tok_acc = start_acc + self._cap_acc * span_ms
+        elif now > self._t:
+            self._advance(now)
+
+        cpu = ec + sc
+        acc = ea + sa
+        cost = self._wc * cpu + self._wa * acc
+        with np.errstate(divide="ignore", invalid="ignore"):
+            vpc = np.where(cost > 0.0, value / np.where(cost > 0.0, cost, 1.0), _INF)
+        priced = optional & (cost > 0.0)
+        self._hist.add_many(vpc[priced], cost[priced])
+        self._dem_cpu += float(cpu[optional].sum())
+        self._dem_acc += float(acc[optional].sum())
+        self._since_refresh += n_opt
+        theta = self._current_threshold()
+
+        idx = np.flatnonzero(optional & (vpc >= theta))
+        idx = idx[np.argsort(-vpc[idx], kind="stable")]
+        keep_strong = np.zeros(m, dtype=np.bool_)
+        n = np.zeros(m, dtype=np.int64)
+        tok_cpu = 0.0 if self._exh_cpu else self._tok_cpu
+        tok_acc = 0.0 if self._exh_acc else self._tok_acc
+        spent_cpu = spent_acc = 0.0
+        if idx.size:
+            # Strong parts: indivisible, greedy prefix in vpc order.
+            s_idx = idx[strong_b[idx]]
+            if s_idx.size:
+                cc = np.cumsum(sc[s_idx])
+                ca = np.cumsum(sa[s_idx])
+                fits = (cc <= tok_cpu + 1e-9) & (ca <= tok_acc + 1e-9)
+                k = int(np.argmin(fits)) if not fits.all() else fits.size
+                keep_strong[s_idx[:k]] = True
+                if k:
+                    spent_cpu, spent_acc = float(cc[k - 1]), float(ca[k - 1])
+            # Extras: divisible, greedy prefix; the first that does not fit is trimmed.
+            e_idx = idx[has_extra[idx]]
+            if e_idx.size:
+                rem_cpu = tok_cpu - spent_cpu
+                rem_acc = tok_acc - spent_acc
+                cc = np.cumsum(ec[e_idx])
+                ca = np.cumsum(ea[e_idx])
+                fits = (cc <= rem_cpu + 1e-9) & (ca <= rem_acc + 1e-9)
+                k = int(np.argmin(fits)) if not fits.all() else fits.size
+                n[e_idx[:k]] = extra_i[e_idx[:k]]
+                if k:
+                    spent_cpu += float(cc[k - 1])
+                    spent_acc += float(ca[k - 1])
+                if k < e_idx.size:
+                    j = int(e_idx[k])
+                    part = int(extra_i[j])
+                    left_cpu = tok_cpu - spent_cpu
+                    left_acc = tok_acc - spent_acc
+                    if ec[j] > 0.0:
+                        part = min(part, int(max(0.0, left_cpu) * extra_i[j] / ec[j] + 1e-9))
+                    if ea[j] > 0.0:
+                        part = min(part, int(max(0.0, left_acc) * extra_i[j] / ea[j] + 1e-9))
+                    if part > 0:
+                        n[j] = part
+                        spent_cpu += float(ec[j]) * part / float(extra_i[j])
+                        spent_acc += float(ea[j]) * part / float(extra_i[j])
+        burst = self.config.burst_ms
+        self._tok_cpu = min(self._cap_cpu * burst, self._tok_cpu - spent_cpu)
+        self._tok_acc = min(self._cap_acc * burst, self._tok_acc - spent_acc)
+
+        lost_strong = strong_b & ~keep_strong
+        lost_extra = np.where(has_extra, extra_i - n, 0)
+        codes[optional] = Decision.ADMIT
+        trimmed = optional & ~lost_strong & (lost_extra > 0)
+        codes[trimmed] = np.where((n[trimmed] > 0) | keep_strong[trimmed], 1, 3)
+        codes[lost_strong] = np.where(n[lost_strong] > 0, 2, 3)
+        out_extra = np.where(has_extra, n, 0)
+        out_strong = keep_strong
+        counts = np.bincount(codes[optional], minlength=4)
+        for d in range(4):
+            self._n[d] += int(counts[d])
+        n_dropped = int(n_opt - counts[0])
+        if n_dropped:
+            lost_e = int(lost_extra.sum())
+            lost_s = int(lost_strong.sum())
+            self._dropped_extra += lost_e
+            self._dropped_strong += lost_s
+            self._ep_dropped += n_dropped
+            self._ep_extra += lost_e
+            self._ep_strong += lost_s
+            self._last_drop = now
+        return BatchVerdict(codes, out_extra, out_strong)
 
     def trim_inflight(self, now: float, inflight: Sequence[InflightWork]) -> list[InflightCut]:
-        """Which running optional work to cut so the rest fits the current level, lowest value
-        per unit of occupied capacity first."""
-        raise NotImplementedError
+        """Which running optional work to cut so the rest fits the current level.
+
+        Cuts go lowest value per unit of occupied capacity first, and only items that occupy a
+        resource still over its level are cut (cutting the others would free nothing useful).
+        Each cut drops the item's whole optional part: ``DOWNGRADE`` for strong-model-only work,
+        ``SHED`` otherwise.
+        """
+        if not inflight:
+            return []
+        value = np.fromiter((w.value for w in inflight), dtype=np.float64, count=len(inflight))
+        cpu = np.fromiter((w.cpu for w in inflight), dtype=np.float64, count=len(inflight))
+        acc = np.fromiter((w.accelerator for w in inflight), dtype=np.float64, count=len(inflight))
+        cut = self.trim_inflight_batch(now, value, cpu, acc)
+        out = []
+        for i in np.flatnonzero(cut):
+            w = inflight[int(i)]
+            decision = Decision.DOWNGRADE if (w.strong and w.extra <= 0) else Decision.SHED
+            out.append(InflightCut(w.id, decision, w.value))
+        return out
 
     def trim_inflight_batch(
         self, now: float, value: FloatArray, cpu: FloatArray, accelerator: FloatArray
     ) -> BoolArray:
         """Array form of :meth:`trim_inflight`: a mask of the in-flight items to cut."""
-        raise NotImplementedError
+        self._advance(now)
+        value = np.asarray(value, dtype=np.float64)
+        cpu = np.asarray(cpu, dtype=np.float64)
+        acc = np.asarray(accelerator, dtype=np.float64)
+        cut = np.zeros(value.shape[0], dtype=np.bool_)
+        over_cpu = float(cpu.sum()) - self._cap_cpu
+        over_acc = float(acc.sum()) - self._cap_acc
+        eps = 1e-9
+        if over_cpu <= eps and over_acc <= eps:
+            return cut
+        occupied = self._wc * cpu + self._wa * acc
+        with np.errstate(divide="ignore", invalid="ignore"):
+            vpc = np.where(occupied > 0.0, value / np.where(occupied > 0.0, occupied, 1.0), _INF)
+        for i in np.argsort(vpc, kind="stable"):
+            helps = (over_cpu > eps and cpu[i] > 0.0) or (over_acc > eps and acc[i] > 0.0)
+            if not helps:
+                continue
+            cut[i] = True
+            over_cpu -= float(cpu[i])
+            over_acc -= float(acc[i])
+            if over_cpu <= eps and over_acc <= eps:
+                break
+        n_cut = int(cut.sum())
+        if n_cut:
+            self._inflight_cut += n_cut
+            self._ep_dropped += n_cut
+            self._last_drop = now
+        return cut
 
     def poll(self, now: float) -> ShedTransition | None:
         """``shedding.started`` after the first drop of an episode, ``shedding.stopped`` once no
-        optional work has been dropped for ``shed_quiet_ms``."""
-        raise NotImplementedError
+        optional work has been dropped for ``shed_quiet_ms`` (the totals of the episode)."""
+        if not self._shedding:
+            if self._ep_dropped > 0:
+                self._shedding = True
+                return ShedTransition(
+                    ShedEvent.STARTED, "server", now, self._ep_dropped, self._ep_extra,
+                    self._ep_strong,
+                )  # fmt: skip
+            return None
+        if (now - self._last_drop) * 1000.0 >= self.config.shed_quiet_ms:
+            t = ShedTransition(
+                ShedEvent.STOPPED, "server", now, self._ep_dropped, self._ep_extra, self._ep_strong
+            )
+            self._shedding = False
+            self._ep_dropped = self._ep_extra = self._ep_strong = 0
+            return t
+        return None
 
     # -- introspection and state ----------------------------------------------------------
 
     @property
     def overloaded(self) -> bool:
-        raise NotImplementedError
+        """CoDel says the queue has stood above target for an interval, or slots are exhausted."""
+        return self._dropping or self._exh_cpu or self._exh_acc
+
+    @property
+    def shedding(self) -> bool:
+        return self._shedding
 
     @property
     def threshold(self) -> float:
         """Current value-per-cost threshold θ (0 = everything passes)."""
-        raise NotImplementedError
+        return self._current_threshold()
+
+    @property
+    def shed_quantile(self) -> float:
+        """τ: the share of recent optional work (by cost, lowest vpc first) being shed."""
+        return self._tau()
+
+    @property
+    def tokens(self) -> tuple[float, float]:
+        """Token-bucket contents (cpu ms, accelerator ms)."""
+        return (self._tok_cpu, self._tok_acc)
 
     @property
     def stats(self) -> ServerShedStats:
-        raise NotImplementedError
+        return ServerShedStats(
+            decisions=sum(self._n),
+            admitted=self._n[Decision.ADMIT],
+            trimmed=self._n[Decision.TRIM],
+            downgraded=self._n[Decision.DOWNGRADE],
+            shed=self._n[Decision.SHED],
+            dropped_extra_candidates=self._dropped_extra,
+            dropped_strong=self._dropped_strong,
+            inflight_cut=self._inflight_cut,
+        )
+
+    _STATE = (
+        "_cap_cpu", "_cap_acc", "_tok_cpu", "_tok_acc", "_t", "_dem_cpu", "_dem_acc",
+        "_first_above", "_dropping", "_count", "_drop_next", "_queue_ms", "_exh_cpu", "_exh_acc",
+        "_reported_overload", "_tau_over", "_theta", "_theta_tau", "_since_refresh", "_dirty",
+        "_shedding", "_last_drop", "_ep_dropped", "_ep_extra", "_ep_strong", "_dropped_extra",
+        "_dropped_strong", "_inflight_cut",
+    )  # fmt: skip
 
     def snapshot(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """Everything the next decisions depend on, as plain data (JSON-able except ±inf)."""
+        state: dict[str, Any] = {k.lstrip("_"): _plain(getattr(self, k)) for k in self._STATE}
+        state["n"] = list(self._n)
+        state["hist"] = self._hist.snapshot()
+        return state
 
     def restore(self, state: Mapping[str, Any]) -> None:
-        raise NotImplementedError
+        """Resume exactly from :meth:`snapshot` (the config is this object's own)."""
+        for k in self._STATE:
+            v = state[k.lstrip("_")]
+            setattr(self, k, float(v) if isinstance(v, str) else v)
+        self._n = [int(x) for x in state["n"]]
+        self._hist.restore(state["hist"])
+
+
+_ADMIT_NOTHING = Verdict(Decision.ADMIT, 0, False)
+
+
+def _plain(v: Any) -> Any:
+    """JSON has no infinities: store them as the strings float() reads back."""
+    if isinstance(v, float) and math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return v
 
 
 # --------------------------------------------------------------------------------------------
@@ -623,40 +1073,132 @@ class ClientShedConfig:
 
 
 class ClientShedder:
-    """Client-side optional-work multiplier for one server (see the module docstring)."""
+    """Client-side optional-work multiplier for one server (see the module docstring).
+
+    Keep one per server the client talks to; feed :meth:`on_response` with the health of every
+    response from that server and ask :meth:`apply` (or :meth:`keep_mask`) what each request
+    may keep.
+    """
 
     def __init__(self, config: ClientShedConfig | None = None, now: float = 0.0) -> None:
-        raise NotImplementedError
+        self.config = config or ClientShedConfig()
+        self._m = 1.0
+        self._t = now
+        self._recovering = True
+        self._last_decrease: float | None = None
+        self._shedding = False
+        self._ep_dropped = 0
+        self._ep_extra = 0
+        self._ep_strong = 0
+        self._decreases = 0
 
     def on_response(
         self, now: float, overloaded: bool, queue_ms: float | None = None
     ) -> ShedTransition | None:
         """Fold in the health carried by one response; returns a transition when shedding
         starts (multiplier leaves 1) or stops (multiplier back at 1)."""
-        raise NotImplementedError
+        cfg = self.config
+        if not overloaded and queue_ms is not None and cfg.overload_queue_ms is not None:
+            overloaded = queue_ms > cfg.overload_queue_ms
+        m = self.multiplier_at(now)
+        if now > self._t:
+            self._t = now
+        if overloaded:
+            self._recovering = False
+            if (
+                self._last_decrease is None
+                or (now - self._last_decrease) * 1000.0 >= cfg.decrease_interval_ms
+            ):
+                m *= cfg.decrease_factor
+                if m < cfg.zero_below:
+                    m = 0.0
+                self._last_decrease = now
+                self._decreases += 1
+        else:
+            self._recovering = True
+        self._m = m
+        return self.poll(now)
+
+    def poll(self, now: float) -> ShedTransition | None:
+        """The shedding transition due at ``now``, if any (recovery happens with time, so a
+        client with no traffic can still learn that shedding stopped)."""
+        m = self.multiplier_at(now)
+        if not self._shedding and m < 1.0:
+            self._shedding = True
+            return ShedTransition(ShedEvent.STARTED, "client", now, 0, multiplier=m)
+        if self._shedding and m >= 1.0:
+            t = ShedTransition(
+                ShedEvent.STOPPED, "client", now, self._ep_dropped, self._ep_extra,
+                self._ep_strong, multiplier=m,
+            )  # fmt: skip
+            self._shedding = False
+            self._ep_dropped = self._ep_extra = self._ep_strong = 0
+            return t
+        return None
 
     @property
     def multiplier(self) -> float:
-        raise NotImplementedError
+        """The multiplier as of the last call that carried a time."""
+        return self.multiplier_at(self._t)
+
+    @property
+    def shedding(self) -> bool:
+        return self._shedding
 
     def multiplier_at(self, now: float) -> float:
         """The multiplier including additive recovery up to ``now`` (does not change state)."""
-        raise NotImplementedError
+        m = self._m
+        if self._recovering and m < 1.0 and now > self._t:
+            m = min(1.0, m + self.config.recovery_per_s * (now - self._t))
+        return m
 
-    def keeps(self, value_rank: float) -> bool:
-        """True when a request of this value rank keeps its optional work (rank ≥ 1 − m)."""
-        raise NotImplementedError
+    def keeps(self, value_rank: float, now: float | None = None) -> bool:
+        """True when a request of this value rank keeps its optional work: m > 0 and
+        rank ≥ 1 − m, so the multiplier is spent on the highest-value requests."""
+        m = self.multiplier_at(self._t if now is None else now)
+        return m > 0.0 and value_rank >= 1.0 - m
 
     def apply(self, now: float, value_rank: float, extra: int, strong: bool) -> tuple[int, bool]:
         """Extra candidates and strong routing a request keeps; counts what is dropped."""
-        raise NotImplementedError
+        if extra <= 0 and not strong:
+            return (0, False)
+        if self.keeps(value_rank, now):
+            return (extra, strong)
+        self._ep_dropped += 1
+        self._ep_extra += max(0, extra)
+        self._ep_strong += int(strong)
+        return (0, False)
 
     def keep_mask(self, now: float, value_rank: FloatArray) -> BoolArray:
-        """Array form of :meth:`apply` for the simulator: which requests keep optional work."""
-        raise NotImplementedError
+        """Array form of :meth:`keeps` for the simulator: pass the ranks of requests that ask for
+        optional work; every False is counted as one dropped request."""
+        ranks = np.asarray(value_rank, dtype=np.float64)
+        m = self.multiplier_at(now)
+        mask: BoolArray = (ranks >= 1.0 - m) if m > 0.0 else np.zeros(ranks.shape, np.bool_)
+        self._ep_dropped += int(ranks.size - int(mask.sum()))
+        return mask
 
     def snapshot(self) -> dict[str, Any]:
-        raise NotImplementedError
+        return {
+            "m": self._m,
+            "t": self._t,
+            "recovering": self._recovering,
+            "last_decrease": self._last_decrease,
+            "shedding": self._shedding,
+            "ep_dropped": self._ep_dropped,
+            "ep_extra": self._ep_extra,
+            "ep_strong": self._ep_strong,
+            "decreases": self._decreases,
+        }
 
     def restore(self, state: Mapping[str, Any]) -> None:
-        raise NotImplementedError
+        self._m = float(state["m"])
+        self._t = float(state["t"])
+        self._recovering = bool(state["recovering"])
+        ld = state["last_decrease"]
+        self._last_decrease = None if ld is None else float(ld)
+        self._shedding = bool(state["shedding"])
+        self._ep_dropped = int(state["ep_dropped"])
+        self._ep_extra = int(state["ep_extra"])
+        self._ep_strong = int(state["ep_strong"])
+        self._decreases = int(state["decreases"])
