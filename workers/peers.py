@@ -94,6 +94,7 @@ import numpy as np
 from headroom.errors import ConfigError
 
 __all__ = [
+    "PEER_POLICIES",
     "AimdConfig",
     "AimdLimit",
     "Budget",
@@ -109,7 +110,12 @@ __all__ = [
 
 @runtime_checkable
 class ConcurrencyLimit(Protocol):
-    """A limit algorithm: it computes a concurrency limit from samples, enforces nothing."""
+    """A limit algorithm: it computes a concurrency limit from samples, enforces nothing.
+
+    ``on_sample`` is called once per completed (or dropped) request: ``now`` the completion
+    time in seconds, ``rtt_ms`` its round-trip time, ``inflight`` the requests in flight when it
+    was sent, ``dropped`` True when it was rejected, timed out or failed for overload.
+    """
 
     @property
     def limit(self) -> int: ...
@@ -121,6 +127,19 @@ class ConcurrencyLimit(Protocol):
     def restore(self, state: Mapping[str, Any]) -> None: ...
 
 
+def _limits_problems(prefix: str, initial: int, low: int, high: int) -> list[str]:
+    problems = []
+    if low < 1:
+        problems.append(f"{prefix}.min_limit: must be ≥ 1 (got {low})")
+    if high < low:
+        problems.append(f"{prefix}.max_limit: must be ≥ min_limit (got {high} < {low})")
+    if not low <= initial <= high:
+        problems.append(
+            f"{prefix}.initial_limit: must lie in [min_limit, max_limit] (got {initial})"
+        )
+    return problems
+
+
 @dataclass(frozen=True, slots=True)
 class AimdConfig:
     initial_limit: int = 20
@@ -129,25 +148,44 @@ class AimdConfig:
     backoff_ratio: float = 0.9  # Netflix requires [0.5, 1)
     timeout_ms: float = 5000.0  # an RTT above this counts as a drop
 
+    def __post_init__(self) -> None:
+        p = "peers.aimd"
+        problems = _limits_problems(p, self.initial_limit, self.min_limit, self.max_limit)
+        if not 0.5 <= self.backoff_ratio < 1.0:
+            problems.append(f"{p}.backoff_ratio: must lie in [0.5, 1) (got {self.backoff_ratio})")
+        if not (math.isfinite(self.timeout_ms) and self.timeout_ms > 0):
+            problems.append(f"{p}.timeout_ms: must be > 0 (got {self.timeout_ms})")
+        if problems:
+            raise ConfigError(problems)
+
 
 class AimdLimit:
     """Netflix concurrency-limits AIMD (see the module docstring)."""
 
     def __init__(self, config: AimdConfig | None = None) -> None:
-        raise NotImplementedError
+        self.config = config or AimdConfig()
+        self._limit = self.config.initial_limit
 
     @property
     def limit(self) -> int:
-        raise NotImplementedError
+        return self._limit
 
     def on_sample(self, now: float, rtt_ms: float, inflight: int, dropped: bool) -> int:
-        raise NotImplementedError
+        cfg = self.config
+        limit = self._limit
+        # A non-finite RTT is no evidence of health: treat it as the timeout it most likely was.
+        if dropped or not math.isfinite(rtt_ms) or rtt_ms > cfg.timeout_ms:
+            limit = int(limit * cfg.backoff_ratio)
+        elif inflight * 2 >= limit:
+            limit += 1
+        self._limit = min(cfg.max_limit, max(cfg.min_limit, limit))
+        return self._limit
 
     def snapshot(self) -> dict[str, Any]:
-        raise NotImplementedError
+        return {"limit": self._limit}
 
     def restore(self, state: Mapping[str, Any]) -> None:
-        raise NotImplementedError
+        self._limit = int(state["limit"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,25 +199,80 @@ class Gradient2Config:
     warmup: int = 10  # samples averaged plainly before the EMA starts
     rtt_tolerance: float = 1.5  # ≥ 1: how much RTT growth is tolerated before shrinking
 
+    def __post_init__(self) -> None:
+        p = "peers.gradient2"
+        problems = _limits_problems(p, self.initial_limit, self.min_limit, self.max_limit)
+        if not 0.0 < self.smoothing <= 1.0:
+            problems.append(f"{p}.smoothing: must lie in (0, 1] (got {self.smoothing})")
+        if not (math.isfinite(self.queue_size) and self.queue_size >= 0):
+            problems.append(f"{p}.queue_size: must be ≥ 0 (got {self.queue_size})")
+        if self.long_window < 1:
+            problems.append(f"{p}.long_window: must be ≥ 1 (got {self.long_window})")
+        if self.warmup < 0:
+            problems.append(f"{p}.warmup: must be ≥ 0 (got {self.warmup})")
+        if not (math.isfinite(self.rtt_tolerance) and self.rtt_tolerance >= 1.0):
+            problems.append(f"{p}.rtt_tolerance: must be ≥ 1 (got {self.rtt_tolerance})")
+        if problems:
+            raise ConfigError(problems)
+
 
 class Gradient2Limit:
-    """Netflix concurrency-limits Gradient2 (see the module docstring)."""
+    """Netflix concurrency-limits Gradient2 (see the module docstring).
+
+    Like the original, it ignores ``dropped``: it reacts to delay, not to loss.
+    """
 
     def __init__(self, config: Gradient2Config | None = None) -> None:
-        raise NotImplementedError
+        self.config = config or Gradient2Config()
+        self._estimate = float(self.config.initial_limit)
+        self._long_rtt = 0.0
+        self._sum = 0.0
+        self._count = 0
+        self._factor = 2.0 / (self.config.long_window + 1)  # EMA factor for an N-sample window
 
     @property
     def limit(self) -> int:
-        raise NotImplementedError
+        return int(self._estimate)
+
+    @property
+    def long_rtt_ms(self) -> float:
+        return self._long_rtt
 
     def on_sample(self, now: float, rtt_ms: float, inflight: int, dropped: bool) -> int:
-        raise NotImplementedError
+        cfg = self.config
+        if not (math.isfinite(rtt_ms) and rtt_ms > 0.0):
+            return int(self._estimate)  # no usable measurement
+        if self._count < cfg.warmup:
+            self._count += 1
+            self._sum += rtt_ms
+            self._long_rtt = self._sum / self._count
+        else:
+            self._long_rtt += (rtt_ms - self._long_rtt) * self._factor
+        long_rtt = self._long_rtt
+        if long_rtt / rtt_ms > 2.0:
+            self._long_rtt *= 0.95
+        estimate = self._estimate
+        if inflight < estimate / 2.0:
+            return int(estimate)
+        gradient = max(0.5, min(1.0, cfg.rtt_tolerance * long_rtt / rtt_ms))
+        new = estimate * gradient + cfg.queue_size
+        new = estimate * (1.0 - cfg.smoothing) + new * cfg.smoothing
+        self._estimate = max(float(cfg.min_limit), min(float(cfg.max_limit), new))
+        return int(self._estimate)
 
     def snapshot(self) -> dict[str, Any]:
-        raise NotImplementedError
+        return {
+            "estimate": self._estimate,
+            "long_rtt": self._long_rtt,
+            "sum": self._sum,
+            "count": self._count,
+        }
 
     def restore(self, state: Mapping[str, Any]) -> None:
-        raise NotImplementedError
+        self._estimate = float(state["estimate"])
+        self._long_rtt = float(state["long_rtt"])
+        self._sum = float(state["sum"])
+        self._count = int(state["count"])
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,26 +288,124 @@ class EnvoyGradientConfig:
     fixed_min_rtt_ms: float | None = None  # set: never measure minRTT, use this
     min_concurrency_retrigger: int = 5  # windows pinned at min_concurrency before remeasuring
 
+    def __post_init__(self) -> None:
+        p = "peers.envoy_gradient"
+        problems = []
+        for name in ("min_rtt_calc_interval_s", "sample_interval_s"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v > 0):
+                problems.append(f"{p}.{name}: must be > 0 (got {v})")
+        for name in ("jitter", "sample_percentile"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and 0.0 <= v <= 1.0):
+                problems.append(f"{p}.{name}: must lie in [0, 1] (got {v})")
+        if not (math.isfinite(self.min_rtt_buffer) and self.min_rtt_buffer >= 0):
+            problems.append(f"{p}.min_rtt_buffer: must be ≥ 0 (got {self.min_rtt_buffer})")
+        if self.min_concurrency < 1:
+            problems.append(f"{p}.min_concurrency: must be ≥ 1 (got {self.min_concurrency})")
+        if self.max_limit < self.min_concurrency:
+            problems.append(f"{p}.max_limit: must be ≥ min_concurrency (got {self.max_limit})")
+        if self.min_rtt_request_count < 1:
+            problems.append(
+                f"{p}.min_rtt_request_count: must be ≥ 1 (got {self.min_rtt_request_count})"
+            )
+        if self.min_concurrency_retrigger < 1:
+            problems.append(
+                f"{p}.min_concurrency_retrigger: must be ≥ 1 (got {self.min_concurrency_retrigger})"
+            )
+        if self.fixed_min_rtt_ms is not None and not (
+            math.isfinite(self.fixed_min_rtt_ms) and self.fixed_min_rtt_ms > 0
+        ):
+            problems.append(f"{p}.fixed_min_rtt_ms: must be > 0 (got {self.fixed_min_rtt_ms})")
+        if problems:
+            raise ConfigError(problems)
+
 
 class EnvoyGradientLimit:
-    """Envoy's adaptive-concurrency gradient controller (see the module docstring)."""
+    """Envoy's adaptive-concurrency gradient controller (see the module docstring).
+
+    ``rng`` draws the jitter of each minRTT window; its state is part of :meth:`snapshot`.
+    """
 
     def __init__(
         self, config: EnvoyGradientConfig | None, rng: np.random.Generator, now: float = 0.0
     ) -> None:
-        raise NotImplementedError
+        self.config = config or EnvoyGradientConfig()
+        self._rng = rng
+        cfg = self.config
+        self._limit = cfg.min_concurrency
+        # Limit to restore when the minRTT window ends; 0 = not in a minRTT window (as Envoy).
+        self._deferred = 0
+        self._min_rtt: float | None = cfg.fixed_min_rtt_ms
+        self._samples: list[float] = []
+        self._epoch = -math.inf  # samples sent before this were admitted under another regime
+        self._window_end = now + cfg.sample_interval_s
+        self._next_min_rtt = math.inf
+        self._consecutive_min = 0
+        self._last_sample_rtt: float | None = None
+        if cfg.fixed_min_rtt_ms is None:
+            self._enter_min_rtt_window(now)  # Envoy starts by measuring minRTT
 
     @property
     def limit(self) -> int:
-        raise NotImplementedError
+        return self._limit
 
     @property
     def min_rtt_ms(self) -> float | None:
-        raise NotImplementedError
+        return self._min_rtt
+
+    @property
+    def sample_rtt_ms(self) -> float | None:
+        return self._last_sample_rtt
 
     @property
     def in_min_rtt_window(self) -> bool:
-        raise NotImplementedError
+        return self._deferred > 0
+
+    def _enter_min_rtt_window(self, now: float) -> None:
+        self._deferred = self._limit
+        self._set_limit(self.config.min_concurrency, now)
+        self._samples.clear()
+        self._epoch = now
+        self._next_min_rtt = math.inf
+
+    def _jittered_interval(self) -> float:
+        cfg = self.config
+        if cfg.jitter <= 0.0:
+            return cfg.min_rtt_calc_interval_s
+        return cfg.min_rtt_calc_interval_s + float(
+            self._rng.uniform(0.0, cfg.jitter * cfg.min_rtt_calc_interval_s)
+        )
+
+    def _set_limit(self, new: int, now: float) -> None:
+        cfg = self.config
+        old = self._limit
+        self._limit = new
+        if self._deferred == 0 and old == cfg.min_concurrency and new == cfg.min_concurrency:
+            self._consecutive_min += 1
+        else:
+            self._consecutive_min = 0
+        if self._consecutive_min >= cfg.min_concurrency_retrigger and cfg.fixed_min_rtt_ms is None:
+            self._next_min_rtt = now  # pinned at the floor too long: minRTT is probably wrong
+
+    def _aggregate(self) -> float:
+        return float(np.quantile(self._samples, self.config.sample_percentile))
+
+    def _close_sample_window(self, now: float) -> None:
+        cfg = self.config
+        if self._samples and self._min_rtt is not None:
+            sample_rtt = self._aggregate()
+            self._samples.clear()
+            self._last_sample_rtt = sample_rtt
+            buffered = self._min_rtt * (1.0 + cfg.min_rtt_buffer)
+            gradient = max(0.5, min(2.0, buffered / sample_rtt)) if sample_rtt > 0 else 2.0
+            limit = self._limit * gradient
+            new = int(limit + math.sqrt(limit))
+            self._set_limit(max(cfg.min_concurrency, min(cfg.max_limit, new)), now)
+        # The timer re-arms from its deadline; empty windows change nothing (as in Envoy).
+        interval = cfg.sample_interval_s
+        skipped = max(1, math.floor((now - self._window_end) / interval) + 1)
+        self._window_end += skipped * interval
 
     def on_sample(
         self,
@@ -224,13 +415,61 @@ class EnvoyGradientLimit:
         dropped: bool,
         sent_at: float | None = None,
     ) -> int:
-        raise NotImplementedError
+        """Record one completed request. ``sent_at`` (seconds) defaults to ``now − rtt``;
+        dropped requests carry no latency sample (Envoy cancels them)."""
+        cfg = self.config
+        # Deadlines that would have fired before this sample arrived.
+        if self._deferred == 0:
+            if now >= self._next_min_rtt:
+                self._enter_min_rtt_window(now)
+            elif now >= self._window_end:
+                self._close_sample_window(now)
+        if dropped or not (math.isfinite(rtt_ms) and rtt_ms > 0.0):
+            return self._limit
+        start = now - rtt_ms / 1000.0 if sent_at is None else sent_at
+        if start < self._epoch:
+            return self._limit  # admitted before the minRTT window opened
+        self._samples.append(rtt_ms)
+        if self._deferred > 0 and len(self._samples) >= cfg.min_rtt_request_count:
+            self._min_rtt = self._aggregate()
+            self._samples.clear()
+            restore = self._deferred
+            self._deferred = 0
+            self._set_limit(restore, now)
+            self._next_min_rtt = now + self._jittered_interval()
+            self._window_end = now + cfg.sample_interval_s
+        return self._limit
 
     def snapshot(self) -> dict[str, Any]:
-        raise NotImplementedError
+        def plain(v: float) -> float | str:
+            return ("inf" if v > 0 else "-inf") if math.isinf(v) else v
+
+        return {
+            "limit": self._limit,
+            "deferred": self._deferred,
+            "min_rtt": self._min_rtt,
+            "samples": list(self._samples),
+            "epoch": plain(self._epoch),
+            "window_end": self._window_end,
+            "next_min_rtt": plain(self._next_min_rtt),
+            "consecutive_min": self._consecutive_min,
+            "last_sample_rtt": self._last_sample_rtt,
+            "rng": self._rng.bit_generator.state,
+        }
 
     def restore(self, state: Mapping[str, Any]) -> None:
-        raise NotImplementedError
+        self._limit = int(state["limit"])
+        self._deferred = int(state["deferred"])
+        mr = state["min_rtt"]
+        self._min_rtt = None if mr is None else float(mr)
+        self._samples = [float(x) for x in state["samples"]]
+        self._epoch = float(state["epoch"])
+        self._window_end = float(state["window_end"])
+        self._next_min_rtt = float(state["next_min_rtt"])
+        self._consecutive_min = int(state["consecutive_min"])
+        ls = state["last_sample_rtt"]
+        self._last_sample_rtt = None if ls is None else float(ls)
+        self._rng.bit_generator.state = state["rng"]
 
 
 class Budget(NamedTuple):
@@ -241,21 +480,50 @@ class Budget(NamedTuple):
 
 
 class OptionalBudget:
-    """Turns a :class:`ConcurrencyLimit` into a budget for optional work (module docstring)."""
+    """Turns a :class:`ConcurrencyLimit` into a budget for optional work (module docstring).
+
+    Feed the samples through :meth:`on_sample` (or to the algorithm directly) and ask
+    :meth:`budget` before admitting optional work. Baseline work is never limited: it is given
+    what it has in flight, whatever the limit says.
+    """
 
     def __init__(self, limit: ConcurrencyLimit) -> None:
         self.algorithm = limit
 
+    @property
+    def limit(self) -> int:
+        return self.algorithm.limit
+
+    def on_sample(self, now: float, rtt_ms: float, inflight: int, dropped: bool) -> int:
+        return self.algorithm.on_sample(now, rtt_ms, inflight, dropped)
+
     def budget(self, baseline_inflight: float, optional_demand: float) -> Budget:
-        raise NotImplementedError
+        """``baseline_inflight``: request equivalents of baseline work in flight;
+        ``optional_demand``: request equivalents optional work would add at full targets."""
+        if not (math.isfinite(baseline_inflight) and baseline_inflight >= 0):
+            raise ValueError(f"baseline_inflight: must be ≥ 0 (got {baseline_inflight!r})")
+        if not (math.isfinite(optional_demand) and optional_demand >= 0):
+            raise ValueError(f"optional_demand: must be ≥ 0 (got {optional_demand!r})")
+        slots = max(0.0, float(self.algorithm.limit) - baseline_inflight)
+        if optional_demand <= 0.0:
+            return Budget(slots, 1.0)
+        return Budget(slots, min(1.0, slots / optional_demand))
+
+
+PEER_POLICIES = ("aimd", "gradient", "envoy-gradient")
 
 
 def make_limit(
     name: str, rng: np.random.Generator | None = None, now: float = 0.0
 ) -> ConcurrencyLimit:
     """Build a peer limit by policy name: ``aimd``, ``gradient`` (Netflix Gradient2) or
-    ``envoy-gradient``, with the published defaults."""
-    raise NotImplementedError
-
-
-_ = (math, ConfigError)
+    ``envoy-gradient`` (needs ``rng``), with the published defaults."""
+    if name == "aimd":
+        return AimdLimit()
+    if name == "gradient":
+        return Gradient2Limit()
+    if name == "envoy-gradient":
+        if rng is None:
+            raise ConfigError("policy envoy-gradient: needs a random generator for its jitter")
+        return EnvoyGradientLimit(None, rng, now)
+    raise ConfigError(f"policy: unknown peer policy {name!r} (known: {', '.join(PEER_POLICIES)})")

@@ -802,10 +802,11 @@ class ServerShedder:
                 self._advance(now)
             return BatchVerdict(codes, out_extra, out_strong)
         if span_s > 0.0:
-            self._advance(now - span_s)
+            start = max(self._t, now - span_s)  # never pay twice for time already counted
+            self._advance(start)
             start_cpu, start_acc = self._tok_cpu, self._tok_acc
             self._advance(now)
-            span_ms = span_s * 1000.0
+            span_ms = max(0.0, now - start) * 1000.0
             self._tok_cpu = start_cpu + self._cap_cpu * span_ms
             self._tok_acc = start_acc + self._cap_acc * span_ms
         elif now > self._t:
