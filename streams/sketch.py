@@ -464,5 +464,7 @@ def _type_name(value: object) -> str:
 
 def _count_reason(value: object) -> str:
     if type(value) is int:
-        return f"must be a count between 0 and 2**63-1, got {value}"
+        if value < 0:
+            return f"must be a non-negative integer, got {value}"
+        return f"must be at most 2**63-1, got {value}"
     return f"must be a non-negative integer, got {_type_name(value)}"
