@@ -1,23 +1,167 @@
 """The control plane facade: one call per region per control interval, for both engines.
 
-(Interface published first; the allocator, PID, coverage and router bodies follow.)
+The simulator and the Faust controller app build a :class:`~controllers.types.RegionObservation`
+per region per interval and call :meth:`ControlPlane.step`, which runs, in order:
+
+1. **value book** — discount the region's holdout sums by ``0.5 ** (window_s / half_life_s)`` and
+   add the window's new sums (controllers/levers.py);
+2. **allocator** — split the opportunistic pools between the registered levers by
+   lower-confidence value per resource unit, with caps, a safety margin and a fallback
+   (controllers/allocator.py);
+3. **RMA PID** — the candidate target from the ranking path's p99, capped by RMA's budget
+   (controllers/pid.py);
+4. **SBM coverage** — the strong model's share from SBM's budget, the strong replicas' p99 and the
+   calibration loop (controllers/coverage.py);
+5. **router** — per-segment routing probabilities by Thompson sampling (controllers/router.py);
+
+and returns the region's :class:`~controllers.types.RegionTargets`: every field clamped to its
+bounds whatever the inputs were (zero rates, a p99 of 10⁹ ms, no capacity, NaN), an epoch that
+only increases, and ``ttl_s``. :meth:`ControlPlane.decision` keeps the last step's inputs and
+intermediate results for the ``target.issued`` event (:meth:`Decision.event_fields`).
+
+Epochs: ``max(previous + 1, floor(now))`` — consecutive within a run, and a controller that
+restarts *without* its snapshot still outranks every epoch it issued before (intervals are
+≥ 1 s), so clients never ignore it.
+
+Bumpless hand-over: :meth:`ControlPlane.snapshot` / :meth:`ControlPlane.restore` carry every
+controller's state exactly (the next output after a restore equals the next output without
+one, given the same generator state). If a region went unstepped for longer than ``ttl_s`` (a
+control outage), its clients have fallen back to the baseline, so the loops first track the
+baseline (base candidates, no SBM) and ramp up from it by the rate limit instead of jumping back
+to the value they last issued.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from controllers.allocator import Allocation, Allocator
 from controllers.config import ControlConfig
-from controllers.levers import LeverRegistry
-from controllers.types import RegionObservation, RegionTargets
+from controllers.coverage import CoverageController, CoverageResult
+from controllers.levers import LeverContext, LeverRegistry, ValueBook
+from controllers.pid import RmaController, RmaResult
+from controllers.router import RouteResult, SbmRouter
+from controllers.types import (
+    LEVER_PRECOMPUTE,
+    LEVER_RMA,
+    LEVER_SBM,
+    RegionObservation,
+    RegionTargets,
+)
+from headroom.errors import HeadroomError
 
-__all__ = ["ControlConfig", "ControlPlane"]
+__all__ = ["ControlConfig", "ControlPlane", "Decision", "SnapshotError"]
+
+SNAPSHOT_VERSION = 1
+
+
+class SnapshotError(HeadroomError):
+    """A snapshot that cannot be restored (wrong version or shape)."""
+
+
+def _finite_nonneg(x: float | None) -> float:
+    if x is None or not isinstance(x, int | float) or not math.isfinite(x) or x < 0.0:
+        return 0.0
+    return float(x)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One step's inputs and intermediate results, for the event log and for debugging."""
+
+    targets: RegionTargets
+    allocation: Allocation
+    rma: RmaResult
+    coverage: CoverageResult
+    route: RouteResult
+    inputs: Mapping[str, Any]
+
+    def event_fields(self) -> dict[str, Any]:
+        """The fields of a ``target.issued`` event (docs/events.md)."""
+        t = self.targets
+        return {
+            "epoch": t.epoch,
+            "rma_candidates": t.rma_candidates,
+            "sbm_coverage": t.sbm_coverage,
+            "segments": dict(t.sbm_segments),
+            "budget": {"cpu": t.budget_cpu, "accelerator": t.budget_accelerator},
+            "reason": t.reason,
+            "allocation": [
+                {
+                    "lever": s.lever,
+                    "cpu": s.cpu,
+                    "accelerator": s.accelerator,
+                    "hardware": s.hardware,
+                    "value_per_unit_lcb": s.value_per_unit_lcb,
+                }
+                for s in t.allocation
+            ],
+            "fallback": t.fallback,
+            "precompute_jobs_per_s": t.precompute_jobs_per_s,
+            "inputs": dict(self.inputs),
+            "sbm_reason": self.coverage.limit.value,
+            "cap_bound": list(self.allocation.cap_bound),
+            "explored": list(self.allocation.explored),
+        }
+
+    def allocator_events(self) -> list[tuple[str, dict[str, Any]]]:
+        """``allocator.fallback`` / ``allocator.cap_bound`` events this step warrants."""
+        out: list[tuple[str, dict[str, Any]]] = []
+        if self.allocation.fallback is not None:
+            out.append(("allocator.fallback", {"reason": self.allocation.fallback.value}))
+        return out + [
+            ("allocator.cap_bound", {"lever": name, "cap": cap})
+            for name, cap in self.inputs.get("caps", {}).items()
+            if name in self.allocation.cap_bound
+        ]
+
+
+class _Region:
+    __slots__ = ("book", "coverage", "epoch", "last_now", "precompute_rate", "rma")
+
+    def __init__(self, plane: ControlPlane) -> None:
+        cfg = plane.config
+        self.rma = RmaController(
+            cfg.pid, cfg.setpoint_ms, cfg.base_candidates, cfg.max_candidates, cfg.costs
+        )
+        self.coverage = CoverageController(cfg.coverage, cfg.setpoint_ms, cfg.costs)
+        self.book = ValueBook()
+        self.epoch = 0
+        self.last_now: float | None = None
+        self.precompute_rate = 0.0
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "last_now": self.last_now,
+            "precompute_rate": self.precompute_rate,
+            "rma": self.rma.snapshot(),
+            "coverage": self.coverage.snapshot(),
+            "book": self.book.snapshot(),
+        }
+
+    def restore(self, data: Mapping[str, Any]) -> None:
+        self.epoch = int(data["epoch"])
+        ln = data.get("last_now")
+        self.last_now = None if ln is None else float(ln)
+        self.precompute_rate = float(data.get("precompute_rate", 0.0))
+        self.rma.restore_state(dict(data["rma"]))
+        self.coverage.restore_state(dict(data["coverage"]))
+        self.book = ValueBook.restore(data.get("book", []))
 
 
 class ControlPlane:
-    """Runs allocator → RMA PID → SBM coverage → router for one region per :meth:`step`."""
+    """Runs allocator → RMA PID → SBM coverage → router for one region per :meth:`step`.
+
+    Pure: no clock (``obs.now`` is the time), no I/O; randomness only from ``rng`` (the
+    router's Thompson draws). ``levers`` defaults to RMA and SBM, plus precompute when the
+    scenario enables it; pass a :class:`LeverRegistry` to add or replace levers.
+    """
 
     def __init__(
         self,
@@ -27,45 +171,170 @@ class ControlPlane:
     ) -> None:
         self.config = config
         self.rng = rng
-        self.levers = levers or LeverRegistry.standard(
-            config.costs,
-            config.base_candidates,
-            config.max_candidates,
-            max_coverage=config.coverage.max_coverage,
-            precompute=config.precompute_enabled,
+        self.levers = (
+            levers
+            if levers is not None
+            else LeverRegistry.standard(
+                config.costs,
+                config.base_candidates,
+                config.max_candidates,
+                max_coverage=config.coverage.max_coverage,
+                precompute=config.precompute_enabled,
+            )
         )
-        self._epochs: dict[str, int] = {}
+        self.allocator = Allocator(config.allocator, config.value, self.levers)
+        self.router = SbmRouter(config.router)
+        self._regions: dict[str, _Region] = {}
+        self._decisions: dict[str, Decision] = {}
+
+    @property
+    def regions(self) -> tuple[str, ...]:
+        return tuple(self._regions)
+
+    def decision(self, region: str) -> Decision | None:
+        """The last step's full decision for ``region`` (None before its first step)."""
+        return self._decisions.get(region)
+
+    def handover(self, region: str, rma_candidates: int, sbm_coverage: float = 0.0) -> None:
+        """Bumpless hand-over to values in force that the plane did not issue (an operator
+        override, or a baseline that clients fell back to): the next step moves from them."""
+        st = self._region(region)
+        st.rma.track(float(rma_candidates))
+        st.coverage.track(sbm_coverage)
+
+    def _region(self, name: str) -> _Region:
+        st = self._regions.get(name)
+        if st is None:
+            st = self._regions[name] = _Region(self)
+        return st
 
     def step(self, obs: RegionObservation) -> RegionTargets:
-        epoch = max(self._epochs.get(obs.region, 0) + 1, int(obs.now))
-        self._epochs[obs.region] = epoch
         cfg = self.config
-        return RegionTargets(
+        st = self._region(obs.region)
+        now = float(obs.now) if math.isfinite(obs.now) else (st.last_now or 0.0)
+        window_s = _finite_nonneg(obs.window_s) or cfg.interval_s
+        if st.last_now is not None and now > st.last_now:
+            gap = now - st.last_now
+            dt = gap / cfg.interval_s
+            if gap > cfg.ttl_s:
+                # the targets we issued have expired: clients run the baseline now
+                st.rma.track(float(cfg.base_candidates))
+                st.coverage.track(0.0)
+        else:
+            dt = window_s / cfg.interval_s
+
+        request_rps = _finite_nonneg(obs.request_rps)
+        eligible_rps = min(_finite_nonneg(obs.eligible_rps), request_rps)
+
+        # 1. value book
+        st.book.decay(0.5 ** (window_s / cfg.value.half_life_s))
+        st.book.add(obs.value)
+
+        # 2. allocator
+        ctx = LeverContext(
+            request_rps=request_rps,
+            eligible_rps=eligible_rps,
+            rma_extra_candidates=float(st.rma.candidates - cfg.base_candidates),
+            precompute_jobs_per_s=st.precompute_rate,
+        )
+        value_age = obs.value_age_s
+        if value_age is not None and not math.isfinite(value_age):
+            value_age = math.inf
+        alloc = self.allocator.allocate(obs.capacity, now, ctx, st.book, value_age)
+
+        # 3. RMA PID
+        rma_cpu, rma_acc = alloc.budget(LEVER_RMA)
+        rma = st.rma.step(obs.p99_ms.get("all"), now, dt, request_rps, rma_cpu, rma_acc)
+
+        # 4. SBM coverage, 5. router
+        sbm_cpu, sbm_acc = alloc.budget(LEVER_SBM)
+        cov = st.coverage.step(
+            obs.p99_ms.get("sbm"), obs.observed_coverage, eligible_rps, sbm_cpu, sbm_acc, dt
+        )
+        weights = self._segment_weights(obs.segment_rps)
+        sbm = self.levers.get(LEVER_SBM)
+        cost = sbm.unit_cost().accelerator_s if sbm is not None else 1.0
+        route = self.router.route(cov.command, weights, st.book, self.rng, cost)
+        coverage = st.coverage.settle(cov.command, route.achieved, cov.intended)
+
+        precompute = alloc.rates.get(LEVER_PRECOMPUTE, 0.0)
+        st.precompute_rate = precompute
+        st.epoch = max(st.epoch + 1, math.floor(now) if now < 9e15 else st.epoch + 1)
+        st.last_now = now
+
+        cmax = cfg.coverage.max_coverage
+        targets = RegionTargets(
             region=obs.region,
-            ts=obs.now,
-            epoch=epoch,
+            ts=now,
+            epoch=st.epoch,
             ttl_s=cfg.ttl_s,
-            rma_candidates=cfg.base_candidates,
+            rma_candidates=min(max(rma.candidates, cfg.base_candidates), cfg.max_candidates),
             rma_base=cfg.base_candidates,
             rma_max=cfg.max_candidates,
-            sbm_coverage=0.0,
-            sbm_segments={s: 0.0 for s in cfg.segment_names},
-            budget_cpu=0.0,
-            budget_accelerator=0.0,
-            reason="baseline",
+            sbm_coverage=min(max(coverage, 0.0), cmax),
+            sbm_segments={
+                s: (min(max(p, 0.0), 1.0) if coverage > 0.0 else 0.0)
+                for s, p in route.probabilities.items()
+            },
+            budget_cpu=_finite_nonneg(alloc.total_cpu),
+            budget_accelerator=_finite_nonneg(alloc.total_accelerator),
+            reason=rma.limit.value,
+            allocation=alloc.shares,
+            precompute_jobs_per_s=_finite_nonneg(precompute),
+            fallback=alloc.fallback.value if alloc.fallback is not None else None,
         )
+        inputs = {
+            "p99_ms": {k: v for k, v in obs.p99_ms.items()},
+            "request_rps": request_rps,
+            "eligible_rps": eligible_rps,
+            "observed_coverage": obs.observed_coverage,
+            "value_age_s": obs.value_age_s,
+            "window_s": window_s,
+            "safe_cpu": alloc.safe_cpu,
+            "safe_accelerator": alloc.safe_accelerator,
+            "caps": {name: cfg.allocator.cap(name) for name in self.levers.names},
+        }
+        self._decisions[obs.region] = Decision(targets, alloc, rma, cov, route, inputs)
+        return targets
+
+    def _segment_weights(self, segment_rps: Mapping[str, float]) -> dict[str, float]:
+        weights = {s.name: 0.0 for s in self.config.segments}
+        for name, rps in segment_rps.items():
+            weights[name] = _finite_nonneg(rps)
+        if sum(weights.values()) <= 0.0:
+            for s in self.config.segments:
+                weights[s.name] = s.share
+        return weights
+
+    # -- snapshot / restore -------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
-        return {"version": 1, "epochs": dict(self._epochs)}
+        """Every region's controller state, JSON-serialisable (the generator is not included:
+        pass one to :meth:`restore`)."""
+        return {
+            "version": SNAPSHOT_VERSION,
+            "levers": list(self.levers.names),
+            "regions": {name: st.snapshot() for name, st in self._regions.items()},
+        }
 
     @classmethod
     def restore(
         cls,
         config: ControlConfig,
-        snapshot: dict[str, Any],
+        snapshot: Mapping[str, Any],
         rng: np.random.Generator,
         levers: LeverRegistry | None = None,
     ) -> ControlPlane:
+        """A plane that continues exactly where the one that took ``snapshot`` stopped."""
+        if not isinstance(snapshot, Mapping) or snapshot.get("version") != SNAPSHOT_VERSION:
+            version = snapshot.get("version") if isinstance(snapshot, Mapping) else None
+            raise SnapshotError(
+                f"control-plane snapshot: version {version!r} is not {SNAPSHOT_VERSION}"
+            )
         plane = cls(config, rng, levers)
-        plane._epochs = {str(k): int(v) for k, v in snapshot.get("epochs", {}).items()}
+        try:
+            for name, data in dict(snapshot.get("regions", {})).items():
+                plane._region(str(name)).restore(data)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SnapshotError(f"control-plane snapshot: malformed region state ({exc})") from exc
         return plane

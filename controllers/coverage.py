@@ -1,0 +1,190 @@
+"""SBM coverage: the share of eligible requests a region sends to the stronger model.
+
+The algorithm
+-------------
+One loop per region, stepped once per control interval after the allocator has set SBM's budget.
+
+1. **Budget.** What the budget pays for::
+
+       c_budget = min( accelerator_budget / (eligible_rps · accelerator_s per strong request),
+                       cpu_budget         / (eligible_rps · cpu_s per strong request) )
+
+   clamped to [0, max_coverage]; per-request costs come from :class:`controllers.levers.CostModel`
+   (``sbm_per_request``). No eligible traffic or no budget means 0.
+2. **Latency correction.** The strong replicas have their own p99 (``obs.p99_ms["sbm"]``). A PI
+   term on the normalised error ``e = 1 - p99_sbm / setpoint`` (clipped like the RMA loop) gives a
+   scale ``s = clamp(1 + kp·e + I, 0, 1)`` with ``I += ki·e·dt`` and back-calculation
+   (``I = s - 1 - kp·e`` whenever the clamp acts). It can only *reduce* the budget's coverage —
+   a fast strong pool does not make the budget any larger. ``intended = s · c_budget``.
+3. **Calibration.** Clients apply per-segment probabilities chosen for this window's traffic mix;
+   the next window's mix differs, and shedding downgrades some requests, so the observed share
+   drifts from the intended one. An integrator closes that gap::
+
+       cal <- cal + calibration_ki · (intended_prev - observed)        (|cal| ≤ max_coverage)
+       command = clamp(intended + cal, 0, max_coverage)
+
+   The router turns ``command`` into segment probabilities. The integrator is frozen while the
+   command sits at a limit in the direction of the gap (conditional integration, so it cannot
+   wind up against a router that has nothing more to give). The coverage *reported* in the
+   target is what the router achieved minus the calibration offset, never above ``intended``:
+   the budget bounds what the lever is expected to consume, and the calibration only makes the
+   consumption meet it.
+
+Constants: :class:`controllers.config.CoverageSettings`; docs/controllers.md explains them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from controllers.config import CoverageSettings
+from controllers.levers import CostModel
+
+__all__ = ["CoverageController", "CoverageLimit", "CoverageResult"]
+
+
+class CoverageLimit(Enum):
+    """What decided the intended coverage this step."""
+
+    BUDGET = "budget"  # the accelerator (or CPU) budget
+    LATENCY = "latency"  # the strong replicas' p99 scaled it down
+    MAX = "max"  # the configured ceiling
+    NO_BUDGET = "no_budget"
+    NO_TRAFFIC = "no_traffic"
+
+
+@dataclass(frozen=True, slots=True)
+class CoverageResult:
+    intended: float  # budget × latency scale, in [0, max_coverage]: what the lever may consume
+    command: float  # what the router should aim at: intended + calibration, clamped
+    budget_coverage: float
+    latency_scale: float
+    calibration: float
+    limit: CoverageLimit
+
+
+class CoverageController:
+    __slots__ = (
+        "calibration",
+        "costs",
+        "integral",
+        "last_command",
+        "last_reported",
+        "scale",
+        "setpoint_ms",
+        "settings",
+    )
+
+    def __init__(self, settings: CoverageSettings, setpoint_ms: float, costs: CostModel) -> None:
+        self.settings = settings
+        self.setpoint_ms = setpoint_ms
+        self.costs = costs
+        self.integral = 0.0
+        self.scale = 1.0
+        self.calibration = 0.0
+        self.last_reported: float | None = None
+        self.last_command: float | None = None
+
+    def budget_coverage(
+        self, eligible_rps: float, budget_cpu: float, budget_accelerator: float
+    ) -> float:
+        if eligible_rps <= 0.0:
+            return 0.0
+        unit = self.costs.sbm_per_request
+        c = self.settings.max_coverage
+        if unit.accelerator_s > 0.0:
+            c = min(c, max(budget_accelerator, 0.0) / (eligible_rps * unit.accelerator_s))
+        if unit.cpu_s > 0.0:
+            c = min(c, max(budget_cpu, 0.0) / (eligible_rps * unit.cpu_s))
+        return max(c, 0.0)
+
+    def track(self, coverage: float) -> None:
+        """Bumpless hand-over: the coverage in force is ``coverage`` (e.g. 0 after clients fell
+        back); calibration restarts from what is observed next."""
+        self.last_reported = None
+        self.last_command = min(max(coverage, 0.0), self.settings.max_coverage)
+
+    def step(
+        self,
+        p99_sbm_ms: float | None,
+        observed_coverage: float | None,
+        eligible_rps: float,
+        budget_cpu: float,
+        budget_accelerator: float,
+        dt_intervals: float,
+    ) -> CoverageResult:
+        s = self.settings
+        cmax = s.max_coverage
+        dt = min(max(dt_intervals, 1e-6), 10.0)
+        c_budget = self.budget_coverage(eligible_rps, budget_cpu, budget_accelerator)
+
+        # 2. latency PI on the strong replicas
+        if p99_sbm_ms is not None and math.isfinite(p99_sbm_ms) and p99_sbm_ms >= 0.0:
+            ratio = min(p99_sbm_ms / self.setpoint_ms, 5.0)
+            e = 1.0 - ratio
+            integral = self.integral + s.ki * e * dt
+            raw = 1.0 + s.kp * e + integral
+            scale = min(max(raw, 0.0), 1.0)
+            if scale != raw:
+                integral = scale - 1.0 - s.kp * e
+            self.integral = integral
+            self.scale = scale
+        intended = c_budget * self.scale
+
+        # 3. calibration on last step's intended vs what was observed
+        if (
+            observed_coverage is not None
+            and math.isfinite(observed_coverage)
+            and self.last_reported is not None
+            and intended > 0.0
+        ):
+            observed = min(max(observed_coverage, 0.0), 1.0)
+            gap = self.last_reported - observed
+            last_cmd = self.last_command if self.last_command is not None else 0.0
+            frozen = (gap > 0.0 and last_cmd >= cmax) or (gap < 0.0 and last_cmd <= 0.0)
+            if not frozen:
+                self.calibration = min(max(self.calibration + s.calibration_ki * gap, -cmax), cmax)
+        command = min(max(intended + self.calibration, 0.0), cmax) if intended > 0.0 else 0.0
+
+        if eligible_rps <= 0.0:
+            limit = CoverageLimit.NO_TRAFFIC
+        elif c_budget <= 0.0:
+            limit = CoverageLimit.NO_BUDGET
+        elif self.scale < 1.0:
+            limit = CoverageLimit.LATENCY
+        elif c_budget >= cmax:
+            limit = CoverageLimit.MAX
+        else:
+            limit = CoverageLimit.BUDGET
+        return CoverageResult(intended, command, c_budget, self.scale, self.calibration, limit)
+
+    def settle(self, command: float, achieved: float, intended: float) -> float:
+        """Record what the router did with ``command``; returns the coverage to report
+        (``achieved - calibration``, within [0, intended])."""
+        reported = min(max(achieved - self.calibration, 0.0), intended)
+        if achieved <= 0.0:
+            reported = 0.0
+        self.last_reported = reported
+        self.last_command = command if achieved >= command - 1e-9 else self.settings.max_coverage
+        return reported
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "integral": self.integral,
+            "scale": self.scale,
+            "calibration": self.calibration,
+            "last_reported": self.last_reported,
+            "last_command": self.last_command,
+        }
+
+    def restore_state(self, data: dict[str, Any]) -> None:
+        self.integral = float(data["integral"])
+        self.scale = float(data["scale"])
+        self.calibration = float(data["calibration"])
+        lr = data.get("last_reported")
+        lc = data.get("last_command")
+        self.last_reported = None if lr is None else float(lr)
+        self.last_command = None if lc is None else float(lc)
