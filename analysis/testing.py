@@ -185,3 +185,152 @@ class LogBuilder:
             for e in self.events:
                 writer.write(e)
         return path
+
+
+def synthetic_run(
+    *,
+    seed: int = 0,
+    policies: Sequence[str] = ("static", "greedy", "headroom", "oracle"),
+    regions: Sequence[str] = ("r1", "r2"),
+    duration_s: float = 1800.0,
+    window_s: float = 10.0,
+    requests_per_window: int = 400,
+    precompute: bool = False,
+) -> LogBuilder:
+    """A plausible multi-policy log of every event kind, for smoke tests, demos and benchmarks.
+
+    Not a simulation: latencies, values and decisions are drawn from simple seeded distributions
+    (``numpy.random.default_rng(seed)``) so that each plot of the report has something to show.
+    Opportunistic capacity halves at the middle of the run (a reclaim in every region).
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    segments = ("casual", "premium")
+    log = LogBuilder(
+        scenario="synthetic-run",
+        seed=seed,
+        slo_p99_ms=200.0,
+        window_s=window_s,
+        duration_s=duration_s,
+        segments=segments,
+        regions=regions,
+        levers=("rma", "sbm", "precompute") if precompute else ("rma", "sbm"),
+        precompute_enabled=precompute,
+    )
+    # How aggressive each policy is with optional work (0 = baseline only).
+    appetite = {"static": 0.0, "greedy": 1.0, "headroom": 0.6, "oracle": 0.75}
+    for policy in policies:
+        log.run_started(policy)
+        log.oracle(policy, 0.9 * duration_s, {"rma": 0.6 * duration_s, "sbm": 0.3 * duration_s})
+    half = duration_s / 2
+    n_windows = int(duration_s // window_s)
+    for policy in policies:
+        a = appetite.get(policy, 0.5)
+        for region in regions:
+            for i in range(n_windows):
+                t = i * window_s
+                cap_cpu, cap_acc = (8.0, 2.0) if t < half else (4.0, 1.0)
+                # greedy overshoots after the reclaim: a slow tail for a few minutes
+                hot = policy == "greedy" and half <= t < half + 300
+                n = requests_per_window
+                lat = rng.lognormal(math.log(60.0 + 40.0 * a), 0.35, n)
+                if hot:
+                    lat[: n // 20] *= 4.0
+                base_lat = lat[: n // 3] / (1.0 + 0.3 * a)
+                rma = 0.5 * a * (1.0 if t < half else 0.5)
+                sbm = 0.3 * a * (1.0 if t < half else 0.5)
+                arms: dict[str, dict[str, dict[str, float]]] = {}
+                seg_exposure: dict[str, dict[str, float]] = {}
+                for s_i, seg in enumerate(segments):
+                    mean = 1.0 + s_i
+                    control = rng.normal(mean, 0.5, 8)
+                    arms[seg] = {"control": arm(list(control))}
+                    if a > 0:
+                        arms[seg]["rma"] = arm(list(rng.normal(mean + 0.02, 0.5, 80)))
+                        arms[seg]["sbm"] = arm(list(rng.normal(mean + 0.03, 0.5, 40)))
+                    seg_exposure[seg] = {
+                        "requests": n // 2,
+                        "sbm": int(n // 2 * 0.2 * a),
+                        "inc": (rma + sbm) / 2,
+                    }
+                pre = None
+                if precompute:
+                    pre = {
+                        "jobs": 20,
+                        "used": 12,
+                        "expired_unused": 6,
+                        "visits": 40,
+                        "hits": 12,
+                        "wasted_partial": 2,
+                        "staleness_s": [float(x) for x in rng.uniform(0, 600, 4)],
+                    }
+                log.window(
+                    policy,
+                    region,
+                    t,
+                    latencies_ms=list(lat),
+                    base_latencies_ms=list(base_lat),
+                    errors=int(hot) * 3,
+                    value_total=float(n) + rma + sbm,
+                    value_baseline=float(n),
+                    inc={"rma": rma, "sbm": sbm, "precompute": 0.1 * a if precompute else 0.0},
+                    arms=arms,
+                    segments=seg_exposure,
+                    offered={"cpu": cap_cpu * window_s, "accelerator": cap_acc * window_s},
+                    used={"cpu": a * cap_cpu * window_s, "accelerator": a * cap_acc * window_s},
+                    targets={"rma_candidates": int(400 + 800 * a), "sbm_coverage": 0.2 * a},
+                    capacity={"cpu": cap_cpu, "accelerator": cap_acc},
+                    precompute=pre,
+                )
+            if a > 0:
+                for step in range(int(duration_s // 60)):
+                    t = step * 60.0
+                    fallback = "stale_value" if 600 <= t < 720 else None
+                    log.event(
+                        "target.issued",
+                        policy,
+                        region,
+                        t=t,
+                        source="controller",
+                        epoch=step,
+                        rma_candidates=int(400 + 800 * a),
+                        sbm_coverage=0.2 * a,
+                        reason="pid",
+                        fallback=fallback,
+                        allocation=[
+                            {"lever": "rma", "cpu": 6 * a, "accelerator": 1.0 * a},
+                            {"lever": "sbm", "cpu": 0.5 * a, "accelerator": 0.8 * a},
+                        ],
+                    )
+                    if fallback:
+                        log.event("allocator.fallback", policy, region, t=t, reason=fallback)
+                log.event("allocator.cap_bound", policy, region, t=120.0, lever="rma", cap=0.7)
+            log.event(
+                "capacity.reclaimed",
+                policy,
+                region,
+                t=half,
+                resource="cpu",
+                hardware="any",
+                pool="opportunistic",
+                units_before=8.0,
+                units_after=4.0,
+            )
+            if a > 0:
+                for side in ("server", "client"):
+                    log.event("shedding.started", policy, region, t=half, side=side, lever="rma")
+                log.event(
+                    "optional.released",
+                    policy,
+                    region,
+                    t=half + 0.005,
+                    resource="cpu",
+                    hardware="any",
+                    release_ms=float(rng.uniform(1.0, 8.0)) * (5.0 if policy == "greedy" else 1.0),
+                    dropped={"rma_candidates": 400, "sbm_requests": 10, "precompute_jobs": 0},
+                )
+    log.event("future.kind", None, None, t=1.0, note="kinds unknown to this analyzer are kept")
+    for policy in policies:
+        log.run_finished(policy)
+    return log
