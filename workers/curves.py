@@ -338,13 +338,13 @@ def measure_cost(
     seg = 0
     best = {"retrieve": float("inf"), "base": float("inf"), "strong": float("inf")}
     for r in range(repeats + 1):
-        user = 1_000_003 + r
+        users = world.users([1_000_003 + r], seg)
         t0 = time.perf_counter()
-        cands = world.retrieve(user, seg, n)
+        cands = world.retrieve_batch(users, n)
         t1 = time.perf_counter()
-        world.score(user, seg, cands, Model.BASE)
+        world.score_batch(users, seg, cands, Model.BASE)
         t2 = time.perf_counter()
-        world.score(user, seg, cands, Model.STRONG)
+        world.score_batch(users, seg, cands, Model.STRONG)
         t3 = time.perf_counter()
         if r == 0:
             continue  # warm-up: caches, BLAS threads

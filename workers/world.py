@@ -37,7 +37,7 @@ those for any larger N. Since ``log U ≈ log b + z`` in the low-click regime, `
 estimate of ``log U``: each added candidate is less likely to be the best than the last —
 diminishing returns for RMA emerge from this, they are not typed in.
 
-Models: both compute the true features (dot products), then a small tanh MLP of width ``H_m`` on
+Models: both compute the true features (dot products), then a small ReLU MLP of width ``H_m`` on
 their own misspecified features ``x = r_u^m ⊙ R_m[a]`` (rank :data:`ERROR_RANK`); its output,
 standardised to unit variance, is the model's error ``ε_m(u, a)``, fixed per (user, ad, model)::
 
@@ -85,6 +85,7 @@ __all__ = [
     "RankResult",
     "RankingWorld",
     "SegmentParams",
+    "UserBatch",
     "WorldParams",
 ]
 
@@ -106,7 +107,7 @@ BID_SIGMA = 0.4  # log-normal bid spread: top bids ~2.2× the median (a 2-sigma 
 SEGMENT_COHESION = 0.3  # share of a user's taste variance shared with its segment
 IDIO_RANK = 16
 ERROR_RANK = 16
-BASE_HIDDEN = 16  # base model MLP width; the strong model's is this × the declared cost ratio
+BASE_HIDDEN = 32  # base model MLP width; the strong model's is this × the declared cost ratio
 MAX_WIDTH_RATIO = 32
 RETRIEVAL_DIM_DIVISOR = 8  # the index keeps dim/8 coordinates: an 8× cheaper scan
 DRIFT_FEATURES = 8
@@ -208,7 +209,7 @@ class RankResult:
 
 
 @dataclass(frozen=True, slots=True)
-class _Users:
+class UserBatch:
     """Per-user vectors for a batch of users of one segment (rows aligned with the ids)."""
 
     e: F32  # (B, dim) taste
@@ -295,7 +296,7 @@ class RankingWorld:
             raise KeyError(f"segment index {segment} out of range")
         return int(segment)
 
-    def users(self, user_ids: npt.ArrayLike, segment: str | int) -> _Users:
+    def users(self, user_ids: npt.ArrayLike, segment: str | int) -> UserBatch:
         """The vectors of these users (deterministic in seed, segment and id)."""
         s = self.segment_index(segment)
         ids = np.atleast_1d(np.asarray(user_ids, dtype=np.int64))
@@ -312,7 +313,7 @@ class RankingWorld:
         p = raw[:, dim : dim + IDIO_RANK]
         r0 = raw[:, dim + IDIO_RANK : dim + IDIO_RANK + ERROR_RANK]
         r1 = raw[:, dim + IDIO_RANK + ERROR_RANK :]
-        return _Users(
+        return UserBatch(
             e=e.astype(np.float32),
             p=p.astype(np.float32),
             r=(r0.astype(np.float32), r1.astype(np.float32)),
@@ -333,7 +334,7 @@ class RankingWorld:
             self._drift_cache.popitem(last=False)
         return q
 
-    def _static_score(self, users: _Users, ads: npt.NDArray[Any] | None = None) -> F32:
+    def _static_score(self, users: UserBatch, ads: npt.NDArray[Any] | None = None) -> F32:
         """``W_AFF·aff + W_IDIO·idio − Z0`` for every (user, ad): (B, ads) or (B, n) with ads."""
         if ads is None:
             aff = users.e @ self.emb.T
@@ -344,7 +345,7 @@ class RankingWorld:
         out: F32 = (W_AFF * aff + (W_IDIO / math.sqrt(IDIO_RANK)) * idio - Z0).astype(np.float32)
         return out
 
-    def _retrieval_static(self, users: _Users) -> F32:
+    def _retrieval_static(self, users: UserBatch) -> F32:
         out: F32 = (
             self.log_bid[None, :] + W_AFF * (users.e[:, : self.k] @ self._emb_index.T)
         ).astype(np.float32)
@@ -361,19 +362,23 @@ class RankingWorld:
         return np.asarray(np.take_along_axis(part, order, axis=1), dtype=np.int64)
 
     def _mlp_raw(self, m: int, x: F32) -> F32:
+        """The MLP on (..., ERROR_RANK) inputs, as one 2-D matrix product per layer."""
         mlp = self._mlp[m]
-        h = np.tanh(x @ mlp.w1 + mlp.b1)
-        out: F32 = h @ mlp.w2
+        flat = x.reshape(-1, ERROR_RANK)
+        h = flat @ mlp.w1
+        h += mlp.b1
+        np.maximum(h, 0.0, out=h)
+        out: F32 = (h @ mlp.w2).reshape(x.shape[:-1])
         return out
 
-    def model_error(self, m: int, users: _Users, cands: IntArray) -> F32:
+    def model_error(self, m: int, users: UserBatch, cands: IntArray) -> F32:
         """The model's standardised error ε_m(u, a) for (B, n) candidates: its forward pass."""
         x = users.r[m][:, None, :] * self._resid[m][cands]
         mlp = self._mlp[m]
         out: F32 = ((self._mlp_raw(m, x) - mlp.mean) / mlp.std).astype(np.float32)
         return out
 
-    def _model_scores(self, m: int, s: int, users: _Users, cands: IntArray, z_cands: F32) -> F32:
+    def _model_scores(self, m: int, s: int, users: UserBatch, cands: IntArray, z_cands: F32) -> F32:
         err = self.errors[m, s] * SCORE_STD
         z_hat = z_cands + np.float32(err) * self.model_error(m, users, cands)
         out: F32 = self.bid[cands] * _sigmoid(z_hat)
@@ -383,11 +388,27 @@ class RankingWorld:
 
     def retrieve(self, user: int, segment: str | int, n: int, t_s: float = 0.0) -> IntArray:
         """The top-n candidate ad ids by the cheap retrieval score, best first."""
-        self._check_n(n)
-        users = self.users([user], segment)
-        r = self._retrieval_static(users) + W_DRIFT * self.ad_drift(t_s)[None, :]
-        out: IntArray = self._top_n(r, n)[0]
+        out: IntArray = self.retrieve_batch(self.users([user], segment), n, t_s)[0]
         return out
+
+    def retrieve_batch(self, users: UserBatch, n: int, t_s: float = 0.0) -> IntArray:
+        """(B, n) candidate ids for a batch of users: the corpus scan and top-n selection."""
+        self._check_n(n)
+        r = self._retrieval_static(users) + W_DRIFT * self.ad_drift(t_s)[None, :]
+        return self._top_n(r, n)
+
+    def score_batch(
+        self,
+        users: UserBatch,
+        segment: str | int,
+        candidates: IntArray,
+        model: Model | str | int,
+        t_s: float = 0.0,
+    ) -> F32:
+        """(B, n) predicted utilities: the model's features and forward pass for each candidate."""
+        s, m = self.segment_index(segment), int(Model.of(model))
+        z = self._static_score(users, candidates) + W_DRIFT * self.ad_drift(t_s)[candidates]
+        return self._model_scores(m, s, users, candidates, z)
 
     def score(
         self,
@@ -398,11 +419,8 @@ class RankingWorld:
         t_s: float = 0.0,
     ) -> F32:
         """The model's predicted utility for each candidate (higher is better)."""
-        s, m = self.segment_index(segment), int(Model.of(model))
-        users = self.users([user], s)
         cands = np.asarray(candidates, dtype=np.int64)[None, :]
-        z = self._static_score(users, cands) + W_DRIFT * self.ad_drift(t_s)[cands]
-        out: F32 = self._model_scores(m, s, users, cands, z)[0]
+        out: F32 = self.score_batch(self.users([user], segment), segment, cands, model, t_s)[0]
         return out
 
     def rank(
@@ -464,7 +482,7 @@ class RankingWorld:
         samples_per_segment: int | None = None,
         grid_points: int = 17,
         ages_s: npt.ArrayLike | None = None,
-        batch: int = 128,
+        batch: int = 64,
     ) -> ValueCurves:
         """Measure :class:`workers.curves.ValueCurves` on this world (see that module)."""
         from workers.curves import ValueCurves
