@@ -368,7 +368,7 @@ class RankingWorld:
         h = flat @ mlp.w1
         h += mlp.b1
         np.maximum(h, 0.0, out=h)
-        out: F32 = (h @ mlp.w2).reshape(x.shape[:-1])
+        out = np.asarray(h @ mlp.w2, dtype=np.float32).reshape(x.shape[:-1])
         return out
 
     def model_error(self, m: int, users: UserBatch, cands: IntArray) -> F32:
