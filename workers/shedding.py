@@ -260,8 +260,8 @@ class ServerShedStats:
 @dataclass(frozen=True, slots=True)
 class HistogramConfig:
     """Log-spaced bins over ``[10**log10_min, 10**log10_max]``; values outside are clamped into the
-    end bins. ``half_life`` is in samples (or in weight units when weighted): older samples count
-    half as much after that many more have arrived."""
+    end bins. ``half_life`` is in samples, whatever their weights: a sample counts half as much
+    once that many more have arrived."""
 
     log10_min: float = -6.0
     log10_max: float = 6.0
@@ -285,12 +285,12 @@ class DecayedLogHistogram:
     """Exponentially decaying histogram of positive values on log-spaced bins.
 
     Decay is applied lazily by growing the weight of new samples by ``g = 2**(1/half_life)`` per
-    unit of weight instead of shrinking every bin (the "forward decay" trick of Cormode et al.,
+    sample instead of shrinking every bin (the "forward decay" trick of Cormode et al.,
     ICDE 2009); bins are rescaled when the running weight grows too large, so an update is O(1).
     Quantile and CDF queries interpolate linearly in log space inside a bin.
     """
 
-    _RESCALE_AT = 1e150
+    _RESCALE_AT = 1e100
 
     def __init__(self, config: HistogramConfig | None = None) -> None:
         self.config = config or HistogramConfig()
@@ -302,6 +302,7 @@ class DecayedLogHistogram:
         self._span = c.log10_max - c.log10_min
         self._scale = c.bins / self._span
         self._ln_g = math.log(2.0) / c.half_life
+        self._g = math.exp(self._ln_g)
         self.counts: FloatArray = np.zeros(c.bins, dtype=np.float64)
         self._w = 1.0  # weight of a unit sample added now (grows instead of decaying the past)
         self.total = 0.0
@@ -322,30 +323,28 @@ class DecayedLogHistogram:
         w = self._w * weight
         self.counts[self._bin(value)] += w
         self.total += w
-        self._w *= math.exp(self._ln_g * weight)
+        self._w *= self._g
         if self._w > self._RESCALE_AT:
             self._rescale()
 
-    def add_many(self, values: FloatArray, weights: FloatArray | None = None) -> None:
-        """Fold many values in at once (all counted as of now)."""
-        if values.size == 0:
+    def add_many(self, values: npt.ArrayLike, weights: npt.ArrayLike | None = None) -> None:
+        """Fold many values in at once (all counted as of now: no decay inside one call)."""
+        vals = np.asarray(values, dtype=np.float64)
+        if vals.size == 0:
             return
-        ok = np.isfinite(values)
-        if weights is None:
-            weights = np.ones_like(values)
-        ok &= weights > 0.0
+        wts = np.ones_like(vals) if weights is None else np.asarray(weights, dtype=np.float64)
+        ok = np.isfinite(vals) & (wts > 0.0)
         if not ok.all():
-            values, weights = values[ok], weights[ok]
-            if values.size == 0:
+            vals, wts = vals[ok], wts[ok]
+            if vals.size == 0:
                 return
-        with np.errstate(divide="ignore"):
-            logs = np.log10(np.maximum(values, 1e-300))
+        logs = np.log10(np.maximum(vals, 1e-300))
         bins = ((logs - self._lo) * self._scale).astype(np.int64)
         np.clip(bins, 0, self.config.bins - 1, out=bins)
-        np.add.at(self.counts, bins, weights * self._w)
-        added = float(weights.sum())
-        self.total += added * self._w
-        self._w *= math.exp(self._ln_g * added)
+        np.add.at(self.counts, bins, wts * self._w)
+        self.total += float(wts.sum()) * self._w
+        # Past e^300 the older mass is gone anyway; the cap keeps the weight finite.
+        self._w *= math.exp(min(300.0, self._ln_g * vals.size))
         if self._w > self._RESCALE_AT:
             self._rescale()
 
@@ -413,7 +412,7 @@ class ValueRanker:
     def observe(self, value: float) -> None:
         self._hist.add(value)
 
-    def observe_many(self, values: FloatArray) -> None:
+    def observe_many(self, values: npt.ArrayLike) -> None:
         self._hist.add_many(np.asarray(values, dtype=np.float64))
 
     def rank(self, value: float) -> float:
@@ -729,10 +728,12 @@ class ServerShedder:
                 self._tok_acc -= sa
             if extra > 0:
                 n = extra
-                if ec > 0.0:
-                    n = min(n, int(tok_cpu * extra / ec + 1e-9))
-                if ea > 0.0:
-                    n = min(n, int(tok_acc * extra / ea + 1e-9))
+                # Only a bucket short of the full cost limits n (and the ratio is then < extra,
+                # so it cannot overflow whatever the costs).
+                if tok_cpu < ec:
+                    n = min(n, int(max(0.0, tok_cpu) * extra / ec + 1e-9))
+                if tok_acc < ea:
+                    n = min(n, int(max(0.0, tok_acc) * extra / ea + 1e-9))
                 if n > 0:
                     self._tok_cpu -= ec * n / extra
                     self._tok_acc -= ea * n / extra
@@ -760,13 +761,13 @@ class ServerShedder:
     def decide_batch(
         self,
         now: float,
-        value: FloatArray,
-        extra: IntArray,
-        extra_cpu_ms: FloatArray,
-        extra_accelerator_ms: FloatArray,
-        strong: BoolArray,
-        strong_cpu_ms: FloatArray,
-        strong_accelerator_ms: FloatArray,
+        value: npt.ArrayLike,
+        extra: npt.ArrayLike,
+        extra_cpu_ms: npt.ArrayLike,
+        extra_accelerator_ms: npt.ArrayLike,
+        strong: npt.ArrayLike,
+        strong_cpu_ms: npt.ArrayLike,
+        strong_accelerator_ms: npt.ArrayLike,
         span_s: float = 0.0,
     ) -> BatchVerdict:
         """Decide many requests that arrive together (same ``now``).
@@ -860,9 +861,9 @@ class ServerShedder:
                     part = int(extra_i[j])
                     left_cpu = tok_cpu - spent_cpu
                     left_acc = tok_acc - spent_acc
-                    if ec[j] > 0.0:
+                    if left_cpu < ec[j]:
                         part = min(part, int(max(0.0, left_cpu) * extra_i[j] / ec[j] + 1e-9))
-                    if ea[j] > 0.0:
+                    if left_acc < ea[j]:
                         part = min(part, int(max(0.0, left_acc) * extra_i[j] / ea[j] + 1e-9))
                     if part > 0:
                         n[j] = part
@@ -917,7 +918,7 @@ class ServerShedder:
         return out
 
     def trim_inflight_batch(
-        self, now: float, value: FloatArray, cpu: FloatArray, accelerator: FloatArray
+        self, now: float, value: npt.ArrayLike, cpu: npt.ArrayLike, accelerator: npt.ArrayLike
     ) -> BoolArray:
         """Array form of :meth:`trim_inflight`: a mask of the in-flight items to cut."""
         self._advance(now)
@@ -1150,7 +1151,9 @@ class ClientShedder:
         """The multiplier including additive recovery up to ``now`` (does not change state)."""
         m = self._m
         if self._recovering and m < 1.0 and now > self._t:
-            m = min(1.0, m + self.config.recovery_per_s * (now - self._t))
+            m = m + self.config.recovery_per_s * (now - self._t)
+            if m >= 1.0 - 1e-9:  # (now − t) loses bits to rounding; full recovery is exact
+                m = 1.0
         return m
 
     def keeps(self, value_rank: float, now: float | None = None) -> bool:
@@ -1170,7 +1173,7 @@ class ClientShedder:
         self._ep_strong += int(strong)
         return (0, False)
 
-    def keep_mask(self, now: float, value_rank: FloatArray) -> BoolArray:
+    def keep_mask(self, now: float, value_rank: npt.ArrayLike) -> BoolArray:
         """Array form of :meth:`keeps` for the simulator: pass the ranks of requests that ask for
         optional work; every False is counted as one dropped request."""
         ranks = np.asarray(value_rank, dtype=np.float64)

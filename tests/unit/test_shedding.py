@@ -1,0 +1,682 @@
+"""Server- and client-side shedding cores, on a manual clock (times are plain floats)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from headroom.errors import ConfigError
+from workers.shedding import (
+    ClientShedConfig,
+    ClientShedder,
+    DecayedLogHistogram,
+    Decision,
+    InflightWork,
+    OptionalCapacity,
+    OptionalWork,
+    ServerShedConfig,
+    ServerShedder,
+    ShedEvent,
+    ValueRanker,
+)
+
+# Costs of one extra candidate (ms), the quickstart scenario's base model.
+CPU_PER = 0.1
+ACC_PER = 0.02
+
+
+def rma(value: float, extra: int = 100) -> OptionalWork:
+    return OptionalWork(value, extra, extra * CPU_PER, extra * ACC_PER)
+
+
+def sbm(value: float, acc_ms: float = 20.0) -> OptionalWork:
+    return OptionalWork(value, strong=True, strong_cpu_ms=0.0, strong_accelerator_ms=acc_ms)
+
+
+def overload(s: ServerShedder, start: float, seconds: float, queue_ms: float = 50.0) -> float:
+    """Hold the queue above target for ``seconds``, one reading per ms; returns the end time."""
+    t = start
+    for _ in range(int(seconds * 1000)):
+        t += 0.001
+        s.observe(t, queue_ms)
+    return t
+
+
+def roundtrip(state: dict[str, object]) -> dict[str, object]:
+    """Snapshots must survive JSON (Faust tables, files)."""
+    return dict(orjson.loads(orjson.dumps(state)))
+
+
+finite_value = st.floats(min_value=0.0, max_value=1e4, allow_nan=False)
+work = st.one_of(
+    st.builds(rma, finite_value, st.integers(0, 2000)),
+    st.builds(sbm, finite_value, st.floats(0.0, 500.0)),
+    st.builds(
+        OptionalWork,
+        finite_value,
+        st.integers(0, 2000),
+        st.floats(0.0, 200.0),
+        st.floats(0.0, 50.0),
+        st.booleans(),
+        st.floats(0.0, 5.0),
+        st.floats(0.0, 200.0),
+    ),
+)
+op = st.one_of(
+    st.tuples(st.just("decide"), st.floats(0.0, 0.05), work),
+    st.tuples(st.just("observe"), st.floats(0.0, 0.05), st.floats(0.0, 40.0)),
+    st.tuples(st.just("capacity"), st.floats(0.0, 0.05), st.floats(0.0, 8.0), st.floats(0.0, 4.0)),
+    st.tuples(st.just("slots"), st.floats(0.0, 0.05), st.integers(0, 3), st.integers(0, 3)),
+)
+
+
+def apply(s: ServerShedder, t: float, step: tuple[Any, ...]) -> tuple[float, Any]:
+    kind, dt = step[0], step[1]
+    t += dt
+    if kind == "decide":
+        return t, s.decide(t, step[2])
+    if kind == "observe":
+        return t, s.observe(t, step[2])
+    if kind == "capacity":
+        return t, s.on_capacity(OptionalCapacity(step[2], step[3]), t)
+    return t, s.observe(t, 0.0, {"cpu": step[2], "accelerator": step[3]})
+
+
+# -- baseline is never shed ---------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(op, max_size=60), st.floats(0.0, 1e4))
+def test_request_without_optional_work_is_admitted_in_any_state(ops: list, value: float) -> None:  # type: ignore[type-arg]
+    s = ServerShedder(capacity=OptionalCapacity(4.0, 2.0))
+    t = 0.0
+    for step in ops:
+        t, _ = apply(s, t, step)
+    t = overload(s, t, 0.3)  # and overloaded on top of whatever happened
+    s.on_capacity(OptionalCapacity(0.0, 0.0), t)
+    s.observe(t, 100.0, {"cpu": 0, "accelerator": 0})
+    assert s.decide(t, OptionalWork(value)) == (Decision.ADMIT, 0, False)
+    out = s.decide_batch(
+        t,
+        np.array([value, value]),
+        np.zeros(2, np.int64),
+        np.zeros(2),
+        np.zeros(2),
+        np.zeros(2, np.bool_),
+        np.zeros(2),
+        np.zeros(2),
+    )
+    assert out.codes.tolist() == [Decision.ADMIT, Decision.ADMIT]
+    assert out.extra.tolist() == [0, 0]
+    assert not out.strong.any()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(op, min_size=1, max_size=80))
+def test_a_verdict_never_grants_more_than_asked_and_its_code_matches(ops: list) -> None:  # type: ignore[type-arg]
+    s = ServerShedder(capacity=OptionalCapacity(2.0, 1.0))
+    t = 0.0
+    for step in ops:
+        t, out = apply(s, t, step)
+        if step[0] != "decide":
+            continue
+        w: OptionalWork = step[2]
+        asked_extra = max(w.extra, 0)
+        assert 0 <= out.extra <= asked_extra
+        assert not out.strong or w.strong
+        lost_strong = w.strong and not out.strong
+        lost_extra = out.extra < asked_extra
+        if not lost_strong and not lost_extra:
+            assert out.decision is Decision.ADMIT
+        elif lost_strong:
+            assert out.decision is (Decision.DOWNGRADE if out.extra > 0 else Decision.SHED)
+        else:
+            assert out.decision in (Decision.TRIM, Decision.SHED)
+            assert (out.decision is Decision.SHED) == (out.extra == 0 and not out.strong)
+
+
+# -- the budget is never exceeded ---------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.floats(0.5, 8.0),
+    st.floats(0.1, 4.0),
+    st.lists(st.tuples(st.floats(0.0, 0.01), work), min_size=1, max_size=150),
+)
+def test_admitted_optional_work_never_exceeds_burst_plus_level_times_time(
+    cpu: float, acc: float, arrivals: list[tuple[float, OptionalWork]]
+) -> None:
+    cfg = ServerShedConfig()
+    s = ServerShedder(cfg, OptionalCapacity(cpu, acc))
+    t = 0.0
+    used_cpu = used_acc = 0.0
+    for dt, w in arrivals:
+        t += dt
+        v = s.decide(t, w)
+        if v.extra:
+            used_cpu += w.extra_cpu_ms * v.extra / w.extra
+            used_acc += w.extra_accelerator_ms * v.extra / w.extra
+        if v.strong:
+            used_cpu += w.strong_cpu_ms
+            used_acc += w.strong_accelerator_ms
+    assert used_cpu <= cpu * (cfg.burst_ms + t * 1000.0) + 1e-6
+    assert used_acc <= acc * (cfg.burst_ms + t * 1000.0) + 1e-6
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.floats(0.5, 8.0),
+    st.lists(st.floats(0.0, 100.0), min_size=1, max_size=200),
+    st.floats(0.001, 0.5),
+)
+def test_a_batch_with_a_span_spends_at_most_what_the_level_does_in_it(
+    acc: float, values: list[float], span: float
+) -> None:
+    cfg = ServerShedConfig()
+    s = ServerShedder(cfg, OptionalCapacity(1e9, acc))  # accelerator is the bottleneck
+    m = len(values)
+    extra = np.full(m, 200, np.int64)
+    out = s.decide_batch(
+        span,
+        np.array(values),
+        extra,
+        np.zeros(m),
+        extra * ACC_PER,
+        np.zeros(m, np.bool_),
+        np.zeros(m),
+        np.zeros(m),
+        span_s=span,
+    )
+    used = float((out.extra * ACC_PER).sum())
+    assert used <= acc * (cfg.burst_ms + span * 1000.0) + 1e-6
+    if float((extra * ACC_PER).sum()) > acc * (cfg.burst_ms + span * 1000.0) * 1.01:
+        # Oversubscribed: some work must have been shed or trimmed.
+        assert (out.codes != Decision.ADMIT).any()
+
+
+# -- lowest value per unit of compute first ------------------------------------------------
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.floats(0.01, 100.0), st.integers(1, 1000)),
+        min_size=2,
+        max_size=120,
+    ),
+    st.floats(0.05, 4.0),
+)
+def test_a_batch_sheds_lowest_value_per_cost_first(
+    reqs: list[tuple[float, int]], acc_level: float
+) -> None:
+    s = ServerShedder(capacity=OptionalCapacity(1e9, acc_level))
+    value = np.array([v for v, _ in reqs])
+    extra = np.array([e for _, e in reqs], np.int64)
+    m = len(reqs)
+    out = s.decide_batch(
+        0.0,
+        value,
+        extra,
+        np.zeros(m),
+        extra * ACC_PER,
+        np.zeros(m, np.bool_),
+        np.zeros(m),
+        np.zeros(m),
+    )
+    vpc = value / (extra * ACC_PER)
+    kept = out.extra > 0
+    lost = out.extra == 0
+    if kept.any() and lost.any():
+        assert vpc[kept].min() >= vpc[lost].max()
+    # At most one request is partially trimmed: the boundary of the greedy fill.
+    assert int(((out.extra > 0) & (out.extra < extra)).sum()) <= 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(op, max_size=60), st.floats(0.0, 50.0), st.floats(0.0, 50.0), work)
+def test_from_the_same_state_a_higher_value_request_keeps_at_least_as_much(
+    ops: list,  # type: ignore[type-arg]
+    v1: float,
+    v2: float,
+    w: OptionalWork,
+) -> None:
+    s = ServerShedder(capacity=OptionalCapacity(2.0, 1.0))
+    t = 0.0
+    for step in ops:
+        t, _ = apply(s, t, step)
+    snap = s.snapshot()
+    low, high = sorted((v1, v2))
+    a = s.decide(t, OptionalWork(low, *_fields(w)[1:]))
+    s.restore(snap)
+    b = s.decide(t, OptionalWork(high, *_fields(w)[1:]))
+    assert b.extra >= a.extra
+    assert b.strong >= a.strong
+
+
+def _fields(w: OptionalWork) -> tuple:  # type: ignore[type-arg]
+    return (
+        w.value,
+        w.extra,
+        w.extra_cpu_ms,
+        w.extra_accelerator_ms,
+        w.strong,
+        w.strong_cpu_ms,
+        w.strong_accelerator_ms,
+    )
+
+
+def test_under_sustained_overload_the_shed_requests_are_the_low_value_ones() -> None:
+    rng = np.random.default_rng(3)
+    s = ServerShedder(capacity=OptionalCapacity(1e6, 1e6))  # budget is not the limit here
+    t = 0.0
+    for _ in range(4000):  # learn the value distribution while healthy
+        t += 0.0005
+        assert s.decide(t, rma(float(rng.lognormal()))).decision is Decision.ADMIT
+    t = overload(s, t, 0.5)
+    assert s.overloaded
+    tau = s.shed_quantile
+    assert tau > 0.3
+    state = s.snapshot()
+    kept: list[float] = []
+    shed: list[float] = []
+    for _ in range(2000):  # each request meets the same overloaded state
+        s.restore(state)
+        v = float(rng.lognormal())
+        (kept if s.decide(t, rma(v)).decision is Decision.ADMIT else shed).append(v)
+    assert kept
+    assert shed
+    # The threshold splits them: every shed value is below every kept value ...
+    assert max(shed) <= min(kept)
+    # ... and the share shed is the overload quantile τ of the value distribution.
+    assert len(shed) / 2000 == pytest.approx(tau, abs=0.05)
+
+
+def test_budget_pressure_alone_raises_the_threshold_toward_the_share_that_cannot_fit() -> None:
+    rng = np.random.default_rng(5)
+    # Offered: 1000 req/s × 10 ms cpu = 10 cores of demand on 2.5 cores: 75% cannot fit.
+    s = ServerShedder(capacity=OptionalCapacity(2.5, 100.0))
+    t = 0.0
+    admitted_values, all_values = [], []
+    for _ in range(6000):
+        t += 0.001
+        v = float(rng.lognormal())
+        all_values.append(v)
+        if s.decide(t, rma(v)).decision is not Decision.SHED:
+            admitted_values.append(v)
+    assert not s.overloaded
+    assert s.shed_quantile == pytest.approx(0.75, abs=0.05)
+    # What was kept is the high-value part, not the first-come part.
+    assert np.median(admitted_values) > 2.0 * np.median(all_values)
+
+
+# -- overload detection -------------------------------------------------------------------
+
+
+def test_overload_is_declared_only_after_a_full_interval_above_target() -> None:
+    s = ServerShedder(ServerShedConfig(target_queue_ms=5.0, interval_ms=100.0))
+    assert s.observe(0.000, 6.0) is None
+    assert s.observe(0.099, 9.0) is None
+    assert not s.overloaded
+    entered = s.observe(0.101, 7.0)
+    assert entered is not None
+    assert entered.event is ShedEvent.OVERLOAD_ENTERED
+    assert entered.reason == "queue_delay"
+    assert s.overloaded
+    left = s.observe(0.150, 1.0)
+    assert left is not None
+    assert left.event is ShedEvent.OVERLOAD_LEFT
+    assert not s.overloaded
+
+
+def test_a_dip_below_target_restarts_the_interval() -> None:
+    s = ServerShedder()
+    s.observe(0.00, 10.0)
+    s.observe(0.08, 1.0)  # dip: CoDel forgets the episode
+    s.observe(0.09, 10.0)
+    assert s.observe(0.15, 10.0) is None
+    assert s.observe(0.20, 10.0) is not None
+
+
+def test_the_shed_quantile_rises_while_overloaded_and_decays_after() -> None:
+    s = ServerShedder()
+    t = overload(s, 0.0, 0.12)
+    early = s.shed_quantile
+    t = overload(s, t, 0.6)
+    late = s.shed_quantile
+    assert 0.0 < early < late
+    s.observe(t, 0.0)
+    s.observe(t + 0.5, 0.0)
+    assert s.shed_quantile == pytest.approx(max(0.0, late - 0.5 * 0.5), abs=1e-9)
+
+
+def test_exhausted_slots_stop_optional_work_on_that_resource_only() -> None:
+    s = ServerShedder(capacity=OptionalCapacity(8.0, 4.0))
+    tr = s.observe(0.0, 0.0, {"accelerator": 0, "cpu": 5})
+    assert tr is not None
+    assert tr.reason == "slots_exhausted"
+    assert s.decide(0.0, sbm(5.0)) == (Decision.SHED, 0, False)
+    cpu_only = OptionalWork(5.0, extra=10, extra_cpu_ms=1.0, extra_accelerator_ms=0.0)
+    assert s.decide(0.0, cpu_only).decision is Decision.ADMIT
+    assert s.observe(0.0, 0.0, {"accelerator": 2}) is not None  # left
+    assert s.decide(0.0, sbm(5.0)).decision is Decision.ADMIT
+
+
+# -- capacity drops -----------------------------------------------------------------------
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.floats(0.1, 16.0), st.floats(0.0, 0.5), st.floats(0.55, 1.0), st.floats(0.0, 100.0))
+def test_a_capacity_drop_changes_the_very_next_decision(
+    level: float, fraction: float, size: float, value: float
+) -> None:
+    cfg = ServerShedConfig()
+    s = ServerShedder(cfg, OptionalCapacity(1e9, level), now=0.0)
+    cost = size * level * cfg.burst_ms  # fits the full bucket, not one at `fraction` of it
+    w = OptionalWork(value, strong=True, strong_accelerator_ms=cost)
+    before = s.snapshot()
+    assert s.decide(1.0, w).decision is Decision.ADMIT
+    s.restore(before)
+    assert s.on_capacity(OptionalCapacity(1e9, level * fraction), 1.0) is True
+    assert s.decide(1.0, w).decision is not Decision.ADMIT  # same instant: no timer involved
+
+
+def test_a_grant_is_usable_at_once() -> None:
+    s = ServerShedder(capacity=OptionalCapacity(0.0, 0.0))
+    assert s.decide(1.0, sbm(1.0)).decision is Decision.SHED
+    assert s.on_capacity(OptionalCapacity(0.0, 2.0), 1.0) is False
+    assert s.decide(1.0, sbm(1.0)).decision is Decision.ADMIT
+
+
+def test_trimming_extras_leaves_what_the_remaining_tokens_pay_for() -> None:
+    cfg = ServerShedConfig(burst_ms=50.0)
+    s = ServerShedder(cfg, OptionalCapacity(1e9, 1.0))  # accelerator bucket: 50 ms
+    v = s.decide(0.0, OptionalWork(1.0, 4000, 0.0, 4000 * ACC_PER))  # wants 80 ms
+    assert v.decision is Decision.TRIM
+    assert v.extra == 2500  # 50 ms / 0.02 ms per candidate
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(st.floats(0.0, 100.0), st.floats(0.01, 2.0)), min_size=1, max_size=60),
+    st.floats(0.0, 1.0),
+)
+def test_inflight_trimming_fits_the_new_level_lowest_value_first(
+    items: list[tuple[float, float]], share: float
+) -> None:
+    total = sum(a for _, a in items)
+    s = ServerShedder(capacity=OptionalCapacity(1e9, total))
+    s.on_capacity(OptionalCapacity(1e9, total * share), 0.0)
+    inflight = [
+        InflightWork(i, v, cpu=0.0, accelerator=a, strong=True) for i, (v, a) in enumerate(items)
+    ]
+    cuts = s.trim_inflight(0.0, inflight)
+    cut_ids = {c.id for c in cuts}
+    kept = [w for w in inflight if w.id not in cut_ids]
+    gone = [w for w in inflight if w.id in cut_ids]
+    assert sum(w.accelerator for w in kept) <= total * share + 1e-6
+    assert all(c.decision is Decision.DOWNGRADE for c in cuts)
+    if kept and gone:
+        assert max(w.value / w.accelerator for w in gone) <= min(
+            w.value / w.accelerator for w in kept
+        )
+    if gone:  # no more than needed: the last (highest-vpc) cut was required to fit
+        last = max(gone, key=lambda w: w.value / w.accelerator)
+        assert sum(w.accelerator for w in kept) + last.accelerator > total * share - 1e-6
+
+
+def test_inflight_trimming_cuts_only_work_on_the_resource_that_shrank() -> None:
+    s = ServerShedder(capacity=OptionalCapacity(4.0, 2.0))
+    s.on_capacity(OptionalCapacity(4.0, 1.0), 0.0)
+    inflight = [
+        InflightWork("cpu-only", 0.001, cpu=2.0, accelerator=0.0, extra=50),
+        InflightWork("acc-low", 1.0, cpu=0.0, accelerator=1.0, strong=True),
+        InflightWork("acc-high", 9.0, cpu=0.0, accelerator=1.0, extra=10, strong=True),
+    ]
+    cuts = s.trim_inflight(0.0, inflight)
+    assert [(c.id, c.decision) for c in cuts] == [("acc-low", Decision.DOWNGRADE)]
+    assert s.trim_inflight(0.0, inflight[:1] + inflight[2:]) == []
+
+
+# -- events -------------------------------------------------------------------------------
+
+
+def test_poll_reports_shedding_started_then_stopped_with_the_amount_dropped() -> None:
+    s = ServerShedder(ServerShedConfig(shed_quiet_ms=1000.0), OptionalCapacity(0.0, 0.0))
+    assert s.poll(0.0) is None
+    s.decide(0.1, rma(1.0, extra=30))
+    s.decide(0.2, sbm(1.0))
+    started = s.poll(0.3)
+    assert started is not None
+    assert started.event is ShedEvent.STARTED
+    assert (started.dropped, started.dropped_extra_candidates, started.dropped_strong) == (2, 30, 1)
+    assert s.poll(0.9) is None
+    s.decide(1.0, rma(1.0, extra=5))
+    assert s.poll(1.9) is None  # a drop at 1.0 extends the episode
+    stopped = s.poll(2.0)
+    assert stopped is not None
+    assert stopped.event is ShedEvent.STOPPED
+    assert (stopped.dropped, stopped.dropped_extra_candidates) == (3, 35)
+    assert s.poll(3.0) is None
+
+
+# -- snapshots ----------------------------------------------------------------------------
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(op, max_size=50), st.lists(op, min_size=1, max_size=50))
+def test_server_snapshot_then_restore_gives_identical_next_decisions(
+    before: list,  # type: ignore[type-arg]
+    after: list,  # type: ignore[type-arg]
+) -> None:
+    a = ServerShedder(capacity=OptionalCapacity(3.0, 1.5))
+    t = 0.0
+    for step in before:
+        t, _ = apply(a, t, step)
+    b = ServerShedder(capacity=OptionalCapacity(0.0, 0.0), now=123.0)
+    b.restore(roundtrip(a.snapshot()))
+    ta = tb = t
+    for step in after:
+        ta, out_a = apply(a, ta, step)
+        tb, out_b = apply(b, tb, step)
+        assert out_a == out_b
+    assert a.stats == b.stats
+    assert a.threshold == b.threshold
+
+
+# -- configuration ------------------------------------------------------------------------
+
+
+def test_bad_server_config_names_every_field() -> None:
+    with pytest.raises(ConfigError) as err:
+        ServerShedConfig(interval_ms=0.0, shed_step=2.0, reserve_slots=-1)
+    text = "\n".join(err.value.problems)
+    assert "shedding.server.interval_ms" in text
+    assert "shedding.server.shed_step" in text
+    assert "shedding.server.reserve_slots" in text
+
+
+def test_bad_capacity_and_client_config_are_rejected() -> None:
+    with pytest.raises(ConfigError, match="accelerator"):
+        OptionalCapacity(1.0, math.nan)
+    with pytest.raises(ConfigError, match=r"shedding\.client\.decrease_factor"):
+        ClientShedConfig(decrease_factor=1.0)
+
+
+def test_observe_rejects_unknown_resources_and_bad_delays() -> None:
+    s = ServerShedder()
+    with pytest.raises(ValueError, match="gpu"):
+        s.observe(0.0, 0.0, {"gpu": 1})
+    with pytest.raises(ValueError, match="queue_ms"):
+        s.observe(0.0, math.inf)
+
+
+# -- client side --------------------------------------------------------------------------
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.floats(0.0, 2.0), st.booleans(), st.one_of(st.none(), st.floats(0.0, 500.0))),
+        max_size=200,
+    )
+)
+def test_client_multiplier_stays_within_zero_and_one(
+    responses: list[tuple[float, bool, float | None]],
+) -> None:
+    c = ClientShedder()
+    t = 0.0
+    for dt, over, q in responses:
+        t += dt
+        c.on_response(t, over, q)
+        assert 0.0 <= c.multiplier <= 1.0
+        assert 0.0 <= c.multiplier_at(t + 10.0) <= 1.0
+
+
+def test_client_decreases_multiplicatively_once_per_interval() -> None:
+    c = ClientShedder(ClientShedConfig(decrease_factor=0.5, decrease_interval_ms=100.0))
+    c.on_response(0.0, True)
+    assert c.multiplier == 0.5
+    c.on_response(0.05, True)  # same overload episode: counted once
+    assert c.multiplier == 0.5
+    c.on_response(0.10, True)
+    assert c.multiplier == 0.25
+    c.on_response(0.20, False, queue_ms=80.0)  # delay over overload_queue_ms counts too
+    assert c.multiplier == 0.125
+
+
+def test_client_recovers_additively_with_time_not_with_responses() -> None:
+    c = ClientShedder(ClientShedConfig(recovery_per_s=0.2))
+    c.on_response(0.0, True)
+    c.on_response(0.0, False)
+    for _i in range(100):  # many healthy responses in the same instant change nothing
+        c.on_response(0.0, False)
+    assert c.multiplier == 0.5
+    assert c.multiplier_at(1.0) == pytest.approx(0.7)
+    assert c.multiplier_at(2.0) == pytest.approx(0.9)
+    assert c.multiplier_at(10.0) == 1.0
+    assert c.multiplier == 0.5  # multiplier_at does not change state
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(0.0, 1.0), st.floats(0.0, 1.0), st.integers(0, 5))
+def test_client_spends_the_multiplier_on_the_highest_value_requests(
+    r1: float, r2: float, overloads: int
+) -> None:
+    c = ClientShedder(ClientShedConfig(decrease_interval_ms=0.0))
+    for _ in range(overloads):
+        c.on_response(0.0, True)
+    low, high = sorted((r1, r2))
+    if c.keeps(low):
+        assert c.keeps(high)
+    m = c.multiplier
+    assert c.keeps(high) == (m > 0.0 and high >= 1.0 - m)
+    mask = c.keep_mask(0.0, np.array([low, high]))
+    assert mask.tolist() == [c.keeps(low), c.keeps(high)]
+
+
+def test_client_reports_shedding_started_and_stopped_with_what_it_dropped() -> None:
+    c = ClientShedder(ClientShedConfig(recovery_per_s=1.0, zero_below=0.01))
+    started = c.on_response(0.0, True)
+    assert started is not None
+    assert started.event is ShedEvent.STARTED
+    assert started.side == "client"
+    assert started.multiplier == 0.5
+    assert c.apply(0.0, 0.9, extra=300, strong=False) == (300, False)
+    assert c.apply(0.0, 0.2, extra=300, strong=False) == (0, False)
+    assert c.apply(0.0, 0.1, extra=0, strong=True) == (0, False)
+    assert c.apply(0.0, 0.1, extra=0, strong=False) == (0, False)  # nothing optional: no drop
+    assert c.on_response(0.2, False) is None  # recovery starts with this healthy response
+    assert c.on_response(0.6, False) is None  # 0.5 + 0.4
+    stopped = c.on_response(0.7, False)
+    assert stopped is not None
+    assert stopped.event is ShedEvent.STOPPED
+    assert (stopped.dropped, stopped.dropped_extra_candidates, stopped.dropped_strong) == (
+        2,
+        300,
+        1,
+    )
+
+
+def test_client_poll_notices_recovery_without_traffic() -> None:
+    c = ClientShedder(ClientShedConfig(recovery_per_s=0.5))
+    c.on_response(0.0, True)
+    c.on_response(0.0, False)
+    assert c.poll(0.5) is None
+    tr = c.poll(1.0)
+    assert tr is not None
+    assert tr.event is ShedEvent.STOPPED
+
+
+def test_client_drops_to_zero_below_the_floor_and_keeps_nothing() -> None:
+    c = ClientShedder(ClientShedConfig(decrease_interval_ms=0.0, zero_below=0.1))
+    for _ in range(4):
+        c.on_response(0.0, True)
+    assert c.multiplier == 0.0
+    assert not c.keeps(1.0)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(st.tuples(st.floats(0.0, 1.0), st.booleans()), max_size=40),
+    st.lists(st.tuples(st.floats(0.0, 1.0), st.booleans(), st.floats(0.0, 1.0)), max_size=40),
+)
+def test_client_snapshot_then_restore_gives_identical_next_outputs(
+    before: list[tuple[float, bool]], after: list[tuple[float, bool, float]]
+) -> None:
+    a = ClientShedder()
+    t = 0.0
+    for dt, over in before:
+        t += dt
+        a.on_response(t, over)
+    b = ClientShedder(now=50.0)
+    b.restore(roundtrip(a.snapshot()))
+    for dt, over, rank in after:
+        t += dt
+        assert a.on_response(t, over) == b.on_response(t, over)
+        assert a.apply(t, rank, 10, True) == b.apply(t, rank, 10, True)
+    assert a.snapshot() == b.snapshot()
+
+
+# -- the running quantile -----------------------------------------------------------------
+
+
+def test_histogram_quantiles_track_numpy_within_the_bin_resolution() -> None:
+    rng = np.random.default_rng(11)
+    xs = rng.lognormal(0.0, 1.5, 20_000)
+    h = DecayedLogHistogram()
+    h.add_many(xs[:10_000])
+    for x in xs[10_000:]:
+        h.add(float(x))
+    # Decay (half-life 2000 samples) weights recent samples more; the distribution is
+    # stationary, so quantiles still match the sample's.
+    for q in (0.1, 0.5, 0.9):
+        assert h.quantile(q) == pytest.approx(float(np.quantile(xs, q)), rel=0.15)
+    assert h.quantile(0.0) == 0.0
+    assert h.quantile(1.0) == math.inf
+
+
+def test_histogram_forgets_old_samples() -> None:
+    h = DecayedLogHistogram()
+    h.add_many(np.full(5000, 1.0))
+    for _ in range(40):  # ten half-lives later, in batches: the old mass is < 1%
+        h.add_many(np.full(500, 100.0))
+    assert h.quantile(0.01) > 50.0
+
+
+def test_value_rank_is_the_share_of_recent_values_below() -> None:
+    rng = np.random.default_rng(2)
+    r = ValueRanker()
+    assert r.rank(1.0) == 0.5  # nothing known yet
+    xs = rng.lognormal(0.0, 1.0, 5000)
+    r.observe_many(xs)
+    for q in (0.2, 0.5, 0.8):
+        assert r.rank(float(np.quantile(xs, q))) == pytest.approx(q, abs=0.03)
+    assert r.rank(0.0) == 0.0
+    assert r.rank(1e12) == 1.0
