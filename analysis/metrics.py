@@ -359,6 +359,7 @@ class _PolicyState:
     shedding_by_lever: Counter[str] = field(default_factory=Counter)
     targets_issued: int = 0
     targets_expired: int = 0
+    targets_fallback: int = 0  # targets issued with a non-null ``fallback``
     fallbacks: Counter[str] = field(default_factory=Counter)
     cap_bounds: Counter[str] = field(default_factory=Counter)
     precompute: dict[str, float] | None = None
@@ -436,9 +437,8 @@ class MetricsAccumulator:
             state.shedding_by_lever[str(event.get("lever"))] += 1
         elif kind == "target.issued":
             state.targets_issued += 1
-            fallback = event.get("fallback")
-            if fallback:
-                state.fallbacks[str(fallback)] += 1
+            if event.get("fallback"):
+                state.targets_fallback += 1
         elif kind == "target.expired":
             state.targets_expired += 1
         elif kind == "allocator.fallback":
@@ -654,6 +654,7 @@ class MetricsAccumulator:
             "allocator": {
                 "targets_issued": state.targets_issued,
                 "targets_expired": state.targets_expired,
+                "targets_fallback": state.targets_fallback,
                 "fallbacks": dict(sorted(state.fallbacks.items())),
                 "cap_bounds": dict(sorted(state.cap_bounds.items())),
             },

@@ -326,9 +326,9 @@ def collect(
                     if math.isfinite(v):
                         alloc.add(f"{lever}:{r}", b, v)
             if e.get("fallback"):
-                data.binned(data.fallbacks, policy).add(str(e.get("fallback")), b, 1.0)
+                data.binned(data.fallbacks, policy).add("target", b, 1.0)
         elif kind == "allocator.fallback":
-            data.binned(data.fallbacks, policy).add(str(e.get("reason")), b, 1.0)
+            data.binned(data.fallbacks, policy).add("allocator", b, 1.0)
         elif kind not in KNOWN_KINDS:
             _keep_raw(data, e)
     for p in data.acc.policy_names():
@@ -386,6 +386,17 @@ def _time_scale(data: ReportData) -> float:
 def _save(fig: Any, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format="png", metadata={"Software": None})
+
+
+def _plain_ticks(axis: Any) -> None:
+    """Log axes labelled 50, 100, 200 rather than 5×10¹, 10², 2×10²."""
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+
+    formatter = ScalarFormatter()
+    formatter.set_scientific(False)
+    axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(formatter)
+    axis.set_minor_formatter(NullFormatter())
 
 
 def _grid(n: int, max_cols: int = 4) -> tuple[int, int]:
@@ -449,6 +460,7 @@ def plot_p99(metrics: Mapping[str, Any], data: ReportData, path: Path) -> None:
         ax.set_ylabel("window p99 (ms)")
         ax.set_title(f"region {region}: worst window p99 per {data.bin_s:g} s bucket", fontsize=10)
         ax.set_yscale("log")
+        _plain_ticks(ax.yaxis)
     axes[0].legend(fontsize=8, ncol=4)
     axes[-1].set_xlabel(label)
     _save(fig, path)
@@ -483,6 +495,7 @@ def plot_cdf(metrics: Mapping[str, Any], data: ReportData, path: Path) -> None:
             ax.axvline(slo, color="black", lw=0.8, ls=":")
         ax.set_title(p, fontsize=10)
         ax.set_xscale("log")
+        _plain_ticks(ax.xaxis)
         ax.set_yticks(ticks, ["0", "90%", "99%", "99.9%", "99.99%"])
         ax.legend(fontsize=7, loc="lower right")
     for ax in axes[len(pols) :]:
@@ -563,14 +576,7 @@ def plot_release(data: ReportData, path: Path) -> None:
         if values.size == 0:
             continue
         any_release = True
-        y = np.arange(1, values.size + 1) / values.size
-        ax1.step(
-            values,
-            y,
-            where="post",
-            color=policy_colour(p, data.policies),
-            label=f"{p} (n={values.size})",
-        )
+        ax1.ecdf(values, color=policy_colour(p, data.policies), label=f"{p} (n={values.size})")
     ax1.axvline(
         RELEASE_GOAL_MS, color="black", ls="--", lw=1, label=f"goal p99 ≤ {RELEASE_GOAL_MS:g} ms"
     )
@@ -580,7 +586,10 @@ def plot_release(data: ReportData, path: Path) -> None:
         "release-time distribution" + ("" if any_release else " (no releases in the log)")
     )
     if any_release:
+        from matplotlib.ticker import ScalarFormatter
+
         ax1.set_xscale("symlog", linthresh=1.0)
+        ax1.xaxis.set_major_formatter(ScalarFormatter())
     ax1.legend(fontsize=7)
     tx, label = _time_axis(data)
     for p in data.policies:
@@ -649,8 +658,8 @@ def plot_allocator(
                     if not name.endswith(f":{resource}"):
                         continue
                     lever = name.split(":", 1)[0]
-                    with np.errstate(invalid="ignore", divide="ignore"):
-                        mean = np.where(steps > 0, alloc.total(name) / np.maximum(steps, 1), 0.0)
+                    # a target stays in force until the next one: carry it over empty buckets
+                    mean = _carry_forward(alloc.total(name), steps)
                     per_lever[lever] = per_lever.get(lever, np.zeros(data.n_bins)) + mean
             if per_lever:
                 levers = sorted(per_lever, key=lambda lv: (lv not in LEVERS, lv))
@@ -701,6 +710,14 @@ def plot_allocator(
     if reasons:
         ax3.legend(fontsize=7)
     _save(fig, path)
+
+
+def _carry_forward(sums: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """Per bucket: the mean of the values issued in it, else the last bucket's (0 before any)."""
+    present = steps > 0
+    values = np.where(present, sums / np.maximum(steps, 1), 0.0)
+    last = np.maximum.accumulate(np.where(present, np.arange(present.size), -1))
+    return np.where(last >= 0, values[np.maximum(last, 0)], 0.0)
 
 
 def _featured(data: ReportData) -> str | None:
