@@ -18,7 +18,7 @@ from headroom.scenario_load import load_scenario
 def scenario_schema(args: argparse.Namespace) -> int:
     from headroom.scenario_schema import SCHEMA
 
-    json.dump(SCHEMA, sys.stdout, indent=2)
+    json.dump(SCHEMA, sys.stdout, indent=2, ensure_ascii=False)
     sys.stdout.write("\n")
     return 0
 
