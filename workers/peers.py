@@ -454,7 +454,7 @@ class EnvoyGradientLimit:
             "next_min_rtt": plain(self._next_min_rtt),
             "consecutive_min": self._consecutive_min,
             "last_sample_rtt": self._last_sample_rtt,
-            "rng": self._rng.bit_generator.state,
+            "rng": _encode_big_ints(self._rng.bit_generator.state),
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
@@ -469,7 +469,26 @@ class EnvoyGradientLimit:
         self._consecutive_min = int(state["consecutive_min"])
         ls = state["last_sample_rtt"]
         self._last_sample_rtt = None if ls is None else float(ls)
-        self._rng.bit_generator.state = state["rng"]
+        self._rng.bit_generator.state = _decode_big_ints(state["rng"])
+
+
+def _encode_big_ints(obj: Any) -> Any:
+    """Generator states hold 128-bit integers, which JSON codecs (orjson) refuse: use strings."""
+    if isinstance(obj, bool):
+        return obj
+    if isinstance(obj, int):
+        return f"int:{obj}"
+    if isinstance(obj, Mapping):
+        return {k: _encode_big_ints(v) for k, v in obj.items()}
+    return obj
+
+
+def _decode_big_ints(obj: Any) -> Any:
+    if isinstance(obj, str) and obj.startswith("int:"):
+        return int(obj[4:])
+    if isinstance(obj, Mapping):
+        return {k: _decode_big_ints(v) for k, v in obj.items()}
+    return obj
 
 
 class Budget(NamedTuple):
