@@ -1,1 +1,3 @@
-"""Virtual-time simulator: scenario traces, fleet model, policies and baselines, oracle. Pure cores only, never Kafka."""
+"""Virtual-time simulator: scenario traces, fleet model, policies and baselines, oracle. Pure cores
+only, never Kafka.
+"""

@@ -1,1 +1,3 @@
-"""Kafka plumbing with no domain logic: topic registry, message schemas and validation, the orjson codec, dead-letter routing, aiokafka helpers, record and replay, the local broker."""
+"""Kafka plumbing with no domain logic: topic registry, message schemas and validation, the orjson
+codec, dead-letter routing, aiokafka helpers, record and replay, the local broker.
+"""

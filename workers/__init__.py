@@ -1,1 +1,3 @@
-"""The ranking world, pure shedding policies, and the worker processes: ranking server, client, precompute worker, feed."""
+"""The ranking world, pure shedding policies, and the worker processes: ranking server, client,
+precompute worker, feed.
+"""

@@ -1,0 +1,326 @@
+"""The Faust controller app: hosts the pure control cores on Kafka (``headroom controller``).
+
+The one module that imports faust for control. Built by :func:`create_app` from
+:class:`ControllerSettings` — never at module level — so tests and several deployments can run
+side by side with their own app ids and topic prefixes.
+
+Data flow (topics of CONTRACT §2, names with the configured prefix):
+
+* ``latency`` agent — validates each message, folds its sketch into the region's window
+  (:class:`controllers.observe.RegionAggregator`); bad bytes go to the dead-letter topic.
+* ``capacity`` agent — newest level per (region, resource, hardware, pool), also kept in the
+  ``capacity`` table so a restarted worker knows the levels before the next announcement.
+* ``value`` agent — value-signal sums per (region, segment, lever, arm) for the window.
+* a timer every ``interval_s`` — for each region heard of: observation → ``ControlPlane.step``
+  (allocator → RMA PID → SBM coverage → router) → one ``targets`` message keyed by region, one
+  ``target.issued`` event (``events`` topic and the structured log) with its inputs and reasons;
+  then the plane's snapshot goes to the ``state`` table.
+
+Restart: tables are changelogged to Kafka; on the first tick after a (re)start the plane is
+restored from the ``state`` table, so epochs keep increasing and the PID resumes from its last
+output (bumpless: the first new target is within one rate-limit step of the last one).
+
+Processing guarantee: at-least-once (Faust commits after the agent processed a message). Latency
+and value windows are sums, so a re-delivered message after a crash can count twice in one window;
+the controllers treat one window's noise as they treat any noise (rate limits, filtered
+derivative), which is why at-least-once is enough here — exactly-once would cost a transaction per
+commit for no control benefit (and has open faust issues, see docs/kafka.md).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import faust
+import numpy as np
+
+from controllers.config import ControlConfig
+from controllers.observe import RegionAggregator
+from controllers.plane import ControlPlane
+from controllers.types import ArmStats, CapacityLevel, RegionTargets
+from headroom.logs import get_logger
+from headroom.scenario import Scenario
+from streams import messages
+from streams.codec import ValidationError, dumps, loads
+from streams.topics import spec_for, topic_name
+
+log = get_logger("controller")
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    bootstrap: str
+    prefix: str
+    scenario: Scenario
+    interval_s: float = 60.0
+    app_id: str | None = None  # default: "<prefix>controller"
+    data_dir: Path = Path(".headroom/controller")
+    seed: int = 0
+    partitions: int = 4  # must match the region-keyed topics (streams.topics.DEFAULT_PARTITIONS)
+    eligible_share: float = 1.0  # share of requests eligible for the strong model, if unreported
+
+    @property
+    def id(self) -> str:
+        return self.app_id or f"{self.prefix}controller"
+
+
+class Controller:
+    """The state the agents share: the aggregator, the plane, and the publishing helpers."""
+
+    def __init__(self, settings: ControllerSettings, config: ControlConfig) -> None:
+        self.settings = settings
+        self.config = config
+        self.aggregator = RegionAggregator(eligible_share=settings.eligible_share)
+        self.rng = np.random.default_rng(settings.seed)
+        self.plane = ControlPlane(config, self.rng)
+        self.restored = False
+        self.deadlettered = 0
+        self.last_targets: dict[str, RegionTargets] = {}
+
+    def restore_from(self, snapshot: dict[str, Any] | None) -> None:
+        if snapshot:
+            self.plane = ControlPlane.restore(self.config, snapshot, self.rng)
+            log.info("controller.state.restored", regions=sorted(snapshot.get("epochs", {})))
+        self.restored = True
+
+
+def capacity_level(msg: messages.Capacity) -> CapacityLevel:
+    return CapacityLevel(
+        resource=msg.resource,
+        hardware=msg.hardware,
+        pool=msg.pool,
+        units=msg.units,
+        expires_in_s=msg.expires_in_s,
+        remote=msg.remote,
+        ts=msg.ts,
+    )
+
+
+def targets_message(t: RegionTargets) -> messages.Target:
+    return messages.Target(
+        ts=t.ts,
+        region=t.region,
+        epoch=t.epoch,
+        ttl_s=t.ttl_s,
+        rma=messages.RmaTarget(candidates=t.rma_candidates, base=t.rma_base, max=t.rma_max),
+        sbm=messages.SbmTarget(coverage=t.sbm_coverage, segments=dict(t.sbm_segments)),
+        budget=messages.Budget(cpu=t.budget_cpu, accelerator=t.budget_accelerator),
+        reason=t.reason,
+    )
+
+
+def target_event(t: RegionTargets, inputs: dict[str, Any]) -> messages.Event:
+    return messages.Event(
+        ts=t.ts,
+        kind="target.issued",
+        source="controller",
+        region=t.region,
+        extra={
+            "policy": "headroom",
+            "epoch": t.epoch,
+            "rma_candidates": t.rma_candidates,
+            "sbm_coverage": t.sbm_coverage,
+            "segments": dict(t.sbm_segments),
+            "budget": {"cpu": t.budget_cpu, "accelerator": t.budget_accelerator},
+            "reason": t.reason,
+            "fallback": t.fallback,
+            "allocation": [
+                {
+                    "lever": s.lever,
+                    "cpu": s.cpu,
+                    "accelerator": s.accelerator,
+                    "hardware": s.hardware,
+                    "value_per_unit_lcb": s.value_per_unit_lcb,
+                }
+                for s in t.allocation
+            ],
+            "inputs": inputs,
+        },
+    )
+
+
+def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
+    """Build the Faust app and its shared state from settings."""
+    config = ControlConfig.from_scenario(settings.scenario, interval_s=settings.interval_s)
+    ctl = Controller(settings, config)
+    app = faust.App(
+        settings.id,
+        broker=[f"kafka://{b.strip()}" for b in settings.bootstrap.split(",") if b.strip()],
+        value_serializer="raw",
+        key_serializer="raw",
+        store="memory://",
+        datadir=str(settings.data_dir),
+        topic_partitions=settings.partitions,
+        topic_replication_factor=1,
+        table_standby_replicas=0,
+        web_enabled=False,
+        worker_redirect_stdouts=False,
+        stream_wait_empty=False,
+        broker_session_timeout=10.0,
+        broker_heartbeat_interval=1.0,
+        broker_rebalance_timeout=10.0,
+        broker_commit_interval=0.5,
+        consumer_auto_offset_reset="latest",
+        processing_guarantee="at_least_once",
+    )
+
+    def topic(kind: str) -> Any:
+        return app.topic(
+            topic_name(kind, settings.prefix),
+            key_type=bytes,
+            value_type=bytes,
+            key_serializer="raw",
+            value_serializer="raw",
+            partitions=spec_for(kind).partitions or settings.partitions,
+        )
+
+    latency_topic = topic("latency")
+    capacity_topic = topic("capacity")
+    value_topic = topic("value")
+    targets_topic = topic("targets")
+    events_topic = topic("events")
+    deadletter_topic = topic("deadletter")
+
+    capacity_table = app.Table(
+        "capacity",
+        default=None,
+        partitions=settings.partitions,
+        key_type=str,
+        value_type=bytes,
+    )
+    state_table = app.Table(
+        "state",
+        default=None,
+        partitions=settings.partitions,
+        key_type=str,
+        value_type=bytes,
+        use_partitioner=True,  # written from the timer, outside any stream
+    )
+
+    async def deadletter(event: Any, error: ValidationError | str) -> None:
+        msg = event.message
+        dl = messages.DeadLetter.for_payload(
+            ts=time.time(),
+            topic=msg.topic,
+            partition=msg.partition,
+            offset=msg.offset,
+            error=str(error),
+            payload=msg.value,
+            key=msg.key,
+        )
+        await deadletter_topic.send(key=msg.key, value=messages.encode(dl))
+        ctl.deadlettered += 1
+        log.warning(
+            "controller.message.deadlettered",
+            topic=msg.topic,
+            partition=msg.partition,
+            offset=msg.offset,
+            error=str(error),
+        )
+
+    async def decoded(stream: Any, kind: str) -> Any:
+        async for event in stream.events():
+            try:
+                msg = messages.decode(kind, event.value)
+            except ValidationError as exc:
+                await deadletter(event, exc)
+                continue
+            if msg is None:  # a tombstone where none is expected
+                await deadletter(event, "value: null (tombstone) is not a valid message here")
+                continue
+            yield event, msg
+
+    @app.agent(latency_topic)
+    async def latency_agent(stream: Any) -> None:
+        async for _event, msg in decoded(stream, "latency"):
+            ctl.aggregator.add_latency(
+                msg.region, msg.ts, msg.path, msg.count, msg.sketch, msg.samples_ms
+            )
+
+    @app.agent(capacity_topic)
+    async def capacity_agent(stream: Any) -> None:
+        async for event, msg in decoded(stream, "capacity"):
+            level = capacity_level(msg)
+            if ctl.aggregator.add_capacity(msg.region, level):
+                key = f"{msg.region}|{msg.resource}|{msg.hardware}|{msg.pool}"
+                capacity_table[key] = event.value
+
+    @app.agent(value_topic)
+    async def value_agent(stream: Any) -> None:
+        async for _event, msg in decoded(stream, "value"):
+            stats = ArmStats(
+                n=msg.n,
+                value_sum=msg.value_sum,
+                value_sq_sum=msg.value_sq_sum,
+                cpu_ms=msg.cost.cpu_ms,
+                accelerator_ms=msg.cost.accelerator_ms,
+            )
+            ctl.aggregator.add_value(msg.region, msg.ts, (msg.segment, msg.lever, msg.arm), stats)
+
+    @app.timer(interval=settings.interval_s)
+    async def control_tick() -> None:
+        # Never decide before the tables are recovered: a restarted worker must resume from its
+        # snapshot, not from scratch (bumpless restart).
+        if app.in_recovery or not app.tables.recovery.completed.is_set():
+            log.info("controller.tick.skipped", reason="table recovery in progress")
+            return
+        await run_tick(time.time())
+
+    async def run_tick(now: float) -> list[RegionTargets]:
+        if not ctl.restored:
+            raw = state_table.get("plane")
+            ctl.restore_from(loads(raw) if raw else None)
+            for key in list(capacity_table.keys()):
+                raw_cap = capacity_table.get(key)
+                if raw_cap is None:
+                    continue
+                try:
+                    msg = messages.decode("capacity", raw_cap)
+                except ValidationError:
+                    continue
+                ctl.aggregator.add_capacity(msg.region, capacity_level(msg))
+        issued = []
+        for region in ctl.aggregator.regions:
+            obs = ctl.aggregator.observe(region, now)
+            t = ctl.plane.step(obs)
+            ctl.last_targets[region] = t
+            issued.append(t)
+            inputs = {
+                "p99_ms": dict(obs.p99_ms),
+                "request_rps": obs.request_rps,
+                "window_s": obs.window_s,
+                "observed_coverage": obs.observed_coverage,
+                "capacity": [
+                    {
+                        "resource": c.resource,
+                        "hardware": c.hardware,
+                        "pool": c.pool,
+                        "units": c.units,
+                    }
+                    for c in obs.capacity
+                ],
+            }
+            key = region.encode()
+            await targets_topic.send(key=key, value=messages.encode(targets_message(t)))
+            ev = target_event(t, inputs)
+            await events_topic.send(key=key, value=messages.encode(ev))
+            log.info(
+                "controller.target.issued",
+                region=region,
+                epoch=t.epoch,
+                rma_candidates=t.rma_candidates,
+                sbm_coverage=t.sbm_coverage,
+                reason=t.reason,
+                fallback=t.fallback,
+                p99_ms=obs.p99_ms.get("all"),
+            )
+        state_table["plane"] = dumps(ctl.plane.snapshot())
+        return issued
+
+    app.headroom_controller = ctl  # type: ignore[attr-defined]
+    app.headroom_tick = run_tick  # type: ignore[attr-defined]
+    _ = (latency_agent, capacity_agent, value_agent, control_tick)
+    return app, ctl

@@ -1,0 +1,169 @@
+"""What the controller has heard about each region, folded into one :class:`RegionObservation`.
+
+The streaming controller (``controllers/app.py``) feeds every validated message into a
+:class:`RegionAggregator`; at each control tick it calls :meth:`RegionAggregator.observe` for a
+region, which returns the observation for the window since the previous tick and starts a new
+window. Pure: no clock, no Kafka; the caller passes ``now`` (the newest event time seen, or the
+wall clock in the app).
+
+Rules:
+
+* **Latency**: sketches of one window are *merged* per path ("base", "rma", "sbm") and over all
+  paths ("all"); p99 comes from the merged sketch, never from averaged percentiles. A message
+  that carries raw ``samples_ms`` but no sketch is folded into the sketch sample by sample.
+* **Request rate**: the sum of latency ``count`` over the window ÷ the window length (every
+  request is timed on exactly one path by exactly one replica).
+* **Coverage observed**: requests on the ``sbm`` path ÷ eligible requests, where eligible
+  requests = request count × the eligible share (from value signals that carry it, else the
+  configured default).
+* **Capacity**: levels, not deltas (CONTRACT §2): the newest ``ts`` per (resource, hardware,
+  pool) wins, so a repeated or reordered message cannot corrupt state. An opportunistic level
+  whose announced expiry has passed counts as zero.
+* **Value**: sums per (segment, lever, arm) since the previous tick; they add exactly.
+  Segment request rates come from the value signals' counts (their *shares*, scaled to the
+  latency-derived total rate, so the way clients split arms cannot skew the rate).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from controllers.types import ArmStats, CapacityLevel, RegionObservation, ValueKey
+from streams.sketch import LatencySketch
+
+PATHS = ("base", "rma", "sbm")
+_CapKey = tuple[str, str, str]  # resource, hardware, pool
+
+
+@dataclass
+class _Window:
+    sketches: dict[str, LatencySketch] = field(default_factory=dict)
+    requests: int = 0
+    sbm_requests: int = 0
+    value: dict[ValueKey, ArmStats] = field(default_factory=dict)
+
+
+@dataclass
+class _CapEntry:
+    level: CapacityLevel
+    announced_at: float
+
+
+class RegionAggregator:
+    """Per-region state between control ticks. One instance serves every region."""
+
+    def __init__(self, *, alpha: float = 0.01, eligible_share: float = 1.0) -> None:
+        if not 0.0 <= eligible_share <= 1.0:
+            raise ValueError(f"eligible_share: must be in [0, 1], got {eligible_share!r}")
+        self.alpha = alpha
+        self.eligible_share = eligible_share
+        self._windows: dict[str, _Window] = {}
+        self._window_start: dict[str, float] = {}
+        self._capacity: dict[str, dict[_CapKey, _CapEntry]] = {}
+        self._last_value_ts: dict[str, float] = {}
+
+    # --- ingest ---------------------------------------------------------------------------
+    @property
+    def regions(self) -> list[str]:
+        seen = set(self._windows) | set(self._capacity)
+        return sorted(seen)
+
+    def _window(self, region: str, ts: float) -> _Window:
+        if region not in self._windows:
+            self._windows[region] = _Window()
+            self._window_start.setdefault(region, ts)
+        return self._windows[region]
+
+    def add_latency(
+        self,
+        region: str,
+        ts: float,
+        path: str,
+        count: int,
+        sketch: LatencySketch | None,
+        samples_ms: tuple[float, ...] | None,
+    ) -> None:
+        w = self._window(region, ts)
+        if sketch is None:
+            sketch = LatencySketch(self.alpha)
+            for x in samples_ms or ():
+                sketch.add(x)
+        for key in (path, "all"):
+            current = w.sketches.get(key)
+            if current is None:
+                w.sketches[key] = sketch.copy()
+            else:
+                current.merge(sketch)
+        w.requests += count
+        if path == "sbm":
+            w.sbm_requests += count
+
+    def add_capacity(self, region: str, level: CapacityLevel) -> bool:
+        """Record a level; returns False when an older message lost to a newer one."""
+        table = self._capacity.setdefault(region, {})
+        key = (level.resource, level.hardware, level.pool)
+        current = table.get(key)
+        if current is not None and current.level.ts > level.ts:
+            return False
+        table[key] = _CapEntry(level, level.ts)
+        self._windows.setdefault(region, _Window())
+        return True
+
+    def add_value(self, region: str, ts: float, key: ValueKey, stats: ArmStats) -> None:
+        w = self._window(region, ts)
+        w.value[key] = w.value.get(key, ArmStats()) + stats
+        self._last_value_ts[region] = max(ts, self._last_value_ts.get(region, ts))
+
+    # --- observe ----------------------------------------------------------------------------
+    def capacity(self, region: str, now: float) -> tuple[CapacityLevel, ...]:
+        out = []
+        for entry in self._capacity.get(region, {}).values():
+            lvl = entry.level
+            remaining = None
+            if lvl.expires_in_s is not None:
+                remaining = lvl.expires_in_s - max(0.0, now - entry.announced_at)
+                if remaining <= 0.0 and lvl.pool == "opportunistic":
+                    lvl = CapacityLevel(
+                        lvl.resource, lvl.hardware, lvl.pool, 0.0, 0.0, lvl.remote, lvl.ts
+                    )
+                    remaining = 0.0
+            out.append(
+                CapacityLevel(
+                    lvl.resource, lvl.hardware, lvl.pool, lvl.units, remaining, lvl.remote, lvl.ts
+                )
+            )
+        return tuple(sorted(out, key=lambda c: (c.resource, c.hardware, c.pool)))
+
+    def observe(self, region: str, now: float, min_window_s: float = 1e-3) -> RegionObservation:
+        """The observation for the window ending at ``now``; starts the next window."""
+        w = self._windows.pop(region, _Window())
+        start = self._window_start.get(region, now)
+        window_s = max(min_window_s, now - start)
+        self._window_start[region] = now
+        p99: dict[str, float | None] = {}
+        for key in ("all", *PATHS):
+            sk = w.sketches.get(key)
+            p99[key] = sk.quantile(0.99) if sk is not None and sk.count > 0 else None
+        request_rps = w.requests / window_s
+        seg_counts: dict[str, int] = {}
+        for (segment, _lever, _arm), stats in w.value.items():
+            seg_counts[segment] = seg_counts.get(segment, 0) + stats.n
+        total = sum(seg_counts.values())
+        segment_rps = {s: request_rps * n / total for s, n in seg_counts.items()} if total else {}
+        eligible_rps = request_rps * self.eligible_share
+        eligible = w.requests * self.eligible_share
+        coverage = (w.sbm_requests / eligible) if eligible > 0 else None
+        last_value = self._last_value_ts.get(region)
+        return RegionObservation(
+            region=region,
+            now=now,
+            window_s=window_s,
+            p99_ms=p99,
+            request_rps=request_rps,
+            eligible_rps=eligible_rps,
+            segment_rps=segment_rps,
+            capacity=self.capacity(region, now),
+            value=dict(w.value),
+            observed_coverage=None if coverage is None else min(1.0, coverage),
+            value_age_s=None if last_value is None else max(0.0, now - last_value),
+        )

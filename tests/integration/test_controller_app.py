@@ -1,0 +1,300 @@
+"""The Faust controller app on a real broker, run as a worker process (`headroom controller`).
+
+Scenario of the tests: one region with spare opportunistic CPU and accelerators announced on the
+capacity topic. Latency samples well below the SLO must make the RMA candidate target rise above
+base; samples above the SLO (some produced by kcat) must make it fall back toward base,
+monotonically. Malformed samples go to the dead-letter topic while the app runs on. After kill -9
+and a restart the app resumes from its tables: the first new target is within one rate-limit step
+of the last one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from controllers.config import ControlConfig
+from headroom.scenario_load import load_scenario
+from headroom.settings import default_scenario_path
+from streams import messages
+from streams.sketch import LatencySketch
+
+pytestmark = pytest.mark.integration
+
+REGION = "it-east"
+SLO_MS = 200.0  # the quickstart scenario's slo.p99_ms
+
+
+def _capacity(ts: float, resource: str, hardware: str, units: float, n: int) -> bytes:
+    return messages.encode(
+        messages.Capacity(
+            ts=ts,
+            region=REGION,
+            resource=resource,
+            hardware=hardware,
+            pool="opportunistic",
+            units=units,
+            expires_in_s=None,
+            reason="grant",
+            id=f"cap-{resource}-{n}",
+        )
+    )
+
+
+def _latency(ts: float, value_ms: float, count: int = 200) -> bytes:
+    sk = LatencySketch(0.01)
+    for i in range(count):
+        sk.add(value_ms * (0.6 + 0.4 * i / count))
+    return messages.encode(
+        messages.Latency(
+            ts=ts,
+            region=REGION,
+            replica="r1",
+            pool="dedicated",
+            path="base",
+            window_s=1.0,
+            count=count,
+            samples_ms=None,
+            sketch=sk,
+            inflight=4,
+            queue_ms=1.0,
+        )
+    )
+
+
+class ControllerProcess:
+    def __init__(self, bootstrap: str, prefix: str, workdir: Path) -> None:
+        self.bootstrap = bootstrap
+        self.prefix = prefix
+        self.workdir = workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = workdir / "controller.log"
+
+    def start(self) -> None:
+        env = dict(
+            os.environ, HEADROOM_CONTROLLER_DIR=str(self.workdir), HEADROOM_LOG_FORMAT="json"
+        )
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "headroom.cli",
+                "controller",
+                "--interval",
+                "1",
+                "--bootstrap",
+                self.bootstrap,
+                "--prefix",
+                self.prefix,
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=self.log.open("ab"),
+        )
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def controller(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> Iterator[ControllerProcess]:
+    proc = ControllerProcess(kafka_bootstrap, topic_prefix, tmp_path)
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+async def _collect_targets(
+    consumer: AIOKafkaConsumer, n: int, timeout_s: float
+) -> list[messages.Target]:
+    out: list[messages.Target] = []
+    deadline = time.monotonic() + timeout_s
+    while len(out) < n and time.monotonic() < deadline:
+        batch = await consumer.getmany(timeout_ms=500)
+        for records in batch.values():
+            for r in records:
+                msg = messages.decode("targets", r.value)
+                if isinstance(msg, messages.Target) and msg.region == REGION:
+                    out.append(msg)
+    return out
+
+
+def _kcat_produce(bootstrap: str, topic: str, key: str, payload: bytes) -> None:
+    subprocess.run(
+        ["kcat", "-P", "-b", bootstrap, "-t", topic, "-k", key],
+        input=payload,
+        check=True,
+        timeout=30,
+    )
+
+
+async def _feed(
+    producer: AIOKafkaProducer, prefix: str, value_ms: float, seconds: float, bad: bool = False
+) -> None:
+    end = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < end:
+        now = time.time()
+        await producer.send_and_wait(
+            f"{prefix}capacity", _capacity(now, "cpu", "any", 16.0, n), key=REGION.encode()
+        )
+        await producer.send_and_wait(
+            f"{prefix}capacity",
+            _capacity(now, "accelerator", "gpu-b", 4.0, n),
+            key=REGION.encode(),
+        )
+        await producer.send_and_wait(
+            f"{prefix}latency", _latency(now, value_ms), key=REGION.encode()
+        )
+        if bad:
+            await producer.send_and_wait(
+                f"{prefix}latency", b'{"v":1,"ts":"soon"}', key=REGION.encode()
+            )
+        n += 1
+        await asyncio.sleep(0.25)
+
+
+def _rate_limit_step() -> int:
+    config = ControlConfig.from_scenario(load_scenario(default_scenario_path()), interval_s=1.0)
+    span = config.max_candidates - config.base_candidates
+    step = max(config.pid.max_step_up, config.pid.max_step_down)
+    return max(1, round(step * span))
+
+
+async def test_candidate_target_rises_when_fast_and_falls_monotonically_when_slow(
+    controller: ControllerProcess, kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    consumer = AIOKafkaConsumer(
+        f"{topic_prefix}targets", bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest"
+    )
+    await producer.start()
+    await consumer.start()
+    try:
+        # Fast samples and spare capacity: the target rises above base.
+        await _feed(producer, topic_prefix, value_ms=0.3 * SLO_MS, seconds=14.0)
+        rising = await _collect_targets(consumer, 50, timeout_s=3.0)
+        assert rising, "the controller published no target"
+        base = rising[-1].rma.base
+        assert rising[-1].rma.candidates > base, [t.rma.candidates for t in rising]
+
+        # Slow samples (one batch produced by kcat, a third-party client): the target falls
+        # toward base, never rising on the way.
+        _kcat_produce(
+            kafka_bootstrap, f"{topic_prefix}latency", REGION, _latency(time.time(), 3 * SLO_MS)
+        )
+        peak_epoch = rising[-1].epoch
+        await _feed(producer, topic_prefix, value_ms=2.5 * SLO_MS, seconds=14.0)
+        falling = [
+            t for t in await _collect_targets(consumer, 50, timeout_s=3.0) if t.epoch > peak_epoch
+        ]
+        values = [t.rma.candidates for t in falling]
+        assert len(values) >= 5, values
+        assert all(b <= a for a, b in itertools.pairwise(values)), values
+        assert values[-1] < rising[-1].rma.candidates
+        assert values[-1] <= base + _rate_limit_step(), values
+    finally:
+        await consumer.stop()
+        await producer.stop()
+
+
+async def test_malformed_samples_are_deadlettered_while_the_app_runs_on(
+    controller: ControllerProcess, kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    targets = AIOKafkaConsumer(
+        f"{topic_prefix}targets", bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest"
+    )
+    dead = AIOKafkaConsumer(
+        f"{topic_prefix}deadletter", bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest"
+    )
+    await producer.start()
+    await targets.start()
+    await dead.start()
+    try:
+        _kcat_produce(kafka_bootstrap, f"{topic_prefix}latency", REGION, b"not json at all")
+        await _feed(producer, topic_prefix, value_ms=0.3 * SLO_MS, seconds=8.0, bad=True)
+        letters: list[messages.DeadLetter] = []
+        deadline = time.monotonic() + 10
+        while len(letters) < 2 and time.monotonic() < deadline:
+            for records in (await dead.getmany(timeout_ms=500)).values():
+                for r in records:
+                    m = messages.decode("deadletter", r.value)
+                    assert isinstance(m, messages.DeadLetter)
+                    letters.append(m)
+        assert len(letters) >= 2
+        assert all(dl.topic == f"{topic_prefix}latency" for dl in letters)
+        assert any("ts" in dl.error for dl in letters), [dl.error for dl in letters]
+        # ... and the app kept issuing targets after the bad input.
+        issued = await _collect_targets(targets, 3, timeout_s=10.0)
+        assert len(issued) >= 3
+    finally:
+        await dead.stop()
+        await targets.stop()
+        await producer.stop()
+
+
+async def test_kill9_restart_resumes_within_one_rate_limit_step(
+    controller: ControllerProcess, kafka_bootstrap: str, topic_prefix: str
+) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    consumer = AIOKafkaConsumer(
+        f"{topic_prefix}targets", bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest"
+    )
+    await producer.start()
+    await consumer.start()
+    try:
+        await _feed(producer, topic_prefix, value_ms=0.3 * SLO_MS, seconds=10.0)
+        before = await _collect_targets(consumer, 50, timeout_s=3.0)
+        assert before
+        assert before[-1].rma.candidates > before[-1].rma.base
+        controller.kill9()
+        last = before[-1]
+        controller.start()
+        # Keep the inputs flowing while the new worker joins and recovers its tables.
+        feeding = asyncio.create_task(
+            _feed(producer, topic_prefix, value_ms=0.3 * SLO_MS, seconds=25.0)
+        )
+        after: list[messages.Target] = []
+        deadline = time.monotonic() + 30
+        while not after and time.monotonic() < deadline:
+            after = [
+                t
+                for t in await _collect_targets(consumer, 1, timeout_s=1.0)
+                if t.epoch > last.epoch
+            ]
+        feeding.cancel()
+        assert after, "the restarted controller published no target"
+        first = after[0]
+        assert abs(first.rma.candidates - last.rma.candidates) <= _rate_limit_step(), (
+            last.rma.candidates,
+            first.rma.candidates,
+        )
+    finally:
+        await consumer.stop()
+        await producer.stop()
