@@ -45,7 +45,7 @@ import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -55,6 +55,7 @@ from streams.codec import ValidationError
 __all__ = [
     "DEFAULT_ALPHA",
     "MAX_BINS",
+    "MIN_ALPHA",
     "LatencySketch",
     "bin_keys",
     "bin_values",
@@ -63,9 +64,14 @@ __all__ = [
 
 DEFAULT_ALPHA: Final = 0.01  # CONTRACT §2's example; 1 % is DDSketch's customary default
 MAX_BINS: Final = 100_000  # CONTRACT §2: no list or map over 100,000 items
+# Below 1e-6 the accuracy promise is meaningless for latencies (a nanosecond in a millisecond)
+# and gamma - 1 nears the rounding error of doubles; it also bounds the key range (±3.7e8).
+MIN_ALPHA: Final = 1e-6
 _MAX_COUNT: Final = (1 << 63) - 1  # counts travel as JSON integers that orjson keeps as int64
 _MIN_POSITIVE: Final = math.ulp(0.0)  # 5e-324, the smallest positive double
-_INT_KEY = re.compile(r"-?(?:0|[1-9][0-9]*)\Z")  # canonical decimal integers only
+# Canonical decimal integers only ("372", "-5"; not "+5", "05", " 5"), at most 19 digits: a key
+# of a finite double is at most a few million even for alpha = 1e-5.
+_INT_KEY = re.compile(r"-?(?:0|[1-9][0-9]{0,18})\Z")
 # add_many counts keys with numpy.bincount over [kmin, kmax] when that span is at most this many
 # slots beyond the batch size (a cheap linear pass), and with numpy.unique (a sort) otherwise.
 _DENSE_SLACK: Final = 4096
@@ -75,8 +81,8 @@ def _check_alpha(alpha: object) -> float:
     if isinstance(alpha, bool) or not isinstance(alpha, int | float):
         raise ValueError(f"alpha must be a number, got {type(alpha).__name__}")
     value = float(alpha)
-    if not (0.0 < value < 1.0):
-        raise ValueError(f"alpha must lie in (0, 1), got {alpha!r}")
+    if not (MIN_ALPHA <= value < 1.0):
+        raise ValueError(f"alpha must lie in [{MIN_ALPHA:g}, 1), got {alpha!r}")
     return value
 
 
@@ -88,7 +94,8 @@ class _Mapping:
     def __init__(self, alpha: float) -> None:
         self.alpha = alpha
         self.gamma = (1.0 + alpha) / (1.0 - alpha)
-        self.ln_gamma = math.log(self.gamma)
+        # log1p keeps ln gamma accurate for small alpha (gamma - 1 = 2 alpha / (1 - alpha)).
+        self.ln_gamma = math.log1p(2.0 * alpha / (1.0 - alpha))
         self.inv_ln_gamma = 1.0 / self.ln_gamma
         self.ln_scale = math.log(2.0 / (1.0 + self.gamma))  # ln(1 - alpha)
         # The keys that finite positive doubles can reach: anything outside is not a sketch of
@@ -392,9 +399,10 @@ class LatencySketch:
 
     def to_dict(self) -> dict[str, Any]:
         """The contract form; bin keys as decimal strings, in ascending key order."""
+        keys = sorted(self._bins)
         return {
             "alpha": self._m.alpha,
-            "bins": {str(k): self._bins[k] for k in sorted(self._bins)},
+            "bins": dict(zip(_key_texts(keys), map(self._bins.__getitem__, keys), strict=True)),
             "zeros": self._zeros,
         }
 
@@ -427,33 +435,84 @@ class LatencySketch:
                 f"{field}.bins", f"has {len(raw_bins):,} bins, over the limit of {MAX_BINS:,}"
             )
         m = _mapping(alpha)
-        lo, hi = m.key_min, m.key_max
-        bins: dict[int, int] = {}
-        total = zeros
-        match = _INT_KEY.match
-        for skey, c in raw_bins.items():
-            if type(c) is not int or c < 0 or c > _MAX_COUNT:
-                raise ValidationError(f"{field}.bins.{skey}", _count_reason(c))
-            if type(skey) is not str or match(skey) is None:
-                raise ValidationError(
-                    f"{field}.bins.{skey}", 'bin keys must be decimal integers such as "372"'
-                )
-            key = int(skey)
-            if not lo <= key <= hi:
-                raise ValidationError(
-                    f"{field}.bins.{skey}",
-                    f"key out of the range of finite positive values for alpha {alpha} "
-                    f"([{lo}, {hi}])",
-                )
-            if c:
-                bins[key] = c
-                total += c
+        bins = _parse_bins(raw_bins, m, field)
+        total = zeros + sum(bins.values())
         out = cls.__new__(cls)
         out._m = m
         out._bins = bins
         out._zeros = zeros
         out._count = total
         return out
+
+
+# Parsed bin keys, canonical decimal string → int. A pure memo (it only ever holds what
+# _INT_KEY accepts, mapped to int()), bounded, and invisible to callers: it saves the int() and
+# canonical-form checks that dominate decoding a sketch, since one fleet's latencies reuse the
+# same few hundred keys.
+_KEY_MEMO: dict[str, int] = {}
+_KEY_TEXT: dict[int, str] = {}  # the same memo, int → str, for to_dict
+_KEY_MEMO_MAX: Final = 1 << 16
+
+
+def _key_texts(keys: list[int]) -> list[str]:
+    texts = list(map(_KEY_TEXT.get, keys))
+    if None not in texts:
+        return cast(list[str], texts)
+    out = list(map(str, keys))
+    if len(_KEY_MEMO) < _KEY_MEMO_MAX:
+        for key, text in zip(keys, out, strict=True):
+            _KEY_MEMO[text] = key
+            _KEY_TEXT[key] = text
+    return out
+
+
+def _parse_bins(raw: Mapping[Any, Any], m: _Mapping, field: str) -> dict[int, int]:
+    """Validate ``{"372": 10, ...}`` into ``{372: 10}`` (empty bins dropped).
+
+    The fast path runs C-level loops over the whole map (memo look-ups, a type set, min/max);
+    only when it finds something wrong does the slow path walk the bins one by one, naming the
+    first bad one.
+    """
+    memo = list(map(_KEY_MEMO.get, raw))
+    keys = _slow_keys(raw, m, field) if None in memo else cast(list[int], memo)
+    counts = list(raw.values())
+    if counts and not (
+        set(map(type, counts)) == {int}
+        and min(counts) >= 0
+        and max(counts) <= _MAX_COUNT
+        and min(keys) >= m.key_min
+        and max(keys) <= m.key_max
+    ):
+        _slow_keys(raw, m, field)  # raises, naming the bin
+        raise AssertionError("unreachable: the fast path refused bins the slow path accepts")
+    bins: dict[int, int] = dict(zip(keys, counts, strict=True))
+    if 0 in counts:
+        bins = {k: c for k, c in bins.items() if c}
+    return bins
+
+
+def _slow_keys(raw: Mapping[Any, Any], m: _Mapping, field: str) -> list[int]:
+    match = _INT_KEY.match
+    keys: list[int] = []
+    for skey, c in raw.items():
+        if type(c) is not int or c < 0 or c > _MAX_COUNT:
+            raise ValidationError(f"{field}.bins.{skey}", _count_reason(c))
+        if type(skey) is not str or match(skey) is None:
+            raise ValidationError(
+                f"{field}.bins.{skey}", 'bin keys must be decimal integers such as "372"'
+            )
+        key = int(skey)
+        if not m.key_min <= key <= m.key_max:
+            raise ValidationError(
+                f"{field}.bins.{skey}",
+                f"key out of the range of finite positive values for alpha {m.alpha} "
+                f"([{m.key_min}, {m.key_max}])",
+            )
+        if len(_KEY_MEMO) < _KEY_MEMO_MAX:
+            _KEY_MEMO[skey] = key
+            _KEY_TEXT[key] = skey
+        keys.append(key)
+    return keys
 
 
 def _type_name(value: object) -> str:

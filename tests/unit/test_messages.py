@@ -455,7 +455,7 @@ INVALID = [
     ("latency", "path", "precompute", "base, rma, sbm"),
     ("latency", "inflight", -3, "non-negative"),
     ("latency", "samples_ms", "41.2", "list"),
-    ("latency", "sketch.alpha", 1.5, "(0, 1)"),
+    ("latency", "sketch.alpha", 1.5, "1)"),
     ("latency", "sketch.zeros", -1, "non-negative"),
     ("requests", "eligible", 1, "true or false"),
     ("requests", "value", -0.5, ">= 0"),

@@ -205,7 +205,7 @@ def test_add_many_checks_counts() -> None:
     assert sketch.count == 0
 
 
-@pytest.mark.parametrize("alpha", [0.0, 1.0, -0.1, math.nan, True, "0.01"])
+@pytest.mark.parametrize("alpha", [0.0, 1.0, -0.1, 1e-114, 9e-7, math.nan, True, "0.01"])
 def test_alpha_must_lie_strictly_between_0_and_1(alpha: Any) -> None:
     with pytest.raises(ValueError, match="alpha"):
         LatencySketch(alpha)
@@ -263,7 +263,8 @@ def test_copy_is_independent_and_sketches_are_unhashable() -> None:
     [
         ([], "sketch", "object"),
         ({"bins": {}, "zeros": 0}, "sketch.alpha", "missing"),
-        ({"alpha": 2.0, "bins": {}}, "sketch.alpha", "(0, 1)"),
+        ({"alpha": 2.0, "bins": {}}, "sketch.alpha", "1)"),
+        ({"alpha": 1e-300, "bins": {}}, "sketch.alpha", "[1e-06, 1)"),
         ({"alpha": "0.01", "bins": {}}, "sketch.alpha", "number"),
         ({"alpha": True, "bins": {}}, "sketch.alpha", "number"),
         ({"alpha": 0.01}, "sketch.bins", "missing"),
@@ -319,3 +320,12 @@ def test_extreme_keys_give_finite_quantiles() -> None:
     assert math.isfinite(low)
     assert math.isfinite(high)
     assert high == pytest.approx(1.7976931348623157e308, rel=0.01)
+
+
+def test_key_range_depends_on_alpha_even_for_keys_seen_before() -> None:
+    # 5000 is a fine key at alpha = 1 % (≈ 1.4e43) but past the largest double at alpha = 50 %.
+    assert len(LatencySketch.from_dict({"alpha": 0.01, "bins": {"5000": 1}})) == 1
+    with pytest.raises(ValidationError) as info:
+        LatencySketch.from_dict({"alpha": 0.5, "bins": {"5000": 1}})
+    assert info.value.field == "sketch.bins.5000"
+    assert "range" in info.value.reason
