@@ -189,16 +189,18 @@ def solve_lp(
 class Allocation:
     """The allocator's decision for one region."""
 
-    shares: tuple[LeverShare, ...]
+    shares: tuple[LeverShare, ...]  # one per (lever, accelerator type) with a non-zero slice
     rates: Mapping[str, float]  # units of work per second per lever
     budgets: Mapping[str, tuple[float, float]]  # (cpu cores, accelerator devices) per lever
     estimates: Mapping[str, ValueEstimate]
     fallback: FallbackReason | None
     cap_bound: tuple[str, ...]  # levers whose per-pool cap was binding
-    explored: tuple[str, ...]  # levers that got an exploration share
-    safe_cpu: float
-    safe_accelerator: float
-    pools: tuple[Pool, ...] = field(default=())
+    explored: tuple[str, ...]  # levers that got an exploration (or fallback) share
+    safe_cpu: float  # usable opportunistic cores after the safety margin
+    safe_accelerator: float  # usable opportunistic devices after the safety margin
+    pools: tuple[Pool, ...] = ()
+    # (lever, index into pools, units of that pool's resource used)
+    pool_use: tuple[tuple[str, int, float], ...] = ()
 
     def budget(self, lever: str) -> tuple[float, float]:
         return self.budgets.get(lever, (0.0, 0.0))
@@ -222,6 +224,17 @@ class _Var:
     scale: float  # units of work per unit of the scaled variable (1 / dominant cost)
 
 
+@dataclass(slots=True)
+class _Acc:
+    """What the LPs of one call have allocated so far."""
+
+    left: list[float]  # capacity left per pool
+    budgets: dict[str, list[float]] = field(default_factory=dict)
+    rates: dict[str, float] = field(default_factory=dict)
+    per_hw: dict[tuple[str, str | None], list[float]] = field(default_factory=dict)
+    pool_use: dict[tuple[str, int], float] = field(default_factory=dict)
+
+
 class Allocator:
     """Stateless: every call solves the region's split afresh from what it is given."""
 
@@ -242,29 +255,36 @@ class Allocator:
             return False
         return pool.resource != "accelerator" or lever.can_use_accelerator(pool.hardware)
 
-    def _variables(self, lever: Lever, pools: Sequence[Pool]) -> list[_Var]:
+    def _variables(self, lever: Lever, pools: Sequence[Pool], usable: Sequence[bool]) -> list[_Var]:
         cost = lever.unit_cost()
         need_cpu = cost.cpu_s > 0.0
         need_acc = cost.accelerator_s > 0.0
         if not (need_cpu or need_acc):
-            return []
+            return []  # free work needs no capacity: nothing to allocate
         dominant = max(cost.cpu_s, cost.accelerator_s)
-        cpu = cost.cpu_s / dominant
-        acc = cost.accelerator_s / dominant
         cpu_pools: list[int | None] = [None]
         acc_pools: list[int | None] = [None]
         if need_cpu:
             cpu_pools = [
-                i for i, p in enumerate(pools) if p.resource == "cpu" and self.eligible(lever, p)
+                i
+                for i, p in enumerate(pools)
+                if usable[i] and p.resource == "cpu" and self.eligible(lever, p)
             ]
         if need_acc:
             acc_pools = [
                 i
                 for i, p in enumerate(pools)
-                if p.resource == "accelerator" and self.eligible(lever, p)
+                if usable[i] and p.resource == "accelerator" and self.eligible(lever, p)
             ]
         return [
-            _Var(lever.name, ci, ai, cpu, acc, 1.0 / dominant)
+            _Var(
+                lever.name,
+                ci,
+                ai,
+                cost.cpu_s / dominant,
+                cost.accelerator_s / dominant,
+                1.0 / dominant,
+            )
             for ci in cpu_pools
             for ai in acc_pools
         ]
@@ -277,6 +297,7 @@ class Allocator:
         book: ValueBook,
         value_age_s: float | None,
     ) -> Allocation:
+        """Split the region's opportunistic ``capacity`` (see the module docstring)."""
         s = self.settings
         pools = pools_from_capacity(capacity, now, s.safety_margin)
         usable = [p.units >= s.min_pool_units for p in pools]
@@ -286,52 +307,43 @@ class Allocator:
         safe_acc = sum(
             p.units for p, u in zip(pools, usable, strict=True) if u and p.resource == "accelerator"
         )
-        z = self.value.lcb_z
         estimates = {
-            lever.name: lever.estimate(book, ctx, z, self.value.min_samples)
+            lever.name: lever.estimate(book, ctx, self.value.lcb_z, self.value.min_samples)
             for lever in self.levers
         }
-        # levers that could run at all: demand and at least one usable variable
+        # levers that could run at all: positive demand and at least one usable variable
         variables: dict[str, list[_Var]] = {}
         demand: dict[str, float] = {}
-        usable_pools = [p if u else _empty(p) for p, u in zip(pools, usable, strict=True)]
         for lever in self.levers:
             d = lever.demand(ctx)
             if not (d > 0.0 and math.isfinite(d)):
                 continue
-            vs = [
-                v
-                for v in self._variables(lever, usable_pools)
-                if (v.cpu_pool is None or usable[v.cpu_pool])
-                and (v.acc_pool is None or usable[v.acc_pool])
-            ]
+            vs = self._variables(lever, pools, usable)
             if vs:
                 variables[lever.name] = vs
                 demand[lever.name] = d
+        acc = _Acc(left=[p.units if u else 0.0 for p, u in zip(pools, usable, strict=True)])
 
-        def result(
-            budgets: dict[str, list[float]],
-            rates: dict[str, float],
-            per_hw: dict[tuple[str, str | None], list[float]],
+        def done(
             fallback: FallbackReason | None,
             cap_bound: Iterable[str] = (),
             explored: Iterable[str] = (),
         ) -> Allocation:
             shares = []
-            for (name, hw), (cpu, acc) in sorted(
-                per_hw.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")
+            for (name, hw), (cpu, a) in sorted(
+                acc.per_hw.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")
             ):
-                if cpu <= 0.0 and acc <= 0.0:
+                if cpu <= 0.0 and a <= 0.0:
                     continue
                 est = estimates[name]
                 cost = self.levers[name].unit_cost()
                 dominant = max(cost.cpu_s, cost.accelerator_s)
                 lcb = est.lcb / dominant if est.known else 0.0
-                shares.append(LeverShare(name, cpu, acc, hw, lcb))
+                shares.append(LeverShare(name, cpu, a, hw, lcb))
             return Allocation(
                 shares=tuple(shares),
-                rates=rates,
-                budgets={k: (v[0], v[1]) for k, v in budgets.items()},
+                rates=dict(acc.rates),
+                budgets={k: (v[0], v[1]) for k, v in acc.budgets.items()},
                 estimates=estimates,
                 fallback=fallback,
                 cap_bound=tuple(sorted(set(cap_bound))),
@@ -339,20 +351,14 @@ class Allocator:
                 safe_cpu=safe_cpu,
                 safe_accelerator=safe_acc,
                 pools=tuple(pools),
+                pool_use=tuple((k[0], k[1], v) for k, v in sorted(acc.pool_use.items())),
             )
 
-        budgets: dict[str, list[float]] = {}
-        rates: dict[str, float] = {}
-        per_hw: dict[tuple[str, str | None], list[float]] = {}
         if not any(usable):
-            reason = (
-                FallbackReason.BELOW_SAFETY_MARGIN
-                if any(p.announced > 0.0 for p in pools)
-                else None
-            )
-            return result(budgets, rates, per_hw, reason)
+            announced = any(p.announced > 0.0 for p in pools)
+            return done(FallbackReason.BELOW_SAFETY_MARGIN if announced else None)
         if not variables:
-            return result(budgets, rates, per_hw, None)
+            return done(None)
 
         # which fallback, if any
         fallback: FallbackReason | None = None
@@ -366,39 +372,16 @@ class Allocator:
         elif not proven and hopeful:
             fallback = FallbackReason.UNCERTAIN_VALUE
 
-        capacity_left = [p.units if u else 0.0 for p, u in zip(pools, usable, strict=True)]
         if fallback is not None:
-            names = hopeful if fallback is not FallbackReason.NO_VALUE else list(variables)
-            self._flat(
-                names,
-                variables,
-                demand,
-                pools,
-                capacity_left,
-                s.fallback_share,
-                budgets,
-                rates,
-                per_hw,
-            )
-            return result(budgets, rates, per_hw, fallback, explored=names)
+            names = list(variables) if fallback is FallbackReason.NO_VALUE else hopeful
+            self._flat(names, variables, demand, pools, acc, s.fallback_share)
+            return done(fallback, explored=names)
 
         explore = [n for n in hopeful if n not in proven]
         if explore and s.explore_share > 0.0:
-            self._flat(
-                explore,
-                variables,
-                demand,
-                pools,
-                capacity_left,
-                s.explore_share,
-                budgets,
-                rates,
-                per_hw,
-            )
-        cap_bound = self._optimise(
-            proven, variables, demand, estimates, pools, capacity_left, budgets, rates, per_hw
-        )
-        return result(budgets, rates, per_hw, None, cap_bound, explore)
+            self._flat(explore, variables, demand, pools, acc, s.explore_share)
+        cap_bound = self._optimise(proven, variables, demand, estimates, pools, acc)
+        return done(None, cap_bound, explore)
 
     # -- the two LPs -----------------------------------------------------------------------
 
@@ -408,17 +391,14 @@ class Allocator:
         variables: Mapping[str, list[_Var]],
         demand: Mapping[str, float],
         pools: Sequence[Pool],
-        capacity_left: list[float],
+        acc: _Acc,
         share: float,
-        budgets: dict[str, list[float]],
-        rates: dict[str, float],
-        per_hw: dict[tuple[str, str | None], list[float]],
     ) -> None:
         """Equal parts of ``share`` of every pool to ``names``: the LP with a flat value per
-        resource unit and a cap of 1/k of the scaled pool for each of the k levers on it."""
+        resource unit and each of the k levers on a pool capped at 1/k of its share."""
         if share <= 0.0 or not names:
             return
-        cap_pool = [c * share for c in capacity_left]
+        limits = [c * share for c in acc.left]
         users = [0] * len(pools)
         for n in names:
             touched: set[int] = set()
@@ -426,21 +406,18 @@ class Allocator:
                 touched.update(i for i in (v.cpu_pool, v.acc_pool) if i is not None)
             for i in touched:
                 users[i] += 1
-        caps = {n: 1.0 for n in names}
-        cap_of_pool = [cap_pool[i] / users[i] if users[i] else 0.0 for i in range(len(pools))]
+        cap_units = [limits[i] / users[i] if users[i] else 0.0 for i in range(len(pools))]
         self._solve(
             names,
             variables,
             demand,
-            {n: 1.0 for n in names},
+            dict.fromkeys(names, 1.0),
             pools,
-            cap_pool,
-            capacity_left,
-            caps,
-            budgets,
-            rates,
-            per_hw,
-            cap_units=cap_of_pool,
+            limits,
+            acc,
+            caps=dict.fromkeys(names, 1.0),
+            cap_units=cap_units,
+            contested=None,
         )
 
     def _optimise(
@@ -450,40 +427,32 @@ class Allocator:
         demand: Mapping[str, float],
         estimates: Mapping[str, ValueEstimate],
         pools: Sequence[Pool],
-        capacity_left: list[float],
-        budgets: dict[str, list[float]],
-        rates: dict[str, float],
-        per_hw: dict[tuple[str, str | None], list[float]],
+        acc: _Acc,
     ) -> list[str]:
         if not names:
             return []
-        # value per scaled unit = value per unit of work / dominant cost
         values = {}
         for n in names:
             cost = self.levers[n].unit_cost()
+            # value per scaled unit = value per unit of work × units per scaled unit
             values[n] = estimates[n].lcb * max(cost.cpu_s, cost.accelerator_s)
-        caps = {n: self.settings.cap(n) for n in names}
-        # a cap binds only on pools another registered lever could also use
-        contested = [False] * len(pools)
+        # a cap binds only on pools another lever that could run here could also use
+        contested = []
         for i in range(len(pools)):
             users = sum(
-                1 for n in variables if any(i in (v.cpu_pool, v.acc_pool) for v in variables[n])
+                1 for vs in variables.values() if any(i in (v.cpu_pool, v.acc_pool) for v in vs)
             )
-            contested[i] = users >= 2
-        cap_units = [p.units for p in pools]
+            contested.append(users >= 2)
         return self._solve(
             names,
             variables,
             demand,
             values,
             pools,
-            list(capacity_left),
-            capacity_left,
-            caps,
-            budgets,
-            rates,
-            per_hw,
-            cap_units=cap_units,
+            list(acc.left),
+            acc,
+            caps={n: self.settings.cap(n) for n in names},
+            cap_units=[p.units for p in pools],
             contested=contested,
         )
 
@@ -495,98 +464,80 @@ class Allocator:
         values: Mapping[str, float],
         pools: Sequence[Pool],
         limits: Sequence[float],
-        capacity_left: list[float],
-        caps: Mapping[str, float],
-        budgets: dict[str, list[float]],
-        rates: dict[str, float],
-        per_hw: dict[tuple[str, str | None], list[float]],
+        acc: _Acc,
         *,
+        caps: Mapping[str, float],
         cap_units: Sequence[float],
-        contested: Sequence[bool] | None = None,
+        contested: Sequence[bool] | None,
     ) -> list[str]:
-        """Build and solve one LP; add its allocation to the accumulators; subtract what it used
-        from ``capacity_left``; return the levers whose cap row was tight."""
-        vs: list[_Var] = []
-        for n in names:
-            if values[n] > 0.0:
-                vs.extend(variables[n])
+        """Build and solve one LP and add its solution to ``acc``; returns the levers whose
+        cap row was tight. ``contested=None`` puts a cap row on every (lever, pool)."""
+        vs = [v for n in names if values[n] > 0.0 for v in variables[n]]
         if not vs:
             return []
         npool = len(limits)
         rows: list[list[float]] = []
         rhs: list[float] = []
-        kinds: list[tuple[str, str, int]] = []
-        for i in range(npool):
+        cap_rows: list[tuple[int, str]] = []  # (row index, lever)
+
+        def pool_row(i: int, lever: str | None) -> list[float]:
             row = [0.0] * len(vs)
             for j, v in enumerate(vs):
+                if lever is not None and v.lever != lever:
+                    continue
                 if v.cpu_pool == i:
                     row[j] += v.cpu
                 if v.acc_pool == i:
                     row[j] += v.acc
+            return row
+
+        for i in range(npool):
+            row = pool_row(i, None)
             if any(row):
                 rows.append(row)
                 rhs.append(max(limits[i], 0.0))
-                kinds.append(("pool", "", i))
         for n in dict.fromkeys(v.lever for v in vs):
             # every variable of a lever has the same scale (work units per scaled unit), so the
             # demand row Σ x·scale ≤ D is written Σ x ≤ D / scale, in resource units like the rest
-            lever_vars = [v for v in vs if v.lever == n]
+            scale = next(v.scale for v in vs if v.lever == n)
             rows.append([1.0 if v.lever == n else 0.0 for v in vs])
-            rhs.append(demand[n] / lever_vars[0].scale)
-            kinds.append(("demand", n, -1))
+            rhs.append(demand[n] / scale)
             cap = caps.get(n, 1.0)
+            if contested is not None and cap >= 1.0:
+                continue
             for i in range(npool):
                 if contested is not None and not contested[i]:
                     continue
-                if contested is not None and cap >= 1.0:
-                    continue
-                row = [0.0] * len(vs)
-                for j, v in enumerate(vs):
-                    if v.lever != n:
-                        continue
-                    if v.cpu_pool == i:
-                        row[j] += v.cpu
-                    if v.acc_pool == i:
-                        row[j] += v.acc
+                row = pool_row(i, n)
                 if any(row):
+                    cap_rows.append((len(rows), n))
                     rows.append(row)
                     rhs.append(max(cap * cap_units[i], 0.0))
-                    kinds.append(("cap", n, i))
         a = np.array(rows)
         b = np.array(rhs)
-        c = [values[v.lever] for v in vs]
-        x, _ = solve_lp(c, a, b)
+        x, _ = solve_lp([values[v.lever] for v in vs], a, b)
         used = a @ x
-        bound = []
-        for r, (kind, n, _i) in enumerate(kinds):
-            if (
-                kind == "cap"
-                and contested is not None
-                and used[r] >= b[r] * (1.0 - 1e-7)
-                and b[r] > 0
-            ):
-                bound.append(n)
+        bound = [n for r, n in cap_rows if b[r] > 0.0 and used[r] >= b[r] * (1.0 - 1e-7)]
         for j, v in enumerate(vs):
             xj = float(x[j])
             if xj <= 0.0:
                 continue
             cpu = xj * v.cpu
-            acc = xj * v.acc
+            a_ = xj * v.acc
             if v.cpu_pool is not None:
-                capacity_left[v.cpu_pool] = max(capacity_left[v.cpu_pool] - cpu, 0.0)
+                acc.left[v.cpu_pool] = max(acc.left[v.cpu_pool] - cpu, 0.0)
+                key = (v.lever, v.cpu_pool)
+                acc.pool_use[key] = acc.pool_use.get(key, 0.0) + cpu
             if v.acc_pool is not None:
-                capacity_left[v.acc_pool] = max(capacity_left[v.acc_pool] - acc, 0.0)
-            bud = budgets.setdefault(v.lever, [0.0, 0.0])
+                acc.left[v.acc_pool] = max(acc.left[v.acc_pool] - a_, 0.0)
+                key = (v.lever, v.acc_pool)
+                acc.pool_use[key] = acc.pool_use.get(key, 0.0) + a_
+            bud = acc.budgets.setdefault(v.lever, [0.0, 0.0])
             bud[0] += cpu
-            bud[1] += acc
-            rates[v.lever] = rates.get(v.lever, 0.0) + xj * v.scale
+            bud[1] += a_
+            acc.rates[v.lever] = acc.rates.get(v.lever, 0.0) + xj * v.scale
             hw = None if v.acc_pool is None else pools[v.acc_pool].hardware
-            key = (v.lever, hw)
-            acc_hw = per_hw.setdefault(key, [0.0, 0.0])
-            acc_hw[0] += cpu
-            acc_hw[1] += acc
+            slot = acc.per_hw.setdefault((v.lever, hw), [0.0, 0.0])
+            slot[0] += cpu
+            slot[1] += a_
         return bound
-
-
-def _empty(p: Pool) -> Pool:
-    return Pool(p.resource, p.hardware, 0.0, p.announced, p.remote, p.lifetime_s)

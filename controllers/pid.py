@@ -214,19 +214,22 @@ class RmaController:
     def candidates(self) -> int:
         return self.base + math.floor(self.pid.state.output * self.span + 1e-9)
 
-    def budget_cap(self, request_rps: float, budget_cpu: float, budget_accelerator: float) -> float:
-        """Largest output share the RMA budget pays for at this request rate."""
+    def budget_extra(
+        self, request_rps: float, budget_cpu: float, budget_accelerator: float
+    ) -> float:
+        """Most extra candidates per request the RMA budget pays for (0 to span)."""
         if self.span <= 0 or budget_cpu <= 0.0 or budget_accelerator <= 0.0:
             return 0.0
         if request_rps <= 0.0:
-            return 1.0
+            return float(self.span)
         unit = self.costs.rma_per_candidate
-        extra = math.inf
+        extra = float(self.span)
+        # divide in this order so a tiny rate overflows to inf instead of dividing by zero
         if unit.cpu_s > 0.0:
-            extra = min(extra, budget_cpu / (request_rps * unit.cpu_s))
+            extra = min(extra, budget_cpu / unit.cpu_s / request_rps)
         if unit.accelerator_s > 0.0:
-            extra = min(extra, budget_accelerator / (request_rps * unit.accelerator_s))
-        return min(extra / self.span, 1.0)
+            extra = min(extra, budget_accelerator / unit.accelerator_s / request_rps)
+        return extra
 
     def track(self, candidates: float) -> None:
         """Bumpless: continue from ``candidates`` (e.g. base after clients fell back)."""
@@ -242,8 +245,10 @@ class RmaController:
         budget_cpu: float,
         budget_accelerator: float,
     ) -> RmaResult:
-        cap = self.budget_cap(request_rps, budget_cpu, budget_accelerator)
-        cap_candidates = self.base + math.floor(cap * self.span)
+        extra = self.budget_extra(request_rps, budget_cpu, budget_accelerator)
+        cap = extra / self.span if self.span > 0 else 0.0
+        # 1e-9 absorbs the rounding of budget/cost (49.999999999 -> 50), far below a candidate
+        cap_candidates = self.base + math.floor(extra + 1e-9)
         st = self.pid.state
         prev = st.output
         if p99_ms is None or not math.isfinite(p99_ms) or p99_ms < 0.0:
@@ -254,7 +259,7 @@ class RmaController:
             limit = RmaLimit.HOLD if u == prev else RmaLimit.BUDGET
             if cap <= 0.0:
                 limit = RmaLimit.NO_BUDGET
-            return RmaResult(self._candidates(u, cap), limit, cap_candidates, u)
+            return RmaResult(self._candidates(u, cap_candidates), limit, cap_candidates, u)
         ratio = p99_ms / self.setpoint_ms
         ratio = min(ratio, self.settings.max_overload_ratio)
         error = 1.0 - ratio
@@ -279,12 +284,11 @@ class RmaController:
             limit = RmaLimit.MAX
         else:
             limit = RmaLimit.PID
-        return RmaResult(self._candidates(u, cap), limit, cap_candidates, u)
+        return RmaResult(self._candidates(u, cap_candidates), limit, cap_candidates, u)
 
-    def _candidates(self, u: float, cap: float) -> int:
+    def _candidates(self, u: float, cap_candidates: int) -> int:
         n = self.base + math.floor(u * self.span + 1e-9)
-        cap_n = self.base + math.floor(cap * self.span)  # no slack: the budget is a hard cap
-        return max(self.base, min(n, cap_n, self.max))
+        return max(self.base, min(n, cap_candidates, self.max))
 
     def snapshot(self) -> dict[str, Any]:
         return self.pid.snapshot()
