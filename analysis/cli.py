@@ -42,8 +42,8 @@ def analyze(args: argparse.Namespace) -> int:
     acc = MetricsAccumulator()
     for event in log:
         acc.add(event)
-    metrics = acc.result()
     print(f"analyze: {log.stats.summary()}", file=sys.stderr)
+    metrics = acc.result()
 
     metrics_path = write_metrics(metrics, out_dir / "metrics.json")
     print(format_table(metrics))

@@ -399,6 +399,12 @@ def _plain_ticks(axis: Any) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
+def _legend(ax: Any, **kwargs: Any) -> None:
+    """A legend when the axes has labelled artists (matplotlib warns on an empty one)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kwargs)
+
+
 def _grid(n: int, max_cols: int = 4) -> tuple[int, int]:
     cols = min(max_cols, max(1, n))
     return math.ceil(n / cols), cols
@@ -422,7 +428,7 @@ def plot_summary(metrics: Mapping[str, Any], data: ReportData, path: Path) -> No
     ax1.set_xticks(x, pols, rotation=20)
     ax1.set_ylabel("incremental value")
     ax1.set_title("incremental value by lever vs the oracle bound")
-    ax1.legend(fontsize=8)
+    _legend(ax1, fontsize=8)
     viol = [100.0 * m[p]["slo"]["violation_fraction"] for p in pols]
     ax2.bar(x, viol, color=[policy_colour(p, pols) for p in pols])
     ax2.set_xticks(x, pols, rotation=20)
@@ -461,7 +467,7 @@ def plot_p99(metrics: Mapping[str, Any], data: ReportData, path: Path) -> None:
         ax.set_title(f"region {region}: worst window p99 per {data.bin_s:g} s bucket", fontsize=10)
         ax.set_yscale("log")
         _plain_ticks(ax.yaxis)
-    axes[0].legend(fontsize=8, ncol=4)
+    _legend(axes[0], fontsize=8, ncol=4)
     axes[-1].set_xlabel(label)
     _save(fig, path)
 
@@ -497,7 +503,7 @@ def plot_cdf(metrics: Mapping[str, Any], data: ReportData, path: Path) -> None:
         ax.set_xscale("log")
         _plain_ticks(ax.xaxis)
         ax.set_yticks(ticks, ["0", "90%", "99%", "99.9%", "99.99%"])
-        ax.legend(fontsize=7, loc="lower right")
+        _legend(ax, fontsize=7, loc="lower right")
     for ax in axes[len(pols) :]:
         ax.set_visible(False)
     for ax in axes[: len(pols)]:
@@ -536,8 +542,8 @@ def plot_targets(data: ReportData, featured: str | None, path: Path) -> None:
         ax_rma.set_ylabel("RMA candidates target")
         ax_sbm.set_ylabel("SBM coverage target")
         ax_sbm.set_xlabel(label)
-    axes[0, 0].legend(fontsize=7)
-    axes[1, 0].legend(fontsize=7, ncol=2)
+    _legend(axes[0, 0], fontsize=7)
+    _legend(axes[1, 0], fontsize=7, ncol=2)
     _save(fig, path)
 
 
@@ -559,7 +565,7 @@ def plot_value(data: ReportData, path: Path) -> None:
             ax.stackplot(tx, *neg, colors=colours, alpha=0.4)
         ax.axhline(0, color="black", lw=0.5)
         ax.set_title(p, fontsize=10)
-        ax.legend(fontsize=7, loc="upper left")
+        _legend(ax, fontsize=7, loc="upper left")
         ax.set_xlabel(label)
     for ax in axes[len(pols) :]:
         ax.set_visible(False)
@@ -590,7 +596,7 @@ def plot_release(data: ReportData, path: Path) -> None:
 
         ax1.set_xscale("symlog", linthresh=1.0)
         ax1.xaxis.set_major_formatter(ScalarFormatter())
-    ax1.legend(fontsize=7)
+    _legend(ax1, fontsize=7)
     tx, label = _time_axis(data)
     for p in data.policies:
         sb = data.shedding.get(p)
@@ -601,7 +607,7 @@ def plot_release(data: ReportData, path: Path) -> None:
     ax2.set_xlabel(label)
     ax2.set_ylabel("shedding activations (cumulative)")
     ax2.set_title("local shedding: server + client activations")
-    ax2.legend(fontsize=7)
+    _legend(ax2, fontsize=7)
     _save(fig, path)
 
 
@@ -636,7 +642,7 @@ def plot_segments(metrics: Mapping[str, Any], data: ReportData, path: Path) -> N
     ):
         ax.set_xticks(x, segments)
         ax.set_title(title, fontsize=10)
-    ax1.legend(fontsize=7)
+    _legend(ax1, fontsize=7)
     _save(fig, path)
 
 
@@ -670,7 +676,7 @@ def plot_allocator(
                     colors=[_LEVER_COLOURS.get(lv, "#999999") for lv in levers],
                     alpha=0.85,
                 )
-                ax.legend(fontsize=7, loc="upper left")
+                _legend(ax, fontsize=7, loc="upper left")
             fb = data.fallbacks.get(featured)
             if fb is not None:
                 any_fb = sum((fb.total(r) for r in fb.sums), np.zeros(data.n_bins))
@@ -708,7 +714,7 @@ def plot_allocator(
         ax.set_title(title + ("" if names else " (none)"), fontsize=10)
         ax.set_ylabel("count")
     if reasons:
-        ax3.legend(fontsize=7)
+        _legend(ax3, fontsize=7)
     _save(fig, path)
 
 
@@ -817,7 +823,7 @@ def render_plots(metrics: Mapping[str, Any], data: ReportData, plot_dir: Path) -
         path = plot_dir / f"{name}.png"
         try:
             draw(path)
-        except Exception as exc:  # one broken plot must not lose the report
+        except Exception as exc:  # say which plot failed, whatever the cause
             raise HeadroomError(
                 f"report: drawing {name} failed: {type(exc).__name__}: {exc}"
             ) from exc
