@@ -19,7 +19,8 @@ method="lower")``. The estimate is that element's bin representative, hence with
 ``alpha`` of the true element (up to floating-point rounding of ``ln`` at exact bin boundaries,
 ~1e-15 relative). ``q = 0.99`` over 1,000 samples is the 990th smallest (index 989).
 
-Keys are computed as ``ceil(ln(x) * (1 / ln gamma))`` with the reciprocal precomputed, both in
+Keys are computed as ``ceil(ln(x) * (1 / ln gamma))`` with the reciprocal precomputed (and
+``ln gamma = log1p(2 alpha / (1 - alpha))``, accurate for small alpha), both in
 the scalar path (:meth:`LatencySketch.add`, ``math.log``) and the vectorised one
 (:meth:`LatencySketch.add_many`, ``numpy.log``); the two agree except, possibly, for a value
 within one ulp of a bin boundary, where either bin honours the accuracy bound.
@@ -34,8 +35,8 @@ Why not the ``ddsketch`` package (DataDog's sketches-py)? Its ``LogarithmicMappi
 mapping (key = ceil(log_gamma x), representative ``gamma**k * 2 / (1 + gamma)``), but it ingests
 one value at a time in pure Python (no vectorised ``add``), keeps min/max/sum and a negative store
 the contract does not carry, pulls in protobuf, and has no serialisation to the contract's
-``{"alpha", "bins", "zeros"}`` form; the part we need is sixty lines of numpy. See
-docs/messages.md.
+``{"alpha", "bins", "zeros"}`` form, nor validation of untrusted snapshots; the part we need
+is small. See docs/messages.md.
 """
 
 from __future__ import annotations
@@ -69,8 +70,8 @@ MAX_BINS: Final = 100_000  # CONTRACT §2: no list or map over 100,000 items
 MIN_ALPHA: Final = 1e-6
 _MAX_COUNT: Final = (1 << 63) - 1  # counts travel as JSON integers that orjson keeps as int64
 _MIN_POSITIVE: Final = math.ulp(0.0)  # 5e-324, the smallest positive double
-# Canonical decimal integers only ("372", "-5"; not "+5", "05", " 5"), at most 19 digits: a key
-# of a finite double is at most a few million even for alpha = 1e-5.
+# Canonical decimal integers only ("372", "-5"; not "+5", "05", " 5"), at most 19 digits: the key
+# of a finite double is within ±3.8e8 even at MIN_ALPHA.
 _INT_KEY = re.compile(r"-?(?:0|[1-9][0-9]{0,18})\Z")
 # add_many counts keys with numpy.bincount over [kmin, kmax] when that span is at most this many
 # slots beyond the batch size (a cheap linear pass), and with numpy.unique (a sort) otherwise.
@@ -97,7 +98,7 @@ class _Mapping:
         # log1p keeps ln gamma accurate for small alpha (gamma - 1 = 2 alpha / (1 - alpha)).
         self.ln_gamma = math.log1p(2.0 * alpha / (1.0 - alpha))
         self.inv_ln_gamma = 1.0 / self.ln_gamma
-        self.ln_scale = math.log(2.0 / (1.0 + self.gamma))  # ln(1 - alpha)
+        self.ln_scale = math.log1p(-alpha)  # ln(2 / (1 + gamma)) = ln(1 - alpha)
         # The keys that finite positive doubles can reach: anything outside is not a sketch of
         # real numbers.
         self.key_min = math.ceil(math.log(_MIN_POSITIVE) * self.inv_ln_gamma)
