@@ -106,6 +106,7 @@ BoolArray = npt.NDArray[np.bool_]
 CodeArray = npt.NDArray[np.int8]
 
 _INF = math.inf
+_EPS = 1e-9  # ms: rounding slack when comparing costs with bucket contents (same everywhere)
 
 
 # --------------------------------------------------------------------------------------------
@@ -117,9 +118,9 @@ class Decision(IntEnum):
     """What happens to one request's optional work (the codes of :meth:`decide_batch`)."""
 
     ADMIT = 0  # all optional work as asked (or the request had none)
-    TRIM = 1  # extra candidates trimmed to Verdict.extra (> 0); strong model kept if asked
-    DOWNGRADE = 2  # strong model → base model; extras kept, possibly trimmed to Verdict.extra
-    SHED = 3  # every piece of optional work dropped: base candidates, base model
+    TRIM = 1  # extra candidates trimmed to Verdict.extra; strong model kept if asked
+    DOWNGRADE = 2  # strong model → base model; any extras asked for kept, maybe trimmed (> 0)
+    SHED = 3  # the extra candidates asked for all dropped, and the strong model if asked
 
 
 class ShedEvent(StrEnum):
@@ -705,22 +706,23 @@ class ServerShedder:
         cpu = ec + sc
         acc = ea + sa
         cost = self._wc * cpu + self._wa * acc
+        self._dem_cpu += cpu
+        self._dem_acc += acc
+        self._since_refresh += 1
+        # θ comes from the requests before this one, so the decision is monotone in its value.
+        theta = self._current_threshold()
         if cost > 0.0:
             vpc = work.value / cost
             self._hist.add(vpc, cost)
         else:
             vpc = _INF
-        self._dem_cpu += cpu
-        self._dem_acc += acc
-        self._since_refresh += 1
-        theta = self._current_threshold()
 
         keep_strong = False
         n = 0
         if vpc >= theta:
             tok_cpu = 0.0 if self._exh_cpu else self._tok_cpu
             tok_acc = 0.0 if self._exh_acc else self._tok_acc
-            if strong and sc <= tok_cpu and sa <= tok_acc:
+            if strong and sc <= tok_cpu + _EPS and sa <= tok_acc + _EPS:
                 keep_strong = True
                 tok_cpu -= sc
                 tok_acc -= sa
@@ -730,9 +732,9 @@ class ServerShedder:
                 n = extra
                 # Only a bucket short of the full cost limits n (and the ratio is then < extra,
                 # so it cannot overflow whatever the costs).
-                if tok_cpu < ec:
+                if tok_cpu + _EPS < ec:
                     n = min(n, int(max(0.0, tok_cpu) * extra / ec + 1e-9))
-                if tok_acc < ea:
+                if tok_acc + _EPS < ea:
                     n = min(n, int(max(0.0, tok_acc) * extra / ea + 1e-9))
                 if n > 0:
                     self._tok_cpu -= ec * n / extra
@@ -743,7 +745,7 @@ class ServerShedder:
         lost_strong = strong and not keep_strong
         lost_extra = extra - n
         if lost_strong:
-            decision = Decision.DOWNGRADE if n > 0 else Decision.SHED
+            decision = Decision.DOWNGRADE if (n > 0 or extra <= 0) else Decision.SHED
         elif lost_extra > 0:
             decision = Decision.TRIM if (n > 0 or keep_strong) else Decision.SHED
         else:
@@ -816,14 +818,14 @@ class ServerShedder:
         cpu = ec + sc
         acc = ea + sa
         cost = self._wc * cpu + self._wa * acc
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             vpc = np.where(cost > 0.0, value / np.where(cost > 0.0, cost, 1.0), _INF)
-        priced = optional & (cost > 0.0)
-        self._hist.add_many(vpc[priced], cost[priced])
         self._dem_cpu += float(cpu[optional].sum())
         self._dem_acc += float(acc[optional].sum())
         self._since_refresh += n_opt
-        theta = self._current_threshold()
+        theta = self._current_threshold()  # from the requests before this batch
+        priced = optional & (cost > 0.0)
+        self._hist.add_many(vpc[priced], cost[priced])
 
         idx = np.flatnonzero(optional & (vpc >= theta))
         idx = idx[np.argsort(-vpc[idx], kind="stable")]
@@ -838,7 +840,7 @@ class ServerShedder:
             if s_idx.size:
                 cc = np.cumsum(sc[s_idx])
                 ca = np.cumsum(sa[s_idx])
-                fits = (cc <= tok_cpu + 1e-9) & (ca <= tok_acc + 1e-9)
+                fits = (cc <= tok_cpu + _EPS) & (ca <= tok_acc + _EPS)
                 k = int(np.argmin(fits)) if not fits.all() else fits.size
                 keep_strong[s_idx[:k]] = True
                 if k:
@@ -850,7 +852,7 @@ class ServerShedder:
                 rem_acc = tok_acc - spent_acc
                 cc = np.cumsum(ec[e_idx])
                 ca = np.cumsum(ea[e_idx])
-                fits = (cc <= rem_cpu + 1e-9) & (ca <= rem_acc + 1e-9)
+                fits = (cc <= rem_cpu + _EPS) & (ca <= rem_acc + _EPS)
                 k = int(np.argmin(fits)) if not fits.all() else fits.size
                 n[e_idx[:k]] = extra_i[e_idx[:k]]
                 if k:
@@ -861,9 +863,9 @@ class ServerShedder:
                     part = int(extra_i[j])
                     left_cpu = tok_cpu - spent_cpu
                     left_acc = tok_acc - spent_acc
-                    if left_cpu < ec[j]:
+                    if left_cpu + _EPS < ec[j]:
                         part = min(part, int(max(0.0, left_cpu) * extra_i[j] / ec[j] + 1e-9))
-                    if left_acc < ea[j]:
+                    if left_acc + _EPS < ea[j]:
                         part = min(part, int(max(0.0, left_acc) * extra_i[j] / ea[j] + 1e-9))
                     if part > 0:
                         n[j] = part
@@ -878,7 +880,7 @@ class ServerShedder:
         codes[optional] = Decision.ADMIT
         trimmed = optional & ~lost_strong & (lost_extra > 0)
         codes[trimmed] = np.where((n[trimmed] > 0) | keep_strong[trimmed], 1, 3)
-        codes[lost_strong] = np.where(n[lost_strong] > 0, 2, 3)
+        codes[lost_strong] = np.where((n[lost_strong] > 0) | ~has_extra[lost_strong], 2, 3)
         out_extra = np.where(has_extra, n, 0)
         out_strong = keep_strong
         counts = np.bincount(codes[optional], minlength=4)
@@ -932,7 +934,7 @@ class ServerShedder:
         if over_cpu <= eps and over_acc <= eps:
             return cut
         occupied = self._wc * cpu + self._wa * acc
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             vpc = np.where(occupied > 0.0, value / np.where(occupied > 0.0, occupied, 1.0), _INF)
         for i in np.argsort(vpc, kind="stable"):
             helps = (over_cpu > eps and cpu[i] > 0.0) or (over_acc > eps and acc[i] > 0.0)

@@ -135,7 +135,8 @@ def test_a_verdict_never_grants_more_than_asked_and_its_code_matches(ops: list) 
         if not lost_strong and not lost_extra:
             assert out.decision is Decision.ADMIT
         elif lost_strong:
-            assert out.decision is (Decision.DOWNGRADE if out.extra > 0 else Decision.SHED)
+            downgrade = out.extra > 0 or asked_extra == 0
+            assert out.decision is (Decision.DOWNGRADE if downgrade else Decision.SHED)
         else:
             assert out.decision in (Decision.TRIM, Decision.SHED)
             assert (out.decision is Decision.SHED) == (out.extra == 0 and not out.strong)
@@ -361,7 +362,7 @@ def test_exhausted_slots_stop_optional_work_on_that_resource_only() -> None:
     tr = s.observe(0.0, 0.0, {"accelerator": 0, "cpu": 5})
     assert tr is not None
     assert tr.reason == "slots_exhausted"
-    assert s.decide(0.0, sbm(5.0)) == (Decision.SHED, 0, False)
+    assert s.decide(0.0, sbm(5.0)) == (Decision.DOWNGRADE, 0, False)
     cpu_only = OptionalWork(5.0, extra=10, extra_cpu_ms=1.0, extra_accelerator_ms=0.0)
     assert s.decide(0.0, cpu_only).decision is Decision.ADMIT
     assert s.observe(0.0, 0.0, {"accelerator": 2}) is not None  # left
@@ -389,7 +390,7 @@ def test_a_capacity_drop_changes_the_very_next_decision(
 
 def test_a_grant_is_usable_at_once() -> None:
     s = ServerShedder(capacity=OptionalCapacity(0.0, 0.0))
-    assert s.decide(1.0, sbm(1.0)).decision is Decision.SHED
+    assert s.decide(1.0, sbm(1.0)).decision is Decision.DOWNGRADE
     assert s.on_capacity(OptionalCapacity(0.0, 2.0), 1.0) is False
     assert s.decide(1.0, sbm(1.0)).decision is Decision.ADMIT
 
@@ -680,3 +681,26 @@ def test_value_rank_is_the_share_of_recent_values_below() -> None:
         assert r.rank(float(np.quantile(xs, q))) == pytest.approx(q, abs=0.03)
     assert r.rank(0.0) == 0.0
     assert r.rank(1e12) == 1.0
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(op, max_size=60), work)
+def test_a_batch_of_one_decides_like_a_single_call(ops: list[Any], w: OptionalWork) -> None:
+    s = ServerShedder(capacity=OptionalCapacity(2.0, 1.0))
+    t = 0.0
+    for step in ops:
+        t, _ = apply(s, t, step)
+    state = s.snapshot()
+    single = s.decide(t, w)
+    s.restore(state)
+    batch = s.decide_batch(
+        t,
+        [w.value],
+        [w.extra],
+        [w.extra_cpu_ms],
+        [w.extra_accelerator_ms],
+        [w.strong],
+        [w.strong_cpu_ms],
+        [w.strong_accelerator_ms],
+    )
+    assert (Decision(int(batch.codes[0])), int(batch.extra[0]), bool(batch.strong[0])) == single
