@@ -135,9 +135,9 @@ class ScenarioError(ConfigError):
     """
 
     def __init__(self, field_problems: Iterable[str], source: str | None = None) -> None:
-        self.field_problems: list[str] = list(field_problems)
+        self.field_problems: list[str] = [_one_line(p) for p in field_problems]
         self.source = source
-        prefix = f"{source}: " if source else ""
+        prefix = f"{_one_line(source)}: " if source else ""
         super().__init__([prefix + p for p in self.field_problems])
 
 
@@ -258,7 +258,14 @@ class _Ctx:
     problems: list[str]
 
     def add(self, path: str, reason: str) -> None:
-        self.problems.append(f"{path}: {reason}" if path else reason)
+        self.problems.append(_one_line(f"{path}: {reason}" if path else reason))
+
+
+def _one_line(text: str) -> str:
+    """Escape control characters (a newline in a key or a CSV cell) so a problem stays one line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 def _load(text: str, base_dir: Path, source: str | None) -> Scenario:
@@ -281,10 +288,10 @@ def _load(text: str, base_dir: Path, source: str | None) -> Scenario:
 
 
 def _scenario(ctx: _Ctx, doc: dict[Any, Any], source: str | None) -> Scenario | None:
+    before = len(ctx.problems)
     m = _mapping(ctx, "", doc, "scenario")
     if m is None:
         return None
-    before = len(ctx.problems)
     name = _string(ctx, "name", m.get("name"), pattern=True) if "name" in m else None
     seed = _integer(ctx, "seed", m.get("seed"), ge=0, lt=2**63) if "seed" in m else None
     duration = _number(ctx, "duration_s", m["duration_s"], gt=0) if "duration_s" in m else None
@@ -322,10 +329,10 @@ def _scenario(ctx: _Ctx, doc: dict[Any, Any], source: str | None) -> Scenario | 
 
 
 def _slo(ctx: _Ctx, value: Any) -> Slo | None:
+    n = len(ctx.problems)
     m = _mapping(ctx, "slo", value, "slo")
     if m is None:
         return None
-    n = len(ctx.problems)
     p99 = _req_number(ctx, "slo", m, "p99_ms", gt=0)
     window = _req_number(ctx, "slo", m, "window_s", gt=0)
     if len(ctx.problems) != n or p99 is None or window is None:
@@ -334,10 +341,10 @@ def _slo(ctx: _Ctx, value: Any) -> Slo | None:
 
 
 def _world(ctx: _Ctx, value: Any) -> World | None:
+    n = len(ctx.problems)
     m = _mapping(ctx, "world", value, "world")
     if m is None:
         return None
-    n = len(ctx.problems)
     ads = _req_int(ctx, "world", m, "ads", ge=1, le=10_000_000)
     dim = _req_int(ctx, "world", m, "dim", ge=1, le=4096)
     base = _req_int(ctx, "world", m, "base_candidates", ge=1)
@@ -381,10 +388,10 @@ def _models(ctx: _Ctx, value: Any) -> Models | None:
 
 
 def _model(ctx: _Ctx, path: str, value: Any) -> ModelSpec | None:
+    n = len(ctx.problems)
     m = _mapping(ctx, path, value, "model")
     if m is None:
         return None
-    n = len(ctx.problems)
     cpu = _req_number(ctx, path, m, "cpu_ms_per_candidate", ge=0)
     acc = _req_number(ctx, path, m, "accelerator_ms_per_candidate", ge=0)
     load_s = _opt_number(ctx, path, m, "load_s", ge=0, nullable=False)
@@ -450,10 +457,10 @@ def _segments(ctx: _Ctx, value: Any) -> tuple[Segment, ...] | None:
 
 
 def _segment(ctx: _Ctx, path: str, value: Any) -> Segment | None:
+    n = len(ctx.problems)
     m = _mapping(ctx, path, value, "segment")
     if m is None:
         return None
-    n = len(ctx.problems)
     name = _string(ctx, f"{path}.name", m["name"], pattern=True) if "name" in m else None
     share = _req_number(ctx, path, m, "share", gt=0, le=1)
     dist = _value_dist(ctx, f"{path}.value", m["value"]) if "value" in m else None
@@ -524,10 +531,10 @@ def _duplicates(ctx: _Ctx, path: str, what: str, items: list[Any]) -> None:
 
 
 def _region(ctx: _Ctx, path: str, value: Any, models: Models | None) -> Region | None:
+    n = len(ctx.problems)
     m = _mapping(ctx, path, value, "region")
     if m is None:
         return None
-    n = len(ctx.problems)
     name = _string(ctx, f"{path}.name", m["name"], pattern=True) if "name" in m else None
     dedicated = (
         _dedicated(ctx, f"{path}.dedicated", m["dedicated"], models) if ("dedicated" in m) else None
@@ -562,10 +569,10 @@ def _region(ctx: _Ctx, path: str, value: Any, models: Models | None) -> Region |
 
 
 def _dedicated(ctx: _Ctx, path: str, value: Any, models: Models | None) -> Dedicated | None:
+    n = len(ctx.problems)
     m = _mapping(ctx, path, value, "dedicated")
     if m is None:
         return None
-    n = len(ctx.problems)
     cpu = _req_number(ctx, path, m, "cpu", gt=0)
     acc = _req_number(ctx, path, m, "accelerator", gt=0)
     hw = _string(ctx, f"{path}.hardware", m["hardware"], pattern=True) if "hardware" in m else None
@@ -586,10 +593,10 @@ def _dedicated(ctx: _Ctx, path: str, value: Any, models: Models | None) -> Dedic
 
 
 def _traffic(ctx: _Ctx, path: str, value: Any) -> Traffic | None:
+    n = len(ctx.problems)
     m = _mapping(ctx, path, value, "traffic")
     if m is None:
         return None
-    n = len(ctx.problems)
     given = [k for k in ("rps", "csv", "trace") if k in m]
     if len(given) != 1:
         ctx.add(
@@ -633,10 +640,10 @@ def _traffic(ctx: _Ctx, path: str, value: Any) -> Traffic | None:
 
 
 def _opportunistic(ctx: _Ctx, path: str, value: Any) -> Opportunistic | None:
+    n = len(ctx.problems)
     m = _mapping(ctx, path, value, "opportunistic")
     if m is None:
         return None
-    n = len(ctx.problems)
     resource = _enum(ctx, f"{path}.resource", m["resource"], RESOURCES) if "resource" in m else None
     hw = _string(ctx, f"{path}.hardware", m["hardware"], pattern=True) if "hardware" in m else None
     if resource == "cpu" and hw is not None and hw != "any":
@@ -704,10 +711,10 @@ def _event(
     regions: Mapping[str, Region] | None,
     duration: float | None,
 ) -> ScenarioEvent | None:
+    n = len(ctx.problems)
     m = _mapping(ctx, path, value, "event")
     if m is None:
         return None
-    n = len(ctx.problems)
     at_s = _req_number(ctx, path, m, "at_s", ge=0)
     if at_s is not None and duration is not None and at_s > duration:
         ctx.add(f"{path}.at_s", f"{at_s:g} is after the end of the run (duration_s {duration:g})")
@@ -848,9 +855,10 @@ def _csv_trace(
     except UnicodeDecodeError as exc:
         ctx.add(path, f"{name}: not a UTF-8 CSV file (bad byte at offset {exc.start})")
         return None
+    reader = csv.reader(io.StringIO(text))
     rows = [
-        (lineno, row)
-        for lineno, row in enumerate(csv.reader(io.StringIO(text)), start=1)
+        (reader.line_num, row)  # the line the record ends on (a quoted cell may span lines)
+        for row in reader
         if row and not (len(row) == 1 and not row[0].strip()) and not row[0].startswith("#")
     ]
     if not rows:

@@ -235,7 +235,11 @@ _REGION = _obj(
             ["cpu", "accelerator", "hardware"],
         ),
         "traffic": _TRAFFIC,
-        "opportunistic": {"type": ["array", "null"], "items": _OPPORTUNISTIC},
+        "opportunistic": {
+            "type": ["array", "null"],
+            "description": "opportunistic pools; at most one per (resource, hardware, remote)",
+            "items": _OPPORTUNISTIC,
+        },
     },
     ["name", "dedicated", "traffic"],
 )
@@ -330,9 +334,23 @@ SCHEMA: dict[str, Any] = _obj(
             {"base": _MODEL, "strong": _MODEL},
             ["base", "strong"],
         ),
-        "segments": {"type": "array", "minItems": 1, "items": _SEGMENT},
-        "regions": {"type": "array", "minItems": 1, "items": _REGION},
-        "events": {"type": ["array", "null"], "items": _EVENT},
+        "segments": {
+            "type": "array",
+            "minItems": 1,
+            "description": "request segments; names unique, shares sum to 1",
+            "items": _SEGMENT,
+        },
+        "regions": {
+            "type": "array",
+            "minItems": 1,
+            "description": "regions; names unique",
+            "items": _REGION,
+        },
+        "events": {
+            "type": ["array", "null"],
+            "description": "discrete changes on top of the traces, applied in time order",
+            "items": _EVENT,
+        },
     },
     ["name", "seed", "duration_s", "slo", "world", "models", "segments", "regions"],
 )
