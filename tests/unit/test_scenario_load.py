@@ -636,7 +636,7 @@ def test_control_characters_in_keys_and_cells_stay_on_one_line(tmp_path: Path) -
     problems = problems_of(d, tmp_path)
     assert len(problems) == 2
     assert all("\n" not in p for p in problems)
-    assert problems[0] == "slo.p99\\nms: unknown field"
+    assert problems[0].startswith("slo.p99\\nms: unknown field")
     assert problems[1].startswith("regions[0].opportunistic[0].csv: cpu.csv line 3: not numbers")
 
 
