@@ -1,0 +1,303 @@
+"""Allocator: exact LP, hardware, durability, remote pools, caps, safety margin, fallback."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.optimize import linprog
+
+from controllers.allocator import Allocator, FallbackReason, solve_lp
+from controllers.config import AllocatorSettings, ValueSettings
+from controllers.levers import CostModel, LeverContext, LeverRegistry, ValueBook
+from controllers.testing import arm_stats, capacity
+from controllers.types import CapacityLevel
+
+COSTS = CostModel(0.1, 0.02, 0.005, 0.1, 400, ("gpu-a", "gpu-b"), ("gpu-b",), 120.0)
+CTX = LeverContext(request_rps=300.0, eligible_rps=300.0, rma_extra_candidates=200.0)
+LEVERS = LeverRegistry.standard(COSTS, 400, 1200, precompute=True)
+
+
+def book_with(uplift: dict[str, float], n: int = 2000, seed: int = 0) -> ValueBook:
+    """A book where each lever's treatment beats control by ``uplift[lever]`` per request."""
+    rng = np.random.default_rng(seed)
+    book = ValueBook()
+    for lever, d in uplift.items():
+        book.add(
+            {
+                ("casual", lever, "treatment"): arm_stats(rng, n, 1.0 + d, 0.5),
+                ("casual", lever, "control"): arm_stats(rng, n, 1.0, 0.5),
+            }
+        )
+    return book
+
+
+PROVEN = book_with({"rma": 0.1, "sbm": 0.3, "precompute": 0.2})
+
+
+def allocator(**kw: object) -> Allocator:
+    return Allocator(AllocatorSettings(**kw), ValueSettings(), LEVERS)  # type: ignore[arg-type]
+
+
+def use_of(alloc, lever: str) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for name, i, units in alloc.pool_use:
+        if name == lever:
+            out[i] = out.get(i, 0.0) + units
+    return out
+
+
+# -- the LP solver ---------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    shape=st.tuples(st.integers(1, 8), st.integers(1, 8)),
+    data=st.data(),
+)
+def test_simplex_matches_scipy_on_random_nonnegative_programs(shape, data) -> None:
+    m, n = shape
+    coef = st.floats(0.0, 10.0, allow_nan=False).map(lambda x: 0.0 if x < 1.0 else x)
+    a = np.array(
+        data.draw(st.lists(st.lists(coef, min_size=n, max_size=n), min_size=m, max_size=m))
+    )
+    b = np.array(data.draw(st.lists(st.floats(0.0, 100.0), min_size=m, max_size=m)))
+    c = np.array(data.draw(st.lists(st.floats(-5.0, 5.0), min_size=n, max_size=n)))
+    # every variable must be bounded by some row, as in the allocator (demand rows)
+    a = np.vstack([a, np.ones((1, n))])
+    b = np.append(b, data.draw(st.floats(0.0, 100.0)))
+    x, obj = solve_lp(c, a, b)
+    ref = linprog(-c, A_ub=a, b_ub=b, bounds=[(0, None)] * n, method="highs")
+    assert ref.status == 0
+    assert obj == pytest.approx(-ref.fun, rel=1e-7, abs=1e-7)
+    assert np.all(x >= 0.0)
+    assert np.all(a @ x <= b + 1e-7 * (1 + np.abs(b)))
+    assert float(c @ x) == pytest.approx(obj, rel=1e-7, abs=1e-7)
+
+
+def test_simplex_finds_an_interior_split_a_greedy_would_miss() -> None:
+    # two levers each using both resources: the optimum uses both, any priority order does not
+    a = np.array([[1.0, 2.0], [2.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
+    b = np.array([10.0, 10.0, 100.0, 100.0])
+    x, obj = solve_lp([3.0, 3.0], a, b)
+    assert obj == pytest.approx(20.0)
+    assert x == pytest.approx([10 / 3, 10 / 3])
+
+
+# -- the rules -------------------------------------------------------------------------------
+
+levels = st.builds(
+    CapacityLevel,
+    resource=st.sampled_from(["cpu", "accelerator"]),
+    hardware=st.sampled_from(["any", "gpu-a", "gpu-b", "gpu-c"]),
+    pool=st.sampled_from(["opportunistic", "opportunistic", "dedicated"]),
+    units=st.floats(0.0, 64.0, allow_nan=False),
+    expires_in_s=st.one_of(st.none(), st.floats(0.0, 7200.0)),
+    remote=st.booleans(),
+    ts=st.just(0.0),
+)
+uplifts = st.fixed_dictionaries(
+    {
+        "rma": st.floats(-0.2, 0.5),
+        "sbm": st.floats(-0.2, 0.5),
+        "precompute": st.floats(-0.2, 0.5),
+    }
+)
+
+
+@settings(max_examples=250, deadline=None)
+@given(
+    cap=st.lists(levels, max_size=6),
+    up=uplifts,
+    n=st.integers(0, 3000),
+    rps=st.floats(0.0, 1e5),
+    age=st.one_of(st.none(), st.floats(0.0, 1000.0)),
+    max_share=st.floats(0.1, 1.0),
+)
+def test_every_allocation_respects_hardware_durability_remote_caps_and_pools(
+    cap, up, n, rps, age, max_share
+) -> None:
+    alloc_ = allocator(max_share=max_share)
+    ctx = LeverContext(rps, rps * 0.9, 100.0, 0.0)
+    a = alloc_.allocate(cap, 0.0, ctx, book_with(up, n=n), age)
+    pools = a.pools
+    per_pool: dict[int, float] = {}
+    for name, i, units in a.pool_use:
+        p = pools[i]
+        lever = LEVERS[name]
+        assert units >= 0.0
+        assert alloc_.eligible(lever, p), (name, p)
+        if name in ("sbm", "precompute") and p.resource == "accelerator":
+            assert p.hardware in COSTS.strong_hardware
+        if name == "sbm":
+            assert p.lifetime_s >= COSTS.strong_load_s
+        if name in ("rma", "sbm"):
+            assert not p.remote
+        per_pool[i] = per_pool.get(i, 0.0) + units
+    for i, used in per_pool.items():
+        assert used <= pools[i].announced * (1 - alloc_.settings.safety_margin) * (1 + 1e-7) + 1e-9
+    for name, rate in a.rates.items():
+        assert rate <= LEVERS[name].demand(ctx) * (1 + 1e-7) + 1e-9
+    if a.fallback is None:
+        contested = {
+            i
+            for i, p in enumerate(pools)
+            if sum(
+                1
+                for lv in LEVERS
+                if lv.demand(ctx) > 0
+                and alloc_.eligible(lv, p)
+                and (
+                    (p.resource == "cpu" and lv.unit_cost().cpu_s > 0)
+                    or (p.resource == "accelerator" and lv.unit_cost().accelerator_s > 0)
+                )
+            )
+            >= 2
+        }
+        for name in a.rates:
+            if name in a.explored:
+                continue
+            for i, used in use_of(a, name).items():
+                if i in contested:
+                    assert used <= max_share * pools[i].units * (1 + 1e-7) + 1e-9
+
+
+def test_rma_runs_only_where_cpu_and_accelerator_budget_both_exist() -> None:
+    a = allocator().allocate(capacity(cpu=8.0), 0.0, CTX, PROVEN, 10.0)
+    assert a.rates == {}  # CPU alone serves no lever here: all need an accelerator
+    a = allocator().allocate(capacity(accelerator=4.0), 0.0, CTX, PROVEN, 10.0)
+    assert a.budget("rma") == (0.0, 0.0)
+
+
+def test_a_cpu_starved_region_gives_its_accelerators_to_sbm() -> None:
+    # SBM needs 2 ms of CPU per request (400 × 0.005 ms), RMA 0.1 ms per extra candidate
+    levers = LeverRegistry.standard(COSTS, 400, 1200)
+    alloc_ = Allocator(AllocatorSettings(), ValueSettings(), levers)
+    a = alloc_.allocate(capacity(cpu=0.5, accelerator=4.0), 0.0, CTX, PROVEN, 10.0)
+    sbm_cpu, sbm_acc = a.budget("sbm")
+    assert sbm_acc > 0.8 * a.safe_accelerator
+    assert a.budget("rma")[1] < 0.1 * a.safe_accelerator
+
+
+def test_sbm_only_on_hardware_the_strong_model_supports() -> None:
+    a = allocator().allocate(
+        capacity(cpu=8.0, accelerator=4.0, hardware="gpu-a"), 0.0, CTX, PROVEN, 10.0
+    )
+    assert a.budget("sbm") == (0.0, 0.0)
+    assert a.budget("precompute") == (0.0, 0.0)
+    assert a.budget("rma")[1] > 0.0  # the base model runs on gpu-a
+
+
+def test_capacity_expiring_before_the_strong_model_loads_never_goes_to_sbm() -> None:
+    short = capacity(cpu=8.0, accelerator=4.0, expires_in_s=60.0)  # load_s is 120
+    a = allocator().allocate(short, 0.0, CTX, PROVEN, 10.0)
+    assert a.budget("sbm") == (0.0, 0.0)
+    assert a.budget("precompute")[1] > 0.0  # a job fits in a short window
+    # an announcement 100 s old with 200 s to go has 100 s left: still too short
+    aged = capacity(cpu=8.0, accelerator=4.0, expires_in_s=200.0, ts=1000.0)
+    a = allocator().allocate(aged, 1100.0, CTX, PROVEN, 10.0)
+    assert a.budget("sbm") == (0.0, 0.0)
+    a = allocator().allocate(aged, 1050.0, CTX, PROVEN, 10.0)
+    assert a.budget("sbm")[1] > 0.0
+
+
+def test_remote_capacity_goes_only_to_asynchronous_levers() -> None:
+    remote = capacity(cpu=8.0, accelerator=4.0, remote=True)
+    a = allocator().allocate(remote, 0.0, CTX, PROVEN, 10.0)
+    assert set(a.rates) == {"precompute"}
+
+
+def test_safety_margin_is_held_back_from_announced_capacity() -> None:
+    a = allocator(safety_margin=0.2).allocate(
+        capacity(cpu=100.0, accelerator=4.0), 0.0, CTX, PROVEN, 10.0
+    )
+    assert a.total_accelerator <= 4.0 * 0.8 + 1e-9
+    assert a.total_accelerator == pytest.approx(3.2)  # all of it is worth using
+
+
+def test_per_lever_cap_binds_and_is_reported() -> None:
+    levers = LeverRegistry.standard(COSTS, 400, 1200)
+    book = book_with({"rma": 0.01, "sbm": 5.0})
+    alloc_ = Allocator(AllocatorSettings(max_share=0.6), ValueSettings(), levers)
+    a = alloc_.allocate(capacity(cpu=100.0, accelerator=4.0), 0.0, CTX, book, 10.0)
+    assert a.budget("sbm")[1] == pytest.approx(0.6 * 4.0 * 0.9)
+    assert "sbm" in a.cap_bound
+    # a per-lever override
+    alloc_ = Allocator(
+        AllocatorSettings(max_share=0.6, lever_caps=(("sbm", 0.3),)), ValueSettings(), levers
+    )
+    a = alloc_.allocate(capacity(cpu=100.0, accelerator=4.0), 0.0, CTX, book, 10.0)
+    assert a.budget("sbm")[1] == pytest.approx(0.3 * 4.0 * 0.9)
+
+
+def test_cap_does_not_waste_a_pool_no_other_lever_can_use() -> None:
+    # gpu-b capacity that expires in 60 s: SBM cannot load; precompute is the only user
+    a = allocator(max_share=0.5).allocate(
+        capacity(cpu=100.0, accelerator=4.0, expires_in_s=60.0, remote=True), 0.0, CTX, PROVEN, 10.0
+    )
+    assert a.budget("precompute")[1] == pytest.approx(4.0 * 0.9)
+    assert a.cap_bound == ()
+
+
+def test_higher_lcb_per_resource_unit_wins_the_contested_pool() -> None:
+    levers = LeverRegistry.standard(COSTS, 400, 1200)
+    alloc_ = Allocator(AllocatorSettings(max_share=1.0), ValueSettings(), levers)
+    cap = capacity(cpu=0.5, accelerator=2.0)  # little CPU: RMA is CPU-bound anyway
+    sbm_rich = alloc_.allocate(cap, 0.0, CTX, book_with({"rma": 0.001, "sbm": 1.0}), 10.0)
+    rma_rich = alloc_.allocate(cap, 0.0, CTX, book_with({"rma": 5.0, "sbm": 0.01}), 10.0)
+    assert sbm_rich.budget("sbm")[1] > rma_rich.budget("sbm")[1]
+    assert rma_rich.budget("rma")[0] > sbm_rich.budget("rma")[0]
+
+
+@pytest.mark.parametrize(
+    ("book", "age", "reason"),
+    [
+        (ValueBook(), None, FallbackReason.NO_VALUE),
+        (PROVEN, None, FallbackReason.NO_VALUE),
+        (PROVEN, 10_000.0, FallbackReason.STALE_VALUE),
+        (PROVEN, math.inf, FallbackReason.STALE_VALUE),
+        (
+            book_with({"rma": 0.001, "sbm": 0.001, "precompute": 0.001}, n=40),
+            10.0,
+            FallbackReason.UNCERTAIN_VALUE,
+        ),
+    ],
+)
+def test_falls_back_conservatively_and_says_why(book, age, reason) -> None:
+    a = allocator(fallback_share=0.25).allocate(
+        capacity(cpu=8.0, accelerator=4.0), 0.0, CTX, book, age
+    )
+    assert a.fallback is reason
+    assert a.total_cpu <= 0.25 * 8.0 * 0.9 + 1e-9
+    assert a.total_accelerator <= 0.25 * 4.0 * 0.9 + 1e-9
+    assert a.total_accelerator > 0.0
+
+
+def test_capacity_below_the_safety_margin_allocates_nothing_and_says_so() -> None:
+    a = allocator(min_pool_units=0.5).allocate(
+        capacity(cpu=0.3, accelerator=0.3), 0.0, CTX, PROVEN, 10.0
+    )
+    assert a.fallback is FallbackReason.BELOW_SAFETY_MARGIN
+    assert a.rates == {}
+    a = allocator().allocate((), 0.0, CTX, PROVEN, 10.0)
+    assert a.fallback is None
+    assert a.rates == {}
+
+
+def test_confidently_harmful_levers_get_nothing() -> None:
+    book = book_with({"rma": -0.3, "sbm": -0.3, "precompute": -0.3})
+    a = allocator().allocate(capacity(cpu=8.0, accelerator=4.0), 0.0, CTX, book, 10.0)
+    assert a.fallback is None
+    assert a.rates == {}
+
+
+def test_unproven_lever_keeps_an_exploration_share() -> None:
+    book = book_with({"rma": 0.5, "sbm": 0.5})  # precompute has no data yet
+    a = allocator(explore_share=0.05).allocate(
+        capacity(cpu=8.0, accelerator=4.0), 0.0, CTX, book, 10.0
+    )
+    assert a.explored == ("precompute",)
+    assert 0.0 < a.budget("precompute")[1] <= 0.05 * 4.0 * 0.9 + 1e-9

@@ -1,0 +1,205 @@
+"""The lever interface, the cost model, the value book, and a toy fourth lever."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from controllers.allocator import Allocator
+from controllers.config import AllocatorSettings, ControlConfig, SegmentInfo, ValueSettings
+from controllers.levers import (
+    CapacityUse,
+    CostModel,
+    Lever,
+    LeverContext,
+    LeverRegistry,
+    PrecomputeLever,
+    ResourceCost,
+    RmaLever,
+    SbmLever,
+    ShedAction,
+    ValueBook,
+)
+from controllers.plane import ControlPlane
+from controllers.testing import arm_stats, capacity, observation
+from controllers.types import ArmStats
+
+COSTS = CostModel(0.1, 0.02, 0.005, 0.1, 400, ("gpu-a", "gpu-b"), ("gpu-b",), 120.0)
+
+
+class IntegrityCheckLever(Lever):
+    """A toy fourth lever, defined only here: an optional integrity check per request that
+    costs 5 ms of CPU and no accelerator, on the live path."""
+
+    name = "integrity"
+    use = CapacityUse.LIVE
+    shed_action = ShedAction.DROP
+
+    def unit_cost(self) -> ResourceCost:
+        return ResourceCost(cpu_s=0.005, accelerator_s=0.0)
+
+    def demand(self, ctx: LeverContext) -> float:
+        return 0.5 * ctx.request_rps
+
+
+def test_costs_follow_the_contract_accounting() -> None:
+    assert COSTS.rma_per_candidate == ResourceCost(0.1e-3, 0.02e-3)
+    assert COSTS.sbm_per_request.cpu_s == pytest.approx(400 * 0.005e-3)
+    assert COSTS.sbm_per_request.accelerator_s == pytest.approx(400 * 0.1e-3)
+    job = COSTS.precompute_per_job
+    assert job.cpu_s == pytest.approx(400 * (0.1 + 0.005) * 1e-3)
+    assert job.accelerator_s == pytest.approx(400 * 0.1e-3)
+    assert COSTS.request(400, "base") == ResourceCost(pytest.approx(0.04), pytest.approx(0.008))
+    with pytest.raises(ValueError, match="model"):
+        COSTS.request(400, "huge")
+
+
+def test_standard_levers_declare_capacity_rules() -> None:
+    reg = LeverRegistry.standard(COSTS, 400, 1200, precompute=True)
+    assert reg.names == ("rma", "sbm", "precompute")
+    assert isinstance(reg["rma"], RmaLever) and reg["rma"].hardware == ("gpu-a", "gpu-b")
+    sbm = reg["sbm"]
+    assert isinstance(sbm, SbmLever)
+    assert sbm.min_durability_s == 120.0 and sbm.hardware == ("gpu-b",)
+    pre = reg["precompute"]
+    assert isinstance(pre, PrecomputeLever) and pre.use is CapacityUse.ASYNC
+    assert [lv.shed_action for lv in reg] == [
+        ShedAction.TRIM_CANDIDATES,
+        ShedAction.DOWNGRADE_MODEL,
+        ShedAction.STOP_JOBS,
+    ]
+    assert "precompute" not in LeverRegistry.standard(COSTS, 400, 1200)
+
+
+def test_registry_rejects_duplicates_and_is_immutable() -> None:
+    reg = LeverRegistry.standard(COSTS, 400, 1200)
+    with pytest.raises(ValueError, match="twice"):
+        reg.with_lever(RmaLever(COSTS, 400, 1200))
+    bigger = reg.with_lever(IntegrityCheckLever())
+    assert "integrity" in bigger and "integrity" not in reg
+
+
+def test_rate_for_is_set_by_the_binding_resource() -> None:
+    rma = RmaLever(COSTS, 400, 1200)
+    # 1 core pays for 10,000 candidates/s, 1 device for 50,000: CPU binds
+    assert rma.rate_for(1.0, 1.0) == pytest.approx(10_000)
+    assert rma.rate_for(0.0, 1.0) == 0.0
+    assert IntegrityCheckLever().rate_for(1.0, 0.0) == pytest.approx(200)
+
+
+def test_value_estimate_is_uplift_per_unit_of_work_with_a_lower_bound() -> None:
+    rng = np.random.default_rng(3)
+    book = ValueBook()
+    book.add(
+        {
+            ("casual", "rma", "treatment"): arm_stats(rng, 20_000, 1.2, 0.5),
+            ("casual", "rma", "control"): arm_stats(rng, 20_000, 1.0, 0.5),
+        }
+    )
+    rma = RmaLever(COSTS, 400, 1200)
+    ctx = LeverContext(300.0, 300.0, rma_extra_candidates=200.0)
+    est = rma.estimate(book, ctx, z=1.645, min_samples=30)
+    assert est.known
+    assert est.mean == pytest.approx(0.2 / 200, rel=0.05)  # value per extra candidate
+    assert est.lcb < est.mean < est.ucb
+    assert est.se == pytest.approx(math.sqrt(0.25 / 20_000 * 2) / 200, rel=0.05)
+
+
+def test_no_estimate_below_min_samples() -> None:
+    book = ValueBook()
+    book.add(
+        {
+            ("casual", "sbm", "treatment"): ArmStats(10, 12.0, 15.0),
+            ("casual", "sbm", "control"): ArmStats(10, 10.0, 11.0),
+        }
+    )
+    est = SbmLever(COSTS).estimate(book, LeverContext(1.0, 1.0), 1.645, 30)
+    assert not est.known and est.lcb == -math.inf
+
+
+def test_segments_are_stratified_so_a_different_control_mix_cannot_bias_uplift() -> None:
+    # no uplift in either segment, but control is mostly the low-value segment
+    book = ValueBook()
+    book.add(
+        {
+            ("premium", "sbm", "treatment"): ArmStats(500, 1500.0, 500 * (9 + 0.01)),
+            ("premium", "sbm", "control"): ArmStats(50, 150.0, 50 * (9 + 0.01)),
+            ("casual", "sbm", "treatment"): ArmStats(500, 500.0, 500 * (1 + 0.01)),
+            ("casual", "sbm", "control"): ArmStats(500, 500.0, 500 * (1 + 0.01)),
+        }
+    )
+    assert book.uplift("sbm").mean == pytest.approx(0.0, abs=1e-9)
+
+
+def test_discounting_lets_the_estimate_follow_a_drift() -> None:
+    rng = np.random.default_rng(5)
+    book = ValueBook()
+    for window in range(40):
+        uplift = 0.3 if window < 20 else -0.1  # the world changes half-way
+        book.decay(0.5 ** (60 / 600))  # 10-minute half-life, one-minute windows
+        book.add(
+            {
+                ("casual", "sbm", "treatment"): arm_stats(rng, 500, 1.0 + uplift, 0.3),
+                ("casual", "sbm", "control"): arm_stats(rng, 500, 1.0, 0.3),
+            }
+        )
+    assert book.uplift("sbm").mean < 0.0
+
+
+def test_value_book_snapshot_round_trips_through_json() -> None:
+    rng = np.random.default_rng(1)
+    book = ValueBook()
+    book.add({("casual", "rma", "treatment"): arm_stats(rng, 100, 1.0, 0.2)})
+    book.decay(0.7)
+    again = ValueBook.restore(json.loads(json.dumps(book.snapshot())))
+    assert again.snapshot() == book.snapshot()
+
+
+def _proven(lever: str, rng: np.random.Generator) -> dict[tuple[str, str, str], ArmStats]:
+    return {
+        ("casual", lever, "treatment"): arm_stats(rng, 5000, 1.5, 0.3),
+        ("casual", lever, "control"): arm_stats(rng, 5000, 1.0, 0.3),
+    }
+
+
+def test_a_fourth_lever_is_served_by_the_allocator_unchanged() -> None:
+    reg = LeverRegistry.standard(COSTS, 400, 1200).with_lever(IntegrityCheckLever())
+    rng = np.random.default_rng(0)
+    book = ValueBook()
+    book.add(_proven("integrity", rng) | _proven("sbm", rng))
+    alloc = Allocator(AllocatorSettings(), ValueSettings(), reg).allocate(
+        capacity(cpu=4.0, accelerator=2.0), 0.0, LeverContext(300.0, 300.0), book, 10.0
+    )
+    cpu, acc = alloc.budget("integrity")
+    assert cpu > 0.0 and acc == 0.0
+    # its demand (150 checks/s × 5 ms = 0.75 cores) is what it gets, no more
+    assert cpu == pytest.approx(0.75)
+    assert alloc.rates["integrity"] == pytest.approx(150.0)
+
+
+def test_a_fourth_lever_reaches_the_targets_through_the_control_plane() -> None:
+    cfg = ControlConfig(
+        slo_p99_ms=200.0,
+        base_candidates=400,
+        max_candidates=1200,
+        costs=COSTS,
+        segments=(SegmentInfo("casual", 1.0),),
+    )
+    reg = LeverRegistry.standard(COSTS, 400, 1200).with_lever(IntegrityCheckLever())
+    plane = ControlPlane(cfg, np.random.default_rng(0), levers=reg)
+    rng = np.random.default_rng(1)
+    t = plane.step(
+        observation(
+            60.0,
+            capacity=capacity(cpu=4.0, accelerator=2.0),
+            value=_proven("integrity", rng) | _proven("sbm", rng),
+            value_age_s=5.0,
+        )
+    )
+    shares = {s.lever: s for s in t.allocation}
+    assert shares["integrity"].cpu == pytest.approx(0.75)
+    assert shares["integrity"].hardware is None
+    assert shares["integrity"].value_per_unit_lcb > 0.0
