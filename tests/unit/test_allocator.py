@@ -177,7 +177,7 @@ def test_a_cpu_starved_region_gives_its_accelerators_to_sbm() -> None:
     levers = LeverRegistry.standard(COSTS, 400, 1200)
     alloc_ = Allocator(AllocatorSettings(), ValueSettings(), levers)
     a = alloc_.allocate(capacity(cpu=0.5, accelerator=4.0), 0.0, CTX, PROVEN, 10.0)
-    sbm_cpu, sbm_acc = a.budget("sbm")
+    _sbm_cpu, sbm_acc = a.budget("sbm")
     assert sbm_acc > 0.8 * a.safe_accelerator
     assert a.budget("rma")[1] < 0.1 * a.safe_accelerator
 

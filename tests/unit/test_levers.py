@@ -60,12 +60,15 @@ def test_costs_follow_the_contract_accounting() -> None:
 def test_standard_levers_declare_capacity_rules() -> None:
     reg = LeverRegistry.standard(COSTS, 400, 1200, precompute=True)
     assert reg.names == ("rma", "sbm", "precompute")
-    assert isinstance(reg["rma"], RmaLever) and reg["rma"].hardware == ("gpu-a", "gpu-b")
+    assert isinstance(reg["rma"], RmaLever)
+    assert reg["rma"].hardware == ("gpu-a", "gpu-b")
     sbm = reg["sbm"]
     assert isinstance(sbm, SbmLever)
-    assert sbm.min_durability_s == 120.0 and sbm.hardware == ("gpu-b",)
+    assert sbm.min_durability_s == 120.0
+    assert sbm.hardware == ("gpu-b",)
     pre = reg["precompute"]
-    assert isinstance(pre, PrecomputeLever) and pre.use is CapacityUse.ASYNC
+    assert isinstance(pre, PrecomputeLever)
+    assert pre.use is CapacityUse.ASYNC
     assert [lv.shed_action for lv in reg] == [
         ShedAction.TRIM_CANDIDATES,
         ShedAction.DOWNGRADE_MODEL,
@@ -79,7 +82,8 @@ def test_registry_rejects_duplicates_and_is_immutable() -> None:
     with pytest.raises(ValueError, match="twice"):
         reg.with_lever(RmaLever(COSTS, 400, 1200))
     bigger = reg.with_lever(IntegrityCheckLever())
-    assert "integrity" in bigger and "integrity" not in reg
+    assert "integrity" in bigger
+    assert "integrity" not in reg
 
 
 def test_rate_for_is_set_by_the_binding_resource() -> None:
@@ -117,7 +121,8 @@ def test_no_estimate_below_min_samples() -> None:
         }
     )
     est = SbmLever(COSTS).estimate(book, LeverContext(1.0, 1.0), 1.645, 30)
-    assert not est.known and est.lcb == -math.inf
+    assert not est.known
+    assert est.lcb == -math.inf
 
 
 def test_segments_are_stratified_so_a_different_control_mix_cannot_bias_uplift() -> None:
@@ -174,7 +179,8 @@ def test_a_fourth_lever_is_served_by_the_allocator_unchanged() -> None:
         capacity(cpu=4.0, accelerator=2.0), 0.0, LeverContext(300.0, 300.0), book, 10.0
     )
     cpu, acc = alloc.budget("integrity")
-    assert cpu > 0.0 and acc == 0.0
+    assert cpu > 0.0
+    assert acc == 0.0
     # its demand (150 checks/s × 5 ms = 0.75 cores) is what it gets, no more
     assert cpu == pytest.approx(0.75)
     assert alloc.rates["integrity"] == pytest.approx(150.0)
