@@ -1,0 +1,107 @@
+"""Fixtures shared by every test layer.
+
+* ``kafka_bootstrap`` (session): the address of a real Kafka broker. ``$KAFKA_BOOTSTRAP_SERVERS``
+  when set (``make test`` starts one broker for the whole run); otherwise the broker is started
+  here, once per session, in a temporary state directory on a free port, and stopped at the end.
+  It is started only when a test asks for it, so unit tests never pay for it. A broker that
+  cannot be had is a test *failure*, never a skip (CONTRACT §1).
+* ``topic_prefix`` (per test): a unique prefix (``t<hex>.``) with every registry topic created
+  under it (2 partitions each, the dead-letter topic 1), so tests never see each other's
+  messages; the topics are deleted afterwards.
+* ``kafka_target``: the two together, as :class:`streams.kafka.KafkaTarget`.
+* ``run_headroom``: run the ``headroom`` command line in a subprocess (JSON logs on stderr).
+
+Admin calls run their own event loop in a worker thread, so these synchronous fixtures work
+the same under plain and asyncio tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from headroom.errors import HeadroomError
+from streams import broker
+from streams.kafka import KafkaTarget, create_topics, delete_topics, wait_for_topics
+from streams.topics import topics
+
+T = TypeVar("T")
+TEST_PARTITIONS = 2
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine to completion in a fresh event loop on a worker thread."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    given = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if given:
+        if not run_async(broker.probe_async(given, timeout_s=10.0)):
+            pytest.fail(
+                f"KAFKA_BOOTSTRAP_SERVERS={given} does not answer a Kafka metadata request",
+                pytrace=False,
+            )
+        yield given
+        return
+    state_dir = tmp_path_factory.mktemp("kafka-state")
+    cfg = broker.BrokerConfig(state_dir=state_dir, port=broker.free_port(), start_timeout_s=180.0)
+    try:
+        started = broker.start(cfg)
+    except HeadroomError as exc:
+        pytest.fail(f"could not start the test Kafka broker: {exc}", pytrace=False)
+    try:
+        yield started.bootstrap
+    finally:
+        broker.stop(state_dir)
+
+
+@pytest.fixture
+def topic_prefix(kafka_bootstrap: str) -> Iterator[str]:
+    prefix = f"t{uuid.uuid4().hex[:12]}."
+    wanted = topics(prefix, partitions=TEST_PARTITIONS)
+    run_async(create_topics(kafka_bootstrap, wanted))
+    run_async(wait_for_topics(kafka_bootstrap, [t.name for t in wanted]))
+    yield prefix
+    # Deleting is only tidiness (a shared broker keeps fewer topics); never a test failure.
+    with contextlib.suppress(HeadroomError):
+        run_async(delete_topics(kafka_bootstrap, [t.name for t in wanted]))
+
+
+@pytest.fixture
+def kafka_target(kafka_bootstrap: str, topic_prefix: str) -> KafkaTarget:
+    return KafkaTarget(bootstrap=kafka_bootstrap, prefix=topic_prefix)
+
+
+@pytest.fixture
+def run_headroom() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """``run_headroom("topics", "create", ..., timeout=60)`` → CompletedProcess (text)."""
+
+    def run(*args: str, timeout: float = 120.0, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "HEADROOM_LOG_FORMAT": "json"}
+        env.update(kwargs.pop("env", {}))
+        return subprocess.run(
+            [sys.executable, "-m", "headroom.cli", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=REPO,
+            env=env,
+            check=False,
+            **kwargs,
+        )
+
+    return run
