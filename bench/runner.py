@@ -99,13 +99,16 @@ def bench(args: argparse.Namespace) -> int:
     from headroom.settings import resolve_prefix
 
     available = discover()
-    names = []
+    names: list[str] = []
     for item in args.only or []:
         names.extend(n for n in item.split(",") if n)
     unknown = [n for n in names if n not in available]
     if unknown:
         raise ConfigError(
-            [f"--only: unknown benchmark {n!r} (known: {', '.join(sorted(available))})" for n in unknown]
+            [
+                f"--only: unknown benchmark {n!r} (known: {', '.join(sorted(available))})"
+                for n in unknown
+            ]
         )
     selected = names or sorted(available)
     ctx = BenchContext(
@@ -120,7 +123,9 @@ def bench(args: argparse.Namespace) -> int:
         try:
             result = available[name](ctx)
         except Exception as exc:  # a broken benchmark is reported, the others still run
-            result = BenchResult(value=None, unit="", skipped=f"failed: {type(exc).__name__}: {exc}")
+            result = BenchResult(
+                value=None, unit="", skipped=f"failed: {type(exc).__name__}: {exc}"
+            )
         results[name] = result.to_json(command)
     doc = {"machine": machine(), "benchmarks": results}
     text = orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()

@@ -260,11 +260,11 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
             )
             ctl.aggregator.add_value(msg.region, msg.ts, (msg.segment, msg.lever, msg.arm), stats)
 
-    @app.timer(interval=settings.interval_s)
+    @app.timer(interval=settings.interval_s)  # type: ignore[untyped-decorator]
     async def control_tick() -> None:
         # Never decide before the tables are recovered: a restarted worker must resume from its
         # snapshot, not from scratch (bumpless restart).
-        if app.in_recovery or not app.tables.recovery.completed.is_set():
+        if app.in_recovery or not app.tables.recovery.completed.is_set():  # type: ignore[attr-defined]
             log.info("controller.tick.skipped", reason="table recovery in progress")
             return
         await run_tick(time.time())

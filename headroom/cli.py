@@ -23,10 +23,6 @@ EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, but usage errors exit 2 with one line (argparse already uses 2)."""
-
-
 def _add_kafka_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--bootstrap",
@@ -89,7 +85,7 @@ Handler = tuple[str, str]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = argparse.ArgumentParser(
         prog="headroom",
         description="headroom: spend idle, reclaimable inference capacity on optional ranking "
         "work, and give it back within milliseconds.",
@@ -143,7 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
     # --- scenario -----------------------------------------------------------------------------
     p = cmd(sub, "scenario", "scenario files: schema, validation, conversion", None)
     ssub = p.add_subparsers(dest="scenario_command", metavar="SUBCOMMAND", required=True)
-    cmd(ssub, "schema", "print the JSON Schema of scenario files", ("headroom.scenario_cli", "scenario_schema"))
+    cmd(
+        ssub,
+        "schema",
+        "print the JSON Schema of scenario files",
+        ("headroom.scenario_cli", "scenario_schema"),
+    )
     q = cmd(
         ssub,
         "check",
@@ -158,7 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
         ("sim.replay_cli", "scenario_from_recording"),
     )
     q.add_argument("file", metavar="FILE", help="recording (JSON lines, kcat -C -J envelope)")
-    q.add_argument("--base", metavar="SCENARIO", required=True, help="scenario giving slo, world, models, segments")
+    q.add_argument(
+        "--base",
+        metavar="SCENARIO",
+        required=True,
+        help="scenario giving slo, world, models, segments",
+    )
     q.add_argument("--out", metavar="NEW.yaml", required=True, help="scenario file to write")
 
     # --- kafka --------------------------------------------------------------------------------
@@ -171,7 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
         "bootstrap address last",
         ("streams.broker_cli", "start"),
     )
-    q.add_argument("--port", type=int, metavar="N", default=None, help="client port (default 19092)")
+    q.add_argument(
+        "--port", type=int, metavar="N", default=None, help="client port (default 19092)"
+    )
     q.add_argument(
         "--controller-port",
         type=int,
@@ -180,19 +188,47 @@ def build_parser() -> argparse.ArgumentParser:
         help="KRaft controller port (default: the client port + 1 when free, else any free port)",
     )
     _state_dir_flag(q)
-    q.add_argument("--timeout", type=_positive_float, default=120.0, metavar="S", help="give up after S seconds")
-    q = cmd(ksub, "status", "print the bootstrap address; exit 0 while the broker runs", ("streams.broker_cli", "status"))
+    q.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=120.0,
+        metavar="S",
+        help="give up after S seconds",
+    )
+    q = cmd(
+        ksub,
+        "status",
+        "print the bootstrap address; exit 0 while the broker runs",
+        ("streams.broker_cli", "status"),
+    )
     _state_dir_flag(q)
-    q = cmd(ksub, "stop", "stop the broker that `kafka start` started (only that one)", ("streams.broker_cli", "stop"))
+    q = cmd(
+        ksub,
+        "stop",
+        "stop the broker that `kafka start` started (only that one)",
+        ("streams.broker_cli", "stop"),
+    )
     _state_dir_flag(q)
 
     # --- topics -------------------------------------------------------------------------------
     p = cmd(sub, "topics", "headroom's Kafka topics", None)
     tsub = p.add_subparsers(dest="topics_command", metavar="SUBCOMMAND", required=True)
-    q = cmd(tsub, "create", "create every topic with its partitions and retention (idempotent)", ("streams.topics_cli", "create"))
+    q = cmd(
+        tsub,
+        "create",
+        "create every topic with its partitions and retention (idempotent)",
+        ("streams.topics_cli", "create"),
+    )
     _add_kafka_flags(q)
-    q = cmd(tsub, "list", "print the topic registry (names, partitions, configs)", ("streams.topics_cli", "list_topics"))
-    q.add_argument("--prefix", metavar="P", default=None, help="topic name prefix (default 'headroom.')")
+    q = cmd(
+        tsub,
+        "list",
+        "print the topic registry (names, partitions, configs)",
+        ("streams.topics_cli", "list_topics"),
+    )
+    q.add_argument(
+        "--prefix", metavar="P", default=None, help="topic name prefix (default 'headroom.')"
+    )
     q = cmd(
         tsub,
         "validate",
@@ -200,14 +236,33 @@ def build_parser() -> argparse.ArgumentParser:
         'line {"topic":…,"valid":N,"invalid":M}',
         ("streams.topics_cli", "validate"),
     )
-    q.add_argument("topic", metavar="TOPIC", help="topic name, with or without the prefix (e.g. capacity)")
+    q.add_argument(
+        "topic", metavar="TOPIC", help="topic name, with or without the prefix (e.g. capacity)"
+    )
     q.add_argument("--from-beginning", action="store_true", help="start at the earliest offset")
-    q.add_argument("--timeout", type=_positive_float, default=5.0, metavar="S", help="stop after S seconds with no new message (default 5)")
+    q.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=5.0,
+        metavar="S",
+        help="stop after S seconds with no new message (default 5)",
+    )
     _add_kafka_flags(q)
 
     # --- controller, workers ------------------------------------------------------------------
-    p = cmd(sub, "controller", "run the Faust controller app (allocator, RMA PID, SBM coverage, router)", ("controllers.app_cli", "controller"))
-    p.add_argument("--interval", type=_positive_float, default=60.0, metavar="S", help="control interval in seconds (default 60)")
+    p = cmd(
+        sub,
+        "controller",
+        "run the Faust controller app (allocator, RMA PID, SBM coverage, router)",
+        ("controllers.app_cli", "controller"),
+    )
+    p.add_argument(
+        "--interval",
+        type=_positive_float,
+        default=60.0,
+        metavar="S",
+        help="control interval in seconds (default 60)",
+    )
     _add_scenario_flag(p)
     _add_kafka_flags(p)
     _add_metrics_flag(p)
@@ -215,7 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = cmd(sub, "server", "run one ranking-server worker", ("workers.server_cli", "server"))
     p.add_argument("--region", required=True, metavar="R")
     p.add_argument("--pool", required=True, metavar="P", choices=["dedicated", "opportunistic"])
-    p.add_argument("--port", type=int, default=0, metavar="N", help="port clients connect to (0 = free port)")
+    p.add_argument(
+        "--port", type=int, default=0, metavar="N", help="port clients connect to (0 = free port)"
+    )
     _add_scenario_flag(p)
     _add_kafka_flags(p)
     _add_metrics_flag(p)
@@ -226,44 +283,108 @@ def build_parser() -> argparse.ArgumentParser:
     _add_kafka_flags(p)
     _add_metrics_flag(p)
 
-    p = cmd(sub, "precompute", "run one precompute worker", ("workers.precompute_cli", "precompute"))
+    p = cmd(
+        sub, "precompute", "run one precompute worker", ("workers.precompute_cli", "precompute")
+    )
     p.add_argument("--region", required=True, metavar="R")
     _add_scenario_flag(p)
     _add_kafka_flags(p)
     _add_metrics_flag(p)
 
-    p = cmd(sub, "feed", "publish a scenario's capacity levels and request traffic", ("workers.feed_cli", "feed"))
+    p = cmd(
+        sub,
+        "feed",
+        "publish a scenario's capacity levels and request traffic",
+        ("workers.feed_cli", "feed"),
+    )
     p.add_argument("scenario", metavar="SCENARIO")
-    p.add_argument("--speed", type=_positive_float, default=1.0, metavar="X", help="X times faster than real time (default 1)")
+    p.add_argument(
+        "--speed",
+        type=_positive_float,
+        default=1.0,
+        metavar="X",
+        help="X times faster than real time (default 1)",
+    )
     _add_kafka_flags(p)
 
-    p = cmd(sub, "up", "run the whole streaming stack locally against Kafka", ("workers.up_cli", "up"))
+    p = cmd(
+        sub, "up", "run the whole streaming stack locally against Kafka", ("workers.up_cli", "up")
+    )
     p.add_argument("scenario", metavar="SCENARIO")
     p.add_argument("--out", metavar="DIR", default=None)
     _add_kafka_flags(p)
 
     # --- record / replay ----------------------------------------------------------------------
-    p = cmd(sub, "record", "record topics to a JSON-lines file (kcat -C -J envelope)", ("streams.recording_cli", "record"))
-    p.add_argument("--topic", action="append", required=True, metavar="T", help="topic to record (repeatable; with or without the prefix)")
+    p = cmd(
+        sub,
+        "record",
+        "record topics to a JSON-lines file (kcat -C -J envelope)",
+        ("streams.recording_cli", "record"),
+    )
+    p.add_argument(
+        "--topic",
+        action="append",
+        required=True,
+        metavar="T",
+        help="topic to record (repeatable; with or without the prefix)",
+    )
     p.add_argument("--out", required=True, metavar="FILE")
     p.add_argument("--from-beginning", action="store_true", help="start at the earliest offset")
-    p.add_argument("--timeout", type=_positive_float, default=None, metavar="S", help="stop after S seconds with no new message (default: until interrupted)")
+    p.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=None,
+        metavar="S",
+        help="stop after S seconds with no new message (default: until interrupted)",
+    )
     _add_kafka_flags(p)
 
-    p = cmd(sub, "replay", "replay a recording into Kafka, keeping keys, per-key order and timing", ("streams.recording_cli", "replay"))
+    p = cmd(
+        sub,
+        "replay",
+        "replay a recording into Kafka, keeping keys, per-key order and timing",
+        ("streams.recording_cli", "replay"),
+    )
     p.add_argument("file", metavar="FILE")
-    p.add_argument("--speed", type=_positive_float, default=1.0, metavar="X", help="X times faster than recorded (0 = as fast as possible)")
-    p.add_argument("--topic-map", action="append", default=[], metavar="OLD=NEW", help="rename a topic on replay (repeatable)")
+    p.add_argument(
+        "--speed",
+        type=_positive_float,
+        default=1.0,
+        metavar="X",
+        help="X times faster than recorded (0 = as fast as possible)",
+    )
+    p.add_argument(
+        "--topic-map",
+        action="append",
+        default=[],
+        metavar="OLD=NEW",
+        help="rename a topic on replay (repeatable)",
+    )
     _add_kafka_flags(p)
 
     # --- analysis, bench ----------------------------------------------------------------------
-    p = cmd(sub, "analyze", "rebuild metrics.json, plots and report from an event log", ("analysis.cli", "analyze"))
+    p = cmd(
+        sub,
+        "analyze",
+        "rebuild metrics.json, plots and report from an event log",
+        ("analysis.cli", "analyze"),
+    )
     p.add_argument("events", metavar="EVENTS.jsonl")
-    p.add_argument("--out", metavar="DIR", default=None, help="output directory (default: beside the log)")
+    p.add_argument(
+        "--out", metavar="DIR", default=None, help="output directory (default: beside the log)"
+    )
     p.add_argument("--no-plots", action="store_true", help="skip PNG plots and report.html")
 
-    p = cmd(sub, "bench", "run the performance benchmarks and print JSON", ("bench.runner", "bench"))
-    p.add_argument("--only", action="append", default=None, metavar="NAME", help="run only this benchmark (repeatable)")
+    p = cmd(
+        sub, "bench", "run the performance benchmarks and print JSON", ("bench.runner", "bench")
+    )
+    p.add_argument(
+        "--only",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="run only this benchmark (repeatable)",
+    )
     p.add_argument("--out", metavar="FILE", default=None, help="also write the JSON here")
     p.add_argument("--quick", action="store_true", help="fewer iterations (for smoke tests)")
     _add_kafka_flags(p)
@@ -290,7 +411,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ModuleNotFoundError as exc:
             if exc.name != module_name:
                 raise
-            print(f"headroom: {args.command} is not implemented in this version yet", file=sys.stderr)
+            print(
+                f"headroom: {args.command} is not implemented in this version yet", file=sys.stderr
+            )
             return EXIT_FAILURE
         func: Callable[[argparse.Namespace], int] = getattr(module, func_name)
         return int(func(args) or 0)

@@ -1,7 +1,8 @@
 """structlog, configured once for every process.
 
-JSON lines for machines (the default when stderr is not a terminal, or ``HEADROOM_LOG_FORMAT=json``),
-a readable console renderer on a terminal (``HEADROOM_LOG_FORMAT=console``). Level from
+JSON lines for machines (the default when stderr is not a terminal, or
+``HEADROOM_LOG_FORMAT=json``), a readable console renderer on a terminal
+(``HEADROOM_LOG_FORMAT=console``). Level from
 ``HEADROOM_LOG_LEVEL`` (default ``info``).
 
 Event naming convention (docs/logging.md): ``<component>.<object>.<past-tense verb>``, lower case,
@@ -27,7 +28,8 @@ def configure(fmt: str | None = None, level: str | None = None) -> None:
     global _configured
     if _configured and fmt is None:
         return
-    fmt = fmt or os.environ.get("HEADROOM_LOG_FORMAT") or ("console" if sys.stderr.isatty() else "json")
+    default = "console" if sys.stderr.isatty() else "json"
+    fmt = fmt or os.environ.get("HEADROOM_LOG_FORMAT") or default
     level_name = (level or os.environ.get("HEADROOM_LOG_LEVEL") or "info").upper()
     level_no = logging.getLevelName(level_name)
     if not isinstance(level_no, int):
