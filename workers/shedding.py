@@ -548,6 +548,12 @@ class ServerShedder:
         self._ep_strong = 0
         # Counters.
         self._n = [0, 0, 0, 0]  # per Decision
+        # Config scalars, read on every decision (attribute look-ups are the hot path's cost).
+        self._burst = cfg.burst_ms
+        self._window = cfg.demand_window_ms
+        self._recovery = cfg.recovery_per_s
+        self._budget_aware = cfg.budget_aware
+        self._refresh = cfg.threshold_refresh
         self._dropped_extra = 0
         self._dropped_strong = 0
         self._inflight_cut = 0
@@ -564,17 +570,23 @@ class ServerShedder:
             return
         self._t = now
         dt_ms = dt * 1000.0
-        burst = self.config.burst_ms
-        if self._cap_cpu > 0.0:
-            self._tok_cpu = min(self._cap_cpu * burst, self._tok_cpu + self._cap_cpu * dt_ms)
-        if self._cap_acc > 0.0:
-            self._tok_acc = min(self._cap_acc * burst, self._tok_acc + self._cap_acc * dt_ms)
+        cap = self._cap_cpu
+        if cap > 0.0:
+            tok = self._tok_cpu + cap * dt_ms
+            depth = cap * self._burst
+            self._tok_cpu = depth if tok > depth else tok
+        cap = self._cap_acc
+        if cap > 0.0:
+            tok = self._tok_acc + cap * dt_ms
+            depth = cap * self._burst
+            self._tok_acc = depth if tok > depth else tok
         if self._dem_cpu > 0.0 or self._dem_acc > 0.0:
-            decay = math.exp(-dt_ms / self.config.demand_window_ms)
+            decay = math.exp(-dt_ms / self._window)
             self._dem_cpu *= decay
             self._dem_acc *= decay
-        if not self._dropping and self._tau_over > 0.0:
-            self._tau_over = max(0.0, self._tau_over - self.config.recovery_per_s * dt)
+        if self._tau_over > 0.0 and not self._dropping:
+            tau = self._tau_over - self._recovery * dt
+            self._tau_over = tau if tau > 0.0 else 0.0
             self._dirty = True
 
     # -- inputs ---------------------------------------------------------------------------
@@ -667,21 +679,23 @@ class ServerShedder:
 
     def _tau(self) -> float:
         tau = self._tau_over
-        if self.config.budget_aware:
-            window = self.config.demand_window_ms
-            if self._dem_cpu > 0.0:
-                tau = max(tau, 1.0 - self._cap_cpu * window / self._dem_cpu)
-            if self._dem_acc > 0.0:
-                tau = max(tau, 1.0 - self._cap_acc * window / self._dem_acc)
-        return min(1.0, max(0.0, tau))
+        if self._budget_aware:
+            dem = self._dem_cpu
+            if dem > 0.0:
+                b = 1.0 - self._cap_cpu * self._window / dem
+                if b > tau:
+                    tau = b
+            dem = self._dem_acc
+            if dem > 0.0:
+                b = 1.0 - self._cap_acc * self._window / dem
+                if b > tau:
+                    tau = b
+        return 1.0 if tau > 1.0 else (tau if tau > 0.0 else 0.0)
 
     def _current_threshold(self) -> float:
         tau = self._tau()
-        if (
-            self._dirty
-            or self._since_refresh >= self.config.threshold_refresh
-            or abs(tau - self._theta_tau) > 0.01
-        ):
+        moved = tau - self._theta_tau
+        if self._dirty or self._since_refresh >= self._refresh or moved > 0.01 or moved < -0.01:
             self._theta = self._hist.quantile(tau) if tau > 0.0 else 0.0
             self._theta_tau = tau
             self._since_refresh = 0
@@ -743,21 +757,21 @@ class ServerShedder:
 
     def _verdict(self, now: float, extra: int, strong: bool, n: int, keep_strong: bool) -> Verdict:
         lost_strong = strong and not keep_strong
-        lost_extra = extra - n
+        lost_extra = extra - n if extra > 0 else 0
+        if not lost_strong and lost_extra <= 0:
+            self._n[0] += 1
+            return Verdict(_ADMIT, n, keep_strong)
         if lost_strong:
-            decision = Decision.DOWNGRADE if (n > 0 or extra <= 0) else Decision.SHED
-        elif lost_extra > 0:
-            decision = Decision.TRIM if (n > 0 or keep_strong) else Decision.SHED
+            decision, code = (_DOWNGRADE, 2) if (n > 0 or extra <= 0) else (_SHED, 3)
         else:
-            decision = Decision.ADMIT
-        self._n[decision] += 1
-        if decision is not Decision.ADMIT:
-            self._dropped_extra += lost_extra
-            self._dropped_strong += lost_strong
-            self._ep_dropped += 1
-            self._ep_extra += lost_extra
-            self._ep_strong += lost_strong
-            self._last_drop = now
+            decision, code = (_TRIM, 1) if (n > 0 or keep_strong) else (_SHED, 3)
+        self._n[code] += 1
+        self._dropped_extra += lost_extra
+        self._dropped_strong += lost_strong
+        self._ep_dropped += 1
+        self._ep_extra += lost_extra
+        self._ep_strong += lost_strong
+        self._last_drop = now
         return Verdict(decision, n, keep_strong)
 
     def decide_batch(
@@ -1036,6 +1050,7 @@ class ServerShedder:
 
 
 _ADMIT_NOTHING = Verdict(Decision.ADMIT, 0, False)
+_ADMIT, _TRIM, _DOWNGRADE, _SHED = Decision.ADMIT, Decision.TRIM, Decision.DOWNGRADE, Decision.SHED
 
 
 def _plain(v: Any) -> Any:
