@@ -145,6 +145,32 @@ class ShedTransition:
     dropped_strong: int = 0
     multiplier: float | None = None  # client side: the multiplier after the transition
 
+    @property
+    def lever(self) -> str | None:
+        """``rma`` / ``sbm`` from what was dropped (``rma,sbm`` for both; None when unknown)."""
+        if self.dropped_extra_candidates and self.dropped_strong:
+            return "rma,sbm"
+        if self.dropped_extra_candidates:
+            return "rma"
+        if self.dropped_strong:
+            return "sbm"
+        return None
+
+    def event_fields(self, lever: str | None = None) -> dict[str, Any]:
+        """The fields of a ``shedding.started`` / ``shedding.stopped`` line (docs/events.md);
+        ``lever`` overrides the inferred one (a client knows which lever it sheds)."""
+        fields: dict[str, Any] = {
+            "kind": self.event.value,
+            "side": self.side,
+            "lever": lever or self.lever,
+            "dropped": self.dropped,
+            "dropped_extra_candidates": self.dropped_extra_candidates,
+            "dropped_strong": self.dropped_strong,
+        }
+        if self.multiplier is not None:
+            fields["multiplier"] = self.multiplier
+        return fields
+
 
 @dataclass(frozen=True, slots=True)
 class OverloadTransition:
@@ -154,6 +180,10 @@ class OverloadTransition:
     now: float
     queue_ms: float
     reason: str  # "queue_delay" | "slots_exhausted" | "recovered"
+
+    def event_fields(self) -> dict[str, Any]:
+        """The fields of an ``overload.entered`` / ``overload.left`` line (docs/events.md)."""
+        return {"kind": self.event.value, "queue_ms": self.queue_ms, "reason": self.reason}
 
 
 # --------------------------------------------------------------------------------------------

@@ -464,6 +464,14 @@ def test_poll_reports_shedding_started_then_stopped_with_the_amount_dropped() ->
     assert stopped is not None
     assert stopped.event is ShedEvent.STOPPED
     assert (stopped.dropped, stopped.dropped_extra_candidates) == (3, 35)
+    assert stopped.event_fields() == {
+        "kind": "shedding.stopped",
+        "side": "server",
+        "lever": "rma,sbm",
+        "dropped": 3,
+        "dropped_extra_candidates": 35,
+        "dropped_strong": 1,
+    }
     assert s.poll(3.0) is None
 
 
