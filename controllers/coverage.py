@@ -95,10 +95,11 @@ class CoverageController:
             return 0.0
         unit = self.costs.sbm_per_request
         c = self.settings.max_coverage
+        # divide in this order so a vanishing rate overflows to inf instead of dividing by 0
         if unit.accelerator_s > 0.0:
-            c = min(c, max(budget_accelerator, 0.0) / (eligible_rps * unit.accelerator_s))
+            c = min(c, max(budget_accelerator, 0.0) / unit.accelerator_s / eligible_rps)
         if unit.cpu_s > 0.0:
-            c = min(c, max(budget_cpu, 0.0) / (eligible_rps * unit.cpu_s))
+            c = min(c, max(budget_cpu, 0.0) / unit.cpu_s / eligible_rps)
         return max(c, 0.0)
 
     def track(self, coverage: float) -> None:

@@ -1,0 +1,110 @@
+"""SBM coverage: budget formula, latency correction, calibration loop, bounds, snapshot."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controllers.config import CoverageSettings
+from controllers.coverage import CoverageController, CoverageLimit
+from controllers.levers import CostModel
+
+COSTS = CostModel(0.1, 0.02, 0.005, 0.1, 400, ("gpu-a", "gpu-b"), ("gpu-b",), 120.0)
+SETPOINT = 170.0
+ACC_PER_REQUEST = 0.04  # 400 candidates × 0.1 ms
+CPU_PER_REQUEST = 0.002  # 400 candidates × 0.005 ms
+
+finite = st.floats(min_value=0.0, max_value=1e9, allow_nan=False, allow_infinity=False)
+maybe = st.one_of(st.none(), finite)
+step_inputs = st.tuples(maybe, st.one_of(st.none(), st.floats(0.0, 1.0)), finite, finite, finite)
+
+
+def controller(**kw: float) -> CoverageController:
+    return CoverageController(CoverageSettings(**kw), SETPOINT, COSTS)
+
+
+def run(c: CoverageController, history) -> None:
+    for p99, observed, rps, cpu, acc in history:
+        r = c.step(p99, observed, rps, cpu, acc, 1.0)
+        c.settle(r.command, r.command, r.intended)
+
+
+def test_coverage_is_the_accelerator_budget_over_eligible_strong_work() -> None:
+    c = controller()
+    r = c.step(100.0, None, 300.0, 100.0, 2.0, 1.0)
+    assert r.intended == pytest.approx(2.0 / (300.0 * ACC_PER_REQUEST))
+    assert r.limit is CoverageLimit.BUDGET
+    # CPU can bind too: 0.1 cores pay for 50 requests/s
+    r = controller().step(100.0, None, 300.0, 0.1, 100.0, 1.0)
+    assert r.intended == pytest.approx(0.1 / (300.0 * CPU_PER_REQUEST))
+
+
+def test_no_traffic_or_no_budget_means_no_coverage() -> None:
+    assert controller().step(100.0, None, 0.0, 1.0, 1.0, 1.0).command == 0.0
+    r = controller().step(100.0, None, 300.0, 1.0, 0.0, 1.0)
+    assert r.command == 0.0
+    assert r.limit is CoverageLimit.NO_BUDGET
+
+
+@settings(max_examples=300, deadline=None)
+@given(history=st.lists(step_inputs, max_size=10), last=step_inputs, cmax=st.floats(0.0, 1.0))
+def test_outputs_stay_in_bounds_and_within_budget_for_any_finite_input(history, last, cmax) -> None:
+    c = controller(max_coverage=cmax)
+    run(c, history)
+    p99, observed, rps, cpu, acc = last
+    r = c.step(p99, observed, rps, cpu, acc, 1.0)
+    assert 0.0 <= r.intended <= cmax
+    assert 0.0 <= r.command <= cmax
+    assert r.intended * rps * ACC_PER_REQUEST <= acc * (1 + 1e-9) + 1e-12
+    assert r.intended * rps * CPU_PER_REQUEST <= cpu * (1 + 1e-9) + 1e-12
+    reported = c.settle(r.command, r.command * 0.5, r.intended)
+    assert 0.0 <= reported <= r.intended
+
+
+def test_slow_strong_replicas_scale_coverage_down_and_fast_ones_never_up() -> None:
+    c = controller()
+    full = c.step(100.0, None, 300.0, 10.0, 2.0, 1.0).intended
+    slow = [c.step(SETPOINT * 1.5, None, 300.0, 10.0, 2.0, 1.0) for _ in range(3)]
+    assert slow[0].intended < full
+    assert slow[-1].intended < slow[0].intended
+    assert slow[-1].limit is CoverageLimit.LATENCY
+    fast = [c.step(10.0, None, 300.0, 10.0, 2.0, 1.0) for _ in range(20)]
+    assert fast[-1].intended == pytest.approx(full)  # back to the budget, never beyond
+
+
+def test_calibration_closes_a_persistent_gap_between_intended_and_observed() -> None:
+    c = controller()
+    # clients shed a fifth of strong-model requests: observed = 0.8 × what the router asked
+    observed = None
+    for _ in range(40):
+        r = c.step(100.0, observed, 300.0, 10.0, 1.2, 1.0)
+        reported = c.settle(r.command, r.command, r.intended)
+        observed = 0.8 * r.command
+    assert r.intended == pytest.approx(0.1)
+    assert reported == pytest.approx(0.1, rel=1e-3)
+    assert observed == pytest.approx(r.intended, rel=1e-3)  # the gap is closed
+    assert r.command == pytest.approx(0.125, rel=1e-3)
+
+
+def test_calibration_does_not_wind_up_when_the_router_cannot_deliver() -> None:
+    c = controller()
+    for _ in range(50):
+        r = c.step(100.0, 0.0, 300.0, 10.0, 1.2, 1.0)  # nobody is ever observed on SBM
+        c.settle(r.command, min(r.command, 0.05), r.intended)  # the router gives at most 0.05
+    assert c.calibration < 0.2  # bounded, not 50 steps of integrated error
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    history=st.lists(step_inputs, max_size=10), future=st.lists(step_inputs, min_size=1, max_size=4)
+)
+def test_snapshot_then_restore_gives_identical_next_outputs(history, future) -> None:
+    a = controller()
+    run(a, history)
+    b = controller()
+    b.restore_state(a.snapshot())
+    for p99, observed, rps, cpu, acc in future:
+        assert a.step(p99, observed, rps, cpu, acc, 1.0) == b.step(
+            p99, observed, rps, cpu, acc, 1.0
+        )
