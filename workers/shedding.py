@@ -214,7 +214,9 @@ class OptionalWork:
 
     ``extra_*_ms`` are the total costs of all ``extra`` candidates (per-candidate cost × extra);
     ``strong_*_ms`` the *incremental* cost of the strong model over the base model (zero unless
-    ``strong``). ``value`` is the request's value signal (non-negative).
+    ``strong``). ``value`` is the request's value signal (non-negative). Not validated, for
+    speed: a NaN or negative value never passes the threshold, so such a request loses its
+    optional work and nothing else.
     """
 
     value: float
@@ -414,7 +416,7 @@ class DecayedLogHistogram:
         if b >= self.config.bins:
             return 1.0
         below = float(self.counts[:b].sum()) + float(self.counts[b]) * (pos - b)
-        return min(1.0, max(0.0, below / float(self.counts.sum())))
+        return min(1.0, max(0.0, below / self.total))
 
     def snapshot(self) -> dict[str, Any]:
         """Raw bins and the running weight, so a restored histogram answers bit for bit alike."""
