@@ -1,0 +1,365 @@
+"""ControlPlane: bounds for any input, budgets, epochs, snapshot/restore, bumpless, config."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from controllers.config import ControlConfig, PidSettings
+from controllers.plane import ControlPlane, SnapshotError
+from controllers.testing import arm_stats, capacity, observation
+from controllers.types import ArmStats, CapacityLevel, RegionObservation
+from headroom.errors import ConfigError
+from headroom.scenario import (
+    Dedicated,
+    Models,
+    ModelSpec,
+    Region,
+    Scenario,
+    Segment,
+    Slo,
+    Traffic,
+    ValueDist,
+    World,
+)
+
+
+def scenario(**world: float) -> Scenario:
+    return Scenario(
+        name="unit",
+        seed=1,
+        duration_s=3600.0,
+        slo=Slo(200.0, 10.0),
+        world=World(
+            ads=1000, dim=8, base_candidates=400, max_candidates=1200, holdout=0.02, **world
+        ),
+        models=Models(
+            base=ModelSpec(0.1, 0.02, ("gpu-a", "gpu-b")),
+            strong=ModelSpec(0.005, 0.1, ("gpu-b",), load_s=120.0),
+        ),
+        segments=(
+            Segment("premium", 0.15, ValueDist(3.0, 0.8), 0.15, 0.10, return_rate_per_h=2.0),
+            Segment("casual", 0.85, ValueDist(0.6, 0.6), 0.5, 0.2, return_rate_per_h=1.0),
+        ),
+        regions=(Region("us-east", Dedicated(24, 4, "gpu-a"), Traffic(rps=300.0)),),
+    )
+
+
+CFG = ControlConfig.from_scenario(scenario())
+CFG_PRE = ControlConfig.from_scenario(scenario(drift_per_h=0.1, users=1000))
+
+
+def proven(rng: np.random.Generator) -> dict[tuple[str, str, str], ArmStats]:
+    out = {}
+    for lever, d in (("rma", 0.05), ("sbm", 0.3), ("precompute", 0.1)):
+        for seg in ("premium", "casual"):
+            out[(seg, lever, "treatment")] = arm_stats(rng, 2000, 1.0 + d, 0.5)
+            out[(seg, lever, "control")] = arm_stats(rng, 2000, 1.0, 0.5)
+    return out
+
+
+# -- strategies for hostile but NaN-free observations ---------------------------------------
+
+big = st.floats(min_value=0.0, max_value=1e12, allow_nan=False, allow_infinity=False)
+levels = st.builds(
+    CapacityLevel,
+    resource=st.sampled_from(["cpu", "accelerator"]),
+    hardware=st.sampled_from(["any", "gpu-a", "gpu-b"]),
+    pool=st.sampled_from(["opportunistic", "dedicated"]),
+    units=big,
+    expires_in_s=st.one_of(st.none(), big),
+    remote=st.booleans(),
+    ts=st.floats(0.0, 1e6),
+)
+stats = st.builds(
+    ArmStats,
+    n=st.integers(0, 10**6),
+    value_sum=st.floats(-1e9, 1e9),
+    value_sq_sum=st.floats(0.0, 1e12),
+)
+values = st.dictionaries(
+    st.tuples(
+        st.sampled_from(["premium", "casual", "ghost"]),
+        st.sampled_from(["rma", "sbm", "precompute", "other"]),
+        st.sampled_from(["treatment", "control"]),
+    ),
+    stats,
+    max_size=8,
+)
+
+
+@st.composite
+def observations(draw: st.DrawFn, now: float) -> RegionObservation:
+    rps = draw(big)
+    return RegionObservation(
+        region="r",
+        now=now,
+        window_s=draw(st.floats(0.0, 1e5)),
+        p99_ms={"all": draw(st.one_of(st.none(), big)), "sbm": draw(st.one_of(st.none(), big))},
+        request_rps=rps,
+        eligible_rps=draw(big),
+        segment_rps=draw(st.dictionaries(st.sampled_from(["premium", "casual", "x"]), big)),
+        capacity=tuple(draw(st.lists(levels, max_size=5))),
+        value=draw(values),
+        observed_coverage=draw(st.one_of(st.none(), st.floats(0.0, 1.0))),
+        value_age_s=draw(st.one_of(st.none(), big)),
+    )
+
+
+@st.composite
+def histories(draw: st.DrawFn, min_size: int = 1, max_size: int = 6) -> list[RegionObservation]:
+    n = draw(st.integers(min_size, max_size))
+    return [draw(observations(60.0 * (i + 1))) for i in range(n)]
+
+
+def check_bounds(cfg: ControlConfig, obs: RegionObservation, t, plane: ControlPlane) -> None:
+    assert cfg.base_candidates <= t.rma_candidates <= cfg.max_candidates
+    assert t.rma_base == cfg.base_candidates
+    assert t.rma_max == cfg.max_candidates
+    assert 0.0 <= t.sbm_coverage <= cfg.coverage.max_coverage
+    assert all(0.0 <= p <= 1.0 for p in t.sbm_segments.values())
+    assert set(cfg.segment_names) <= set(t.sbm_segments)
+    assert t.budget_cpu >= 0.0
+    assert t.budget_accelerator >= 0.0
+    assert t.precompute_jobs_per_s >= 0.0
+    assert t.ttl_s == cfg.ttl_s
+    json.dumps(plane.decision(obs.region).event_fields())  # the event is serialisable
+    # budgets: RMA's extra work and SBM's intended share fit what the allocator granted
+    rps = obs.request_rps
+    elig = min(obs.eligible_rps, rps)
+    rma_cpu = sum(s.cpu for s in t.allocation if s.lever == "rma")
+    rma_acc = sum(s.accelerator for s in t.allocation if s.lever == "rma")
+    extra = t.rma_candidates - t.rma_base
+    assert extra * rps * cfg.costs.rma_per_candidate.cpu_s <= rma_cpu * (1 + 1e-9) + 1e-12
+    assert extra * rps * cfg.costs.rma_per_candidate.accelerator_s <= rma_acc * (1 + 1e-9) + 1e-12
+    sbm_acc = sum(s.accelerator for s in t.allocation if s.lever == "sbm")
+    assert t.sbm_coverage * elig * cfg.costs.sbm_per_request.accelerator_s <= (
+        sbm_acc * (1 + 1e-9) + 1e-12
+    )
+    safe_acc = sum(
+        c.units for c in obs.capacity if c.resource == "accelerator" and c.pool == "opportunistic"
+    )
+    assert t.budget_accelerator <= safe_acc * (1 + 1e-9) + 1e-12
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(history=histories(max_size=6), precompute=st.booleans())
+def test_every_target_is_within_bounds_and_budgets_for_any_finite_input(
+    history, precompute
+) -> None:
+    cfg = CFG_PRE if precompute else CFG
+    plane = ControlPlane(cfg, np.random.default_rng(0))
+    epochs = []
+    for obs in history:
+        t = plane.step(obs)
+        check_bounds(cfg, obs, t, plane)
+        epochs.append(t.epoch)
+    assert epochs == sorted(set(epochs))  # strictly increasing
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    before=histories(min_size=0, max_size=5), after=histories(max_size=3), seed=st.integers(0, 99)
+)
+def test_snapshot_then_restore_gives_identical_next_outputs(before, after, seed) -> None:
+    a = ControlPlane(CFG_PRE, np.random.default_rng(seed))
+    for obs in before:
+        a.step(obs)
+    snap = json.loads(json.dumps(a.snapshot()))  # through JSON, as a table would store it
+    b = ControlPlane.restore(CFG_PRE, snap, np.random.Generator(np.random.PCG64()))
+    b.rng.bit_generator.state = a.rng.bit_generator.state
+    for obs in after:
+        ta, tb = a.step(obs), b.step(obs)
+        assert ta == tb
+
+
+def test_first_steps_fall_back_until_value_signals_arrive_then_follow_them() -> None:
+    plane = ControlPlane(CFG, np.random.default_rng(0))
+    cap = capacity(cpu=8.0, accelerator=2.0, expires_in_s=900.0)
+    t = plane.step(observation(60.0, capacity=cap))
+    assert t.fallback == "no_value"
+    assert 0.0 < t.budget_accelerator <= CFG.allocator.fallback_share * 2.0 + 1e-9
+    rng = np.random.default_rng(1)
+    t = plane.step(observation(120.0, capacity=cap, value=proven(rng), value_age_s=5.0))
+    assert t.fallback is None
+    assert t.budget_accelerator > 0.5 * 2.0
+    assert t.sbm_coverage > 0.0
+    # signals stop: after value_stale_s the allocator falls back again and says so
+    t = plane.step(observation(600.0, capacity=cap, value_age_s=480.0))
+    assert t.fallback == "stale_value"
+    events = dict(plane.decision("us-east").allocator_events())
+    assert events["allocator.fallback"] == {"reason": "stale_value"}
+
+
+def test_rma_rises_with_low_latency_and_falls_toward_base_with_high_latency() -> None:
+    plane = ControlPlane(CFG, np.random.default_rng(0))
+    cap = capacity(cpu=16.0, accelerator=4.0, hardware="gpu-a")  # only RMA can use gpu-a
+    rng = np.random.default_rng(1)
+    got = []
+    for i in range(8):
+        got.append(
+            plane.step(
+                observation(
+                    60.0 * (i + 1), p99_ms=80.0, capacity=cap, value=proven(rng), value_age_s=5.0
+                )
+            ).rma_candidates
+        )
+    assert got[-1] > got[0] >= CFG.base_candidates
+    falling = []
+    for i in range(8, 14):
+        falling.append(
+            plane.step(
+                observation(
+                    60.0 * (i + 1), p99_ms=400.0, capacity=cap, value=proven(rng), value_age_s=5.0
+                )
+            ).rma_candidates
+        )
+    assert falling == sorted(falling, reverse=True)
+    assert falling[-1] == CFG.base_candidates
+
+
+def test_a_reclaim_cuts_rma_and_sbm_at_the_next_step() -> None:
+    plane = ControlPlane(CFG, np.random.default_rng(0))
+    rng = np.random.default_rng(1)
+    for i in range(10):
+        t = plane.step(
+            observation(
+                60.0 * (i + 1),
+                p99_ms=80.0,
+                capacity=capacity(16.0, 4.0),
+                value=proven(rng),
+                value_age_s=5.0,
+            )
+        )
+    assert t.rma_candidates > CFG.base_candidates
+    assert t.sbm_coverage > 0.0
+    t = plane.step(observation(660.0, p99_ms=80.0, capacity=(), value=proven(rng), value_age_s=5.0))
+    assert t.rma_candidates == CFG.base_candidates
+    assert t.sbm_coverage == 0.0
+    assert all(p == 0.0 for p in t.sbm_segments.values())
+    assert t.reason == "no_budget"
+
+
+def test_after_an_outage_longer_than_ttl_the_loop_ramps_up_from_the_baseline() -> None:
+    plane = ControlPlane(CFG, np.random.default_rng(0))
+    rng = np.random.default_rng(1)
+    cap = capacity(64.0, 16.0, hardware="gpu-a")
+    for i in range(12):
+        t = plane.step(
+            observation(
+                60.0 * (i + 1), p99_ms=60.0, capacity=cap, value=proven(rng), value_age_s=5.0
+            )
+        )
+    assert t.rma_candidates == CFG.max_candidates
+    silent_until = 720.0 + CFG.ttl_s + 60.0
+    t = plane.step(
+        observation(silent_until, p99_ms=60.0, capacity=cap, value=proven(rng), value_age_s=5.0)
+    )
+    step = CFG.pid.max_step_up * (CFG.max_candidates - CFG.base_candidates)
+    assert t.rma_candidates <= CFG.base_candidates + step + 1
+
+
+def test_handover_continues_from_the_value_in_force() -> None:
+    plane = ControlPlane(CFG, np.random.default_rng(0))
+    plane.handover("us-east", 1000)
+    t = plane.step(
+        observation(
+            60.0,
+            p99_ms=CFG.setpoint_ms,
+            capacity=capacity(64.0, 16.0),
+            value=proven(np.random.default_rng(1)),
+            value_age_s=5.0,
+        )
+    )
+    assert abs(t.rma_candidates - 1000) <= CFG.pid.max_step_down * 800 + 1
+
+
+def test_epochs_outrank_a_restart_without_state() -> None:
+    a = ControlPlane(CFG, np.random.default_rng(0))
+    last = [a.step(observation(1_796_000_000.0 + 60 * i)).epoch for i in range(5)][-1]
+    b = ControlPlane(CFG, np.random.default_rng(0))  # restarted, snapshot lost
+    assert b.step(observation(1_796_000_000.0 + 60 * 6)).epoch > last
+
+
+def test_precompute_rate_is_published_when_the_scenario_enables_it() -> None:
+    plane = ControlPlane(CFG_PRE, np.random.default_rng(0))
+    remote = capacity(cpu=4.0, accelerator=4.0, remote=True)
+    t = plane.step(
+        observation(60.0, capacity=remote, value=proven(np.random.default_rng(1)), value_age_s=5.0)
+    )
+    assert t.precompute_jobs_per_s > 0.0
+    assert {s.lever for s in t.allocation} == {"precompute"}  # nothing live on a remote pool
+    assert (
+        ControlPlane(CFG, np.random.default_rng(0))
+        .step(observation(60.0, capacity=remote))
+        .precompute_jobs_per_s
+        == 0.0
+    )
+
+
+def test_restore_rejects_a_foreign_snapshot() -> None:
+    with pytest.raises(SnapshotError, match="version"):
+        ControlPlane.restore(CFG, {"version": 99}, np.random.default_rng(0))
+    with pytest.raises(SnapshotError, match="malformed"):
+        ControlPlane.restore(
+            CFG, {"version": 1, "regions": {"r": {"epoch": 1}}}, np.random.default_rng(0)
+        )
+
+
+# -- configuration ---------------------------------------------------------------------------
+
+
+def test_config_from_scenario_takes_slo_world_models_and_segments() -> None:
+    cfg = ControlConfig.from_scenario(scenario(), interval_s=10.0)
+    assert cfg.setpoint_ms == pytest.approx(170.0)
+    assert (cfg.base_candidates, cfg.max_candidates) == (400, 1200)
+    assert cfg.segment_names == ("premium", "casual")
+    assert cfg.costs.strong_load_s == 120.0
+    assert cfg.ttl_s == 30.0
+    assert cfg.allocator.value_stale_s == 30.0
+    assert not cfg.precompute_enabled
+    assert CFG_PRE.precompute_enabled
+
+
+def test_config_overrides_merge_groups_field_by_field() -> None:
+    cfg = ControlConfig.from_scenario(
+        scenario(), pid={"kp": 0.5}, allocator={"lever_caps": {"sbm": 0.4}}
+    )
+    assert cfg.pid.kp == 0.5
+    assert cfg.pid.ki == PidSettings().ki
+    assert cfg.allocator.cap("sbm") == 0.4
+    assert cfg.allocator.cap("rma") == cfg.allocator.max_share
+    assert ControlConfig.from_scenario(scenario(), pid=PidSettings(kp=0.1)).pid.kp == 0.1
+
+
+def test_config_errors_name_every_bad_field() -> None:
+    with pytest.raises(ConfigError) as err:
+        ControlConfig.from_scenario(
+            scenario(),
+            setpoint_margin=1.5,
+            pid={"kp": -1.0, "max_step_up": 0.0},
+            coverage={"max_coverage": 2.0},
+            allocator={"lever_caps": {"sbm": 1.5}},
+        )
+    text = "\n".join(err.value.problems)
+    for path in (
+        "control.setpoint_margin",
+        "control.pid.kp",
+        "control.pid.max_step_up",
+        "control.coverage.max_coverage",
+        "control.allocator.lever_caps[0]",
+    ):
+        assert path in text
+
+
+def test_config_rejects_unknown_settings() -> None:
+    with pytest.raises(ConfigError, match=r"control\.pid\.gain: unknown setting"):
+        ControlConfig.from_scenario(scenario(), pid={"gain": 1.0})
+    with pytest.raises(ConfigError, match=r"control\.speed: unknown setting"):
+        ControlConfig.from_scenario(scenario(), speed=2)
+    with pytest.raises(ConfigError, match=r"control\.ttl_s"):
+        ControlConfig.from_scenario(scenario(), interval_s=60.0, ttl_s=30.0)
