@@ -39,21 +39,26 @@ def analyze(args: argparse.Namespace) -> int:
     log = EventLog(events_path)  # ConfigError (exit 2) when missing
     out_dir = Path(args.out) if args.out else events_path.resolve().parent
 
-    acc = MetricsAccumulator()
-    for event in log:
-        acc.add(event)
-    print(f"analyze: {log.stats.summary()}", file=sys.stderr)
-    metrics = acc.result()
-
-    metrics_path = write_metrics(metrics, out_dir / "metrics.json")
-    print(format_table(metrics))
     if getattr(args, "no_plots", False):
+        acc = MetricsAccumulator()
+        for event in log:
+            acc.add(event)
+        print(f"analyze: {log.stats.summary()}", file=sys.stderr)
+        metrics = acc.result()
+        metrics_path = write_metrics(metrics, out_dir / "metrics.json")
+        print(format_table(metrics))
         print(f"metrics: {metrics_path}")
         return 0
 
-    from analysis.report import write_report
+    from analysis.report import collect, render_report
 
-    report = write_report(metrics, events_path, out_dir)
+    data = collect(log)  # one pass: the metrics and the report's series together
+    data.stats = log.stats
+    print(f"analyze: {log.stats.summary()}", file=sys.stderr)
+    metrics = data.acc.result()
+    metrics_path = write_metrics(metrics, out_dir / "metrics.json")
+    print(format_table(metrics))
+    report = render_report(metrics, data, events_path, out_dir)
     print(f"metrics: {metrics_path}")
     print(f"report: {report}")
     return 0

@@ -532,6 +532,12 @@ class MetricsAccumulator:
     def regions(self, policy: str) -> list[str]:
         return list(self._policies[policy].regions)
 
+    def flush(self) -> None:
+        """Judge every window still open (the end of the log): the series are then complete."""
+        for state in self._policies.values():
+            for region in state.regions.values():
+                region.finish()
+
     def result(self) -> dict[str, Any]:
         """The metrics document (judges every window still open: call at the end of the log)."""
         if not self._policies:

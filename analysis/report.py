@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import html
+import itertools
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -41,6 +42,7 @@ from analysis.metrics import LEVERS, MetricsAccumulator
 from analysis.table import fmt_value
 from headroom.errors import HeadroomError
 
+PEEK_EVENTS = 10_000  # events held back while looking for run.started
 MAX_BINS = 480  # time buckets per series: 3 minutes over 24 h, one per window over an hour
 RAW_SAMPLES_PER_KIND = 3  # unknown-kind lines shown verbatim in the report
 RAW_KINDS = 10
@@ -148,17 +150,18 @@ class _SketchSum:
 
 @dataclass
 class _Binned:
-    """Sums and counts of some named quantities per time bucket."""
+    """Sums and counts of some named quantities per time bucket (plain lists while filling:
+    scalar updates of numpy arrays cost several times more)."""
 
     n_bins: int
-    sums: dict[str, np.ndarray] = field(default_factory=dict)
-    counts: dict[str, np.ndarray] = field(default_factory=dict)
+    sums: dict[str, list[float]] = field(default_factory=dict)
+    counts: dict[str, list[int]] = field(default_factory=dict)
 
     def add(self, name: str, b: int, value: float) -> None:
         s = self.sums.get(name)
         if s is None:
-            s = self.sums[name] = np.zeros(self.n_bins)
-            self.counts[name] = np.zeros(self.n_bins)
+            s = self.sums[name] = [0.0] * self.n_bins
+            self.counts[name] = [0] * self.n_bins
         s[b] += value
         self.counts[name][b] += 1
 
@@ -166,13 +169,13 @@ class _Binned:
         s = self.sums.get(name)
         if s is None:
             return np.full(self.n_bins, np.nan)
-        c = self.counts[name]
+        c = np.asarray(self.counts[name], dtype=float)
         with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(c > 0, s / np.maximum(c, 1), np.nan)
+            return np.where(c > 0, np.asarray(s) / np.maximum(c, 1), np.nan)
 
     def total(self, name: str) -> np.ndarray:
         s = self.sums.get(name)
-        return s.copy() if s is not None else np.zeros(self.n_bins)
+        return np.asarray(s, dtype=float) if s is not None else np.zeros(self.n_bins)
 
 
 @dataclass
@@ -219,13 +222,34 @@ def _num(x: Any) -> float:
 
 def collect(
     events: Iterable[Mapping[str, Any]],
-    metrics: Mapping[str, Any],
+    metrics: Mapping[str, Any] | None = None,
     stats: LogStats | None = None,
 ) -> ReportData:
-    """One pass over the events: binned time series, merged sketches, release times."""
-    policies_m: Mapping[str, Any] = metrics.get("policies") or {}
-    durations = [_num(m.get("duration_s")) for m in policies_m.values()]
-    windows = [_num((m.get("slo") or {}).get("window_s")) for m in policies_m.values()]
+    """One pass over the events: binned time series, merged sketches, release times, and (in
+    ``data.acc``) the metrics themselves, so ``headroom analyze`` reads a log once.
+
+    The time buckets come from ``metrics`` when given (the longest policy's ``duration_s``),
+    else from the ``run.started`` lines among the first ``PEEK_EVENTS`` events (held back until
+    the buckets are known), else from the span of those events.
+    """
+    it = iter(events)
+    head: list[Mapping[str, Any]] = []
+    if metrics is not None:
+        policies_m: Mapping[str, Any] = metrics.get("policies") or {}
+        durations = [_num(m.get("duration_s")) for m in policies_m.values()]
+        windows = [_num((m.get("slo") or {}).get("window_s")) for m in policies_m.values()]
+        order = list(policies_m)
+    else:
+        for e in it:
+            head.append(e)
+            if e.get("kind") == "run.started" or len(head) >= PEEK_EVENTS:
+                break
+        starts = [e for e in head if e.get("kind") == "run.started"]
+        durations = [_num(e.get("duration_s")) for e in starts]
+        windows = [_num((e.get("slo") or {}).get("window_s")) for e in starts]
+        if not starts:
+            durations = [_num(e.get("t_end")) for e in head if e.get("kind") == "window"]
+        order = []
     duration = max([d for d in durations if d > 0] or [1.0])
     window_s = min([w for w in windows if w > 0] or [duration / MAX_BINS])
     n_bins = max(1, min(MAX_BINS, math.ceil(duration / window_s)))
@@ -233,14 +257,14 @@ def collect(
         duration_s=duration,
         bin_s=duration / n_bins,
         n_bins=n_bins,
-        policies=list(policies_m),
+        policies=order,
         regions=[],
         stats=stats if stats is not None else LogStats(),
         acc=MetricsAccumulator(),
     )
     t0: dict[str | None, float] = {}
     regions: dict[str, None] = {}
-    for e in events:
+    for e in itertools.chain(head, it):
         data.acc.add(e)
         kind = e.get("kind")
         policy = e.get("policy")
@@ -335,7 +359,7 @@ def collect(
         if p not in data.policies:
             data.policies.append(p)
     data.regions = list(regions)
-    data.acc.result()  # judges the windows still open, so every p99 is in the series
+    data.acc.flush()  # judges the windows still open, so every p99 is in the series
     return data
 
 
@@ -1009,12 +1033,22 @@ def _diagnostics(data: ReportData) -> str:
 
 
 def write_report(metrics: Mapping[str, Any], events_path: Path, out_dir: Path) -> Path:
-    """Plots into ``out_dir/plots/``, a self-contained ``out_dir/report.html``; returns its path."""
+    """Plots into ``out_dir/plots/``, a self-contained ``out_dir/report.html``; returns its path.
+
+    Reads ``events_path`` once (the time series); ``metrics`` is the document
+    ``compute_metrics`` made of the same log.
+    """
     events_path = Path(events_path)
-    out_dir = Path(out_dir)
     log = EventLog(events_path)
     data = collect(log, metrics)
     data.stats = log.stats  # filled while iterating
+    return render_report(metrics, data, events_path, Path(out_dir))
+
+
+def render_report(
+    metrics: Mapping[str, Any], data: ReportData, events_path: Path, out_dir: Path
+) -> Path:
+    """Draw the plots and write ``report.html`` from already collected data."""
     plots = render_plots(metrics, data, out_dir / "plots")
     page = render_html(metrics, plots, data, events_path)
     path = out_dir / "report.html"
