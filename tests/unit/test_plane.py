@@ -248,14 +248,14 @@ def test_after_an_outage_longer_than_ttl_the_loop_ramps_up_from_the_baseline() -
     plane = ControlPlane(CFG, np.random.default_rng(0))
     rng = np.random.default_rng(1)
     cap = capacity(64.0, 16.0, hardware="gpu-a")
-    for i in range(12):
+    for i in range(25):
         t = plane.step(
             observation(
                 60.0 * (i + 1), p99_ms=60.0, capacity=cap, value=proven(rng), value_age_s=5.0
             )
         )
     assert t.rma_candidates == CFG.max_candidates
-    silent_until = 720.0 + CFG.ttl_s + 60.0
+    silent_until = 60.0 * 25 + CFG.ttl_s + 60.0
     t = plane.step(
         observation(silent_until, p99_ms=60.0, capacity=cap, value=proven(rng), value_age_s=5.0)
     )
