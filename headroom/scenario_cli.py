@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from headroom.scenario import Scenario
+from headroom.scenario import Region, Scenario
 from headroom.scenario_load import load_scenario
 
 
@@ -44,4 +44,33 @@ def summary(scenario: Scenario, path: str) -> str:
         f"{len(scenario.events)} event{'s' if len(scenario.events) != 1 else ''}",
         "precompute " + ("on" if scenario.precompute_enabled else "off"),
     ]
+    util = baseline_peak_utilisation(scenario)
+    cpu = max(u[0] for u in util.values())
+    acc = max(u[1] for u in util.values())
+    parts.append(f"baseline at peak: CPU {cpu:.0%}, accelerator {acc:.0%} of dedicated")
     return ", ".join(parts)
+
+
+def peak_rps(scenario: Scenario, region: Region) -> float:
+    """The region's peak request rate before events: rps·(1 + a) for a synthetic rate (the cycle
+    peaks once per period), else the trace's maximum."""
+    traffic = region.traffic
+    if traffic.trace is not None:
+        return max(v for _, v in traffic.trace)
+    assert traffic.rps is not None
+    return traffic.rps * (1.0 + traffic.daily_amplitude)
+
+
+def baseline_peak_utilisation(scenario: Scenario) -> dict[str, tuple[float, float]]:
+    """Per region, (CPU, accelerator) share of dedicated capacity the baseline uses at peak:
+    peak rps × base_candidates × the base model's ms per candidate / (1000 × dedicated units).
+    CONTRACT §3 asks reference scenarios to sit at 60-85%."""
+    n = scenario.world.base_candidates
+    base = scenario.models.base
+    out: dict[str, tuple[float, float]] = {}
+    for region in scenario.regions:
+        rps = peak_rps(scenario, region)
+        cpu = rps * n * base.cpu_ms_per_candidate / 1000.0 / region.dedicated.cpu
+        acc = rps * n * base.accelerator_ms_per_candidate / 1000.0 / region.dedicated.accelerator
+        out[region.name] = (cpu, acc)
+    return out

@@ -959,3 +959,23 @@ def test_scenario_schema_prints_the_schema_as_json(capsys: pytest.CaptureFixture
 
     assert main(["scenario", "schema"]) == 0
     assert json.loads(capsys.readouterr().out) == SCHEMA
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.name)
+def test_reference_scenarios_run_the_baseline_at_60_to_85_percent_at_peak(path: Path) -> None:
+    from headroom.scenario_cli import baseline_peak_utilisation
+
+    for region, (cpu, acc) in baseline_peak_utilisation(load_scenario(path)).items():
+        assert 0.60 <= cpu <= 0.85, (region, cpu)
+        assert 0.60 <= acc <= 0.85, (region, acc)
+
+
+def test_peak_utilisation_uses_the_trace_maximum_for_trace_traffic() -> None:
+    from headroom.scenario_cli import baseline_peak_utilisation
+
+    d = doc()
+    d["regions"][1]["traffic"] = {"trace": [[0, 100], [600, 300], [1200, 50]]}
+    util = baseline_peak_utilisation(load_scenario_text(yaml.safe_dump(d)))
+    # 300 rps × 100 candidates × 0.1 ms = 3 cores of 20; × 0.02 ms = 0.6 devices of 4.
+    assert util["eu-west"] == pytest.approx((0.15, 0.15))
+    assert util["us-east"] == pytest.approx((420 * 100 * 0.1 / 1000 / 24, 420 * 2 / 1000 / 4))
