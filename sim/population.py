@@ -1,0 +1,237 @@
+"""The simulated request population: segments × value bins, and the value signals it produces.
+
+Pure: no clock, no global random state; every draw comes from a generator passed in.
+
+Why cells
+---------
+A day of the diurnal scenario is about 70 million requests; a Python call (or even a numpy row)
+per request is out of the question. Requests are therefore simulated as *cells*: segment ``s``
+× value bin ``k`` of ``K`` equal-probability bins of the segment's log-normal value
+(``value = exp(N(μ_s, σ_s))`` with ``μ_s = ln(mean_s) − σ_s²/2``, so ``E[value] = mean_s``). A
+step's arrivals are spread over the cells by their shares ``share_s / K``; every decision a policy
+takes (RMA candidates, SBM routing, shedding lowest value first) is a *fraction* of each cell's
+requests. Ground truth is exact for that model: the value of a cell's request is known only
+through its bin, so ``E[value × quality | cell, option] = E[value | bin] × Q(option)`` with the
+bin's conditional moments computed in closed form::
+
+    E[Vʲ | bin k] = exp(jμ + j²σ²/2) · K · (Φ(z_{k+1} − jσ) − Φ(z_k − jσ)),   z_k = Φ⁻¹(k/K)
+
+Value signals (what clients report)
+-----------------------------------
+Ground truth uses mean qualities ``Q`` (the curves' conditional expectation). What a client
+*observes* for one request is ``y = value × u`` with ``u`` the realised quality of the ad shown,
+``u ~ N(Q, sd)`` (``sd`` = the curves' per-request spread), and ``y = 0`` for a request that timed
+out. The holdout estimator only ever sees these observed sums. :func:`arm_sums` draws
+``(n, Σy, Σy²)`` of ``n`` requests: exactly, request by request, for small arms (the control arm
+of a window is a few dozen requests); for large arms from the bivariate normal limit of the two
+sums (central limit theorem), with the exact mean vector and covariance from the first four
+moments of ``y`` — the estimator's input has the right distribution at a fraction of the cost.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+from scipy.special import ndtr, ndtri
+
+from headroom.scenario import Scenario
+
+__all__ = ["EXACT_BELOW", "Population", "arm_sums"]
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+# Arms with fewer requests than this are drawn request by request; larger arms use the
+# bivariate normal limit of (Σy, Σy²). 64 keeps the control arm of a window exact.
+EXACT_BELOW = 64
+
+
+@dataclass(frozen=True, eq=False)
+class Population:
+    """Cells of a scenario's request population (index ``c = s·K + k``)."""
+
+    segments: tuple[str, ...]
+    bins: int
+    seg: IntArray  # (C,) segment index of each cell
+    share: FloatArray  # (C,) share of all requests
+    v_mean: FloatArray  # (C,) E[V | cell]
+    v_moments: FloatArray  # (4, C) E[V^j | cell], j = 1..4
+    v_lo: FloatArray  # (C,) lower value bound of the bin
+    v_hi: FloatArray  # (C,) upper value bound (inf for the top bin)
+    mu: FloatArray  # (S,) log-normal parameters per segment
+    sigma: FloatArray
+    seg_share: FloatArray  # (S,)
+
+    @classmethod
+    def from_scenario(cls, scenario: Scenario, bins: int = 8) -> Population:
+        if bins < 1:
+            raise ValueError(f"bins: must be >= 1, got {bins}")
+        names = tuple(s.name for s in scenario.segments)
+        shares = np.array([s.share for s in scenario.segments], dtype=np.float64)
+        shares = shares / shares.sum()
+        sig = np.array([max(s.value.sigma, 0.0) for s in scenario.segments], dtype=np.float64)
+        mean = np.array([s.value.mean for s in scenario.segments], dtype=np.float64)
+        mu = np.log(mean) - 0.5 * sig * sig
+        n_seg = len(names)
+        z = ndtri(np.arange(bins + 1) / bins)  # -inf … +inf
+        seg = np.repeat(np.arange(n_seg), bins)
+        k = np.tile(np.arange(bins), n_seg)
+        moments = np.empty((4, n_seg * bins))
+        for j in range(1, 5):
+            s = sig[seg]
+            m = np.exp(j * mu[seg] + 0.5 * j * j * s * s)
+            with np.errstate(invalid="ignore"):
+                mass = ndtr(z[k + 1] - j * s) - ndtr(z[k] - j * s)
+            moments[j - 1] = m * bins * mass
+        # a degenerate (sigma 0) segment: every bin is the mean
+        flat = sig[seg] == 0.0
+        for j in range(1, 5):
+            moments[j - 1, flat] = mean[seg[flat]] ** j
+        with np.errstate(over="ignore"):
+            v_lo = np.exp(mu[seg] + sig[seg] * z[k])
+            v_hi = np.exp(mu[seg] + sig[seg] * z[k + 1])
+        return cls(
+            segments=names,
+            bins=bins,
+            seg=seg.astype(np.int64),
+            share=(shares[seg] / bins).astype(np.float64),
+            v_mean=moments[0].copy(),
+            v_moments=moments,
+            v_lo=v_lo,
+            v_hi=v_hi,
+            mu=mu,
+            sigma=sig,
+            seg_share=shares,
+        )
+
+    @property
+    def n_cells(self) -> int:
+        return int(self.seg.size)
+
+    @property
+    def n_segments(self) -> int:
+        return len(self.segments)
+
+    def value_cdf(self, v: float) -> float:
+        """Share of all requests with a value ≤ ``v`` (mixture over segments)."""
+        if v <= 0.0:
+            return 0.0
+        x = math.log(v)
+        total = 0.0
+        for s in range(self.n_segments):
+            if self.sigma[s] > 0:
+                total += self.seg_share[s] * float(ndtr((x - self.mu[s]) / self.sigma[s]))
+            else:
+                total += self.seg_share[s] * float(x >= self.mu[s])
+        return total
+
+    def value_quantile(self, q: float) -> float:
+        """The value below which a share ``q`` of all requests lies (bisection on ln v)."""
+        if q <= 0.0:
+            return 0.0
+        if q >= 1.0:
+            return math.inf
+        lo = float((self.mu - 8.0 * self.sigma - 1.0).min())
+        hi = float((self.mu + 8.0 * self.sigma + 1.0).max())
+        for _ in range(60):
+            mid = 0.5 * (lo + hi)
+            if self.value_cdf(math.exp(mid)) < q:
+                lo = mid
+            else:
+                hi = mid
+        return math.exp(0.5 * (lo + hi))
+
+    def share_above(self, v: float) -> FloatArray:
+        """Per cell, the share of its requests whose value is ≥ ``v``."""
+        if v <= 0.0:
+            return np.ones(self.n_cells)
+        if math.isinf(v):
+            return np.zeros(self.n_cells)
+        k = np.arange(self.n_cells) % self.bins
+        s = self.seg
+        with np.errstate(divide="ignore"):
+            u = np.where(
+                self.sigma[s] > 0,
+                ndtr((math.log(v) - self.mu[s]) / np.where(self.sigma[s] > 0, self.sigma[s], 1.0)),
+                (math.log(v) > self.mu[s]).astype(np.float64),
+            )
+        return np.asarray(np.clip(((k + 1) / self.bins - u) * self.bins, 0.0, 1.0))
+
+    def keep_top(self, share: float) -> FloatArray:
+        """Per cell, the share of its requests among the top ``share`` of all requests by value
+        (the client shedder's rule: keep optional work when value rank ≥ 1 − multiplier)."""
+        if share >= 1.0:
+            return np.ones(self.n_cells)
+        if share <= 0.0:
+            return np.zeros(self.n_cells)
+        return self.share_above(self.value_quantile(1.0 - share))
+
+    def sample_values(self, cells: IntArray, u: FloatArray) -> FloatArray:
+        """Values of requests of the given cells; ``u`` (uniform in [0, 1)) places each in a bin."""
+        k = cells % self.bins
+        s = self.seg[cells]
+        q = (k + np.clip(u, 1e-12, 1 - 1e-12)) / self.bins
+        return np.asarray(np.exp(self.mu[s] + self.sigma[s] * ndtri(q)))
+
+
+def arm_sums(
+    rng: np.random.Generator,
+    pop: Population,
+    n: int,
+    weights: FloatArray,
+    q_mean: FloatArray,
+    q_sd: FloatArray,
+    in_time: FloatArray,
+) -> tuple[int, float, float]:
+    """Observed ``(n, Σy, Σy²)`` of ``n`` requests drawn from a mixture of (cell, option) parts.
+
+    ``weights``, ``q_mean``, ``q_sd`` and ``in_time`` are flat arrays over the parts: the part's
+    share (need not be normalised), its cell-conditional mean quality and spread, and the
+    probability that a request of it finishes in time (else it delivers, and reports, 0). The
+    part's cell is ``part % pop.n_cells`` (parts are laid out option-major).
+    """
+    if n <= 0:
+        return 0, 0.0, 0.0
+    w = np.asarray(weights, dtype=np.float64)
+    total = float(w.sum())
+    if total <= 0.0:
+        return n, 0.0, 0.0
+    p = w / total
+    cells = np.arange(p.size) % pop.n_cells
+    if n < EXACT_BELOW:
+        part = rng.choice(p.size, size=n, p=p)
+        c = cells[part]
+        v = pop.sample_values(c, rng.random(n))
+        u = q_mean[part] + q_sd[part] * rng.standard_normal(n)
+        ok = rng.random(n) < in_time[part]
+        y = np.where(ok, v * u, 0.0)
+        return n, float(y.sum()), float((y * y).sum())
+    vm = pop.v_moments[:, cells]  # (4, P)
+    m, sd = q_mean, q_sd
+    um = np.stack(
+        [
+            m,
+            m * m + sd * sd,
+            m**3 + 3 * m * sd * sd,
+            m**4 + 6 * m * m * sd * sd + 3 * sd**4,
+        ]
+    )
+    ym = (vm * um * in_time) @ p  # E[y^j], j = 1..4, of one request of the mixture
+    m1, m2, m3, m4 = (float(x) for x in ym)
+    var1 = max(m2 - m1 * m1, 0.0)
+    var2 = max(m4 - m2 * m2, 0.0)
+    cov = m3 - m1 * m2
+    # bivariate normal of (Σy, Σy²) = n·(m1, m2) + √n·L·z with L the Cholesky factor
+    a = math.sqrt(var1)
+    b = cov / a if a > 0 else 0.0
+    c2 = max(var2 - b * b, 0.0)
+    z1, z2 = rng.standard_normal(2)
+    rt = math.sqrt(n)
+    s1 = n * m1 + rt * a * z1
+    s2 = n * m2 + rt * (b * z1 + math.sqrt(c2) * z2)
+    s1 = max(s1, 0.0)
+    s2 = max(s2, s1 * s1 / n)  # Cauchy–Schwarz: no negative sample variance
+    return n, s1, s2
