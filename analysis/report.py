@@ -1008,9 +1008,57 @@ def render_html(
             region_rows,
         )
     )
+    parts.append(_checks(metrics))
     parts.append(_diagnostics(data))
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def consistency_checks(metrics: Mapping[str, Any]) -> list[str]:
+    """What a reader should know before trusting the figures: one sentence per finding."""
+    found: list[str] = []
+    for name, m in metrics["policies"].items():
+        v = m["value"]
+        levers = v["incremental_rma"] + v["incremental_sbm"] + v["incremental_precompute"]
+        tolerance = 1e-6 * max(1.0, abs(v["incremental"]))
+        if abs(v["incremental"] - levers) > tolerance:
+            found.append(
+                f"{name}: incremental value {v['incremental']:.6g} differs from the sum over "
+                f"levers {levers:.6g} (value_total − value_baseline vs inc in the window lines)"
+            )
+        if v["oracle_incremental"] and v["incremental"] > v["oracle_incremental"] + tolerance:
+            found.append(
+                f"{name}: incremental value {v['incremental']:.6g} exceeds the oracle bound "
+                f"{v['oracle_incremental']:.6g}: the bound is not an upper bound"
+            )
+        low, high = v["estimated_ci95"]
+        if v["estimated_incremental"] and not low <= v["incremental"] <= high:
+            found.append(
+                f"{name}: the holdout estimate's 95% interval [{low:.6g}, {high:.6g}] does not "
+                f"cover the true incremental value {v['incremental']:.6g}"
+            )
+        if v.get("estimate_unusable_segments"):
+            segs = ", ".join(v["estimate_unusable_segments"])
+            found.append(f"{name}: segments left out of the estimate (no control arm): {segs}")
+        slo = m["slo"]
+        if slo.get("late_window_lines") or slo.get("bad_sketches"):
+            found.append(
+                f"{name}: {slo.get('late_window_lines', 0)} late window line(s) and "
+                f"{slo.get('bad_sketches', 0)} malformed sketch(es) left out of window p99s"
+            )
+    return found
+
+
+def _checks(metrics: Mapping[str, Any]) -> str:
+    found = consistency_checks(metrics)
+    if not found:
+        return (
+            "<h2>Checks</h2><p>Incremental value equals the sum over levers, no policy passes the "
+            "oracle bound, every holdout interval covers the truth, no window line was late or "
+            "malformed.</p>"
+        )
+    items = "".join(f"<li>{_e(f)}</li>" for f in found)
+    return f"<h2>Checks</h2><ul class='bad'>{items}</ul>"
 
 
 def _diagnostics(data: ReportData) -> str:

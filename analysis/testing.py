@@ -272,7 +272,7 @@ def synthetic_run(
                     latencies_ms=list(lat),
                     base_latencies_ms=list(base_lat),
                     errors=int(hot) * 3,
-                    value_total=float(n) + rma + sbm,
+                    value_total=float(n) + rma + sbm + (0.1 * a if precompute else 0.0),
                     value_baseline=float(n),
                     inc={"rma": rma, "sbm": sbm, "precompute": 0.1 * a if precompute else 0.0},
                     arms=arms,

@@ -12,8 +12,8 @@ import pytest
 
 from analysis.events import EventLog, read_events
 from analysis.metrics import compute_metrics
-from analysis.report import _carry_forward, _SketchSum, collect, write_report
-from analysis.testing import LogBuilder, synthetic_run
+from analysis.report import _carry_forward, _SketchSum, collect, consistency_checks, write_report
+from analysis.testing import LogBuilder, arm, synthetic_run
 from headroom.cli import main
 from streams.sketch import LatencySketch
 
@@ -211,3 +211,30 @@ def test_event_log_stats_reach_the_report(run_log: Path) -> None:
     events = list(log)
     assert log.stats.corrupt == 1
     assert len(events) == log.stats.events
+
+
+def test_checks_flag_a_broken_oracle_a_lever_gap_and_a_missed_interval() -> None:
+    log = LogBuilder()
+    log.run_started("p")
+    log.oracle("p", 5.0)
+    arms = {"casual": {"control": arm([1.0, 1.0, 1.0]), "rma": arm([1.0, 1.0])}}
+    log.window(
+        "p",
+        "r1",
+        0.0,
+        latencies_ms=[10.0],
+        value_total=20.0,
+        value_baseline=10.0,
+        inc={"rma": 4.0},
+        arms=arms,
+    )
+    found = consistency_checks(compute_metrics(log.events))
+    assert any("differs from the sum over levers" in f for f in found)
+    assert any("exceeds the oracle bound" in f for f in found)
+    assert not any("does not cover" in f for f in found)  # an estimate of exactly 0 is silent
+
+
+def test_checks_are_silent_on_a_consistent_run() -> None:
+    log = synthetic_run(policies=("static", "headroom"), regions=("r1",), duration_s=300.0)
+    found = consistency_checks(compute_metrics(log.events))
+    assert [f for f in found if "holdout" not in f] == []
