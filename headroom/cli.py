@@ -369,7 +369,11 @@ def build_parser() -> argparse.ArgumentParser:
         "rebuild metrics.json, plots and report from an event log",
         ("analysis.cli", "analyze"),
     )
-    p.add_argument("events", metavar="EVENTS.jsonl")
+    p.add_argument(
+        "events",
+        metavar="EVENTS.jsonl",
+        help="event log (JSON lines, docs/events.md) written by simulate, up or the workers",
+    )
     p.add_argument(
         "--out", metavar="DIR", default=None, help="output directory (default: beside the log)"
     )
