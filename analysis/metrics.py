@@ -14,7 +14,8 @@ The algorithm, per policy (every line carries ``policy``; a ``null`` policy on `
   still arrive — when a line of the same (policy, region) starts ``lateness`` seconds of event time
   after the window ended (``max(60 s, 6 windows)``: Kafka delivery and client flush delays are
   seconds, not minutes), or at the end of the log. A window whose merged sketch is empty does not
-  count. Memory is bounded by the open windows plus one float per judged window.
+  count. Memory: the open windows, three floats per judged window (start, end, p99) and one
+  per precompute staleness sample; never the lines themselves.
 
   ``violation_fraction = #{judged windows with p99 > slo.p99_ms} / #{judged windows}``, pooled over
   regions; ``worst_window_p99_ms = max p99``.
