@@ -65,7 +65,7 @@ def _observations(rng: np.random.Generator, interval: int) -> list[RegionObserva
                     CapacityLevel("accelerator", "gpu-b", "opportunistic", 4.0, None, True, now),
                 ),
                 value=value,
-                observed_coverage=0.2,
+                observed_coverage=None,
                 value_age_s=5.0,
             )
         )

@@ -272,6 +272,9 @@ class ValueBook:
             w = n_t / n_t_total
             mean += w * d
             var += w * w * v
+        if not (math.isfinite(mean) and math.isfinite(var)):
+            # sums so large they overflowed: no usable estimate rather than NaN downstream
+            return Uplift(0.0, math.inf, n_t_total, n_c_total)
         return Uplift(mean, math.sqrt(var), n_t_total, n_c_total)
 
     def pooled_sd(self) -> float:

@@ -70,6 +70,13 @@ def _finite_nonneg(x: float | None) -> float:
     return float(x)
 
 
+def _finite_or_none(x: float | None) -> float | None:
+    """Event fields must be finite numbers (CONTRACT §2): anything else is logged as null."""
+    if x is None or not isinstance(x, int | float) or not math.isfinite(x):
+        return None
+    return float(x)
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     """One step's inputs and intermediate results, for the event log and for debugging."""
@@ -284,11 +291,11 @@ class ControlPlane:
             fallback=alloc.fallback.value if alloc.fallback is not None else None,
         )
         inputs = {
-            "p99_ms": {k: v for k, v in obs.p99_ms.items()},
+            "p99_ms": {k: _finite_or_none(v) for k, v in obs.p99_ms.items()},
             "request_rps": request_rps,
             "eligible_rps": eligible_rps,
-            "observed_coverage": obs.observed_coverage,
-            "value_age_s": obs.value_age_s,
+            "observed_coverage": _finite_or_none(obs.observed_coverage),
+            "value_age_s": _finite_or_none(obs.value_age_s),
             "window_s": window_s,
             "safe_cpu": alloc.safe_cpu,
             "safe_accelerator": alloc.safe_accelerator,

@@ -177,6 +177,35 @@ def test_snapshot_then_restore_gives_identical_next_outputs(before, after, seed)
         assert ta == tb
 
 
+def test_nan_and_overflowing_inputs_still_give_bounded_targets() -> None:
+    nan = float("nan")
+    plane = ControlPlane(CFG_PRE, np.random.default_rng(0))
+    huge = ArmStats(10**6, 1e308, 1e308)
+    for i in range(3):
+        obs = RegionObservation(
+            region="r",
+            now=nan if i == 1 else 60.0 * (i + 1),
+            window_s=nan,
+            p99_ms={"all": nan, "sbm": nan},
+            request_rps=nan,
+            eligible_rps=nan,
+            segment_rps={"casual": nan},
+            capacity=(
+                CapacityLevel("cpu", "any", "opportunistic", nan, nan, False, nan),
+                CapacityLevel("accelerator", "gpu-b", "opportunistic", 4.0, nan, False, 0.0),
+            ),
+            value={("casual", "sbm", "treatment"): huge, ("casual", "sbm", "control"): huge},
+            observed_coverage=nan,
+            value_age_s=nan,
+        )
+        t = plane.step(obs)
+        assert CFG_PRE.base_candidates <= t.rma_candidates <= CFG_PRE.max_candidates
+        assert 0.0 <= t.sbm_coverage <= 1.0
+        assert all(0.0 <= p <= 1.0 for p in t.sbm_segments.values())
+        assert all(np.isfinite([t.budget_cpu, t.budget_accelerator, t.precompute_jobs_per_s]))
+        json.dumps(plane.decision("r").event_fields(), allow_nan=False)
+
+
 def test_first_steps_fall_back_until_value_signals_arrive_then_follow_them() -> None:
     plane = ControlPlane(CFG, np.random.default_rng(0))
     cap = capacity(cpu=8.0, accelerator=2.0, expires_in_s=900.0)
