@@ -89,7 +89,7 @@ __all__ = [
     "WorldParams",
 ]
 
-WORLD_VERSION = 1  # bump whenever a change alters what a seed produces (invalidates cached curves)
+WORLD_VERSION = 2  # bump whenever a change alters what a seed produces (invalidates cached curves)
 
 # The true score's three unit-variance terms and their weights. The affinity dominates (users
 # differ in what they like), the idiosyncratic term is what retrieval cannot see, the ad-level
@@ -107,7 +107,7 @@ BID_SIGMA = 0.4  # log-normal bid spread: top bids ~2.2× the median (a 2-sigma 
 SEGMENT_COHESION = 0.3  # share of a user's taste variance shared with its segment
 IDIO_RANK = 16
 ERROR_RANK = 16
-BASE_HIDDEN = 32  # base model MLP width; the strong model's is this × the declared cost ratio
+BASE_HIDDEN = 64  # base model MLP width; the strong model's is this × the declared cost ratio
 MAX_WIDTH_RATIO = 32
 RETRIEVAL_DIM_DIVISOR = 8  # the index keeps dim/8 coordinates: an 8× cheaper scan
 DRIFT_FEATURES = 8
