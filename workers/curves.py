@@ -327,7 +327,7 @@ def _with_key(curves: ValueCurves, key: str) -> ValueCurves:
 
 
 def measure_cost(
-    scenario: Scenario, *, seed: int | None = None, repeats: int = 20
+    scenario: Scenario, *, seed: int | None = None, repeats: int = 100
 ) -> CostMeasurement:
     """Time the real retrieval and forward passes of both models on ``max_candidates``
     candidates, best of ``repeats`` (the least disturbed run on a shared machine)."""
