@@ -21,13 +21,16 @@ run: $(STAMP)
 	$(BIN)/headroom simulate scenarios/quickstart.yaml
 
 ## make test: lint, then the whole suite, including the integration tests on a real Kafka broker
-## (started here unless KAFKA_BOOTSTRAP_SERVERS names one, and stopped afterwards).
+## (started here unless KAFKA_BOOTSTRAP_SERVERS names one, and stopped afterwards, whatever the
+## outcome). Extra pytest arguments: make test PYTEST_ARGS="-k recording -x".
+PYTEST_ARGS ?=
 test: $(STAMP) kcat
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	PATH="$(abspath $(BIN)):$$PATH" ./tools/run-tests.sh
+	PATH="$(abspath $(BIN)):$$PATH" ./tools/run-tests.sh $(PYTEST_ARGS)
 
+## make kcat: install kcat (Debian package; needs root or sudo) unless it is already there.
 kcat:
 	@command -v kcat >/dev/null 2>&1 || ./tools/install-kcat.sh
 
