@@ -1,6 +1,6 @@
 """Kafka benchmarks: loopback produce and consume rates, broker cold and warm start times.
 
-* ``kafka_produce_msgs_per_s`` — latency messages (a 100-bin sketch and 3 samples, ~1.6 kB)
+* ``kafka_produce_msgs_per_s`` — latency messages (a 100-bin sketch and 3 samples, ~1 kB)
   sent with the project's producer settings (``streams.kafka.make_producer``: acks=all,
   idempotent, linger 5 ms) to a 4-partition topic, until the broker acknowledged all of them.
 * ``kafka_consume_msgs_per_s`` — the same messages read back through the shared consumer loop

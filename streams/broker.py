@@ -621,7 +621,7 @@ def start(cfg: BrokerConfig, *, on_progress: Callable[..., None] | None = None) 
 
     Idempotent: when this state directory's broker already runs and answers, returns its address
     with ``already_running=True``. ``on_progress(event, **fields)`` hears the slow steps
-    (``broker.libs.resolving``, ``broker.process.launched``, ``broker.pidfile.removed``).
+    (``broker.assembly.started``, ``broker.process.launched``, ``broker.pidfile.removed``).
     Blocking: call it from synchronous code, not from inside a running event loop.
 
     Raises :class:`BrokerError` (with the log's tail) when the broker exits or does not answer
@@ -666,7 +666,7 @@ def start(cfg: BrokerConfig, *, on_progress: Callable[..., None] | None = None) 
         version = kafka_version()
         libs_dir = (cfg.libs_dir or default_libs_dir(version)).expanduser().resolve()
         if not libs_ready(libs_dir):
-            say("broker.libs.resolving", kafka_version=version, libs_dir=str(libs_dir))
+            say("broker.assembly.started", kafka_version=version, libs_dir=str(libs_dir))
         resolved, resolve_s = ensure_libs(libs_dir, maven_repo=cfg.maven_repo)
 
         paths.logs_dir.mkdir(parents=True, exist_ok=True)
