@@ -1,0 +1,1075 @@
+"""The precompute policy: whom to rank ahead of a visit, for how long to keep it, where to run it.
+
+Precompute ranks a returning user's candidates with the strong model *before* the user's next
+visit, on capacity the live path cannot use (``remote`` pools, windows too short for the strong
+model's load), and stores the result until it expires. This module is the pure core of that
+lever: it never reads a clock (``now`` is the record's event time, passed in), never draws from a
+global random state (an injected ``numpy.random.Generator`` breaks ties and explores), and
+snapshots and restores its state exactly. ``workers/precompute.py`` drives it on Kafka; the
+simulator can drive the same objects in virtual time.
+
+The algorithm
+-------------
+
+**1. Value of a stored result as it ages.** A visit served from a result ``a`` seconds old
+delivers the true utility, *at visit time*, of the ad the stored ranking put first. The ranking
+world measures this (:class:`workers.curves.ValueCurves`): ``P_s(a)`` is the mean quality of a
+strong ranking of ``precompute_n`` candidates that is ``a`` seconds old, ``Q_s^strong(n)`` the
+quality of a fresh strong ranking of ``n`` candidates, ``B_s`` the quality of the live baseline
+(base model, base candidates). A job here ranks ``n`` = :attr:`PrecomputeConfig.candidates`;
+drift erodes any ranking alike, so its quality at age ``a`` is taken as
+``Q_s^strong(n) · ρ_s(a)`` with the measured decay ratio ``ρ_s(a) = P_s(a) / P_s(0)`` (exact when
+``n = precompute_n``). The uplift per served visit, in value units (``v̄_s`` = the segment's
+mean request value, scenario ``segments[].value.mean``; ``k_s`` a calibration factor, 1 unless
+measured value signals rescale it, :meth:`UpliftModel.with_measured`)::
+
+    Δ_s(a) = k_s · v̄_s · (Q_s^strong(n) · ρ_s(a) − B_s − m)
+
+where ``m`` = :attr:`PrecomputeConfig.expiry_margin` (quality units, default 0).
+
+**2. Expiry.** A stored result is worth serving while it beats what the live base ranking would
+deliver, so its lifetime is the first age at which the expected stored value falls to the live
+one, or a cap::
+
+    L_s = min( inf{a ≥ 0 : Δ_s(a) ≤ 0},  max_ttl_s )          expires_at = as_of + L_s
+
+``L_s = 0`` (the strong model does not beat the baseline in segment ``s``) means the segment is
+never precomputed. Without drift ``ρ ≡ 1`` and the cap decides. The cap (default 4 h) bounds how
+long a result can be trusted beyond what the curves measured for *this* world, and the compacted
+topic's size; :attr:`PrecomputeConfig.max_ttl_s` changes it.
+
+**3. Visits.** Users return as a Poisson process (CONTRACT §3): at ``r_s`` visits per hour
+(``segments[].return_rate_per_h``), so ``P(visit within h) = 1 − exp(−r_s·h)``
+(:func:`visit_probability`) and the expected number of visits within ``h`` is ``r_s·h``.
+:attr:`VisitModel.GAMMA_POISSON` is the frequency-aware variant: users of a segment differ, with
+rates ``λ ~ Gamma(shape κ, mean r_s)`` (the negative-binomial model of repeat visits,
+Ehrenberg 1959); a user seen ``n`` times over an exposure of ``T`` seconds (since the book
+started watching) has the posterior mean rate::
+
+    λ̂_u = (κ + n_u) / (κ / r_s + T_u)
+
+A *recency*-aware variant is deliberately not offered: for a Poisson process, given ``n`` and
+``T`` the visit times carry no further information (memorylessness), so recency would only
+matter under a churn model (BG/NBD), which the scenario's world does not have.
+
+**4. Whom to precompute for.** Every visit that finds an unexpired result is served from it
+(CONTRACT §3), so a result computed now earns ``Δ_s(a)`` on each visit at age ``a < L_s``; with
+Poisson visits at rate ``λ`` its expected value is ``λ·F_s(L_s)`` with
+``F_s(x) = ∫_0^x Δ_s(a) da``. A user whose stored result is already ``a₀`` old would keep
+earning ``λ·(F_s(L_s) − F_s(a₀))`` from it anyway, so recomputing gains only the difference::
+
+    gain_u = λ_u · F_s(min(a₀, L_s))          (a₀ = ∞ when the user has no live result)
+
+which reduces to "expected visits within the lifetime × mean uplift per visit" for a user with
+no result, the ranking the brief asks for (the first-visit form ``P(visit within L)·E[Δ | visit]``
+counts only one of those visits). Each job costs the same resources (:func:`job_cost`), so the
+value per unit of cost ranks users exactly as ``gain`` does; the planner takes the ``k`` users
+with the highest gain that the budget allows, skipping users with a job in flight, users whose
+result is younger than ``refresh_after · L_s``, and gains at or below ``min_gain``. Ties (every
+user of a segment has the same gain under plain Poisson) are broken at random with the injected
+generator, and ``explore_share`` of the picks may go to uniformly drawn eligible users.
+
+**5. Budget.** A token bucket at ``jobs_per_s`` with a burst of ``burst_s`` seconds of work. The
+rate is the controller's precompute budget when its target carries one (in *lever* jobs, costed
+by :class:`controllers.levers.PrecomputeLever` at ``base_candidates``; converted to this job's
+size by the binding resource, :func:`own_rate`), else :attr:`PrecomputeConfig.default_jobs_per_s`.
+
+**6. Where jobs run.** Any *opportunistic* pool (never dedicated: that is the baseline's) whose
+hardware the strong model supports, ``remote`` pools included (precompute is asynchronous: the
+only lever allowed there, :func:`eligible_pool`), whose remaining lifetime covers one job, with
+``units × (1 − safety_margin)`` usable (the allocator's guardrail). Jobs run as batches of
+``job_duration_s``: a job drawing ``cpu_s / job_duration_s`` cores and
+``accelerator_s / job_duration_s`` devices from one CPU pool and one accelerator pool for that
+long, remote pools preferred (nothing else can use them), then the longest-lived. A pool whose
+level drops below what its jobs draw stops the most recently started ones *at once*
+(:meth:`JobBook.set_pools`): a half-done job delivers nothing and is counted as
+``wasted_partial``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from controllers.allocator import Pool, pools_from_capacity
+from controllers.levers import CapacityUse, CostModel, ResourceCost
+from controllers.types import CapacityLevel
+from headroom.errors import ConfigError
+
+if TYPE_CHECKING:
+    from headroom.scenario import Scenario
+    from workers.curves import ValueCurves
+
+__all__ = [
+    "Job",
+    "JobBook",
+    "JobOutcome",
+    "Pick",
+    "PrecomputeConfig",
+    "PrecomputePlanner",
+    "TokenBucket",
+    "UpliftModel",
+    "UserBook",
+    "VisitModel",
+    "eligible_pool",
+    "job_cost",
+    "own_rate",
+    "usable_pools",
+    "visit_probability",
+]
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+_PREFIX = "precompute"
+_AGE_POINTS = 513  # grid of Δ and F per segment: 4 h / 512 ≈ 28 s steps, below the drift's 60 s
+_EPS = 1e-9  # slack on capacity comparisons (floating sums of draws)
+
+
+class VisitModel(Enum):
+    """How a user's return rate is predicted (see the module docstring, step 3)."""
+
+    POISSON = "poisson"  # every user of a segment returns at the segment's rate
+    GAMMA_POISSON = "gamma_poisson"  # the segment's rate, updated by the user's own visit count
+
+
+class JobOutcome(Enum):
+    """How a job ended."""
+
+    COMPLETED = "completed"  # ran to the end: its result is delivered
+    STOPPED = "stopped"  # its capacity was reclaimed mid-way: nothing delivered (wasted_partial)
+
+
+# -- configuration -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PrecomputeConfig:
+    """Settings of the precompute policy; validated once, errors name ``precompute.<field>``.
+
+    Build from a scenario with :meth:`from_scenario` (which fills ``candidates``, ``costs``
+    and the segments' values and rates) and override any field by keyword.
+    """
+
+    costs: CostModel
+    candidates: int  # candidates ranked per job; default: the base count (the lever's costing)
+    segment_names: tuple[str, ...]
+    segment_values: tuple[float, ...]  # v̄_s: mean request value per segment
+    return_rates_per_h: tuple[float, ...]  # r_s per segment; 0 = never precomputed
+    keep: int = 16  # ad ids stored per result: the served slate (the top ad decides the value)
+    max_ttl_s: float = 4 * 3600.0  # lifetime cap (module docstring, step 2)
+    expiry_margin: float = 0.0  # quality a stored result must keep above the live baseline
+    visit_model: VisitModel = VisitModel.POISSON
+    rate_shape: float = 1.0  # κ of GAMMA_POISSON: 1 = exponentially distributed user rates
+    refresh_after: float = 0.5  # recompute a live result only once this share of L_s has passed
+    min_gain: float = 0.0  # expected value a job must add (value units)
+    explore_share: float = 0.0  # share of picks drawn uniformly among eligible users
+    default_jobs_per_s: float = 20.0  # rate when no target carries a precompute budget
+    burst_s: float = 1.0  # token bucket depth, in seconds of the rate
+    job_duration_s: float = 1.0  # one batch of jobs runs this long on its pools
+    safety_margin: float = 0.1  # as the allocator: trust announced units only to (1 - margin)
+    max_users: int = 250_000  # users remembered (least recently seen evicted beyond)
+
+    def __post_init__(self) -> None:
+        problems: list[str] = []
+
+        def bad(name: str, text: str, value: object) -> None:
+            problems.append(f"{_PREFIX}.{name}: {text}, got {value!r}")
+
+        def finite(name: str, value: float, lo: float, hi: float = math.inf) -> None:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                bad(name, "must be a number", value)
+            elif not (math.isfinite(value) and lo <= value <= hi):
+                bad(name, f"must be a finite number in [{lo:g}, {hi:g}]", value)
+
+        if isinstance(self.candidates, bool) or not isinstance(self.candidates, int):
+            bad("candidates", "must be an integer", self.candidates)
+        elif self.candidates < 1:
+            bad("candidates", "must be >= 1", self.candidates)
+        if isinstance(self.keep, bool) or not isinstance(self.keep, int) or self.keep < 1:
+            bad("keep", "must be an integer >= 1", self.keep)
+        n = len(self.segment_names)
+        if n == 0:
+            bad("segment_names", "must name at least one segment", self.segment_names)
+        if len(self.segment_values) != n or len(self.return_rates_per_h) != n:
+            bad(
+                "segment_values",
+                f"segment_values and return_rates_per_h need {n} entries (one per segment)",
+                (len(self.segment_values), len(self.return_rates_per_h)),
+            )
+        for i, v in enumerate(self.segment_values):
+            finite(f"segment_values[{i}]", v, 0.0)
+        for i, r in enumerate(self.return_rates_per_h):
+            finite(f"return_rates_per_h[{i}]", r, 0.0, 3600.0)
+        finite("max_ttl_s", self.max_ttl_s, 0.0)
+        if not problems and self.max_ttl_s <= 0.0:
+            bad("max_ttl_s", "must be > 0", self.max_ttl_s)
+        finite("expiry_margin", self.expiry_margin, 0.0, 1.0)
+        if not isinstance(self.visit_model, VisitModel):
+            bad("visit_model", f"must be one of {[m.value for m in VisitModel]}", self.visit_model)
+        finite("rate_shape", self.rate_shape, 1e-6)
+        finite("refresh_after", self.refresh_after, 0.0, 1.0)
+        finite("min_gain", self.min_gain, 0.0)
+        finite("explore_share", self.explore_share, 0.0, 1.0)
+        finite("default_jobs_per_s", self.default_jobs_per_s, 0.0)
+        finite("burst_s", self.burst_s, 1e-3, 3600.0)
+        finite("job_duration_s", self.job_duration_s, 1e-3, 3600.0)
+        finite("safety_margin", self.safety_margin, 0.0, 0.999)
+        if isinstance(self.max_users, bool) or not isinstance(self.max_users, int):
+            bad("max_users", "must be an integer", self.max_users)
+        elif self.max_users < 1:
+            bad("max_users", "must be >= 1", self.max_users)
+        if problems:
+            raise ConfigError(problems)
+
+    @classmethod
+    def from_scenario(cls, scenario: Scenario, **overrides: Any) -> PrecomputeConfig:
+        """The scenario's costs, segments and return rates, with ``overrides`` on top.
+
+        Unknown override names are rejected (``precompute.<name>: unknown setting``)."""
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ConfigError([f"{_PREFIX}.{k}: unknown setting" for k in unknown])
+        if "visit_model" in overrides and isinstance(overrides["visit_model"], str):
+            try:
+                overrides["visit_model"] = VisitModel(overrides["visit_model"])
+            except ValueError:
+                raise ConfigError(
+                    f"{_PREFIX}.visit_model: must be one of {[m.value for m in VisitModel]}, "
+                    f"got {overrides['visit_model']!r}"
+                ) from None
+        w = scenario.world
+        base: dict[str, Any] = {
+            "costs": CostModel.from_models(scenario.models, w.base_candidates),
+            "candidates": w.base_candidates,
+            "segment_names": tuple(s.name for s in scenario.segments),
+            "segment_values": tuple(float(s.value.mean) for s in scenario.segments),
+            "return_rates_per_h": tuple(
+                float(s.return_rate_per_h or 0.0) for s in scenario.segments
+            ),
+        }
+        base.update(overrides)
+        return cls(**base)
+
+    @property
+    def job_cost(self) -> ResourceCost:
+        return job_cost(self.costs, self.candidates)
+
+    def segment_index(self, name: str) -> int:
+        try:
+            return self.segment_names.index(name)
+        except ValueError:
+            raise KeyError(f"unknown segment {name!r}") from None
+
+
+def job_cost(costs: CostModel, candidates: int) -> ResourceCost:
+    """One job: retrieval and features for ``candidates`` ads, then the strong model on them
+    (:meth:`controllers.levers.CostModel.request`, model ``strong``)."""
+    return costs.request(candidates, "strong")
+
+
+def own_rate(budget_jobs_per_s: float, lever_job: ResourceCost, own_job: ResourceCost) -> float:
+    """Convert a budget in lever jobs/s (costed ``lever_job`` each) into jobs of ``own_job``:
+    the same resources, the binding one decides."""
+    if not (math.isfinite(budget_jobs_per_s) and budget_jobs_per_s > 0.0):
+        return 0.0
+    rate = math.inf
+    if own_job.cpu_s > 0.0:
+        rate = min(rate, budget_jobs_per_s * lever_job.cpu_s / own_job.cpu_s)
+    if own_job.accelerator_s > 0.0:
+        rate = min(rate, budget_jobs_per_s * lever_job.accelerator_s / own_job.accelerator_s)
+    return budget_jobs_per_s if math.isinf(rate) else rate
+
+
+def visit_probability(rate_per_s: npt.ArrayLike, horizon_s: npt.ArrayLike) -> FloatArray:
+    """``1 − exp(−r·h)``: the chance a Poisson visitor at rate ``r`` returns within ``h``."""
+    r = np.asarray(rate_per_s, dtype=np.float64)
+    h = np.asarray(horizon_s, dtype=np.float64)
+    return np.asarray(-np.expm1(-np.maximum(r, 0.0) * np.maximum(h, 0.0)), dtype=np.float64)
+
+
+# -- uplift and expiry ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class UpliftModel:
+    """``Δ_s(a)`` per segment on an age grid, its integral ``F_s`` and the lifetimes ``L_s``.
+
+    Build with :meth:`from_curves` (the world's measured curves) or :meth:`from_tables`
+    (given quality tables, for tests and what-if studies). Arrays are read-only.
+    """
+
+    ages_s: FloatArray  # (A,) 0 … max_ttl_s
+    delta: FloatArray  # (S, A) value per served visit, Δ_s(a)
+    cumulative: FloatArray  # (S, A) F_s(a) = ∫_0^a max(Δ_s, 0), flat beyond L_s
+    lifetimes_s: FloatArray  # (S,) L_s
+
+    def __post_init__(self) -> None:
+        for arr in (self.ages_s, self.delta, self.cumulative, self.lifetimes_s):
+            arr.setflags(write=False)
+
+    @classmethod
+    def from_tables(
+        cls,
+        config: PrecomputeConfig,
+        fresh_quality: Sequence[float],
+        baseline_quality: Sequence[float],
+        decay_ages_s: Sequence[float],
+        decay_quality: Sequence[Sequence[float]],
+        scales: Sequence[float] | None = None,
+    ) -> UpliftModel:
+        """``fresh_quality`` = ``Q_s^strong(n)``, ``baseline_quality`` = ``B_s``, and the decay
+        of a stored ranking's quality ``P_s(a)`` on ``decay_ages_s`` (ascending from 0)."""
+        n_seg = len(config.segment_names)
+        q = np.asarray(fresh_quality, dtype=np.float64)
+        b = np.asarray(baseline_quality, dtype=np.float64)
+        grid = np.asarray(decay_ages_s, dtype=np.float64)
+        p = np.asarray(decay_quality, dtype=np.float64)
+        k = np.ones(n_seg) if scales is None else np.asarray(scales, dtype=np.float64)
+        if q.shape != (n_seg,) or b.shape != (n_seg,) or k.shape != (n_seg,):
+            raise ValueError(f"need one fresh, baseline and scale value per segment ({n_seg})")
+        if grid.ndim != 1 or len(grid) < 1 or grid[0] != 0.0 or np.any(np.diff(grid) <= 0):
+            raise ValueError("decay_ages_s must start at 0 and increase strictly")
+        if p.shape != (n_seg, len(grid)):
+            raise ValueError(f"decay_quality must have shape ({n_seg}, {len(grid)})")
+        if not (np.all(np.isfinite(q)) and np.all(np.isfinite(b)) and np.all(np.isfinite(p))):
+            raise ValueError("quality tables must be finite")
+        if np.any(k < 0.0) or not np.all(np.isfinite(k)):
+            raise ValueError("scales must be finite and >= 0")
+        ages = np.linspace(0.0, config.max_ttl_s, _AGE_POINTS)
+        values = np.asarray(config.segment_values, dtype=np.float64)
+        delta = np.empty((n_seg, len(ages)))
+        cum = np.empty((n_seg, len(ages)))
+        life = np.empty(n_seg)
+        for s in range(n_seg):
+            p0 = p[s, 0]
+            rho = np.interp(ages, grid, p[s]) / p0 if p0 > 0.0 else np.zeros(len(ages))
+            margin_q = q[s] * rho - b[s] - config.expiry_margin  # quality above the live one
+            life[s] = _first_crossing(ages, margin_q)
+            delta[s] = k[s] * values[s] * margin_q
+            cum[s] = _integral_to(ages, np.maximum(delta[s], 0.0), life[s])
+        return cls(ages, delta, cum, life)
+
+    @classmethod
+    def from_curves(
+        cls, curves: ValueCurves, config: PrecomputeConfig, scales: Sequence[float] | None = None
+    ) -> UpliftModel:
+        """From the ranking world's measured curves (segments in the config's order)."""
+        idx = [curves.segment_index(name) for name in config.segment_names]
+        fresh = [float(curves.mean_quality(i, "strong", config.candidates)) for i in idx]
+        base = [float(curves.baseline_quality(i)) for i in idx]
+        decay = [list(curves.precompute_mean[i]) for i in idx]
+        return cls.from_tables(config, fresh, base, list(curves.age_grid_s), decay, scales)
+
+    def with_measured(self, segment: int, uplift_per_visit: float, at_age_s: float) -> UpliftModel:
+        """Rescale one segment so ``Δ_s(at_age_s)`` equals a measured uplift per served visit
+        (value signals: treatment − control of lever ``precompute``, at the measured median
+        staleness). The shape, and so the lifetime, stays the curves'; a measured uplift at or
+        below zero switches the segment off (``k_s = 0``)."""
+        predicted = float(np.interp(at_age_s, self.ages_s, self.delta[segment]))
+        if not (math.isfinite(uplift_per_visit) and math.isfinite(predicted)):
+            raise ValueError("uplift_per_visit and the prediction must be finite")
+        k = 0.0 if uplift_per_visit <= 0.0 or predicted <= 0.0 else uplift_per_visit / predicted
+        delta = self.delta.copy()
+        cum = self.cumulative.copy()
+        delta[segment] *= k
+        cum[segment] *= k
+        return UpliftModel(self.ages_s, delta, cum, self.lifetimes_s)
+
+    def lifetime(self, segment: int) -> float:
+        return float(self.lifetimes_s[segment])
+
+    def uplift(self, segment: int, age_s: npt.ArrayLike) -> FloatArray:
+        """``Δ_s(a)``: expected value a visit gains from a result ``a`` seconds old."""
+        a = np.asarray(age_s, dtype=np.float64)
+        return np.asarray(np.interp(a, self.ages_s, self.delta[segment]), dtype=np.float64)
+
+    def integral(self, segment: int, age_s: npt.ArrayLike) -> FloatArray:
+        """``F_s(min(a, L_s))``."""
+        a = np.asarray(age_s, dtype=np.float64)
+        return np.asarray(np.interp(a, self.ages_s, self.cumulative[segment]), dtype=np.float64)
+
+
+def _first_crossing(ages: FloatArray, margin: FloatArray) -> float:
+    """The first age where ``margin`` (linear between grid points) reaches 0; the last age
+    when it never does; 0 when it starts at or below 0."""
+    if margin[0] <= 0.0:
+        return 0.0
+    below = np.flatnonzero(margin <= 0.0)
+    if len(below) == 0:
+        return float(ages[-1])
+    j = int(below[0])
+    a0, a1 = ages[j - 1], ages[j]
+    m0, m1 = margin[j - 1], margin[j]
+    return float(a0 + (a1 - a0) * m0 / (m0 - m1))
+
+
+def _integral_to(ages: FloatArray, f: FloatArray, upto: float) -> FloatArray:
+    """Cumulative trapezoid of ``f`` over ``ages``, integrating only up to ``upto`` (flat after)."""
+    x = np.minimum(ages, upto)
+    fx = np.interp(x, ages, f)
+    steps = 0.5 * (fx[1:] + fx[:-1]) * np.diff(x)
+    out = np.empty(len(ages))
+    out[0] = 0.0
+    np.cumsum(steps, out=out[1:])
+    return out
+
+
+# -- users ---------------------------------------------------------------------------------------
+
+
+class UserBook:
+    """The users seen on ``headroom.requests``: segment, visits, and their stored result.
+
+    Columnar (numpy arrays indexed by slot, a dict from user id to slot) so the planner scores
+    every user in one vectorised pass. Bounded by ``max_users``: when full, the least recently
+    seen sixteenth is evicted (counted in :attr:`evicted`).
+    """
+
+    _COLUMNS = ("ids", "seg", "first", "last", "visits", "cov_at", "cov_until", "inflight")
+
+    def __init__(self, max_users: int, initial: int = 1024) -> None:
+        if max_users < 1:
+            raise ValueError("max_users must be >= 1")
+        self.max_users = max_users
+        cap = max(1, min(initial, max_users))
+        self._slot: dict[int, int] = {}
+        self._free: list[int] = []
+        self._n = 0  # slots ever handed out (high-water mark)
+        self.ids: IntArray = np.zeros(cap, np.int64)
+        self.seg: IntArray = np.zeros(cap, np.int64)
+        self.first: FloatArray = np.zeros(cap)
+        self.last: FloatArray = np.zeros(cap)
+        self.visits: IntArray = np.zeros(cap, np.int64)
+        self.cov_at: FloatArray = np.full(cap, np.nan)  # as-of time of the live result
+        self.cov_until: FloatArray = np.full(cap, -np.inf)  # its expires_at
+        self.inflight: npt.NDArray[np.bool_] = np.zeros(cap, bool)
+        self.active: npt.NDArray[np.bool_] = np.zeros(cap, bool)
+        self.start: float | None = None  # event time of the first observation (exposure origin)
+        self.evicted = 0
+
+    def __len__(self) -> int:
+        return len(self._slot)
+
+    def __contains__(self, user: object) -> bool:
+        return user in self._slot
+
+    @property
+    def size(self) -> int:
+        """Slots in use or freed (arrays are meaningful up to here; see :attr:`active`)."""
+        return self._n
+
+    def slot(self, user: int) -> int | None:
+        return self._slot.get(user)
+
+    def observe(self, user: int, segment: int, ts: float) -> None:
+        """A visit of ``user`` (segment index ``segment``) at event time ``ts``."""
+        if self.start is None or ts < self.start:
+            self.start = ts
+        i = self._slot.get(user)
+        if i is not None:
+            self.visits[i] += 1
+            self.seg[i] = segment  # the newest classification wins
+            if ts > self.last[i]:
+                self.last[i] = ts
+            self.first[i] = min(self.first[i], ts)
+            return
+        i = self._new_slot()
+        self._slot[user] = i
+        self.ids[i] = user
+        self.seg[i] = segment
+        self.first[i] = ts
+        self.last[i] = ts
+        self.visits[i] = 1
+        self.cov_at[i] = np.nan
+        self.cov_until[i] = -np.inf
+        self.inflight[i] = False
+        self.active[i] = True
+
+    def set_inflight(self, user: int, on: bool) -> None:
+        i = self._slot.get(user)
+        if i is not None:
+            self.inflight[i] = on
+
+    def set_stored(self, user: int, as_of: float, expires_at: float) -> None:
+        """A result for ``user`` ranked at ``as_of`` is live until ``expires_at`` (the newest
+        ``as_of`` wins, so a re-delivered older result cannot hide a fresher one)."""
+        i = self._slot.get(user)
+        if i is None:
+            return
+        if not np.isnan(self.cov_at[i]) and self.cov_at[i] > as_of:
+            return
+        self.cov_at[i] = as_of
+        self.cov_until[i] = expires_at
+
+    def clear_stored(self, user: int) -> None:
+        i = self._slot.get(user)
+        if i is not None:
+            self.cov_at[i] = np.nan
+            self.cov_until[i] = -np.inf
+
+    def _new_slot(self) -> int:
+        if self._free:
+            return self._free.pop()
+        if len(self._slot) >= self.max_users:
+            self._evict()
+            return self._free.pop()
+        if self._n == len(self.ids):
+            self._grow(min(self.max_users, 2 * len(self.ids)))
+        i = self._n
+        self._n += 1
+        return i
+
+    def _grow(self, cap: int) -> None:
+        for name in (*self._COLUMNS, "active"):
+            old = getattr(self, name)
+            new = np.empty(cap, dtype=old.dtype)
+            new[: len(old)] = old
+            if name == "cov_at":
+                new[len(old) :] = np.nan
+            elif name == "cov_until":
+                new[len(old) :] = -np.inf
+            elif name in ("inflight", "active"):
+                new[len(old) :] = False
+            else:
+                new[len(old) :] = 0
+            setattr(self, name, new)
+
+    def _evict(self) -> None:
+        n = self._n
+        live = np.flatnonzero(self.active[:n])
+        count = max(1, len(live) // 16)
+        order = live[np.argpartition(self.last[live], count - 1)[:count]]
+        for i in order.tolist():
+            del self._slot[int(self.ids[i])]
+            self.active[i] = False
+            self.inflight[i] = False
+            self._free.append(i)
+        self.evicted += count
+
+    def snapshot(self) -> dict[str, Any]:
+        n = self._n
+        return {
+            "max_users": self.max_users,
+            "start": self.start,
+            "evicted": self.evicted,
+            "free": list(self._free),
+            "columns": {
+                name: [_plain(x) for x in getattr(self, name)[:n].tolist()]
+                for name in (*self._COLUMNS, "active")
+            },
+        }
+
+    @classmethod
+    def restore(cls, data: Mapping[str, Any]) -> UserBook:
+        cols = data["columns"]
+        n = len(cols["ids"])
+        book = cls(int(data["max_users"]), initial=max(n, 1))
+        if n > len(book.ids):
+            book._grow(n)
+        for name in (*cls._COLUMNS, "active"):
+            arr = getattr(book, name)
+            arr[:n] = np.asarray([_unplain(x) for x in cols[name]], dtype=arr.dtype)
+        book._n = n
+        book._free = [int(i) for i in data["free"]]
+        book.start = None if data["start"] is None else float(data["start"])
+        book.evicted = int(data["evicted"])
+        book._slot = {int(book.ids[i]): i for i in range(n) if book.active[i]}
+        return book
+
+
+def _plain(x: Any) -> Any:
+    """JSON-safe floats: NaN and infinities as strings (orjson refuses them)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    return x
+
+
+def _unplain(x: Any) -> Any:
+    return float(x) if isinstance(x, str) else x
+
+
+# -- the planner ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Pick:
+    """One user chosen for a job."""
+
+    user: int
+    segment: int
+    gain: float  # expected value the job adds (value units), module docstring step 4
+    rate_per_s: float  # the user's predicted return rate
+    lifetime_s: float  # L_s: the result will expire this long after it is ranked
+    visit_probability: float  # P(at least one visit within L_s): the chance it is used
+    explored: bool = False  # drawn uniformly (exploration), not by gain
+
+
+class PrecomputePlanner:
+    """Scores the users of a :class:`UserBook` and picks whom to precompute for next."""
+
+    def __init__(
+        self,
+        config: PrecomputeConfig,
+        uplift: UpliftModel,
+        rng: np.random.Generator,
+        users: UserBook | None = None,
+    ) -> None:
+        self.config = config
+        self.uplift = uplift
+        self.rng = rng
+        self.users = users if users is not None else UserBook(config.max_users)
+        self._rates = np.asarray(config.return_rates_per_h, dtype=np.float64) / 3600.0
+
+    def rates(self, now: float) -> FloatArray:
+        """Predicted return rate (visits/s) of every slot of the book."""
+        b = self.users
+        n = b.size
+        seg_rate = self._rates[b.seg[:n]]
+        if self.config.visit_model is VisitModel.POISSON:
+            return seg_rate
+        k = self.config.rate_shape
+        exposure = max(now - (b.start if b.start is not None else now), 0.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lam = (k + b.visits[:n]) / (k / seg_rate + exposure)
+        return np.where(seg_rate > 0.0, lam, 0.0)
+
+    def gains(self, now: float) -> tuple[FloatArray, npt.NDArray[np.bool_], FloatArray]:
+        """(gain, eligible, rate) for every slot of the book at ``now``."""
+        b = self.users
+        n = b.size
+        seg = b.seg[:n]
+        lam = self.rates(now)
+        life = self.uplift.lifetimes_s[seg]
+        covered = b.cov_until[:n] >= now
+        age = np.where(covered, now - np.nan_to_num(b.cov_at[:n], nan=now), np.inf)
+        x = np.minimum(age, life)
+        f = np.zeros(n)
+        for s in range(len(self.config.segment_names)):
+            mask = seg == s
+            if mask.any():
+                f[mask] = self.uplift.integral(s, x[mask])
+        gain = lam * f
+        eligible = (
+            b.active[:n]
+            & ~b.inflight[:n]
+            & (life > 0.0)
+            & (lam > 0.0)
+            & (~covered | (age >= self.config.refresh_after * life))
+            & (gain > self.config.min_gain)
+        )
+        return gain, eligible, lam
+
+    def select(self, now: float, k: int) -> list[Pick]:
+        """Up to ``k`` users to precompute for now, best first (exploration picks last)."""
+        if k <= 0 or len(self.users) == 0:
+            return []
+        gain, eligible, lam = self.gains(now)
+        idx = np.flatnonzero(eligible)
+        if len(idx) == 0:
+            return []
+        idx = idx[self.rng.permutation(len(idx))]  # random order: ties broken at random
+        n_explore = 0
+        if self.config.explore_share > 0.0:
+            want = self.config.explore_share * min(k, len(idx))
+            n_explore = int(want) + int(self.rng.random() < want - int(want))
+        n_best = min(k - n_explore, len(idx))
+        if n_best <= 0:
+            best = idx[:0]
+        elif n_best < len(idx):
+            best = idx[np.argpartition(-gain[idx], n_best - 1)[:n_best]]
+        else:
+            best = idx
+        best = best[np.argsort(-gain[best], kind="stable")]
+        picks = [self._pick(int(i), gain, lam, False) for i in best]
+        if n_explore > 0:
+            rest = np.setdiff1d(idx, best, assume_unique=True)
+            if len(rest):
+                chosen = self.rng.choice(rest, size=min(n_explore, len(rest)), replace=False)
+                picks.extend(self._pick(int(i), gain, lam, True) for i in chosen)
+        return picks
+
+    def _pick(self, i: int, gain: FloatArray, lam: FloatArray, explored: bool) -> Pick:
+        b = self.users
+        s = int(b.seg[i])
+        life = self.uplift.lifetime(s)
+        return Pick(
+            user=int(b.ids[i]),
+            segment=s,
+            gain=float(gain[i]),
+            rate_per_s=float(lam[i]),
+            lifetime_s=life,
+            visit_probability=float(visit_probability(lam[i], life)),
+            explored=explored,
+        )
+
+    def expires_at(self, segment: int, as_of: float) -> float:
+        return as_of + self.uplift.lifetime(segment)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "users": self.users.snapshot(),
+            "rng": _encode_big_ints(self.rng.bit_generator.state),
+        }
+
+    def restore(self, data: Mapping[str, Any]) -> None:
+        """Restore the book and the generator's state (config and uplift are given anew)."""
+        self.users = UserBook.restore(data["users"])
+        self.rng.bit_generator.state = _decode_big_ints(data["rng"])
+
+
+def _encode_big_ints(obj: Any) -> Any:
+    """Generator states hold 128-bit integers, which orjson refuses: write them as strings."""
+    if isinstance(obj, bool):
+        return obj
+    if isinstance(obj, int):
+        return f"int:{obj}"
+    if isinstance(obj, Mapping):
+        return {k: _encode_big_ints(v) for k, v in obj.items()}
+    return obj
+
+
+def _decode_big_ints(obj: Any) -> Any:
+    if isinstance(obj, str) and obj.startswith("int:"):
+        return int(obj[4:])
+    if isinstance(obj, Mapping):
+        return {k: _decode_big_ints(v) for k, v in obj.items()}
+    return obj
+
+
+# -- budget --------------------------------------------------------------------------------------
+
+
+class TokenBucket:
+    """Jobs per second with a bounded burst; time is given, never read."""
+
+    __slots__ = ("burst_s", "last", "rate", "tokens")
+
+    def __init__(self, rate: float, burst_s: float, now: float | None = None) -> None:
+        self.rate = max(rate, 0.0)
+        self.burst_s = burst_s
+        self.tokens = 0.0  # start empty: no burst of work the moment a worker starts
+        self.last = now
+
+    @property
+    def depth(self) -> float:
+        return max(self.rate * self.burst_s, 1.0 if self.rate > 0.0 else 0.0)
+
+    def refill(self, now: float) -> None:
+        if self.last is not None and now > self.last:
+            self.tokens = min(self.depth, self.tokens + self.rate * (now - self.last))
+        if self.last is None or now > self.last:
+            self.last = now
+
+    def set_rate(self, rate: float, now: float) -> None:
+        self.refill(now)
+        self.rate = max(rate, 0.0) if math.isfinite(rate) else 0.0
+        self.tokens = min(self.tokens, self.depth)
+
+    def available(self, now: float) -> int:
+        self.refill(now)
+        return int(self.tokens + 1e-9)
+
+    def take(self, n: int) -> None:
+        self.tokens = max(self.tokens - n, 0.0)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "rate": self.rate,
+            "burst_s": self.burst_s,
+            "tokens": self.tokens,
+            "last": self.last,
+        }
+
+    @classmethod
+    def restore(cls, data: Mapping[str, Any]) -> TokenBucket:
+        b = cls(float(data["rate"]), float(data["burst_s"]), data["last"])
+        b.tokens = float(data["tokens"])
+        return b
+
+
+# -- capacity and jobs ---------------------------------------------------------------------------
+
+PoolKey = tuple[str, str, bool]  # (resource, hardware, remote)
+
+
+def eligible_pool(
+    pool: Pool, *, use: CapacityUse, hardware: Sequence[str] | None, min_lifetime_s: float
+) -> bool:
+    """May work of this kind run on ``pool``? ``remote`` pools only for asynchronous work;
+    accelerators only of the given types (``None`` = any); only pools that outlive
+    ``min_lifetime_s``. The allocator applies the same rules (``Allocator.eligible``)."""
+    if pool.remote and use is not CapacityUse.ASYNC:
+        return False
+    if pool.lifetime_s < min_lifetime_s:
+        return False
+    if pool.resource == "accelerator" and hardware is not None and pool.hardware not in hardware:
+        return False
+    return pool.units > 0.0
+
+
+def usable_pools(
+    levels: Iterable[CapacityLevel],
+    now: float,
+    *,
+    use: CapacityUse,
+    hardware: Sequence[str] | None,
+    min_lifetime_s: float,
+    safety_margin: float,
+) -> list[Pool]:
+    """The opportunistic pools this work may run on (dedicated capacity is the baseline's and
+    never appears), after the safety margin, newest level per (resource, hardware, remote)."""
+    pools = pools_from_capacity(levels, now, safety_margin)
+    return [
+        p
+        for p in pools
+        if eligible_pool(p, use=use, hardware=hardware, min_lifetime_s=min_lifetime_s)
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One running job: a user's ranking on one CPU pool and one accelerator pool."""
+
+    id: int
+    user: int
+    segment: int
+    started_at: float
+    ends_at: float
+    cpu_pool: PoolKey | None
+    accelerator_pool: PoolKey | None
+    cpu_draw: float  # cores while it runs
+    accelerator_draw: float  # devices while it runs
+
+
+@dataclass
+class JobStats:
+    """Counters of a :class:`JobBook` (unit-seconds are resource use actually spent)."""
+
+    started: int = 0
+    completed: int = 0
+    stopped: int = 0  # wasted_partial: reclaimed mid-way, nothing delivered
+    cpu_unit_s: float = 0.0
+    accelerator_unit_s: float = 0.0
+
+
+@dataclass
+class JobBook:
+    """Jobs in flight on the usable pools; reclaims stop them at once (module docstring, 6)."""
+
+    cost: ResourceCost
+    duration_s: float
+    pools: dict[PoolKey, Pool] = field(default_factory=dict)
+    jobs: dict[int, Job] = field(default_factory=dict)
+    stats: JobStats = field(default_factory=JobStats)
+    next_id: int = 1
+
+    @property
+    def cpu_draw(self) -> float:
+        return self.cost.cpu_s / self.duration_s
+
+    @property
+    def accelerator_draw(self) -> float:
+        return self.cost.accelerator_s / self.duration_s
+
+    def in_use(self) -> dict[PoolKey, float]:
+        used: dict[PoolKey, float] = {}
+        for j in self.jobs.values():
+            if j.cpu_pool is not None:
+                used[j.cpu_pool] = used.get(j.cpu_pool, 0.0) + j.cpu_draw
+            if j.accelerator_pool is not None:
+                used[j.accelerator_pool] = used.get(j.accelerator_pool, 0.0) + j.accelerator_draw
+        return used
+
+    def set_pools(self, pools: Iterable[Pool], now: float) -> list[Job]:
+        """New usable pools (:func:`usable_pools`). Where the jobs on a pool now draw more than
+        it has (a reclaim, a preemption, a pool that is gone or no longer eligible), the most
+        recently started ones stop at once; they are returned and counted as stopped."""
+        self.pools = {(p.resource, p.hardware, p.remote): p for p in pools}
+        stopped: list[Job] = []
+        for key in sorted(self.in_use()):
+            pool = self.pools.get(key)
+            have = pool.units if pool is not None else 0.0
+            on_pool = [j for j in self.jobs.values() if key in (j.cpu_pool, j.accelerator_pool)]
+            load = sum(j.cpu_draw if key == j.cpu_pool else j.accelerator_draw for j in on_pool)
+            # newest first: the least progress is lost
+            for j in sorted(on_pool, key=lambda j: (j.started_at, j.id), reverse=True):
+                if load <= have + _EPS:
+                    break
+                self._stop(j, now)
+                stopped.append(j)
+                load -= j.cpu_draw if key == j.cpu_pool else j.accelerator_draw
+        return stopped
+
+    def _stop(self, job: Job, now: float) -> None:
+        del self.jobs[job.id]
+        ran = max(min(now, job.ends_at) - job.started_at, 0.0)
+        self.stats.stopped += 1
+        self.stats.cpu_unit_s += job.cpu_draw * ran
+        self.stats.accelerator_unit_s += job.accelerator_draw * ran
+
+    def _order(self, resource: str) -> list[Pool]:
+        """Preference: remote first (nothing else may use it), then longest-lived, then most."""
+        pools = [p for p in self.pools.values() if p.resource == resource]
+        return sorted(pools, key=lambda p: (not p.remote, -p.lifetime_s, -p.units, p.hardware))
+
+    def _free(self) -> dict[PoolKey, float]:
+        used = self.in_use()
+        return {
+            key: max(p.units - used.get(key, 0.0), 0.0)
+            for key, p in self.pools.items()
+            if p.lifetime_s >= self.duration_s
+        }
+
+    def capacity(self) -> int:
+        """How many more jobs fit on the pools now."""
+        return self._place(10**9, dry_run=True)[0]
+
+    def _place(
+        self, n: int, dry_run: bool
+    ) -> tuple[int, list[tuple[PoolKey | None, PoolKey | None]]]:
+        free = self._free()
+        cpu_need, acc_need = self.cpu_draw, self.accelerator_draw
+        cpu_order = [(p.resource, p.hardware, p.remote) for p in self._order("cpu")]
+        acc_order = [(p.resource, p.hardware, p.remote) for p in self._order("accelerator")]
+        cpu_order = [k for k in cpu_order if k in free]
+        acc_order = [k for k in acc_order if k in free]
+        slots: list[tuple[PoolKey | None, PoolKey | None]] = []
+        ci = ai = 0
+        count = 0
+        while count < n:
+            cpu_key: PoolKey | None = None
+            acc_key: PoolKey | None = None
+            if cpu_need > 0.0:
+                while ci < len(cpu_order) and free[cpu_order[ci]] + _EPS < cpu_need:
+                    ci += 1
+                if ci == len(cpu_order):
+                    break
+                cpu_key = cpu_order[ci]
+            if acc_need > 0.0:
+                while ai < len(acc_order) and free[acc_order[ai]] + _EPS < acc_need:
+                    ai += 1
+                if ai == len(acc_order):
+                    break
+                acc_key = acc_order[ai]
+            if cpu_key is None and acc_key is None:
+                break  # free work: nothing to place it on, nothing to account
+            step = 1
+            if dry_run:  # closed form for the rest: the binding pool decides
+                fits = n - count
+                if cpu_key is not None:
+                    fits = min(fits, int((free[cpu_key] + _EPS) // cpu_need))
+                if acc_key is not None:
+                    fits = min(fits, int((free[acc_key] + _EPS) // acc_need))
+                step = max(1, fits)
+            if cpu_key is not None:
+                free[cpu_key] -= cpu_need * step
+            if acc_key is not None:
+                free[acc_key] -= acc_need * step
+            if not dry_run:
+                slots.append((cpu_key, acc_key))
+            count += step
+        return count, slots
+
+    def start(self, now: float, picks: Sequence[tuple[int, int]]) -> list[Job]:
+        """Start jobs for ``(user, segment)`` pairs, as many as fit (in the given order)."""
+        _, slots = self._place(len(picks), dry_run=False)
+        started = []
+        for (user, segment), (cpu_key, acc_key) in zip(picks, slots, strict=False):
+            job = Job(
+                id=self.next_id,
+                user=user,
+                segment=segment,
+                started_at=now,
+                ends_at=now + self.duration_s,
+                cpu_pool=cpu_key,
+                accelerator_pool=acc_key,
+                cpu_draw=self.cpu_draw if cpu_key is not None else 0.0,
+                accelerator_draw=self.accelerator_draw if acc_key is not None else 0.0,
+            )
+            self.next_id += 1
+            self.jobs[job.id] = job
+            started.append(job)
+        self.stats.started += len(started)
+        return started
+
+    def due(self, now: float) -> list[Job]:
+        """Jobs that ran to their end by ``now`` (removed, counted as completed)."""
+        done = [j for j in self.jobs.values() if j.ends_at <= now]
+        for j in done:
+            del self.jobs[j.id]
+            self.stats.completed += 1
+            self.stats.cpu_unit_s += j.cpu_draw * self.duration_s
+            self.stats.accelerator_unit_s += j.accelerator_draw * self.duration_s
+        return sorted(done, key=lambda j: (j.ends_at, j.id))
+
+    def next_end(self) -> float | None:
+        return min((j.ends_at for j in self.jobs.values()), default=None)
+
+    def stop_all(self, now: float) -> list[Job]:
+        """Stop every job (the worker is shutting down, or its budget went to zero)."""
+        jobs = sorted(self.jobs.values(), key=lambda j: j.id)
+        for j in jobs:
+            self._stop(j, now)
+        return jobs
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "next_id": self.next_id,
+            "stats": {
+                "started": self.stats.started,
+                "completed": self.stats.completed,
+                "stopped": self.stats.stopped,
+                "cpu_unit_s": self.stats.cpu_unit_s,
+                "accelerator_unit_s": self.stats.accelerator_unit_s,
+            },
+            "pools": [
+                [p.resource, p.hardware, p.units, p.announced, p.remote, _plain(p.lifetime_s)]
+                for p in self.pools.values()
+            ],
+            "jobs": [
+                [
+                    j.id,
+                    j.user,
+                    j.segment,
+                    j.started_at,
+                    j.ends_at,
+                    None if j.cpu_pool is None else list(j.cpu_pool),
+                    None if j.accelerator_pool is None else list(j.accelerator_pool),
+                    j.cpu_draw,
+                    j.accelerator_draw,
+                ]
+                for j in sorted(self.jobs.values(), key=lambda j: j.id)
+            ],
+        }
+
+    @classmethod
+    def restore(cls, cost: ResourceCost, duration_s: float, data: Mapping[str, Any]) -> JobBook:
+        def key(x: Any) -> PoolKey | None:
+            return None if x is None else (str(x[0]), str(x[1]), bool(x[2]))
+
+        book = cls(cost, duration_s)
+        book.next_id = int(data["next_id"])
+        st = data["stats"]
+        book.stats = JobStats(
+            int(st["started"]),
+            int(st["completed"]),
+            int(st["stopped"]),
+            float(st["cpu_unit_s"]),
+            float(st["accelerator_unit_s"]),
+        )
+        for r, hw, units, announced, remote, life in data["pools"]:
+            p = Pool(str(r), str(hw), float(units), float(announced), bool(remote), float(life))
+            book.pools[(p.resource, p.hardware, p.remote)] = p
+        for jid, user, seg, t0, t1, cpu, acc, dc, da in data["jobs"]:
+            job = Job(int(jid), int(user), int(seg), float(t0), float(t1), key(cpu), key(acc),
+                      float(dc), float(da))  # fmt: skip
+            book.jobs[job.id] = job
+        return book
