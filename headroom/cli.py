@@ -70,6 +70,112 @@ def _state_dir_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_run_clock_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--t0",
+        type=_positive_float,
+        default=None,
+        metavar="EPOCH",
+        help="wall-clock time of scenario time 0, the same for feed, servers and clients so "
+        "their SLO windows line up (default: $HEADROOM_T0, else 0)",
+    )
+    p.add_argument(
+        "--speed",
+        type=_positive_float,
+        default=1.0,
+        metavar="X",
+        help="scenario seconds per wall second, as given to the feed (default 1)",
+    )
+
+
+def _share(text: str) -> float:
+    value = _positive_float(text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must lie in (0, 1]: {text!r}")
+    return value
+
+
+def _add_server_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--host", default="127.0.0.1", metavar="HOST", help="address to listen on (127.0.0.1)"
+    )
+    p.add_argument(
+        "--replica",
+        default=None,
+        metavar="NAME",
+        help="replica name in latency messages and events (default: region-pool-host-pid)",
+    )
+    p.add_argument(
+        "--share",
+        type=_share,
+        default=1.0,
+        metavar="F",
+        help="share of the region's pool capacity this replica holds, in (0, 1] (default 1)",
+    )
+    _add_run_clock_flags(p)
+
+
+def _add_client_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--server",
+        action="append",
+        default=[],
+        metavar="POOL=HOST:PORT",
+        help="a ranking server of the region (repeatable), e.g. dedicated=127.0.0.1:7001",
+    )
+    p.add_argument(
+        "--group",
+        default=None,
+        metavar="ID",
+        help="consumer group on the requests topic (default: <prefix>client)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        metavar="N",
+        help="seed of the holdout and routing draws (default: the scenario's, mixed with the pid)",
+    )
+    _add_run_clock_flags(p)
+
+
+def _add_feed_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--t0",
+        type=_positive_float,
+        default=None,
+        metavar="EPOCH",
+        help="wall-clock time of scenario time 0; the feed waits for it (default: $HEADROOM_T0, "
+        "else now)",
+    )
+    p.add_argument("--seed", type=int, default=None, metavar="N", help="override the scenario seed")
+    p.add_argument(
+        "--duration",
+        type=_positive_float,
+        default=None,
+        metavar="S",
+        help="stop after S scenario seconds (default: the scenario's duration_s)",
+    )
+
+
+def _add_up_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--speed",
+        type=_positive_float,
+        default=1.0,
+        metavar="X",
+        help="run the scenario X times faster than real time (default 1)",
+    )
+    p.add_argument(
+        "--interval",
+        type=_positive_float,
+        default=None,
+        metavar="S",
+        help="controller interval in wall seconds (default: scaled to the run, 1-60 s)",
+    )
+    p.add_argument("--no-plots", action="store_true", help="skip PNG plots and report.html")
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -273,12 +379,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--port", type=int, default=0, metavar="N", help="port clients connect to (0 = free port)"
     )
+    _add_server_flags(p)
     _add_scenario_flag(p)
     _add_kafka_flags(p)
     _add_metrics_flag(p)
 
     p = cmd(sub, "client", "run one client worker", ("workers.client_cli", "client"))
     p.add_argument("--region", required=True, metavar="R")
+    _add_client_flags(p)
     _add_scenario_flag(p)
     _add_kafka_flags(p)
     _add_metrics_flag(p)
@@ -306,12 +414,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="X times faster than real time (default 1)",
     )
     _add_kafka_flags(p)
+    _add_feed_flags(p)
 
     p = cmd(
         sub, "up", "run the whole streaming stack locally against Kafka", ("workers.up_cli", "up")
     )
     p.add_argument("scenario", metavar="SCENARIO")
     p.add_argument("--out", metavar="DIR", default=None)
+    _add_up_flags(p)
     _add_kafka_flags(p)
 
     # --- record / replay ----------------------------------------------------------------------

@@ -1,0 +1,1046 @@
+"""The ranking server worker (``headroom server --region R --pool P``).
+
+One process is one ranking replica of a region. It does the real ranking compute of the world
+(:mod:`workers.world`: retrieval over the corpus, the base or strong model's forward pass), holds
+CPU and accelerator *slots* sized from its pool's capacity, runs the server-side shedding core
+(:mod:`workers.shedding`) on every request and at once on a capacity drop, answers every request
+with its health (overload flag, queueing delay), publishes latency sketches per path each second
+to ``headroom.latency`` and decisions to ``headroom.events``.
+
+Two kinds of replica (DESIGN §2, "Isolation"):
+
+* ``--pool dedicated`` — a **mixed RMA replica**. Its slots are its share of the region's
+  dedicated capacity (scenario ``regions[].dedicated``) *plus* its share of the opportunistic
+  levels the base model can use (CPU, and accelerators of a type in ``models.base.hardware``).
+  It serves baseline requests and RMA requests (``base + extra`` candidates, base model). The
+  extra candidates are optional work: the shedding core admits them against the opportunistic
+  level (token buckets, value threshold), and a capacity drop cuts the extra phase of requests
+  in flight (logical isolation: a reclaim removes the extra search, it is never pushed onto the
+  dedicated slots).
+* ``--pool opportunistic`` — a **strong-model (SBM) replica**. Its slots are its share of the
+  opportunistic CPU and of the accelerators of a type in ``models.strong.hardware``; it serves
+  only the strong model, after ``models.strong.load_s`` of continuous capacity (the model load).
+  Everything it does is optional: a refused request comes back ``downgraded`` and the client
+  re-runs it on a dedicated replica; a preemption cuts the requests in flight the same way.
+
+Slots — the emulated hardware
+-----------------------------
+This machine has a couple of cores, not a fleet's cores and accelerators. A resource with ``u``
+units has ``k = ceil(u)`` slots of speed ``u / k`` (so 2.5 devices are 3 slots at 0.83). A
+request holds a CPU slot for its CPU work, then an accelerator slot for its accelerator work, each
+``candidates × ms_per_candidate ÷ speed`` long (CONTRACT §3 costs; the real numpy compute of the
+ranking runs inside the CPU slot and counts toward its time). Waiting for a slot is the queueing
+delay (``queue_ms``) that CoDel watches and every response reports. The optional part of a stage
+(RMA's extra candidates, or the whole strong-model request) is a separate *phase* that can be cut
+at any instant: cutting it releases the slot at once.
+
+Release after a reclaim
+-----------------------
+On a capacity message that lowers a level this replica uses, the server, in the same event-loop
+turn: updates the shedding core (:meth:`ServerShedder.on_capacity`: the very next decision sees
+the new level), resizes the slot pools, asks :meth:`ServerShedder.trim_inflight` which optional
+phases to cut (lowest value per unit of occupied capacity first) and cuts them; then it waits
+until the optional work still occupying slots fits the new level. ``release_ms`` is that time on
+the server's own monotonic clock, from the moment the message was handled; ``delivery_ms`` (the
+message's ``ts`` to that moment, wall clock) is reported beside it. Both go into an
+``optional.released`` event. The capacity feed writes the one ``capacity.reclaimed`` event per
+reclaim (every replica sees the same message).
+
+Latency and windows
+-------------------
+Each request is timed once, on the path it was served on: ``base`` (no extra candidates),
+``rma`` (some extra candidates ranked), ``sbm`` (served by the strong model). A downgraded or cut
+strong request is not timed here: the dedicated replica that serves it times it. Every
+``latency_interval_s`` one ``headroom.latency`` message per path with requests (a DDSketch of the
+server-side times, the count, the current in-flight count and queueing delay). Every SLO window
+(scenario time) one ``window`` event with the opportunistic unit-seconds its optional work used
+(``used_unit_s``); requests, value and latency of the window are the clients' lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import count
+from typing import Any, Literal
+
+import numpy as np
+
+from controllers.levers import CostModel
+from headroom.errors import ConfigError
+from headroom.scenario import Scenario
+from streams import messages
+from streams.consume import ConsumerLoop, LoopConfig, Received
+from streams.kafka import KafkaTarget, make_consumer, make_producer, started
+from streams.sketch import LatencySketch
+from workers.metrics import Metrics
+from workers.service import Service
+from workers.shedding import (
+    Decision,
+    InflightWork,
+    OptionalCapacity,
+    OptionalWork,
+    ServerShedConfig,
+    ServerShedder,
+    ShedTransition,
+)
+from workers.wire import Health, RankRequest, RankResponse, serve
+from workers.world import Model, RankingWorld
+
+__all__ = [
+    "CapacityBook",
+    "RankingServer",
+    "ReplicaCapacity",
+    "ServerConfig",
+    "SlotPool",
+]
+
+Pool = Literal["dedicated", "opportunistic"]
+_EPS = 1e-9
+_MAX_RELEASE_WAIT_S = 2.0  # a release that takes longer than this is reported as this (a bug)
+
+
+# ------------------------------------------------------------------------------------------------
+# Configuration
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """One replica's settings; validated on construction (errors name the flag)."""
+
+    region: str
+    pool: Pool
+    replica: str
+    share: float = 1.0  # share of the region's pool capacity this replica holds
+    host: str = "127.0.0.1"
+    port: int = 0
+    t0: float = 0.0  # wall-clock epoch of scenario time 0
+    speed: float = 1.0  # scenario seconds per wall second
+    latency_interval_s: float = 1.0  # one headroom.latency message per path this often
+    policy: str = "headroom"  # the policy name written on events
+    shed: ServerShedConfig = field(default_factory=ServerShedConfig)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.pool not in ("dedicated", "opportunistic"):
+            problems.append(f"--pool: must be dedicated or opportunistic, got {self.pool!r}")
+        if not 0.0 < self.share <= 1.0:
+            problems.append(f"--share: must lie in (0, 1], got {self.share}")
+        if not 0 <= self.port <= 65535:
+            problems.append(f"--port: must lie in [0, 65535], got {self.port}")
+        if not (math.isfinite(self.speed) and self.speed > 0.0):
+            problems.append(f"--speed: must be > 0, got {self.speed}")
+        if not (math.isfinite(self.t0) and self.t0 >= 0.0):
+            problems.append(f"--t0: must be a time >= 0, got {self.t0}")
+        if not self.latency_interval_s > 0.0:
+            problems.append(f"latency_interval_s: must be > 0, got {self.latency_interval_s}")
+        if not self.replica:
+            problems.append("--replica: must not be empty")
+        if problems:
+            raise ConfigError(problems)
+
+    @property
+    def lever(self) -> str:
+        return "rma" if self.pool == "dedicated" else "sbm"
+
+
+# ------------------------------------------------------------------------------------------------
+# Capacity: levels in, this replica's slots and optional capacity out (pure)
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaCapacity:
+    """What one replica may use now: slot units per resource and the opportunistic part.
+
+    ``slots_*`` size the slot pools (dedicated + opportunistic for a mixed RMA replica; the
+    opportunistic level alone for a strong-model replica); ``optional`` is the opportunistic part,
+    the most optional work may occupy (the shedding core's level)."""
+
+    slots_cpu: float
+    slots_accelerator: float
+    optional: OptionalCapacity
+
+
+@dataclass(slots=True)
+class _Level:
+    units: float
+    ts: float
+    expires_at: float | None  # wall time after which an opportunistic level counts as zero
+    remote: bool
+
+
+class CapacityBook:
+    """The newest announced level of each (resource, hardware, pool) of one region, and what a
+    replica of a given pool and share may use from them. Pure: time is passed in.
+
+    Levels, not deltas (CONTRACT §2): the newest ``ts`` wins, so a repeated or reordered message
+    cannot corrupt state. An opportunistic level whose announced lifetime (``expires_in_s``) has
+    passed counts as zero, as in the controllers (controllers/observe.py). ``remote`` pools are
+    never used (only asynchronous work may run there).
+    """
+
+    def __init__(self, scenario: Scenario, region: str, pool: Pool, share: float) -> None:
+        try:
+            r = scenario.region(region)
+        except KeyError:
+            raise ConfigError(
+                f"--region: {region!r} is not a region of scenario {scenario.name!r} "
+                f"({', '.join(x.name for x in scenario.regions)})"
+            ) from None
+        self.region = region
+        self.pool = pool
+        self.share = share
+        self._dedicated = (r.dedicated.cpu, r.dedicated.accelerator, r.dedicated.hardware)
+        models = scenario.models
+        self._hardware = frozenset(
+            models.base.hardware if pool == "dedicated" else models.strong.hardware
+        )
+        self._levels: dict[tuple[str, str, str], _Level] = {}
+
+    def update(self, msg: messages.Capacity, now: float) -> bool:
+        """Record a level; False when it is not for this region or lost to a newer message."""
+        if msg.region != self.region:
+            return False
+        key = (msg.resource, msg.hardware, msg.pool)
+        current = self._levels.get(key)
+        if current is not None and current.ts > msg.ts:
+            return False
+        expires = None
+        if msg.expires_in_s is not None and msg.pool == "opportunistic":
+            expires = msg.ts + msg.expires_in_s
+        self._levels[key] = _Level(msg.units, msg.ts, expires, msg.remote)
+        return True
+
+    def level(self, resource: str, pool: str, now: float) -> float:
+        """Units of ``resource`` in ``pool`` this replica's lever may use (all hardware types it
+        supports), before the share."""
+        total = 0.0
+        for (res, hw, p), lvl in self._levels.items():
+            if res != resource or p != pool or lvl.remote:
+                continue
+            if resource == "accelerator" and hw not in self._hardware:
+                continue
+            if lvl.expires_at is not None and now >= lvl.expires_at:
+                continue
+            total += lvl.units
+        return total
+
+    def dedicated(self) -> tuple[float, float]:
+        """Dedicated CPU and accelerator units of the region: announced dedicated levels (if a
+        feed publishes them) win over the scenario's."""
+        cpu, acc, _hardware = self._dedicated
+        announced = [(r, lvl.units) for (r, _h, p), lvl in self._levels.items() if p == "dedicated"]
+        if any(r == "cpu" for r, _u in announced):
+            cpu = sum(u for r, u in announced if r == "cpu")
+        if any(r == "accelerator" for r, _u in announced):
+            acc = sum(u for r, u in announced if r == "accelerator")
+        return cpu, acc
+
+    def capacity(self, now: float) -> ReplicaCapacity:
+        opp_cpu = self.level("cpu", "opportunistic", now) * self.share
+        opp_acc = self.level("accelerator", "opportunistic", now) * self.share
+        optional = OptionalCapacity(opp_cpu, opp_acc)
+        if self.pool == "opportunistic":
+            return ReplicaCapacity(opp_cpu, opp_acc, optional)
+        ded_cpu, ded_acc = self.dedicated()
+        return ReplicaCapacity(
+            ded_cpu * self.share + opp_cpu, ded_acc * self.share + opp_acc, optional
+        )
+
+    def next_expiry(self, now: float) -> float | None:
+        """The earliest future wall time at which an opportunistic level lapses."""
+        times = [
+            lvl.expires_at
+            for lvl in self._levels.values()
+            if lvl.expires_at is not None and lvl.expires_at > now
+        ]
+        return min(times) if times else None
+
+
+# ------------------------------------------------------------------------------------------------
+# Slots
+# ------------------------------------------------------------------------------------------------
+
+
+class SlotPool:
+    """``ceil(units)`` slots of speed ``units / ceil(units)``, handed out first come, first served.
+
+    :meth:`resize` takes effect at once for new acquisitions; slots held beyond a smaller size stay
+    held until released (the caller cuts the work that must go). Zero units: no slot at all, and
+    waiters wait until capacity returns (callers bound the wait).
+    """
+
+    def __init__(self, name: str, units: float) -> None:
+        self.name = name
+        self.units = 0.0
+        self.slots = 0
+        self.speed = 1.0
+        self.busy = 0
+        self._waiters: list[asyncio.Future[None]] = []
+        self.resize(units)
+
+    def resize(self, units: float) -> None:
+        units = max(0.0, float(units))
+        self.units = units
+        self.slots = math.ceil(units - _EPS) if units > _EPS else 0
+        self.speed = units / self.slots if self.slots else 1.0
+        self._wake()
+
+    @property
+    def free(self) -> int:
+        return max(0, self.slots - self.busy)
+
+    @property
+    def waiting(self) -> int:
+        return sum(1 for w in self._waiters if not w.done())
+
+    async def acquire(self) -> None:
+        if self.busy < self.slots and not self._waiters:
+            self.busy += 1
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(future)
+        try:
+            await future
+        except BaseException:
+            if future.done() and not future.cancelled():
+                self.release()  # granted just as we were cancelled: hand it on
+            else:
+                future.cancel()
+            raise
+        finally:
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(future)
+
+    def release(self) -> None:
+        self.busy -= 1
+        self._wake()
+
+    def _wake(self) -> None:
+        while self.busy < self.slots and self._waiters:
+            future = self._waiters.pop(0)
+            if not future.done():
+                self.busy += 1
+                future.set_result(None)
+
+
+# ------------------------------------------------------------------------------------------------
+# The server
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Optional:
+    """One optional phase in flight: what it occupies and how to cut it."""
+
+    id: int
+    value: float
+    cpu: float
+    accelerator: float
+    extra: int
+    strong: bool
+    cut: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class _PathWindow:
+    sketch: LatencySketch = field(default_factory=lambda: LatencySketch(0.01))
+    count: int = 0
+
+
+class RankingServer(Service):
+    """One ranking replica (see the module docstring)."""
+
+    name = "server"
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        scenario: Scenario,
+        kafka: KafkaTarget | None,
+        *,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.time,
+        world: RankingWorld | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.scenario = scenario
+        self.kafka = kafka
+        self.metrics = metrics
+        self._wall = clock
+        self.log = self.log.bind(region=config.region, pool=config.pool, replica=config.replica)
+        self.book = CapacityBook(scenario, config.region, config.pool, config.share)
+        self.costs = CostModel.from_models(scenario.models, scenario.world.base_candidates)
+        self.world = world
+        now = self._wall()
+        cap = self.book.capacity(now)
+        self.cpu = SlotPool("cpu", cap.slots_cpu)
+        self.accelerator = SlotPool("accelerator", cap.slots_accelerator)
+        self.shedder = ServerShedder(config.shed, cap.optional, now)
+        self._optional: dict[int, _Optional] = {}
+        self._occ_cpu = 0.0  # units occupied by optional phases now
+        self._occ_acc = 0.0
+        self._fit_waiters: list[asyncio.Future[None]] = []
+        self._ids = count()
+        self._inflight = 0
+        self._idle = asyncio.Event()
+        self._queue_ms = 0.0  # the newest queueing delay (a slot wait), for health and latency
+        self._paths: dict[str, _PathWindow] = {}
+        self._used: dict[int, list[float]] = {}  # window index -> [cpu, acc] unit-seconds
+        self._occ_since = time.monotonic()
+        self._loaded_at: float | None = None  # strong model: wall time it is (or will be) loaded
+        self._update_model_load(now)
+        self._server: asyncio.Server | None = None
+        self._producer: Any = None
+        self._loops: list[ConsumerLoop] = []
+        self.port: int | None = None
+        self.releases: list[float] = []  # release_ms of every reclaim, for tests and benchmarks
+        self.served = 0
+        self.ready = asyncio.Event()  # set once the capacity topic has been read to its end
+
+    # -- time ---------------------------------------------------------------------------------
+
+    def scenario_time(self, wall: float | None = None) -> float:
+        wall = self._wall() if wall is None else wall
+        return (wall - self.config.t0) * self.config.speed
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def on_start(self) -> None:
+        if self.world is None:
+            self.world = RankingWorld.from_scenario(self.scenario)
+        self._server = await serve(
+            self.handle, self.config.host, self.config.port, on_protocol_error=self._bad_frame
+        )
+        self.port = int(self._server.sockets[0].getsockname()[1])
+        if self.kafka is not None:
+            self._producer = make_producer(self.kafka.bootstrap, linger_ms=2)
+            await self._producer.start()
+            self.add_task(self._consume_capacity(), name="capacity")
+            self.add_task(self._publish_latency(), name="latency")
+            self.add_task(self._publish_windows(), name="windows")
+        else:
+            self.ready.set()
+        self.add_task(self._poll_shedding(), name="shedding")
+        self.add_task(self._watch_expiry(), name="expiry")
+        self.log.info(
+            "server.started",
+            port=self.port,
+            slots_cpu=self.cpu.units,
+            slots_accelerator=self.accelerator.units,
+        )
+
+    async def on_drain(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        if self._inflight > 0:
+            self._idle.clear()
+            await self._idle.wait()
+
+    async def on_stop(self) -> None:
+        for loop in self._loops:
+            loop.stop()
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2.0)
+        if self._producer is not None:
+            with contextlib.suppress(Exception):
+                await self._flush_latency()
+                await self._flush_windows(final=True)
+                await asyncio.wait_for(self._producer.flush(), 5.0)
+            await self._producer.stop()
+        self.log.info("server.stopped", served=self.served)
+
+    def _bad_frame(self, peer: str, exc: Exception) -> None:
+        self.log.warning("server.frame.rejected", peer=peer, error=str(exc))
+
+    # -- capacity ---------------------------------------------------------------------------------
+
+    async def _consume_capacity(self) -> None:
+        assert self.kafka is not None
+        consumer = make_consumer(
+            self.kafka.bootstrap, self.kafka.topic("capacity"), from_beginning=True
+        )
+        producer = self._producer
+        started_at = self._wall()
+
+        async def handle(rec: Received) -> None:
+            msg = rec.message
+            assert isinstance(msg, messages.Capacity)
+            # Levels announced before this replica started are state to catch up with, not
+            # reclaims it saw happen: no release is measured for them.
+            self.on_capacity(msg, live=msg.ts >= started_at - 1.0)
+
+        async with started(consumer, self.kafka.bootstrap):
+            loop = ConsumerLoop(
+                consumer,
+                producer,
+                handle,
+                prefix=self.kafka.prefix,
+                config=LoopConfig(poll_timeout_s=0.05),
+                component="server",
+                commit=False,
+            )
+            self._loops.append(loop)
+            self.add_task(self._mark_ready(consumer), name="ready")
+            await loop.run()
+
+    async def _mark_ready(self, consumer: Any) -> None:
+        """Ready once the capacity topic was read up to its end as of start-up."""
+        ends: dict[Any, int] | None = None
+        for _poll in count():
+            parts = list(consumer.assignment())
+            if parts and ends is None:
+                ends = await consumer.end_offsets(parts)
+            if ends is not None:
+                positions = [await self._position(consumer, tp) for tp in parts]
+                if all(pos >= ends[tp] for pos, tp in zip(positions, parts, strict=True)):
+                    break
+            await asyncio.sleep(0.05)
+        self.ready.set()
+        self.log.info(
+            "server.capacity.loaded", cpu=self.cpu.units, accelerator=self.accelerator.units
+        )
+
+    @staticmethod
+    async def _position(consumer: Any, tp: Any) -> int:
+        return int(await consumer.position(tp))
+
+    def on_capacity(self, msg: messages.Capacity, *, live: bool = True) -> None:
+        """Apply a capacity level at once (see the module docstring, "Release after a reclaim")."""
+        now = self._wall()
+        if not self.book.update(msg, now):
+            return
+        if self.metrics is not None:
+            self.metrics.capacity.labels(msg.region, msg.resource, msg.hardware, msg.pool).set(
+                msg.units
+            )
+        self._apply_capacity(
+            now,
+            live=live,
+            reason=msg.reason,
+            message_ts=msg.ts,
+            where=(msg.resource, msg.hardware, msg.pool),
+        )
+
+    def _apply_capacity(
+        self,
+        now: float,
+        *,
+        live: bool,
+        reason: str,
+        message_ts: float | None,
+        where: tuple[str, str, str] | None = None,
+    ) -> None:
+        seen = time.monotonic()
+        before = self.shedder.capacity
+        cap = self.book.capacity(now)
+        reduced = self.shedder.on_capacity(cap.optional, now)
+        self._account_occupancy()
+        self.cpu.resize(cap.slots_cpu)
+        self.accelerator.resize(cap.slots_accelerator)
+        self._update_model_load(now)
+        if not reduced:
+            return
+        cuts = self.shedder.trim_inflight(
+            now,
+            [
+                InflightWork(o.id, o.value, o.cpu, o.accelerator, o.extra, o.strong)
+                for o in self._optional.values()
+            ],
+        )
+        for cut in cuts:
+            work = self._optional.get(int(cut.id))  # type: ignore[call-overload]
+            if work is not None:
+                work.cut.set()
+        if live:
+            self.add_task(
+                self._measure_release(
+                    seen, now, before, cap.optional, len(cuts), reason, message_ts, where
+                ),
+                name="release",
+            )
+
+    async def _measure_release(
+        self,
+        seen: float,
+        now: float,
+        before: OptionalCapacity,
+        after: OptionalCapacity,
+        cut: int,
+        reason: str,
+        message_ts: float | None,
+        where: tuple[str, str, str] | None,
+    ) -> None:
+        dropped_extra = 0
+        dropped_strong = 0
+        for work in self._optional.values():
+            if work.cut.is_set():
+                dropped_extra += work.extra
+                dropped_strong += int(work.strong)
+        if not self._fits():
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._fit_waiters.append(future)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(future, _MAX_RELEASE_WAIT_S)
+        release_ms = (time.monotonic() - seen) * 1000.0
+        self.releases.append(release_ms)
+        resource, hardware, pool = where or (
+            _reduced_resource(before, after),
+            "any",
+            "opportunistic",
+        )
+        fields = {
+            "resource": resource,
+            "hardware": hardware,
+            "pool": pool,
+            "t": self.scenario_time(now),
+            "release_ms": release_ms,
+            "delivery_ms": None if message_ts is None else max(0.0, (now - message_ts) * 1000.0),
+            "reason": reason,
+            "units_before": {"cpu": before.cpu, "accelerator": before.accelerator},
+            "units_after": {"cpu": after.cpu, "accelerator": after.accelerator},
+            "inflight_cut": cut,
+            "dropped": {
+                "rma_candidates": dropped_extra,
+                "sbm_requests": dropped_strong,
+                "precompute_jobs": 0,
+            },
+        }
+        self.log.info("server.optional.released", **fields)
+        await self._emit("optional.released", fields)
+
+    def _fits(self) -> bool:
+        cap = self.shedder.capacity
+        return self._occ_cpu <= cap.cpu + _EPS and self._occ_acc <= cap.accelerator + _EPS
+
+    async def _watch_expiry(self) -> None:
+        """Opportunistic levels lapse at their announced expiry without a message: re-apply."""
+        while not self.stop_requested:
+            now = self._wall()
+            nxt = self.book.next_expiry(now)
+            wait = 1.0 if nxt is None else min(1.0, max(0.0, nxt - now) + 0.001)
+            if not await self.sleep(wait):
+                return
+            if nxt is not None and self._wall() >= nxt:
+                self._apply_capacity(self._wall(), live=True, reason="expired", message_ts=nxt)
+
+    def _update_model_load(self, now: float) -> None:
+        """The strong model needs ``load_s`` (scenario seconds) of capacity before serving."""
+        if self.config.pool != "opportunistic":
+            return
+        if self.shedder.capacity.accelerator <= _EPS:
+            self._loaded_at = None
+        elif self._loaded_at is None:
+            self._loaded_at = now + self.scenario.models.strong.load_s / self.config.speed
+
+    def model_loaded(self, now: float | None = None) -> bool:
+        if self.config.pool == "dedicated":
+            return True
+        now = self._wall() if now is None else now
+        return self._loaded_at is not None and now >= self._loaded_at
+
+    # -- occupancy ------------------------------------------------------------------------------
+
+    def _account_occupancy(self) -> None:
+        """Integrate optional occupancy (units × scenario seconds) into the current window."""
+        mono = time.monotonic()
+        dt = (mono - self._occ_since) * self.config.speed
+        self._occ_since = mono
+        if dt <= 0.0 or (self._occ_cpu <= 0.0 and self._occ_acc <= 0.0):
+            return
+        k = self._window_index()
+        used = self._used.setdefault(k, [0.0, 0.0])
+        used[0] += self._occ_cpu * dt
+        used[1] += self._occ_acc * dt
+
+    def _window_index(self, wall: float | None = None) -> int:
+        return math.floor(self.scenario_time(wall) / self.scenario.slo.window_s)
+
+    def _occupy(self, work: _Optional) -> None:
+        self._account_occupancy()
+        self._optional[work.id] = work
+        self._occ_cpu += work.cpu
+        self._occ_acc += work.accelerator
+
+    def _vacate(self, work: _Optional) -> None:
+        self._account_occupancy()
+        if self._optional.pop(work.id, None) is not None:
+            self._occ_cpu = max(0.0, self._occ_cpu - work.cpu)
+            self._occ_acc = max(0.0, self._occ_acc - work.accelerator)
+        if self._fit_waiters and self._fits():
+            waiters, self._fit_waiters = self._fit_waiters, []
+            for future in waiters:
+                if not future.done():
+                    future.set_result(None)
+
+    async def _optional_phase(
+        self, work_id: int, value: float, ms: float, resource: str, extra: int, strong: bool
+    ) -> bool:
+        """Run an optional phase of ``ms`` on the slot just acquired; False when it was cut (or
+        could not start because the opportunistic level is gone)."""
+        pool = self.cpu if resource == "cpu" else self.accelerator
+        cap = self.shedder.capacity
+        units = pool.speed
+        if resource == "cpu":
+            if cap.cpu <= _EPS or self._occ_cpu + units > cap.cpu + _EPS:
+                return False
+            work = _Optional(work_id, value, units, 0.0, extra, strong)
+        else:
+            if cap.accelerator <= _EPS or self._occ_acc + units > cap.accelerator + _EPS:
+                return False
+            work = _Optional(work_id, value, 0.0, units, extra, strong)
+        self._occupy(work)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(work.cut.wait(), ms / 1000.0)
+            return not work.cut.is_set()
+        finally:
+            self._vacate(work)
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def _health(self) -> Health:
+        return Health(overloaded=self.shedder.overloaded, queue_ms=self._queue_ms)
+
+    async def _acquire(self, pool: SlotPool, deadline: float | None) -> float | None:
+        """Wait for a slot; the wait in ms, or None when ``deadline`` (monotonic) passed first."""
+        start = time.monotonic()
+        if deadline is None:
+            await pool.acquire()
+        else:
+            try:
+                await asyncio.wait_for(pool.acquire(), max(0.0, deadline - start))
+            except TimeoutError:
+                return None
+        waited = (time.monotonic() - start) * 1000.0
+        self._queue_ms = waited
+        # CoDel's input is the sojourn time of the request just dequeued. Free slots are not
+        # passed: a fully busy pool with nobody waiting is utilisation, not overload.
+        transition = self.shedder.observe(self._wall(), waited)
+        if transition is not None:
+            fields = {"queue_ms": transition.queue_ms, "reason": transition.reason}
+            self.log.info(f"server.{transition.event.value}", **fields)
+            self.add_task(self._emit(transition.event.value, fields), name="overload")
+        return waited
+
+    async def handle(self, req: RankRequest) -> RankResponse:
+        """Serve one request (the wire protocol's handler)."""
+        self._inflight += 1
+        start = time.monotonic()
+        try:
+            if self.config.pool == "opportunistic":
+                response = await self._strong(req, start)
+            else:
+                response = await self._mixed(req, start)
+        except Exception as exc:  # a bug must not take the connection down: report it
+            self.log.exception("server.request.failed", id=req.id)
+            response = RankResponse(
+                id=req.id, ok=False, health=self._health(), error=f"{type(exc).__name__}: {exc}"
+            )
+        finally:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._idle.set()
+        return response
+
+    def _rank(
+        self, req: RankRequest, n: int, model: Model
+    ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """The real compute: retrieve ``n`` candidates and score them with ``model``."""
+        assert self.world is not None
+        users = self.world.users([req.user], req.segment)
+        cands = self.world.retrieve_batch(users, n, req.t_s)
+        scores = self.world.score_batch(users, req.segment, cands, model, req.t_s)
+        return cands[0], scores[0]
+
+    async def _mixed(self, req: RankRequest, start: float) -> RankResponse:
+        """Baseline or RMA request on a mixed replica."""
+        costs = self.costs
+        base = req.base
+        n = 0
+        decision = Decision.ADMIT
+        if req.extra > 0:
+            verdict = self.shedder.decide(
+                self._wall(),
+                OptionalWork(
+                    value=req.value,
+                    extra=req.extra,
+                    extra_cpu_ms=req.extra * costs.base_cpu_ms,
+                    extra_accelerator_ms=req.extra * costs.base_accelerator_ms,
+                ),
+            )
+            n = verdict.extra
+            decision = verdict.decision
+            self._count_shed(req.extra - n, False)
+        optional_deadline = start + req.budget_ms / 1000.0
+        work_id = next(self._ids)
+        queue_ms = 0.0
+        # CPU stage: retrieval and features (real compute inside the slot), then the extras.
+        waited = await self._acquire(self.cpu, None)
+        queue_ms += waited or 0.0
+        try:
+            t = time.monotonic()
+            cands, scores = self._rank(req, base + n, Model.BASE)
+            real_ms = (time.monotonic() - t) * 1000.0
+            base_ms = base * costs.base_cpu_ms / self.cpu.speed
+            if base_ms > real_ms:
+                await asyncio.sleep((base_ms - real_ms) / 1000.0)
+            if n > 0:
+                ok = time.monotonic() < optional_deadline and await self._optional_phase(
+                    work_id, req.value, n * costs.base_cpu_ms / self.cpu.speed, "cpu", n, False
+                )
+                if not ok:
+                    self._count_shed(n, False)
+                    n, decision = 0, Decision.SHED
+        finally:
+            self.cpu.release()
+        # Accelerator stage: the model's inference, base candidates then extras.
+        waited = await self._acquire(self.accelerator, None)
+        queue_ms += waited or 0.0
+        try:
+            await asyncio.sleep(base * costs.base_accelerator_ms / self.accelerator.speed / 1000.0)
+            if n > 0:
+                ok = await self._optional_phase(
+                    work_id,
+                    req.value,
+                    n * costs.base_accelerator_ms / self.accelerator.speed,
+                    "accelerator",
+                    n,
+                    False,
+                )
+                if not ok:
+                    self._count_shed(n, False)
+                    n, decision = 0, Decision.SHED
+        finally:
+            self.accelerator.release()
+        ranked = base + n
+        best = int(np.argmax(scores[:ranked]))
+        path = "rma" if n > 0 else "base"
+        return self._done(req, start, path, int(cands[best]), float(scores[best]), ranked,
+                          "base", decision, queue_ms)  # fmt: skip
+
+    async def _strong(self, req: RankRequest, start: float) -> RankResponse:
+        """A strong-model request on an SBM replica; everything here is optional."""
+        costs = self.costs
+        n = req.base
+        now = self._wall()
+        if not self.model_loaded(now):
+            return self._downgraded(req, start, "strong model not loaded")
+        cost = costs.request(n, "strong")
+        verdict = self.shedder.decide(
+            now,
+            OptionalWork(
+                value=req.value,
+                strong=True,
+                strong_cpu_ms=cost.cpu_s * 1000.0,
+                strong_accelerator_ms=cost.accelerator_s * 1000.0,
+            ),
+        )
+        if not verdict.strong:
+            self._count_shed(0, True)
+            return self._downgraded(req, start, "shed")
+        deadline = start + req.budget_ms / 1000.0
+        work_id = next(self._ids)
+        queue_ms = 0.0
+        waited = await self._acquire(self.cpu, deadline)
+        if waited is None:
+            self._count_shed(0, True)
+            return self._downgraded(req, start, "no slot within budget")
+        queue_ms += waited
+        try:
+            t = time.monotonic()
+            cands, scores = self._rank(req, n, Model.STRONG)
+            real_ms = (time.monotonic() - t) * 1000.0
+            ok = await self._optional_phase(
+                work_id, req.value, max(0.0, cost.cpu_s * 1000.0 / self.cpu.speed - real_ms),
+                "cpu", 0, True,
+            )  # fmt: skip
+        finally:
+            self.cpu.release()
+        if not ok:
+            self._count_shed(0, True)
+            return self._downgraded(req, start, "preempted")
+        waited = await self._acquire(self.accelerator, deadline)
+        if waited is None:
+            self._count_shed(0, True)
+            return self._downgraded(req, start, "no slot within budget")
+        queue_ms += waited
+        try:
+            ok = await self._optional_phase(
+                work_id, req.value, cost.accelerator_s * 1000.0 / self.accelerator.speed,
+                "accelerator", 0, True,
+            )  # fmt: skip
+        finally:
+            self.accelerator.release()
+        if not ok:
+            self._count_shed(0, True)
+            return self._downgraded(req, start, "preempted")
+        best = int(np.argmax(scores))
+        return self._done(req, start, "sbm", int(cands[best]), float(scores[best]), n, "strong",
+                          verdict.decision, queue_ms)  # fmt: skip
+
+    def _done(
+        self,
+        req: RankRequest,
+        start: float,
+        path: str,
+        top_ad: int,
+        score: float,
+        candidates: int,
+        model: Literal["base", "strong"],
+        decision: Decision,
+        queue_ms: float,
+    ) -> RankResponse:
+        server_ms = (time.monotonic() - start) * 1000.0
+        window = self._paths.setdefault(path, _PathWindow())
+        window.sketch.add(server_ms)
+        window.count += 1
+        self.served += 1
+        if self.metrics is not None:
+            self.metrics.requests.labels(self.config.region, path, "ok").inc()
+            self.metrics.latency.labels(self.config.region, path).observe(server_ms / 1000.0)
+        return RankResponse(
+            id=req.id,
+            ok=True,
+            health=self._health(),
+            top_ad=top_ad,
+            score=score,
+            candidates=candidates,
+            model=model,
+            decision=decision.name,
+            server_ms=server_ms,
+            queue_ms=queue_ms,
+        )
+
+    def _downgraded(self, req: RankRequest, start: float, why: str) -> RankResponse:
+        return RankResponse(
+            id=req.id,
+            ok=False,
+            health=self._health(),
+            model="strong",
+            decision=Decision.DOWNGRADE.name,
+            downgraded=True,
+            server_ms=(time.monotonic() - start) * 1000.0,
+            error=why,
+        )
+
+    def _count_shed(self, extra: int, strong: bool) -> None:
+        if self.metrics is None:
+            return
+        if extra > 0:
+            self.metrics.shed.labels(self.config.region, "server", "rma").inc(extra)
+        if strong:
+            self.metrics.shed.labels(self.config.region, "server", "sbm").inc()
+
+    # -- periodic publishing ----------------------------------------------------------------------
+
+    async def _poll_shedding(self) -> None:
+        while await self.sleep(0.1):
+            transition = self.shedder.poll(self._wall())
+            if transition is not None:
+                await self._shedding_event(transition)
+
+    async def _shedding_event(self, t: ShedTransition) -> None:
+        fields = {
+            "side": "server",
+            "lever": self.config.lever,
+            "dropped": t.dropped,
+            "dropped_extra_candidates": t.dropped_extra_candidates,
+            "dropped_strong": t.dropped_strong,
+        }
+        self.log.info(f"server.{t.event.value}", **fields)
+        await self._emit(t.event.value, fields)
+
+    async def _publish_latency(self) -> None:
+        while await self.sleep(self.config.latency_interval_s):
+            await self._flush_latency()
+
+    async def _flush_latency(self) -> None:
+        if self._producer is None or self.kafka is None:
+            return
+        paths, self._paths = self._paths, {}
+        now = self._wall()
+        topic = self.kafka.topic("latency")
+        for path, window in paths.items():
+            if window.count == 0:
+                continue
+            msg = messages.Latency(
+                ts=now,
+                region=self.config.region,
+                replica=self.config.replica,
+                pool=self.config.pool,
+                path=path,  # type: ignore[arg-type]
+                window_s=self.config.latency_interval_s,
+                count=window.count,
+                sketch=window.sketch,
+                inflight=self._inflight,
+                queue_ms=self._queue_ms,
+            )
+            await self._producer.send(topic, messages.encode(msg), key=msg.key())
+
+    async def _publish_windows(self) -> None:
+        window_s = self.scenario.slo.window_s
+        while not self.stop_requested:
+            t = self.scenario_time()
+            end = (math.floor(t / window_s) + 1) * window_s
+            if not await self.sleep((end - t) / self.config.speed + 0.01):
+                return
+            await self._flush_windows(final=False)
+
+    async def _flush_windows(self, *, final: bool) -> None:
+        """One ``window`` line per ended SLO window with the optional work's unit-seconds."""
+        self._account_occupancy()
+        current = self._window_index()
+        window_s = self.scenario.slo.window_s
+        for k in sorted(self._used):
+            if k >= current and not final:
+                continue
+            cpu, acc = self._used.pop(k)
+            await self._emit(
+                "window",
+                {
+                    "t_start": k * window_s,
+                    "t_end": (k + 1) * window_s,
+                    "requests": 0,
+                    "errors": 0,
+                    "timeouts": 0,
+                    "used_unit_s": {"cpu": cpu, "accelerator": acc},
+                    "replica": self.config.replica,
+                },
+                ts=self.config.t0 + (k + 1) * window_s / self.config.speed,
+            )
+
+    async def _emit(self, kind: str, fields: dict[str, Any], ts: float | None = None) -> None:
+        if self._producer is None or self.kafka is None:
+            return
+        extra = {
+            "policy": self.config.policy,
+            "replica": self.config.replica,
+            "pool": self.config.pool,
+        }
+        extra.update(fields)
+        event = messages.Event(
+            ts=self._wall() if ts is None else ts,
+            kind=kind,
+            source="server",
+            region=self.config.region,
+            extra=extra,
+        )
+        await self._producer.send(
+            self.kafka.topic("events"), messages.encode(event), key=event.key()
+        )
+
+
+def _reduced_resource(before: OptionalCapacity, after: OptionalCapacity) -> str:
+    if after.accelerator < before.accelerator - _EPS:
+        return "accelerator"
+    return "cpu"
