@@ -1069,7 +1069,9 @@ class JobBook:
             p = Pool(str(r), str(hw), float(units), float(announced), bool(remote), float(life))
             book.pools[(p.resource, p.hardware, p.remote)] = p
         for jid, user, seg, t0, t1, cpu, acc, dc, da in data["jobs"]:
-            job = Job(int(jid), int(user), int(seg), float(t0), float(t1), key(cpu), key(acc),
-                      float(dc), float(da))  # fmt: skip
+            job = Job(
+                *(int(jid), int(user), int(seg), float(t0), float(t1)),
+                *(key(cpu), key(acc), float(dc), float(da)),
+            )
             book.jobs[job.id] = job
         return book
