@@ -193,10 +193,10 @@ def _envelope(rec: Any) -> Envelope:
 
 
 def replay(args: argparse.Namespace) -> int:
-    target = kafka.KafkaTarget.from_args(args)
     path = Path(args.file)
     if not path.is_file():
         raise ConfigError(f"FILE: {str(path)!r} is not a readable file")
+    target = kafka.KafkaTarget.from_args(args)
     explicit_prefix = args.prefix is not None or "HEADROOM_TOPIC_PREFIX" in os.environ
     router = TopicRouter(
         parse_topic_map(args.topic_map or []), target.prefix if explicit_prefix else None

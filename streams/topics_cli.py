@@ -80,6 +80,12 @@ def validate(args: argparse.Namespace) -> int:
 async def _validate(
     target: kafka.KafkaTarget, name: str, from_beginning: bool, idle_s: float
 ) -> tuple[int, int]:
+    async with kafka.admin(target.bootstrap) as client:
+        if name not in await kafka.topic_partitions(client, [name]):
+            raise ConfigError(
+                f"TOPIC: {name!r} does not exist on {target.bootstrap} "
+                "(create the topics with `headroom topics create`)"
+            )
     await kafka.wait_for_topics(target.bootstrap, [name], timeout_s=10.0)
     loops: list[ConsumerLoop] = []
 
