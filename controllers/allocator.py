@@ -145,11 +145,18 @@ def solve_lp(
     m, n = a.shape
     if n == 0 or m == 0:
         return np.zeros(n), 0.0
+    cost = np.asarray(c, dtype=float)
+    # the optimum does not depend on the objective's scale, but the pivot tolerance does: a
+    # value of 1e-7 per unit (an LCB per candidate times seconds per candidate) must not
+    # look like zero, so solve with the largest coefficient scaled to 1
+    c_scale = float(np.max(np.abs(cost))) if n else 0.0
+    if c_scale <= 0.0:
+        return np.zeros(n), 0.0
     t = np.zeros((m + 1, n + m + 1))
     t[:m, :n] = a
     t[:m, n : n + m] = np.eye(m)
     t[:m, -1] = b
-    t[m, :n] = -np.asarray(c, dtype=float)
+    t[m, :n] = -cost / c_scale
     basis = list(range(n, n + m))
     bland_after = m + n
     for it in range(max_iter):
@@ -182,7 +189,7 @@ def solve_lp(
     x = np.zeros(n + m)
     for r, j in enumerate(basis):
         x[j] = max(t[r, -1], 0.0)
-    return x[:n], float(t[m, -1])
+    return x[:n], float(t[m, -1]) * c_scale
 
 
 @dataclass(frozen=True, slots=True)

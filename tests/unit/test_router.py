@@ -30,7 +30,7 @@ def book_with(uplift: dict[str, float], n: int = 5000, seed: int = 0) -> ValueBo
 
 def mean(p: dict[str, float], w: dict[str, float]) -> float:
     total = sum(w.values())
-    return sum(p[s] * w[s] / total for s in w)
+    return sum(p[s] * (w[s] / total) for s in w)
 
 
 weights = st.dictionaries(
