@@ -128,3 +128,15 @@ def test_libs_are_stale_when_the_pom_changes(tmp_path: Path) -> None:
 
 def test_status_of_an_empty_state_dir_is_stopped(tmp_path: Path) -> None:
     assert broker.status(tmp_path).state is broker.BrokerState.STOPPED
+
+
+def test_jars_go_to_the_user_cache_when_the_package_is_not_writable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(broker.os, "access", lambda path, mode: False)
+    assert (
+        broker.default_libs_dir("4.1.1") == tmp_path / "cache" / "headroom" / "kafka-4.1.1" / "libs"
+    )
+    monkeypatch.setattr(broker.os, "access", lambda path, mode: True)
+    assert broker.default_libs_dir("4.1.1") == broker.BROKER_DIR / "libs"

@@ -236,3 +236,20 @@ def test_router_applies_the_map_then_the_prefix_and_leaves_foreign_topics() -> N
     assert router.route("headroom.deadletter") == "test.deadletter"
     assert router.route("something-else") == "something-else"
     assert TopicRouter({}).route("prod.targets") == "prod.targets"
+
+
+def test_the_progress_bar_draws_only_on_a_terminal() -> None:
+    from streams.recording_cli import Progress
+
+    quiet = io.StringIO()
+    Progress("replay x", total=100, stream=quiet, enabled=False).update(50, 5, force=True)
+    assert quiet.getvalue() == ""
+    shown = io.StringIO()
+    bar = Progress("replay x", total=2_000_000, stream=shown, enabled=True)
+    bar.update(1_000_000, 10, force=True)
+    bar.close(2_000_000, 20)
+    text = shown.getvalue()
+    assert " 50% |" in text
+    assert "100% |" in text
+    assert "1.0/2.0 MB" in text
+    assert text.endswith("\n")
