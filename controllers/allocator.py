@@ -441,8 +441,9 @@ class Allocator:
         values = {}
         for n in names:
             cost = self.levers[n].unit_cost()
-            # value per scaled unit = value per unit of work × units per scaled unit
-            values[n] = estimates[n].lcb * max(cost.cpu_s, cost.accelerator_s)
+            # a scaled unit is one resource unit of the dominant resource, i.e. 1/dominant units
+            # of work: value per scaled unit = LCB per unit of work / dominant cost
+            values[n] = estimates[n].lcb / max(cost.cpu_s, cost.accelerator_s)
         # a cap binds only on pools another lever that could run here could also use
         contested = []
         for i in range(len(pools)):

@@ -12,7 +12,14 @@ from scipy.optimize import linprog
 
 from controllers.allocator import Allocator, FallbackReason, solve_lp
 from controllers.config import AllocatorSettings, ValueSettings
-from controllers.levers import CostModel, LeverContext, LeverRegistry, ValueBook
+from controllers.levers import (
+    CostModel,
+    Lever,
+    LeverContext,
+    LeverRegistry,
+    ResourceCost,
+    ValueBook,
+)
 from controllers.testing import arm_stats, capacity
 from controllers.types import CapacityLevel
 
@@ -269,6 +276,40 @@ def test_higher_lcb_per_resource_unit_wins_the_contested_pool() -> None:
     rma_rich = alloc_.allocate(cap, 0.0, CTX, book_with({"rma": 5.0, "sbm": 0.01}), 10.0)
     assert sbm_rich.budget("sbm")[1] > rma_rich.budget("sbm")[1]
     assert rma_rich.budget("rma")[0] > sbm_rich.budget("rma")[0]
+
+
+class _AccLever(Lever):
+    """Accelerator-only toy lever: ``cost`` device-seconds per unit of work."""
+
+    def __init__(self, name: str, cost: float) -> None:
+        self.name = name
+        self.cost = cost
+
+    def unit_cost(self) -> ResourceCost:
+        return ResourceCost(0.0, self.cost)
+
+    def demand(self, ctx: LeverContext) -> float:
+        return 1e9
+
+
+def test_the_pool_goes_to_the_best_value_per_device_second_not_per_unit() -> None:
+    # cheap: 1.0 per unit at 0.01 device-s (100 per device-s); dear: 5.0 per unit at 0.1 (50)
+    levers = LeverRegistry([_AccLever("cheap", 0.01), _AccLever("dear", 0.1)])
+    rng = np.random.default_rng(0)
+    book = ValueBook()
+    for name, uplift in (("cheap", 1.0), ("dear", 5.0)):
+        book.add(
+            {
+                ("s", name, "treatment"): arm_stats(rng, 5000, 1.0 + uplift, 0.1),
+                ("s", name, "control"): arm_stats(rng, 5000, 1.0, 0.1),
+            }
+        )
+    alloc_ = Allocator(AllocatorSettings(max_share=1.0), ValueSettings(), levers)
+    a = alloc_.allocate(capacity(accelerator=2.0), 0.0, CTX, book, 10.0)
+    assert a.budget("cheap")[1] == pytest.approx(1.8)
+    assert a.budget("dear") == (0.0, 0.0)
+    shares = {s.lever: s.value_per_unit_lcb for s in a.shares}
+    assert shares["cheap"] == pytest.approx(100.0, rel=0.01)
 
 
 @pytest.mark.parametrize(
