@@ -359,16 +359,29 @@ class RmaLever(Lever):
     use = CapacityUse.LIVE
     shed_action = ShedAction.TRIM_CANDIDATES
 
-    def __init__(self, costs: CostModel, base_candidates: int, max_candidates: int) -> None:
+    def __init__(
+        self,
+        costs: CostModel,
+        base_candidates: int,
+        max_candidates: int,
+        step_headroom: float | None = None,
+    ) -> None:
         self.costs = costs
         self.hardware = costs.base_hardware
         self.span = max(max_candidates - base_candidates, 0)
+        # The latency loop moves the target up by at most one rate-limit step per interval, so
+        # capacity beyond (extra in force + one step) would sit idle in RMA's budget while
+        # another lever could use it. None: no such limit (the whole span).
+        self.step_headroom = step_headroom
 
     def unit_cost(self) -> ResourceCost:
         return self.costs.rma_per_candidate
 
     def demand(self, ctx: LeverContext) -> float:
-        return max(ctx.request_rps, 0.0) * self.span
+        extra = float(self.span)
+        if self.step_headroom is not None:
+            extra = min(extra, max(ctx.rma_extra_candidates, 0.0) + self.step_headroom)
+        return max(ctx.request_rps, 0.0) * extra
 
     def units_per_treated(self, ctx: LeverContext) -> float:
         return max(ctx.rma_extra_candidates, 1.0)
@@ -443,10 +456,12 @@ class LeverRegistry:
         *,
         max_coverage: float = 1.0,
         precompute: bool = False,
+        rma_step_headroom: float | None = None,
     ) -> LeverRegistry:
-        """RMA and SBM, plus precompute when the scenario allows it."""
+        """RMA and SBM, plus precompute when the scenario allows it. ``rma_step_headroom``:
+        extra candidates the RMA loop may add in one step (its demand stops there)."""
         levers: list[Lever] = [
-            RmaLever(costs, base_candidates, max_candidates),
+            RmaLever(costs, base_candidates, max_candidates, rma_step_headroom),
             SbmLever(costs, max_coverage),
         ]
         if precompute:

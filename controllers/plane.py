@@ -167,7 +167,9 @@ class ControlPlane:
 
     Pure: no clock (``obs.now`` is the time), no I/O; randomness only from ``rng`` (the
     router's Thompson draws). ``levers`` defaults to RMA and SBM, plus precompute when the
-    scenario enables it; pass a :class:`LeverRegistry` to add or replace levers.
+    scenario enables it, with RMA's demand limited to one rate-limit step above the extra
+    candidates in force (so capacity the latency loop cannot use this interval goes to other
+    levers); pass a :class:`LeverRegistry` to add or replace levers.
     """
 
     def __init__(
@@ -187,6 +189,9 @@ class ControlPlane:
                 config.max_candidates,
                 max_coverage=config.coverage.max_coverage,
                 precompute=config.precompute_enabled,
+                rma_step_headroom=math.ceil(
+                    config.pid.max_step_up * (config.max_candidates - config.base_candidates)
+                ),
             )
         )
         self.allocator = Allocator(config.allocator, config.value, self.levers)

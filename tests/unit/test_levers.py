@@ -86,6 +86,13 @@ def test_registry_rejects_duplicates_and_is_immutable() -> None:
     assert "integrity" not in reg
 
 
+def test_rma_demand_stops_one_rate_limit_step_above_the_target_in_force() -> None:
+    capped = RmaLever(COSTS, 400, 1200, step_headroom=40)
+    assert capped.demand(LeverContext(300.0, 300.0, rma_extra_candidates=100.0)) == 300.0 * 140
+    assert capped.demand(LeverContext(300.0, 300.0, rma_extra_candidates=790.0)) == 300.0 * 800
+    assert RmaLever(COSTS, 400, 1200).demand(LeverContext(300.0, 300.0)) == 300.0 * 800
+
+
 def test_rate_for_is_set_by_the_binding_resource() -> None:
     rma = RmaLever(COSTS, 400, 1200)
     # 1 core pays for 10,000 candidates/s, 1 device for 50,000: CPU binds
