@@ -111,6 +111,8 @@ _MAX_DEPTH: Final = 32  # nesting of an event's free-form fields
 MAX_DEADLETTER_PAYLOAD_BYTES: Final = 700_000
 
 _set = object.__setattr__  # normalising fields of frozen dataclasses in __post_init__
+_new = object.__new__  # building a message whose fields a fast path has checked
+_FLOAT_MAX: Final = 1.7976931348623157e308  # sys.float_info.max: x <= it is False for inf, NaN
 
 
 # -- field checks: each returns the normalised value or raises ValidationError(field, reason) ---
@@ -592,11 +594,39 @@ class Latency:
         d["queue_ms"] = self.queue_ms
         return d
 
+    def _wire_dict(self) -> dict[str, Any]:
+        """:meth:`to_dict` for :func:`encode`: the same, except that the sketch's bins keep
+        their integer keys (``dumps(..., int_keys=True)`` writes the same bytes)."""
+        d: dict[str, Any] = {
+            "v": self.v,
+            "ts": self.ts,
+            "region": self.region,
+            "replica": self.replica,
+            "pool": self.pool,
+            "path": self.path,
+            "window_s": self.window_s,
+            "count": self.count,
+        }
+        if self.samples_ms is not None:
+            d["samples_ms"] = self.samples_ms  # a tuple: orjson writes it as a list
+        if self.sketch is not None:
+            d["sketch"] = self.sketch._wire_dict()
+        d["inflight"] = self.inflight
+        d["queue_ms"] = self.queue_ms
+        return d
+
     @classmethod
     def from_dict(cls, d: object) -> Latency:
-        d = _envelope(d)
-        raw_sketch = d.get("sketch")
-        sketch = None if raw_sketch is None else LatencySketch.from_dict(raw_sketch, "sketch")
+        if type(d) is dict and type(d.get("v")) is int and d["v"] == SCHEMA_VERSION:
+            raw_sketch = d.get("sketch")
+            sketch = None if raw_sketch is None else LatencySketch.from_dict(raw_sketch, "sketch")
+            fast = _latency_fast(cls, d, sketch)
+            if fast is not None:
+                return fast
+        else:
+            d = _envelope(d)
+            raw_sketch = d.get("sketch")
+            sketch = None if raw_sketch is None else LatencySketch.from_dict(raw_sketch, "sketch")
         return cls(
             v=_req(d, "v"),
             ts=_req(d, "ts"),
@@ -611,6 +641,71 @@ class Latency:
             inflight=_req(d, "inflight"),
             queue_ms=_req(d, "queue_ms"),
         )
+
+
+def _latency_fast(
+    cls: type[Latency], d: dict[str, Any], sketch: LatencySketch | None
+) -> Latency | None:
+    """:meth:`Latency.from_dict` for the common case (version and sketch already checked):
+    every field of its plain type and in range, checked inline rather than through a helper
+    per field. Returns ``None`` as soon as anything is unusual (a missing field, an integer for
+    a float, a bad value), and the caller takes the field-by-field path that names the fault.
+    It accepts only what ``__post_init__`` accepts, with the same values, and builds the
+    message without running it again (tests/unit/test_messages.py compares the two paths)."""
+    ts = d.get("ts")
+    region = d.get("region")
+    replica = d.get("replica")
+    pool = d.get("pool")
+    path = d.get("path")
+    window_s = d.get("window_s")
+    count = d.get("count")
+    inflight = d.get("inflight")
+    queue_ms = d.get("queue_ms")
+    samples = d.get("samples_ms")
+    if not (
+        type(ts) is float
+        and 0.0 <= ts <= _FLOAT_MAX
+        and type(region) is str
+        and _NAME.match(region) is not None
+        and type(replica) is str
+        and 1 <= len(replica) <= _MAX_TEXT
+        and type(pool) is str
+        and pool in POOL_VALUES
+        and type(path) is str
+        and path in PATH_VALUES
+        and type(window_s) is float
+        and 0.0 < window_s <= _FLOAT_MAX
+        and type(count) is int
+        and 0 <= count <= _INT64_MAX
+        and type(inflight) is int
+        and 0 <= inflight <= _INT64_MAX
+        and type(queue_ms) is float
+        and 0.0 <= queue_ms <= _FLOAT_MAX
+    ):
+        return None
+    if samples is not None:
+        if type(samples) is not list or len(samples) > MAX_LIST_ITEMS:
+            return None
+        for x in samples:
+            if type(x) is not float or not 0.0 <= x <= _FLOAT_MAX:
+                return None
+        samples = tuple(samples)
+    elif sketch is None:
+        return None
+    msg = _new(cls)
+    _set(msg, "ts", ts)
+    _set(msg, "region", region)
+    _set(msg, "replica", replica)
+    _set(msg, "pool", pool)
+    _set(msg, "path", path)
+    _set(msg, "window_s", window_s)
+    _set(msg, "count", count)
+    _set(msg, "inflight", inflight)
+    _set(msg, "queue_ms", queue_ms)
+    _set(msg, "samples_ms", samples)
+    _set(msg, "sketch", sketch)
+    _set(msg, "v", SCHEMA_VERSION)
+    return msg
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -1128,4 +1223,6 @@ def decode(kind: str, data: bytes | bytearray | memoryview | None) -> Message | 
 
 def encode(msg: Message) -> bytes:
     """The message value bytes (orjson); :class:`ValidationError` if over 1 MiB."""
+    if type(msg) is Latency:  # bytes of to_dict(), without a string per sketch bin
+        return dumps(msg._wire_dict(), int_keys=True)
     return dumps(msg.to_dict())

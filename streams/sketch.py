@@ -407,6 +407,18 @@ class LatencySketch:
             "zeros": self._zeros,
         }
 
+    def _wire_dict(self) -> dict[str, Any]:
+        """:meth:`to_dict` for the encoder: the same object, except that ``bins`` keeps its
+        integer keys (the codec writes them as decimal strings, ``dumps(..., int_keys=True)``,
+        giving the same bytes as ``to_dict``) and may be this sketch's own map when that is
+        already in ascending key order. For immediate serialisation only: never hand it out."""
+        bins = self._bins
+        keys = list(bins)
+        ordered = sorted(keys)
+        if ordered != keys:
+            bins = {k: bins[k] for k in ordered}
+        return {"alpha": self._m.alpha, "bins": bins, "zeros": self._zeros}
+
     @classmethod
     def from_dict(cls, data: object, field: str = "sketch") -> LatencySketch:
         """Build from the contract form, validating it; errors are :class:`ValidationError`
@@ -415,29 +427,11 @@ class LatencySketch:
         Unknown fields are ignored (CONTRACT §2). Bins with a count of 0 are accepted and
         dropped.
         """
-        if not isinstance(data, Mapping):
-            raise ValidationError(field, f"must be an object, got {_type_name(data)}")
-        if "alpha" not in data:
-            raise ValidationError(f"{field}.alpha", "missing")
-        try:
-            alpha = _check_alpha(data["alpha"])
-        except ValueError as exc:
-            raise ValidationError(f"{field}.alpha", str(exc).removeprefix("alpha ")) from None
-        zeros = data.get("zeros", 0)
-        if type(zeros) is not int or not 0 <= zeros <= _MAX_COUNT:
-            raise ValidationError(f"{field}.zeros", _count_reason(zeros))
-        raw_bins = data.get("bins")
-        if raw_bins is None:
-            raise ValidationError(f"{field}.bins", "missing")
-        if not isinstance(raw_bins, Mapping):
-            raise ValidationError(f"{field}.bins", f"must be an object, got {_type_name(raw_bins)}")
-        if len(raw_bins) > MAX_BINS:
-            raise ValidationError(
-                f"{field}.bins", f"has {len(raw_bins):,} bins, over the limit of {MAX_BINS:,}"
-            )
-        m = _mapping(alpha)
-        bins = _parse_bins(raw_bins, m, field)
-        total = zeros + sum(bins.values())
+        fast = _from_dict_fast(data)
+        if fast is not None:
+            m, bins, zeros, total = fast
+        else:
+            m, bins, zeros, total = _from_dict_checked(data, field)
         out = cls.__new__(cls)
         out._m = m
         out._bins = bins
@@ -446,13 +440,39 @@ class LatencySketch:
         return out
 
 
+# -- decoding the wire form -------------------------------------------------------------------
+#
+# Two paths, one set of rules. The fast path (_from_dict_fast) handles the common case, a plain
+# dict from the JSON decoder whose bin keys were all seen before, with C-level loops over the
+# whole map (memo look-ups, a set of types, min and sum); it never raises and returns None as
+# soon as anything is unusual. The checked path (_from_dict_checked) then walks the input field
+# by field and bin by bin, naming the first fault. The fast path accepts only what the checked
+# path accepts, with the same result (tests/unit/test_sketch.py holds the two to that).
+
+_Parsed = tuple["_Mapping", dict[int, int], int, int]  # mapping, bins, zeros, count
+
 # Parsed bin keys, canonical decimal string → int. A pure memo (it only ever holds what
 # _INT_KEY accepts, mapped to int()), bounded, and invisible to callers: it saves the int() and
 # canonical-form checks that dominate decoding a sketch, since one fleet's latencies reuse the
-# same few hundred keys.
+# same few hundred keys. _KEY_SPAN is the smallest and largest key the memo holds: when a
+# sketch's alpha admits that whole span (at 1 %, keys of latencies from 1 µs to 1 hour lie in
+# [-691, 1111], well inside the alpha's [-37,220, 35,492]), a memo hit is a key in range.
 _KEY_MEMO: dict[str, int] = {}
 _KEY_TEXT: dict[int, str] = {}  # the same memo, int → str, for to_dict
 _KEY_MEMO_MAX: Final = 1 << 16
+_KEY_SPAN: list[int] = [0, 0]  # [min, max] of the memo's keys ([0, 0] while it is empty)
+_JUST_INT: Final = frozenset({int})
+
+
+def _remember(text: str, key: int) -> None:
+    if len(_KEY_MEMO) < _KEY_MEMO_MAX:
+        _KEY_MEMO[text] = key
+        if key not in _KEY_TEXT:
+            _KEY_TEXT[key] = str(key)  # canonical: "-0" is read as 0 but written "0"
+        if key < _KEY_SPAN[0]:
+            _KEY_SPAN[0] = key
+        elif key > _KEY_SPAN[1]:
+            _KEY_SPAN[1] = key
 
 
 def _key_texts(keys: list[int]) -> list[str]:
@@ -460,41 +480,90 @@ def _key_texts(keys: list[int]) -> list[str]:
     if None not in texts:
         return cast(list[str], texts)
     out = list(map(str, keys))
-    if len(_KEY_MEMO) < _KEY_MEMO_MAX:
-        for key, text in zip(keys, out, strict=True):
-            _KEY_MEMO[text] = key
-            _KEY_TEXT[key] = text
+    for key, text in zip(keys, out, strict=True):
+        _remember(text, key)
     return out
 
 
-def _parse_bins(raw: Mapping[Any, Any], m: _Mapping, field: str) -> dict[int, int]:
-    """Validate ``{"372": 10, ...}`` into ``{372: 10}`` (empty bins dropped).
-
-    The fast path runs C-level loops over the whole map (memo look-ups, a type set, min/max);
-    only when it finds something wrong does the slow path walk the bins one by one, naming the
-    first bad one.
-    """
-    memo = list(map(_KEY_MEMO.get, raw))
-    keys = _slow_keys(raw, m, field) if None in memo else cast(list[int], memo)
-    counts = list(raw.values())
-    if counts and not (
-        set(map(type, counts)) == {int}
-        and min(counts) >= 0
-        and max(counts) <= _MAX_COUNT
-        and min(keys) >= m.key_min
-        and max(keys) <= m.key_max
+def _from_dict_fast(data: object) -> _Parsed | None:
+    """The common case, validated in bulk; ``None`` means "take the checked path"."""
+    if type(data) is not dict:
+        return None
+    alpha = data.get("alpha")
+    if type(alpha) is not float:
+        return None
+    m = _MAPPINGS.get(alpha)  # only ever holds alphas _check_alpha accepted
+    zeros = data.get("zeros", 0)
+    raw = data.get("bins")
+    if (
+        m is None
+        or type(zeros) is not int
+        or not 0 <= zeros <= _MAX_COUNT
+        or type(raw) is not dict
+        or len(raw) > MAX_BINS
+        or _KEY_SPAN[0] < m.key_min
+        or _KEY_SPAN[1] > m.key_max
     ):
-        _slow_keys(raw, m, field)  # raises, naming the bin
-        raise AssertionError("unreachable: the fast path refused bins the slow path accepts")
-    bins: dict[int, int] = dict(zip(keys, counts, strict=True))
-    if 0 in counts:
+        return None
+    if not raw:
+        return m, {}, zeros, zeros
+    # Every key a plain str the memo knows (so canonical, and in range by the span check
+    # above), each to its own integer ("0" and "-0" would share one: the checked path decides).
+    if set(map(type, raw)) != _JUST_STR:
+        return None
+    keyed = dict(zip(map(_KEY_MEMO.get, raw), raw.values(), strict=True))
+    if None in keyed or len(keyed) != len(raw):
+        return None
+    bins = cast(dict[int, int], keyed)  # checked just below
+    counts = bins.values()
+    if set(map(type, counts)) != _JUST_INT:  # ints only: no bool, float, str, null
+        return None
+    low = min(counts)
+    if low < 0:
+        return None
+    total = sum(counts)  # non-negative counts: each is at most the total
+    if total > _MAX_COUNT and max(counts) > _MAX_COUNT:
+        return None
+    if low == 0:
         bins = {k: c for k, c in bins.items() if c}
-    return bins
+    return m, bins, zeros, zeros + total
 
 
-def _slow_keys(raw: Mapping[Any, Any], m: _Mapping, field: str) -> list[int]:
+_JUST_STR: Final = frozenset({str})
+
+
+def _from_dict_checked(data: object, field: str) -> _Parsed:
+    """Every rule, field by field, raising :class:`ValidationError` at the first fault."""
+    if not isinstance(data, Mapping):
+        raise ValidationError(field, f"must be an object, got {_type_name(data)}")
+    if "alpha" not in data:
+        raise ValidationError(f"{field}.alpha", "missing")
+    try:
+        alpha = _check_alpha(data["alpha"])
+    except ValueError as exc:
+        raise ValidationError(f"{field}.alpha", str(exc).removeprefix("alpha ")) from None
+    zeros = data.get("zeros", 0)
+    if type(zeros) is not int or not 0 <= zeros <= _MAX_COUNT:
+        raise ValidationError(f"{field}.zeros", _count_reason(zeros))
+    raw_bins = data.get("bins")
+    if raw_bins is None:
+        raise ValidationError(f"{field}.bins", "missing")
+    if not isinstance(raw_bins, Mapping):
+        raise ValidationError(f"{field}.bins", f"must be an object, got {_type_name(raw_bins)}")
+    if len(raw_bins) > MAX_BINS:
+        raise ValidationError(
+            f"{field}.bins", f"has {len(raw_bins):,} bins, over the limit of {MAX_BINS:,}"
+        )
+    m = _mapping(alpha)
+    bins = _parse_bins(raw_bins, m, field)
+    return m, bins, zeros, zeros + sum(bins.values())
+
+
+def _parse_bins(raw: Mapping[Any, Any], m: _Mapping, field: str) -> dict[int, int]:
+    """Validate ``{"372": 10, ...}`` into ``{372: 10}`` (empty bins dropped), naming the first
+    bad bin."""
     match = _INT_KEY.match
-    keys: list[int] = []
+    bins: dict[int, int] = {}
     for skey, c in raw.items():
         if type(c) is not int or c < 0 or c > _MAX_COUNT:
             raise ValidationError(f"{field}.bins.{skey}", _count_reason(c))
@@ -509,11 +578,10 @@ def _slow_keys(raw: Mapping[Any, Any], m: _Mapping, field: str) -> list[int]:
                 f"key out of the range of finite positive values for alpha {m.alpha} "
                 f"([{m.key_min}, {m.key_max}])",
             )
-        if len(_KEY_MEMO) < _KEY_MEMO_MAX:
-            _KEY_MEMO[skey] = key
-            _KEY_TEXT[key] = skey
-        keys.append(key)
-    return keys
+        _remember(skey, key)
+        if c:
+            bins[key] = c
+    return bins
 
 
 def _type_name(value: object) -> str:
