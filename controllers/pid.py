@@ -275,7 +275,8 @@ class RmaController:
         elif error < 0.0 and u == prev and wanted > prev:
             limit = RmaLimit.LATENCY_GUARD
         elif abs(u - wanted) > 1e-12 and (
-            u == prev + self.settings.max_step_up or u == prev - self.settings.max_step_down
+            math.isclose(u, prev + self.settings.max_step_up, abs_tol=1e-12)
+            or math.isclose(u, prev - self.settings.max_step_down, abs_tol=1e-12)
         ):
             limit = RmaLimit.RATE_LIMIT
         elif u <= 0.0:
