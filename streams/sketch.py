@@ -455,8 +455,9 @@ _Parsed = tuple["_Mapping", dict[int, int], int, int]  # mapping, bins, zeros, c
 # _INT_KEY accepts, mapped to int()), bounded, and invisible to callers: it saves the int() and
 # canonical-form checks that dominate decoding a sketch, since one fleet's latencies reuse the
 # same few hundred keys. _KEY_SPAN is the smallest and largest key the memo holds: when a
-# sketch's alpha admits that whole span (at 1 %, keys of latencies from 1 µs to 1 hour lie in
-# [-691, 1111], well inside the alpha's [-37,220, 35,492]), a memo hit is a key in range.
+# sketch's alpha admits that whole span (at 1 %, keys of latencies in milliseconds from 1 µs to
+# 1 hour lie in [-345, 755], well inside the alpha's [-37,220, 35,488]), every memo hit is a key
+# in range; otherwise (the memo has seen keys of a finer alpha) the keys' min and max are read.
 _KEY_MEMO: dict[str, int] = {}
 _KEY_TEXT: dict[int, str] = {}  # the same memo, int → str, for to_dict
 _KEY_MEMO_MAX: Final = 1 << 16
@@ -501,20 +502,22 @@ def _from_dict_fast(data: object) -> _Parsed | None:
         or not 0 <= zeros <= _MAX_COUNT
         or type(raw) is not dict
         or len(raw) > MAX_BINS
-        or _KEY_SPAN[0] < m.key_min
-        or _KEY_SPAN[1] > m.key_max
     ):
         return None
     if not raw:
         return m, {}, zeros, zeros
-    # Every key a plain str the memo knows (so canonical, and in range by the span check
-    # above), each to its own integer ("0" and "-0" would share one: the checked path decides).
+    # Every key a plain str the memo knows (so canonical), each to its own integer ("0" and
+    # "-0" would share one: the checked path decides), in the alpha's range.
     if set(map(type, raw)) != _JUST_STR:
         return None
     keyed = dict(zip(map(_KEY_MEMO.get, raw), raw.values(), strict=True))
     if None in keyed or len(keyed) != len(raw):
         return None
-    bins = cast(dict[int, int], keyed)  # checked just below
+    bins = cast(dict[int, int], keyed)
+    if (_KEY_SPAN[0] < m.key_min or _KEY_SPAN[1] > m.key_max) and (
+        min(bins) < m.key_min or max(bins) > m.key_max
+    ):
+        return None
     counts = bins.values()
     if set(map(type, counts)) != _JUST_INT:  # ints only: no bool, float, str, null
         return None
