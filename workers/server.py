@@ -762,6 +762,13 @@ class RankingServer(Service):
         scores = self.world.score_batch(users, req.segment, cands, model, req.t_s)
         return cands[0], scores[0]
 
+    def _base_top(self, req: RankRequest, cands: np.ndarray[Any, Any]) -> int:
+        """The baseline's pick among the same candidates (the counterfactual for ground truth)."""
+        assert self.world is not None
+        users = self.world.users([req.user], req.segment)
+        scores = self.world.score_batch(users, req.segment, cands[None, :], Model.BASE, req.t_s)
+        return int(cands[int(np.argmax(scores[0]))])
+
     async def _mixed(self, req: RankRequest, start: float) -> RankResponse:
         """Baseline or RMA request on a mixed replica."""
         costs = self.costs
@@ -824,9 +831,10 @@ class RankingServer(Service):
             self.accelerator.release()
         ranked = base + n
         best = int(np.argmax(scores[:ranked]))
+        base_best = int(np.argmax(scores[:base]))
         path = "rma" if n > 0 else "base"
-        return self._done(req, start, path, int(cands[best]), float(scores[best]), ranked,
-                          "base", decision, queue_ms)  # fmt: skip
+        return self._done(req, start, path, int(cands[best]), float(scores[best]),
+                          int(cands[base_best]), ranked, "base", decision, queue_ms)  # fmt: skip
 
     async def _strong(self, req: RankRequest, start: float) -> RankResponse:
         """A strong-model request on an SBM replica; everything here is optional."""
@@ -885,8 +893,9 @@ class RankingServer(Service):
             self._count_shed(0, True)
             return self._downgraded(req, start, "preempted")
         best = int(np.argmax(scores))
-        return self._done(req, start, "sbm", int(cands[best]), float(scores[best]), n, "strong",
-                          verdict.decision, queue_ms)  # fmt: skip
+        return self._done(req, start, "sbm", int(cands[best]), float(scores[best]),
+                          self._base_top(req, cands), n, "strong", verdict.decision,
+                          queue_ms)  # fmt: skip
 
     def _done(
         self,
@@ -895,6 +904,7 @@ class RankingServer(Service):
         path: str,
         top_ad: int,
         score: float,
+        base_top_ad: int,
         candidates: int,
         model: Literal["base", "strong"],
         decision: Decision,
@@ -914,6 +924,7 @@ class RankingServer(Service):
             health=self._health(),
             top_ad=top_ad,
             score=score,
+            base_top_ad=base_top_ad,
             candidates=candidates,
             model=model,
             decision=decision.name,

@@ -220,7 +220,10 @@ class RankResponse:
     """The outcome of one :class:`RankRequest`.
 
     ``ok`` false: nothing was ranked (``error`` says why; ``downgraded`` true when the strong model
-    was refused, so the client should re-run the request on the base model). ``candidates`` and
+    was refused, so the client should re-run the request on the base model). ``base_top_ad`` is
+    the ad the *baseline* (base model, first ``base`` candidates) ranks first — the counterfactual
+    the client needs for ground-truth incremental value; a strong-model replica computes it on the
+    side, outside the request's emulated time. ``candidates`` and
     ``model`` are what was actually ranked; ``decision`` the server-side shedding decision
     (``ADMIT``, ``TRIM``, ``DOWNGRADE``, ``SHED``); ``server_ms`` the time from arrival to
     response on the server's clock; ``queue_ms`` the part of it spent waiting for slots.
@@ -231,6 +234,7 @@ class RankResponse:
     health: Health
     top_ad: int = -1
     score: float = 0.0
+    base_top_ad: int = -1
     candidates: int = 0
     model: ModelName = "base"
     decision: str = "ADMIT"
@@ -246,6 +250,7 @@ class RankResponse:
             "health": self.health.to_dict(),
             "top_ad": self.top_ad,
             "score": self.score,
+            "base_top_ad": self.base_top_ad,
             "candidates": self.candidates,
             "model": self.model,
             "decision": self.decision,
@@ -268,6 +273,7 @@ class RankResponse:
             health=Health.from_dict(d.get("health")),
             top_ad=_req(d, "top_ad", int),
             score=float(_req(d, "score", (int, float))),
+            base_top_ad=_req(d, "base_top_ad", int),
             candidates=_req(d, "candidates", int),
             model=_req(d, "model", str),
             decision=_req(d, "decision", str),

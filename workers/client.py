@@ -1,0 +1,1060 @@
+"""The client worker (``headroom client --region R``): requests in, rankings out, value measured.
+
+A client consumes ``headroom.requests`` as a member of a consumer group (requests are keyed by
+region, so a region's partitions are shared by that region's clients), and for each request:
+
+1. **Target** — applies the newest unexpired target of its region (highest ``epoch``,
+   :class:`TargetBook`). Past ``ts + ttl_s`` the target is expired: the client falls back to the
+   baseline (base candidates, no SBM) and says so once (``target.expired``); a newer target ends the
+   fallback (``target.applied``).
+2. **Plan** (:class:`Router`) — the holdout arm first: a ``world.holdout`` share of requests gets no
+   optional work at all (the control arm of every lever's estimate). Then SBM: an eligible request
+   goes to the strong model with its segment's routing probability ``sbm.segments[seg]``, if the
+   client-side multiplier of the strong replica keeps a request of its value rank (lowest value
+   dropped first). Otherwise RMA: ``extra = round(m × (rma.candidates − base))`` extra candidates,
+   ``m`` the client-side multiplier of the dedicated replica it picked (AIMD on the health in every
+   response, :class:`workers.shedding.ClientShedder`).
+3. **Serve** — over real loopback connections (:mod:`workers.wire`). An SBM request goes to a
+   strong-model replica; if that replica refuses it (``downgraded``), is unreachable, dies or is
+   preempted mid-request, or does not answer within its budget, the request returns to the base
+   model on a dedicated replica (DESIGN §2: the path provisioned for it). A baseline or RMA request
+   goes to the dedicated replica with the fewest calls in flight; if that replica is lost mid-call,
+   the request is retried once on another (the retry budget), inside the SLO.
+4. **Measure** — the delivered value is the ground truth of the world: ``value × quality`` of the ad
+   ranked first; the baseline's value is the same for the ad the baseline ranks first (the server
+   returns it); the difference is the lever's incremental value.
+
+Windows, value signals and offsets
+----------------------------------
+Requests are aggregated per SLO window of scenario time, by the time they *ended*
+(:class:`WindowBook`). When a window has ended, the client publishes, for that window, one
+``window`` event (docs/events.md: counts, merged latency sketches, value, per-segment arms and
+exposure, targets in force) and the value signals (``headroom.value``: sums per (segment, lever,
+arm); a treated request counts under the lever it received; the control arm's sums are published
+under each lever, since each lever's estimate needs its control). It waits until the broker has
+acknowledged all of them, and only then commits the consumer offsets of the requests in that window
+(:class:`OffsetTracker`: per partition, the commit is the lowest offset not yet published). So:
+
+* a client that is killed loses only unpublished windows, whose requests are uncommitted and are
+  consumed again by the member that takes the partitions over: none lost;
+* a published window's requests are committed right after the acknowledgement: none counted twice.
+  The one gap is a crash between the acknowledgement and the commit (milliseconds), which would
+  re-deliver those requests; every window line carries the offset ranges it covers
+  (``offsets``: ``{partition: [first, last]}``) so such a duplicate is detectable;
+* on a rebalance (a client joins or leaves), the member losing partitions first waits for their
+  requests in flight, publishes what it has (partial windows: several lines of one window add up)
+  and commits, before the partitions move; a graceful stop does the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from aiokafka import ConsumerRebalanceListener, TopicPartition
+
+from headroom.errors import ConfigError
+from headroom.scenario import Scenario
+from streams import messages
+from streams.consume import ConsumerLoop, LoopConfig, Received
+from streams.kafka import KafkaTarget, make_consumer, make_producer, started
+from streams.sketch import LatencySketch
+from workers.metrics import Metrics
+from workers.service import Service
+from workers.shedding import ClientShedConfig, ClientShedder, ShedTransition, ValueRanker
+from workers.wire import RankRequest, RankResponse, ServerUnavailable, WireClient
+from workers.world import RankingWorld
+
+__all__ = [
+    "ClientConfig",
+    "OffsetTracker",
+    "Outcome",
+    "Plan",
+    "RankingClient",
+    "Router",
+    "ServerAddress",
+    "TargetBook",
+    "TargetState",
+    "WindowBook",
+]
+
+LEVERS = ("rma", "sbm")
+SKETCH_ALPHA = 0.01
+
+
+# ------------------------------------------------------------------------------------------------
+# Configuration
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ServerAddress:
+    pool: str  # "dedicated" | "opportunistic"
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str) -> ServerAddress:
+        """``POOL=HOST:PORT`` (``--server``)."""
+        pool, sep, address = text.partition("=")
+        host, colon, port = address.rpartition(":")
+        if not sep or not colon or pool not in ("dedicated", "opportunistic"):
+            raise ConfigError(
+                f"--server: {text!r} must be POOL=HOST:PORT with POOL dedicated or opportunistic"
+            )
+        try:
+            number = int(port)
+        except ValueError:
+            raise ConfigError(f"--server: {text!r}: port {port!r} is not a number") from None
+        if not 0 < number < 65536 or not host:
+            raise ConfigError(f"--server: {text!r}: need a host and a port in 1-65535")
+        return cls(pool, host, number)
+
+    def __str__(self) -> str:
+        return f"{self.pool}={self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConfig:
+    """One client's settings; validated on construction (errors name the flag or field)."""
+
+    region: str
+    servers: tuple[ServerAddress, ...]
+    group: str
+    name: str = "client"
+    t0: float = 0.0
+    speed: float = 1.0
+    seed: int = 0
+    policy: str = "headroom"
+    max_in_flight: int = 256  # requests being served at once (back-pressure on the consumer)
+    sbm_budget_share: float = 0.5  # share of the SLO an SBM attempt may take before falling back
+    base_timeout_share: float = 1.0  # share of the SLO one baseline attempt may take
+    timeout_share: float = 2.0  # a request slower than this × SLO counts as a timeout
+    optional_budget_share: float = 0.5  # extras that cannot start within this × SLO are dropped
+    publish_tick_s: float = 0.1  # how often ended windows are looked for (wall seconds)
+    reconnect_s: float = 0.5  # wait between connection attempts to a lost server
+    shed: ClientShedConfig = field(default_factory=ClientShedConfig)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not self.servers:
+            problems.append("--server: give at least one dedicated server (POOL=HOST:PORT)")
+        elif not any(s.pool == "dedicated" for s in self.servers):
+            problems.append("--server: at least one server must be dedicated=HOST:PORT")
+        if not (math.isfinite(self.speed) and self.speed > 0.0):
+            problems.append(f"--speed: must be > 0, got {self.speed}")
+        if not (math.isfinite(self.t0) and self.t0 >= 0.0):
+            problems.append(f"--t0: must be a time >= 0, got {self.t0}")
+        if self.max_in_flight < 1:
+            problems.append(f"max_in_flight: must be >= 1, got {self.max_in_flight}")
+        for name in ("sbm_budget_share", "base_timeout_share", "timeout_share"):
+            if not getattr(self, name) > 0.0:
+                problems.append(f"{name}: must be > 0, got {getattr(self, name)}")
+        if problems:
+            raise ConfigError(problems)
+
+
+# ------------------------------------------------------------------------------------------------
+# Targets (pure)
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TargetState:
+    """What the client applies now: a live target, or the baseline."""
+
+    epoch: int | None  # None: no target ever received
+    rma_candidates: int
+    sbm_coverage: float
+    sbm_segments: Mapping[str, float]
+    expired: bool  # True: the baseline is in force because the newest target expired
+
+
+class TargetBook:
+    """The newest target of one region, and the TTL fallback (CONTRACT §2, targets).
+
+    :meth:`offer` keeps the highest epoch (an older or equal one is ignored: targets may be
+    re-delivered or reordered). :meth:`state` is the target in force at ``now``, or the baseline.
+    :meth:`transitions` reports, once each, that a target was applied or that it expired.
+    """
+
+    def __init__(self, region: str, base_candidates: int) -> None:
+        self.region = region
+        self.base = base_candidates
+        self.target: messages.Target | None = None
+        self._announced_epoch: int | None = None
+        self._expired_epoch: int | None = None
+
+    def offer(self, target: messages.Target) -> bool:
+        if target.region != self.region:
+            return False
+        if self.target is not None and target.epoch <= self.target.epoch:
+            return False
+        self.target = target
+        return True
+
+    def state(self, now: float) -> TargetState:
+        t = self.target
+        if t is None:
+            return TargetState(None, self.base, 0.0, {}, False)
+        if t.expired(now):
+            return TargetState(t.epoch, self.base, 0.0, {}, True)
+        candidates = min(max(t.rma.candidates, self.base), max(t.rma.max, self.base))
+        return TargetState(t.epoch, candidates, t.sbm.coverage, t.sbm.segments, False)
+
+    def transitions(self, now: float) -> list[tuple[str, int]]:
+        """``("target.applied", epoch)`` for a new live target, ``("target.expired", epoch)``
+        when the one in force lapses; each reported once."""
+        t = self.target
+        out: list[tuple[str, int]] = []
+        if t is None:
+            return out
+        if t.expired(now):
+            if self._expired_epoch != t.epoch:
+                self._expired_epoch = t.epoch
+                out.append(("target.expired", t.epoch))
+        elif self._announced_epoch != t.epoch:
+            self._announced_epoch = t.epoch
+            out.append(("target.applied", t.epoch))
+        return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Routing (pure; randomness injected)
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What one request asks for: the control arm gets nothing optional."""
+
+    control: bool
+    strong: bool
+    extra: int
+
+    @property
+    def lever(self) -> str | None:
+        if self.strong:
+            return "sbm"
+        if self.extra > 0:
+            return "rma"
+        return None
+
+
+class Router:
+    """Holdout arm, SBM routing by segment probability, RMA extra candidates (module docstring).
+
+    ``rng`` is the only source of randomness (one uniform draw for the arm, one for SBM).
+    """
+
+    def __init__(self, holdout: float, base_candidates: int, rng: np.random.Generator) -> None:
+        if not 0.0 <= holdout < 1.0:
+            raise ConfigError(f"world.holdout: must lie in [0, 1), got {holdout}")
+        self.holdout = holdout
+        self.base = base_candidates
+        self.rng = rng
+
+    def plan(
+        self,
+        *,
+        segment: str,
+        eligible: bool,
+        target: TargetState,
+        rma_multiplier: float,
+        sbm_keeps: bool,
+        sbm_available: bool,
+    ) -> Plan:
+        u_arm, u_sbm = self.rng.random(2)
+        if u_arm < self.holdout:
+            return Plan(control=True, strong=False, extra=0)
+        p = float(target.sbm_segments.get(segment, 0.0)) if target.sbm_coverage > 0.0 else 0.0
+        if eligible and sbm_available and u_sbm < p and sbm_keeps:
+            return Plan(control=False, strong=True, extra=0)
+        wanted = max(0, target.rma_candidates - self.base)
+        extra = round(min(1.0, max(0.0, rma_multiplier)) * wanted)
+        return Plan(control=False, strong=False, extra=extra)
+
+
+# ------------------------------------------------------------------------------------------------
+# Windows (pure)
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One finished request, as a window needs it."""
+
+    partition: int
+    offset: int
+    segment: str
+    end_t: float  # scenario time it ended
+    latency_ms: float
+    ok: bool
+    timeout: bool
+    control: bool
+    lever: str | None  # the lever it actually received (None: none)
+    sbm_served: bool
+    value_total: float
+    value_baseline: float
+    cost_cpu_ms: float = 0.0  # optional work's cost
+    cost_accelerator_ms: float = 0.0
+
+
+@dataclass
+class _Arm:
+    n: int = 0
+    value_sum: float = 0.0
+    value_sq_sum: float = 0.0
+    cpu_ms: float = 0.0
+    accelerator_ms: float = 0.0
+
+    def add(self, value: float, cpu_ms: float = 0.0, accelerator_ms: float = 0.0) -> None:
+        self.n += 1
+        self.value_sum += value
+        self.value_sq_sum += value * value
+        self.cpu_ms += cpu_ms
+        self.accelerator_ms += accelerator_ms
+
+    def sums(self) -> dict[str, Any]:
+        return {"n": self.n, "value_sum": self.value_sum, "value_sq_sum": self.value_sq_sum}
+
+
+@dataclass
+class _Window:
+    index: int
+    requests: int = 0
+    errors: int = 0
+    timeouts: int = 0
+    sketch: LatencySketch = field(default_factory=lambda: LatencySketch(SKETCH_ALPHA))
+    sketch_base: LatencySketch = field(default_factory=lambda: LatencySketch(SKETCH_ALPHA))
+    value_total: float = 0.0
+    value_baseline: float = 0.0
+    inc: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LEVERS, 0.0))
+    arms: dict[str, dict[str, _Arm]] = field(default_factory=dict)
+    treated: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LEVERS, 0))
+    segments: dict[str, dict[str, Any]] = field(default_factory=dict)
+    offsets: dict[int, list[int]] = field(default_factory=dict)
+    members: list[tuple[int, int]] = field(default_factory=list)  # (partition, offset)
+
+    def add(self, o: Outcome) -> None:
+        self.requests += 1
+        self.members.append((o.partition, o.offset))
+        span = self.offsets.get(o.partition)
+        if span is None:
+            self.offsets[o.partition] = [o.offset, o.offset]
+        else:
+            span[0] = min(span[0], o.offset)
+            span[1] = max(span[1], o.offset)
+        self.sketch.add(o.latency_ms)
+        if o.lever is None:
+            self.sketch_base.add(o.latency_ms)
+        if not o.ok:
+            self.errors += 1
+        if o.timeout:
+            self.timeouts += 1
+        self.value_total += o.value_total
+        self.value_baseline += o.value_baseline
+        seg = self.segments.setdefault(o.segment, {"requests": 0, "sbm": 0, "inc": 0.0})
+        seg["requests"] += 1
+        seg["sbm"] += int(o.sbm_served)
+        if not o.ok:
+            return
+        inc = o.value_total - o.value_baseline
+        seg["inc"] += inc
+        arms = self.arms.setdefault(o.segment, {})
+        if o.control:
+            arms.setdefault("control", _Arm()).add(o.value_total)
+        elif o.lever is not None:
+            self.inc[o.lever] += inc
+            self.treated[o.lever] += 1
+            arms.setdefault(o.lever, _Arm()).add(
+                o.value_total, o.cost_cpu_ms, o.cost_accelerator_ms
+            )
+
+
+class WindowBook:
+    """Per-window aggregation of finished requests, and the lines a window publishes.
+
+    Windows are SLO windows of scenario time (``window_s``), indexed ``floor(t / window_s)`` by
+    the time a request *ended*. :meth:`due` lists windows that ended before ``now``; :meth:`take`
+    removes one (or every open one, for a partial flush) and returns its window event and value
+    signals.
+    """
+
+    def __init__(self, region: str, window_s: float, segments: Sequence[str]) -> None:
+        self.region = region
+        self.window_s = window_s
+        self.segments = tuple(segments)
+        self._open: dict[int, _Window] = {}
+
+    def index(self, t: float) -> int:
+        return math.floor(t / self.window_s)
+
+    def add(self, outcome: Outcome) -> None:
+        k = self.index(outcome.end_t)
+        window = self._open.get(k)
+        if window is None:
+            window = self._open[k] = _Window(k)
+        window.add(outcome)
+
+    @property
+    def open_windows(self) -> list[int]:
+        return sorted(self._open)
+
+    def due(self, now_t: float) -> list[int]:
+        current = self.index(now_t)
+        return [k for k in sorted(self._open) if k < current]
+
+    def take(self, k: int) -> _Window | None:
+        return self._open.pop(k, None)
+
+    def event_fields(
+        self, w: _Window, *, targets: Mapping[str, Any], source: str
+    ) -> dict[str, Any]:
+        """The ``window`` line of docs/events.md (without the common fields)."""
+        arms: dict[str, dict[str, Any]] = {}
+        for seg, by_arm in w.arms.items():
+            present = {name: arm.sums() for name, arm in by_arm.items() if arm.n > 0}
+            if present:
+                arms[seg] = present
+        return {
+            "t_start": w.index * self.window_s,
+            "t_end": (w.index + 1) * self.window_s,
+            "requests": w.requests,
+            "errors": w.errors,
+            "timeouts": w.timeouts,
+            "sketch": w.sketch.to_dict(),
+            "sketch_base": w.sketch_base.to_dict(),
+            "value_total": w.value_total,
+            "value_baseline": w.value_baseline,
+            "inc": {**w.inc, "precompute": 0.0},
+            "arms": arms,
+            "eligible_treated": dict(w.treated),
+            "segments": w.segments,
+            "targets": dict(targets),
+            "offsets": {str(p): span for p, span in sorted(w.offsets.items())},
+            "client": source,
+        }
+
+    def value_signals(self, w: _Window, ts: float) -> list[messages.ValueSignal]:
+        """Sums per (segment, lever, arm); the control arm under every lever."""
+        out = []
+        for seg in sorted(w.arms):
+            by_arm = w.arms[seg]
+            control = by_arm.get("control")
+            for lever in LEVERS:
+                treated = by_arm.get(lever)
+                for arm_name, arm in (("treatment", treated), ("control", control)):
+                    if arm is None or arm.n == 0:
+                        continue
+                    out.append(
+                        messages.ValueSignal(
+                            ts=ts,
+                            region=self.region,
+                            segment=seg,
+                            lever=lever,  # type: ignore[arg-type]
+                            arm=arm_name,  # type: ignore[arg-type]
+                            n=arm.n,
+                            value_sum=arm.value_sum,
+                            value_sq_sum=arm.value_sq_sum,
+                            window_s=self.window_s,
+                            cost=messages.Cost(
+                                cpu_ms=arm.cpu_ms, accelerator_ms=arm.accelerator_ms
+                            ),
+                        )
+                    )
+        return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Offsets (pure)
+# ------------------------------------------------------------------------------------------------
+
+
+class OffsetTracker:
+    """Which consumer offsets may be committed: per partition, everything below the lowest offset
+    whose request is not yet in a published window.
+
+    Offsets of one partition arrive in increasing order (:meth:`received`); requests finish and
+    windows are published in any order (:meth:`published`). :meth:`committable` gives, per
+    partition, the offset to commit (the next one to read after a restart).
+    """
+
+    def __init__(self) -> None:
+        self._pending: dict[int, deque[int]] = {}
+        self._done: dict[int, set[int]] = {}
+        self._next: dict[int, int] = {}
+        self._committed: dict[int, int] = {}
+
+    def received(self, partition: int, offset: int) -> None:
+        self._pending.setdefault(partition, deque()).append(offset)
+        self._done.setdefault(partition, set())
+        self._next[partition] = max(self._next.get(partition, 0), offset + 1)
+
+    def published(self, members: Iterable[tuple[int, int]]) -> None:
+        for partition, offset in members:
+            self._done.setdefault(partition, set()).add(offset)
+
+    def committable(self) -> dict[int, int]:
+        """New commit offsets (only partitions whose commit point moved)."""
+        out = {}
+        for partition, pending in self._pending.items():
+            done = self._done[partition]
+            while pending and pending[0] in done:
+                done.discard(pending.popleft())
+            point = pending[0] if pending else self._next[partition]
+            if self._committed.get(partition) != point:
+                out[partition] = point
+        return out
+
+    def committed(self, offsets: Mapping[int, int]) -> None:
+        self._committed.update(offsets)
+
+    def pending(self, partition: int) -> int:
+        return len(self._pending.get(partition, ()))
+
+    def forget(self, partitions: Iterable[int]) -> None:
+        """Partitions taken away (after their final commit): drop their state."""
+        for p in partitions:
+            self._pending.pop(p, None)
+            self._done.pop(p, None)
+            self._next.pop(p, None)
+            self._committed.pop(p, None)
+
+
+# ------------------------------------------------------------------------------------------------
+# Server connections
+# ------------------------------------------------------------------------------------------------
+
+
+class _Server:
+    """A connection to one server, its client-side shedder, and reconnection."""
+
+    def __init__(self, address: ServerAddress, shed: ClientShedConfig, now: float) -> None:
+        self.address = address
+        self.wire = WireClient(address.host, address.port)
+        self.shedder = ClientShedder(shed, now)
+        self.retry_at = 0.0  # monotonic time of the next connection attempt
+        self.failures = 0
+
+    @property
+    def up(self) -> bool:
+        return not self.wire.closed
+
+
+# ------------------------------------------------------------------------------------------------
+# The client service
+# ------------------------------------------------------------------------------------------------
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, client: RankingClient) -> None:
+        self.client = client
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        await self.client.on_revoked([tp.partition for tp in revoked])
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        self.client.on_assigned([tp.partition for tp in assigned])
+
+
+class RankingClient(Service):
+    """One client of a region (see the module docstring)."""
+
+    name = "client"
+
+    def __init__(
+        self,
+        config: ClientConfig,
+        scenario: Scenario,
+        kafka: KafkaTarget,
+        *,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.time,
+        world: RankingWorld | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.scenario = scenario
+        self.kafka = kafka
+        self.metrics = metrics
+        self._wall = clock
+        self.log = self.log.bind(region=config.region, client=config.name)
+        try:
+            scenario.region(config.region)
+        except KeyError:
+            raise ConfigError(
+                f"--region: {config.region!r} is not a region of scenario {scenario.name!r}"
+            ) from None
+        w = scenario.world
+        self.base = w.base_candidates
+        self.world = world
+        self.targets = TargetBook(config.region, w.base_candidates)
+        self.router = Router(w.holdout, w.base_candidates, np.random.default_rng(config.seed))
+        self.windows = WindowBook(
+            config.region, scenario.slo.window_s, [s.name for s in scenario.segments]
+        )
+        self.offsets = OffsetTracker()
+        self.ranker = ValueRanker()
+        now = self._wall()
+        self._servers = [_Server(a, config.shed, now) for a in config.servers]
+        self._ids = 0
+        self._slots = asyncio.Semaphore(config.max_in_flight)
+        self._inflight: dict[int, int] = {}  # partition -> requests in flight
+        self._inflight_zero = asyncio.Event()
+        self._inflight_zero.set()
+        self._finished = asyncio.Condition()  # notified whenever a request finishes
+        self._publish_lock = asyncio.Lock()
+        self._producer: Any = None
+        self._consumer: Any = None
+        self._loops: list[ConsumerLoop] = []
+        self._assigned: set[int] = set()
+        self.ready = asyncio.Event()  # set once partitions are assigned and positioned
+        self.stats = {"requests": 0, "published": 0, "errors": 0, "commits": 0}
+        slo = scenario.slo.p99_ms
+        self._sbm_budget_ms = slo * config.sbm_budget_share
+        self._base_timeout_s = slo * config.base_timeout_share / 1000.0
+        self._timeout_ms = slo * config.timeout_share
+        self._optional_budget_ms = slo * config.optional_budget_share
+        self._costs = scenario.models
+
+    # -- time --------------------------------------------------------------------------------------
+
+    def scenario_time(self, wall: float | None = None) -> float:
+        wall = self._wall() if wall is None else wall
+        return (wall - self.config.t0) * self.config.speed
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    async def on_start(self) -> None:
+        if self.world is None:
+            self.world = RankingWorld.from_scenario(self.scenario)
+        for server in self._servers:
+            await self._connect(server)
+        self._producer = make_producer(self.kafka.bootstrap, linger_ms=2)
+        await self._producer.start()
+        self.add_task(self._consume_targets(), name="targets")
+        self.add_task(self._consume_requests(), name="requests")
+        self.add_task(self._tick(), name="tick")
+        self.log.info(
+            "client.started",
+            servers=[str(s.address) for s in self._servers],
+            group=self.config.group,
+        )
+
+    async def on_drain(self) -> None:
+        for loop in self._loops:
+            loop.stop()
+        await self._inflight_zero.wait()
+        await self.flush(partial=True)
+
+    async def on_stop(self) -> None:
+        for loop in self._loops:
+            loop.stop()
+        for server in self._servers:
+            await server.wire.close()
+        if self._producer is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._producer.flush(), 5.0)
+            await self._producer.stop()
+        self.log.info("client.stopped", **self.stats)
+
+    # -- targets -----------------------------------------------------------------------------------
+
+    async def _consume_targets(self) -> None:
+        consumer = make_consumer(
+            self.kafka.bootstrap, self.kafka.topic("targets"), from_beginning=True
+        )
+
+        def handle(rec: Received) -> None:
+            msg = rec.message
+            if isinstance(msg, messages.Target) and self.targets.offer(msg):
+                self.log.debug("client.target.received", epoch=msg.epoch)
+                self._target_transitions()
+
+        async with started(consumer, self.kafka.bootstrap):
+            loop = ConsumerLoop(
+                consumer,
+                self._producer,
+                handle,
+                prefix=self.kafka.prefix,
+                config=LoopConfig(poll_timeout_s=0.05),
+                component="client",
+                commit=False,
+            )
+            self._loops.append(loop)
+            await loop.run()
+
+    def _target_transitions(self) -> None:
+        now = self._wall()
+        for kind, epoch in self.targets.transitions(now):
+            fields: dict[str, Any] = {"epoch": epoch}
+            t = self.targets.target
+            if kind == "target.applied" and t is not None:
+                fields["delay_ms"] = max(0.0, (now - t.ts) * 1000.0)
+                fields["rma_candidates"] = t.rma.candidates
+                fields["sbm_coverage"] = t.sbm.coverage
+            self.log.info(f"client.{kind}", **fields)
+            self.add_task(self._emit(kind, fields), name=kind)
+        if self.metrics is not None:
+            state = self.targets.state(now)
+            self.metrics.target_candidates.labels(self.config.region).set(state.rma_candidates)
+            self.metrics.target_coverage.labels(self.config.region).set(state.sbm_coverage)
+
+    # -- requests ----------------------------------------------------------------------------------
+
+    async def _consume_requests(self) -> None:
+        consumer = make_consumer(
+            self.kafka.bootstrap, group_id=self.config.group, from_beginning=False
+        )
+        consumer.subscribe([self.kafka.topic("requests")], listener=_Rebalance(self))
+        self._consumer = consumer
+        async with started(consumer, self.kafka.bootstrap):
+            loop = ConsumerLoop(
+                consumer,
+                self._producer,
+                self._on_request,
+                prefix=self.kafka.prefix,
+                config=LoopConfig(poll_timeout_s=0.05, batch_max=100),
+                component="client",
+                commit=False,  # offsets are committed after the windows are published
+            )
+            self._loops.append(loop)
+            await loop.run()
+            await self._inflight_zero.wait()
+            await self.flush(partial=True)
+
+    def on_assigned(self, partitions: list[int]) -> None:
+        self._assigned.update(partitions)
+        self.log.info("client.partitions.assigned", partitions=sorted(partitions))
+        self.add_task(self._mark_ready(partitions), name="ready")
+
+    async def _mark_ready(self, partitions: list[int]) -> None:
+        consumer = self._consumer
+        topic = self.kafka.topic("requests")
+        for p in partitions:
+            with contextlib.suppress(Exception):
+                await consumer.position(TopicPartition(topic, p))
+        self.ready.set()
+
+    async def on_revoked(self, partitions: list[int]) -> None:
+        """Before partitions move: finish their requests, publish, commit (module docstring)."""
+        if not partitions:
+            return
+        self.log.info("client.partitions.revoked", partitions=sorted(partitions))
+        wait_s = 2.0 * self._timeout_ms / 1000.0 + 1.0
+        async with self._finished:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._finished.wait_for(
+                        lambda: not any(self._inflight.get(p, 0) for p in partitions)
+                    ),
+                    wait_s,
+                )
+        await self.flush(partial=True)
+        self.offsets.forget(partitions)
+        self._assigned.difference_update(partitions)
+
+    async def _on_request(self, rec: Received) -> None:
+        msg = rec.message
+        if not isinstance(msg, messages.Request):
+            return
+        if msg.region != self.config.region:
+            return  # another region's request on a shared partition: not ours
+        await self._slots.acquire()
+        self.offsets.received(rec.partition, rec.offset)
+        self._inflight[rec.partition] = self._inflight.get(rec.partition, 0) + 1
+        self._inflight_zero.clear()
+        self.add_task(self._serve(msg, rec.partition, rec.offset), name="request")
+
+    async def _serve(self, msg: messages.Request, partition: int, offset: int) -> None:
+        try:
+            outcome = await self.serve_request(msg, partition, offset)
+            self.windows.add(outcome)
+            self.stats["requests"] += 1
+        finally:
+            self._slots.release()
+            self._inflight[partition] -= 1
+            if not any(self._inflight.values()):
+                self._inflight_zero.set()
+            async with self._finished:
+                self._finished.notify_all()
+
+    def _dedicated(self, exclude: Iterable[_Server] = ()) -> _Server | None:
+        skip = set(map(id, exclude))
+        candidates = [
+            s for s in self._servers if s.address.pool == "dedicated" and s.up and id(s) not in skip
+        ]
+        if not candidates:
+            return None
+        return min(candidates, key=lambda s: s.wire.in_flight)
+
+    def _strong(self) -> _Server | None:
+        candidates = [s for s in self._servers if s.address.pool == "opportunistic" and s.up]
+        if not candidates:
+            return None
+        return min(candidates, key=lambda s: s.wire.in_flight)
+
+    async def serve_request(self, msg: messages.Request, partition: int, offset: int) -> Outcome:
+        """Plan, serve (with fallbacks), measure one request."""
+        wall = self._wall()
+        now_t = self.scenario_time(wall)
+        target = self.targets.state(wall)
+        self.ranker.observe(msg.value)
+        rank = self.ranker.rank(msg.value)
+        dedicated = self._dedicated()
+        strong = self._strong()
+        m = dedicated.shedder.multiplier_at(wall) if dedicated is not None else 0.0
+        keeps = strong is not None and strong.shedder.keeps(rank, wall)
+        plan = self.router.plan(
+            segment=msg.segment,
+            eligible=msg.eligible,
+            target=target,
+            rma_multiplier=m,
+            sbm_keeps=keeps,
+            sbm_available=strong is not None,
+        )
+        start = time.monotonic()
+        response: RankResponse | None = None
+        sbm_served = False
+        if plan.strong and strong is not None:
+            response = await self._call_strong(strong, msg, now_t)
+            sbm_served = response is not None
+        if response is None:
+            extra = 0 if plan.strong else plan.extra
+            response = await self._call_base(msg, now_t, extra, dedicated)
+        latency_ms = (time.monotonic() - start) * 1000.0
+        end_t = self.scenario_time()
+        ok = response is not None and response.ok
+        timeout = latency_ms > self._timeout_ms
+        lever: str | None = None
+        value_total = value_baseline = 0.0
+        cost_cpu = cost_acc = 0.0
+        models = self._costs
+        if response is not None and response.ok:
+            assert self.world is not None
+            q_top, q_base = self.world.ad_quality(
+                msg.user, msg.segment, [response.top_ad, response.base_top_ad], now_t
+            )
+            value_total = msg.value * float(q_top)
+            value_baseline = msg.value * float(q_base)
+            if sbm_served:
+                lever = "sbm"
+                n = response.candidates
+                cost_cpu = n * models.strong.cpu_ms_per_candidate
+                cost_acc = n * models.strong.accelerator_ms_per_candidate
+            elif response.candidates > self.base:
+                lever = "rma"
+                extra = response.candidates - self.base
+                cost_cpu = extra * models.base.cpu_ms_per_candidate
+                cost_acc = extra * models.base.accelerator_ms_per_candidate
+        path = lever or "base"
+        if self.metrics is not None:
+            outcome_label = "timeout" if timeout else ("ok" if ok else "error")
+            self.metrics.requests.labels(self.config.region, path, outcome_label).inc()
+            self.metrics.latency.labels(self.config.region, path).observe(latency_ms / 1000.0)
+        if not ok:
+            self.stats["errors"] += 1
+        return Outcome(
+            partition=partition,
+            offset=offset,
+            segment=msg.segment,
+            end_t=end_t,
+            latency_ms=latency_ms,
+            ok=ok,
+            timeout=timeout,
+            control=plan.control,
+            lever=lever,
+            sbm_served=sbm_served,
+            value_total=value_total,
+            value_baseline=value_baseline,
+            cost_cpu_ms=cost_cpu,
+            cost_accelerator_ms=cost_acc,
+        )
+
+    def _request(self, msg: messages.Request, t_s: float, extra: int, model: str) -> RankRequest:
+        self._ids += 1
+        return RankRequest(
+            id=self._ids,
+            user=msg.user,
+            segment=msg.segment,
+            t_s=t_s,
+            base=self.base,
+            extra=extra,
+            model=model,  # type: ignore[arg-type]
+            value=msg.value,
+            budget_ms=self._sbm_budget_ms if model == "strong" else self._optional_budget_ms,
+        )
+
+    async def _call_strong(
+        self, server: _Server, msg: messages.Request, t_s: float
+    ) -> RankResponse | None:
+        """An SBM attempt; None means: serve it on the base model instead."""
+        request = self._request(msg, t_s, 0, "strong")
+        try:
+            response = await server.wire.call(request, self._sbm_budget_ms / 1000.0 * 2.0)
+        except ServerUnavailable as exc:
+            self._lost(server, str(exc))
+            return None
+        except TimeoutError:
+            return None
+        self._health(server, response, "sbm")
+        if response.ok:
+            return response
+        if self.metrics is not None:
+            self.metrics.shed.labels(self.config.region, "server", "sbm").inc()
+        return None
+
+    async def _call_base(
+        self, msg: messages.Request, t_s: float, extra: int, first: _Server | None
+    ) -> RankResponse | None:
+        """Baseline (or RMA) on a dedicated replica, retried once on another if one is lost."""
+        tried: list[_Server] = []
+        server = first if first is not None and first.up else self._dedicated()
+        for _attempt in range(2):
+            if server is None:
+                return None
+            tried.append(server)
+            request = self._request(msg, t_s, extra, "base")
+            try:
+                response = await server.wire.call(request, self._base_timeout_s)
+            except ServerUnavailable as exc:
+                self._lost(server, str(exc))
+                server = self._dedicated(exclude=tried)
+                continue
+            except TimeoutError:
+                server = self._dedicated(exclude=tried)
+                continue
+            self._health(server, response, "rma")
+            return response
+        return None
+
+    def _health(self, server: _Server, response: RankResponse, lever: str) -> None:
+        now = self._wall()
+        t = server.shedder.on_response(now, response.health.overloaded, response.health.queue_ms)
+        if self.metrics is not None:
+            self.metrics.multiplier.labels(self.config.region, str(server.address)).set(
+                server.shedder.multiplier_at(now)
+            )
+        if t is not None:
+            self._shedding_event(t, lever, server)
+
+    def _shedding_event(self, t: ShedTransition, lever: str, server: _Server) -> None:
+        fields = {
+            "side": "client",
+            "lever": lever,
+            "dropped": t.dropped,
+            "multiplier": t.multiplier,
+            "server": str(server.address),
+        }
+        self.log.info(f"client.{t.event.value}", **fields)
+        self.add_task(self._emit(t.event.value, fields), name="shedding")
+
+    def _lost(self, server: _Server, reason: str) -> None:
+        if server.failures == 0:
+            self.log.warning("client.server.lost", server=str(server.address), reason=reason)
+        server.failures += 1
+        server.retry_at = time.monotonic() + self.config.reconnect_s
+
+    async def _connect(self, server: _Server) -> None:
+        try:
+            await server.wire.connect()
+        except ServerUnavailable as exc:
+            if server.failures == 0:
+                self.log.warning(
+                    "client.server.unreachable", server=str(server.address), reason=str(exc)
+                )
+            server.failures += 1
+            server.retry_at = time.monotonic() + self.config.reconnect_s
+            return
+        if server.failures:
+            self.log.info("client.server.reconnected", server=str(server.address))
+        server.failures = 0
+
+    # -- periodic work -----------------------------------------------------------------------------
+
+    async def _tick(self) -> None:
+        while await self.sleep(self.config.publish_tick_s):
+            now = self._wall()
+            self._target_transitions()
+            for server in self._servers:
+                if not server.up and time.monotonic() >= server.retry_at:
+                    await self._connect(server)
+                t = server.shedder.poll(now)
+                if t is not None:
+                    lever = "rma" if server.address.pool == "dedicated" else "sbm"
+                    self._shedding_event(t, lever, server)
+            if self.windows.due(self.scenario_time(now)):
+                await self.flush(partial=False)
+
+    async def flush(self, *, partial: bool) -> None:
+        """Publish ended windows (all open ones when ``partial``), then commit their offsets."""
+        async with self._publish_lock:
+            now = self._wall()
+            keys = (
+                self.windows.open_windows if partial else self.windows.due(self.scenario_time(now))
+            )
+            state = self.targets.state(now)
+            targets = {"rma_candidates": state.rma_candidates, "sbm_coverage": state.sbm_coverage}
+            futures = []
+            published: list[tuple[int, int]] = []
+            for k in keys:
+                w = self.windows.take(k)
+                if w is None or w.requests == 0:
+                    continue
+                end_ts = self.config.t0 + (k + 1) * self.windows.window_s / self.config.speed
+                ts = min(now, end_ts)
+                for signal in self.windows.value_signals(w, ts):
+                    futures.append(
+                        await self._producer.send(
+                            self.kafka.topic("value"), messages.encode(signal), key=signal.key()
+                        )
+                    )
+                fields = self.windows.event_fields(w, targets=targets, source=self.config.name)
+                futures.append(await self._send_event("window", fields, ts))
+                published.extend(w.members)
+                self.stats["published"] += w.requests
+            if futures:
+                await asyncio.gather(*futures)  # acknowledged by the broker: now commit
+            self.offsets.published(published)
+            await self._commit()
+
+    async def _commit(self) -> None:
+        points = self.offsets.committable()
+        if not points or self._consumer is None:
+            return
+        topic = self.kafka.topic("requests")
+        offsets = {TopicPartition(topic, p): o for p, o in points.items() if p in self._assigned}
+        if not offsets:
+            return
+        try:
+            await self._consumer.commit(offsets)
+        except Exception as exc:  # a rebalance took them: the new owner re-reads (at least once)
+            self.log.warning("client.commit.failed", error=f"{type(exc).__name__}: {exc}")
+            return
+        self.offsets.committed({tp.partition: o for tp, o in offsets.items()})
+        self.stats["commits"] += 1
+
+    # -- events ------------------------------------------------------------------------------------
+
+    async def _send_event(self, kind: str, fields: Mapping[str, Any], ts: float) -> Any:
+        extra = {"policy": self.config.policy}
+        extra.update(fields)
+        event = messages.Event(
+            ts=ts, kind=kind, source="client", region=self.config.region, extra=extra
+        )
+        return await self._producer.send(
+            self.kafka.topic("events"), messages.encode(event), key=event.key()
+        )
+
+    async def _emit(self, kind: str, fields: Mapping[str, Any]) -> None:
+        if self._producer is None:
+            return
+        await self._send_event(kind, fields, self._wall())
