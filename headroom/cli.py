@@ -394,7 +394,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = cmd(
         sub, "precompute", "run one precompute worker", ("workers.precompute_cli", "precompute")
     )
-    p.add_argument("--region", required=True, metavar="R")
+    p.add_argument(
+        "--region",
+        required=True,
+        metavar="R",
+        help="region whose capacity, targets and requests this worker serves",
+    )
+    _add_run_clock_flags(p)
     _add_scenario_flag(p)
     _add_kafka_flags(p)
     _add_metrics_flag(p)
