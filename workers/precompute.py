@@ -97,7 +97,7 @@ class WorkerSettings:
     region: str
     t0: float = 0.0  # wall-clock epoch of scenario time 0 (--t0)
     speed: float = 1.0  # scenario seconds per wall second (--speed)
-    tick_s: float = 0.05  # wall seconds between scheduling rounds (sooner when a job ends)
+    tick_s: float = 0.25  # wall seconds between scheduling rounds (sooner when a job ends)
     policy: str = "headroom"  # policy name written on events
     seed: int = 0  # the planner's generator (tie-breaking, exploration)
     group_id: str | None = None  # requests consumer group; default <prefix>precompute.<region>
