@@ -212,6 +212,27 @@ def test_latency_fast_path_agrees_with_the_checked_path(data: st.DataObject) -> 
     assert fast == checked  # the same message (all fields compared) or the same error
 
 
+_EDGES = [
+    *[0, 0.0, -0.0, 1, -1, -1.5, 1.5, 2**63 - 1, 2**63, 2**64, math.nan, math.inf, -math.inf],
+    *[1e308, 5e-324, True, False, None, "", "x", "us east", "r" * 64, "r" * 65, "x" * 256],
+    *["x" * 257, [], {}, (), [1.0], [1], [-1.0], [True], [math.inf], (1.0,)],
+    *["base", "rma", "sbm", "dedicated", "opportunistic", "precompute", "Rma"],
+]
+
+
+def test_every_edge_value_in_every_latency_field_gives_the_same_outcome() -> None:
+    for name in _FIELDS:
+        for value in _EDGES:
+            d = copy.deepcopy(LATENCY)
+            d[name] = value
+            fast = _outcome(Latency.from_dict, d)
+            assert fast == _outcome(Latency.from_dict, MappingProxyType(d)), (name, value)
+        d = copy.deepcopy(LATENCY)
+        del d[name]
+        fast = _outcome(Latency.from_dict, d)
+        assert fast == _outcome(Latency.from_dict, MappingProxyType(d)), name
+
+
 def test_a_plain_latency_message_takes_the_fast_path() -> None:
     d = copy.deepcopy(LATENCY)
     s = LatencySketch.from_dict(d["sketch"])
