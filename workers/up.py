@@ -1,0 +1,536 @@
+"""``headroom up SCENARIO``: the whole streaming stack, locally, against a real Kafka.
+
+:class:`Stack` starts every component as its own process (``python -m headroom.cli …``), the way
+a user would run them on several machines, and wires them together:
+
+1. topics under the prefix (idempotent), and a **collector** reading ``headroom.events`` from its
+   current end (so only this run's events are kept), written to ``DIR/events.jsonl``;
+2. the **controller** (Faust app) with an interval scaled to the run (``--interval``; default
+   ``duration / speed / 40`` clamped to 1–60 s, so the minute-scale loops get ~40 steps);
+3. per region, **servers**: ``dedicated_replicas`` mixed RMA replicas sharing the dedicated
+   capacity (``--share 1/n``) and one strong-model replica on the opportunistic pool; each prints
+   the port it listens on;
+4. per region, one **client** with every server of its region (``--server POOL=HOST:PORT``) and a
+   consumer group of its own for this run; it prints ``ready`` once it owns its partitions;
+5. the **feed**, with the run's ``t0`` (the wall-clock time of scenario time 0, agreed by every
+   process so their SLO windows line up) and ``--speed``; scenario ``control_outage`` events pause
+   the controller process (SIGSTOP … SIGCONT) over their span: the control plane goes silent.
+
+When the feed has played the scenario, the clients and servers are stopped with SIGTERM (they
+drain: requests in flight finish, last windows are published and committed), then the controller;
+the collector reads until the topic is quiet; the oracle bound is added (the simulator's oracle on
+the same scenario, when the simulator is installed); and the event log is analysed exactly as
+``headroom analyze`` does: ``DIR/metrics.json`` (policy ``headroom``), the table, the report.
+
+Every process this stack started is stopped on the way out — also on Ctrl-C and on any failure
+(SIGCONT first if paused, then SIGTERM, then SIGKILL after a grace period). Logs of every process
+are in ``DIR/logs/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from analysis.events import EventWriter
+from headroom.errors import ConfigError, HeadroomError
+from headroom.logs import get_logger
+from headroom.scenario import Scenario
+from streams import messages
+from streams.broker import probe_async
+from streams.kafka import KafkaTarget, create_topics, make_consumer, started, wait_for_topics
+from streams.topics import topics
+
+__all__ = ["Proc", "Stack", "StackConfig", "default_interval"]
+
+log = get_logger("up")
+
+READY_TIMEOUT_S = 90.0  # a process that has not said it is ready by then failed to start
+
+
+def default_interval(duration_s: float, speed: float) -> float:
+    """Controller interval (wall seconds): ~40 control steps per run, within 1-60 s."""
+    return float(min(60.0, max(1.0, duration_s / speed / 40.0)))
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    scenario_path: Path
+    out_dir: Path
+    kafka: KafkaTarget
+    speed: float = 1.0
+    interval_s: float | None = None
+    dedicated_replicas: int = 2
+    startup_margin_s: float = 20.0  # t0 is this far after the processes are launched
+    drain_s: float = 15.0  # grace for SIGTERM before SIGKILL
+    quiet_s: float = 3.0  # the collector stops after this long without an event, at the end
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    python: str = sys.executable
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not (math.isfinite(self.speed) and self.speed > 0):
+            problems.append(f"--speed: must be > 0, got {self.speed}")
+        if self.interval_s is not None and not self.interval_s > 0:
+            problems.append(f"--interval: must be > 0, got {self.interval_s}")
+        if self.dedicated_replicas < 1:
+            problems.append(f"dedicated_replicas: must be >= 1, got {self.dedicated_replicas}")
+        if problems:
+            raise ConfigError(problems)
+
+
+class Proc:
+    """One child process of the stack: its command line, its log file, its lines on stdout."""
+
+    def __init__(self, name: str, argv: Sequence[str], log_path: Path, env: dict[str, str]):
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = log_path
+        self.env = env
+        self.process: asyncio.subprocess.Process | None = None
+        self.lines: list[str] = []
+        self._line_event = asyncio.Event()
+        self._reader: asyncio.Task[None] | None = None
+        self._log: TextIO | None = None
+        self.paused = False
+        self.starts = 0
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+    async def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        # opening a local log file is quick; closed in stop()
+        self._log = open(self.log_path, "a")  # noqa: SIM115, ASYNC230
+        self.lines = []
+        self.process = await asyncio.create_subprocess_exec(
+            *self.argv,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=self._log,
+            env=self.env,
+            start_new_session=True,  # a Ctrl-C at the terminal reaches `up`, which stops us
+        )
+        self.starts += 1
+        self._reader = asyncio.create_task(self._read_stdout(), name=f"stdout-{self.name}")
+        log.info("up.process.started", name=self.name, pid=self.process.pid)
+
+    async def _read_stdout(self) -> None:
+        assert self.process is not None
+        assert self.process.stdout is not None
+        while True:
+            raw = await self.process.stdout.readline()
+            if not raw:
+                break
+            self.lines.append(raw.decode(errors="replace").rstrip("\n"))
+            self._line_event.set()
+
+    async def wait_line(self, predicate: Callable[[str], bool], timeout_s: float) -> str:
+        """The first stdout line matching ``predicate``; HeadroomError on exit or timeout."""
+        deadline = time.monotonic() + timeout_s
+        seen = 0
+        while True:
+            for line in self.lines[seen:]:
+                if predicate(line):
+                    return line
+            seen = len(self.lines)
+            if not self.running:
+                raise HeadroomError(
+                    f"{self.name} exited with status {self.returncode()} before it was ready "
+                    f"(log: {self.log_path})"
+                )
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise HeadroomError(
+                    f"{self.name} was not ready after {timeout_s:.0f} s (log: {self.log_path})"
+                )
+            self._line_event.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._line_event.wait(), min(left, 0.5))
+
+    def returncode(self) -> int | None:
+        return None if self.process is None else self.process.returncode
+
+    def signal(self, sig: signal.Signals) -> None:
+        if self.running:
+            assert self.process is not None
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(sig)
+            if sig == signal.SIGSTOP:
+                self.paused = True
+            elif sig == signal.SIGCONT:
+                self.paused = False
+
+    async def wait(self, timeout_s: float) -> int | None:
+        if self.process is None:
+            return None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.process.wait(), timeout_s)
+        return self.process.returncode
+
+    async def stop(self, grace_s: float) -> None:
+        """SIGCONT (if paused), SIGTERM, and SIGKILL after ``grace_s``; only this process."""
+        if self.running:
+            if self.paused:
+                self.signal(signal.SIGCONT)
+            self.signal(signal.SIGTERM)
+            if await self.wait(grace_s) is None:
+                log.warning("up.process.killed", name=self.name, pid=self.pid, grace_s=grace_s)
+                self.signal(signal.SIGKILL)
+                await self.wait(10.0)
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+            self._reader = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+class Stack:
+    """The processes of one ``up`` run (see the module docstring). Use as ``async with``."""
+
+    def __init__(self, config: StackConfig, scenario: Scenario) -> None:
+        self.config = config
+        self.scenario = scenario
+        self.kafka = config.kafka
+        self.interval_s = config.interval_s or default_interval(scenario.duration_s, config.speed)
+        self.procs: dict[str, Proc] = {}
+        self.server_addresses: dict[str, list[tuple[str, str]]] = {}  # region -> [(pool, addr)]
+        self.t0: float | None = None
+        self.events_path = config.out_dir / "events.jsonl"
+        self._collector: asyncio.Task[int] | None = None
+        self._collector_stop = asyncio.Event()
+        self._collector_ready = asyncio.Event()
+        self._outage_tasks: list[asyncio.Task[None]] = []
+        self.logs_dir = config.out_dir / "logs"
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["HEADROOM_LOG_FORMAT"] = "json"
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env["HEADROOM_CONTROLLER_DIR"] = str(self.config.out_dir / "controller")
+        return env
+
+    def _cmd(self, *args: str) -> list[str]:
+        return [
+            self.config.python,
+            "-m",
+            "headroom.cli",
+            *args,
+            "--bootstrap",
+            self.kafka.bootstrap,
+            "--prefix",
+            self.kafka.prefix,
+        ]
+
+    def _proc(self, name: str, argv: list[str]) -> Proc:
+        proc = Proc(name, argv, self.logs_dir / f"{name}.log", self._env())
+        self.procs[name] = proc
+        return proc
+
+    def scenario_time(self) -> float:
+        assert self.t0 is not None
+        return (time.time() - self.t0) * self.config.speed
+
+    def wall(self, t: float) -> float:
+        assert self.t0 is not None
+        return self.t0 + t / self.config.speed
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Stack:
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        cfg = self.config
+        if not await probe_async(self.kafka.bootstrap, timeout_s=10.0):
+            raise HeadroomError(
+                f"cannot reach Kafka at {self.kafka.bootstrap}: start the local broker with "
+                "`headroom kafka start`, or set KAFKA_BOOTSTRAP_SERVERS (or --bootstrap) to a "
+                "running cluster"
+            )
+        wanted = topics(self.kafka.prefix)
+        await create_topics(self.kafka.bootstrap, wanted)
+        await wait_for_topics(self.kafka.bootstrap, [t.name for t in wanted])
+        cfg.out_dir.mkdir(parents=True, exist_ok=True)
+        self._collector = asyncio.create_task(self._collect(), name="collector")
+        await asyncio.wait_for(self._collector_ready.wait(), 60.0)
+        scenario_flag = ["--scenario", str(cfg.scenario_path)]
+        self.t0 = time.time() + cfg.startup_margin_s
+        clock = ["--t0", f"{self.t0:.6f}", "--speed", repr(cfg.speed)]
+        controller = self._proc(
+            "controller",
+            self._cmd("controller", "--interval", repr(self.interval_s), *scenario_flag),
+        )
+        await controller.start()
+        servers: list[Proc] = []
+        meta: list[tuple[str, str]] = []
+        for region in self.scenario.regions:
+            n = cfg.dedicated_replicas
+            for i in range(n):
+                name = f"server-{region.name}-dedicated-{i}"
+                servers.append(
+                    self._proc(
+                        name,
+                        self._cmd(
+                            "server",
+                            "--region",
+                            region.name,
+                            "--pool",
+                            "dedicated",
+                            "--replica",
+                            name,
+                            "--share",
+                            repr(1.0 / n),
+                            *clock,
+                            *scenario_flag,
+                        ),
+                    )
+                )
+                meta.append((region.name, "dedicated"))
+            name = f"server-{region.name}-opportunistic-0"
+            servers.append(
+                self._proc(
+                    name,
+                    self._cmd(
+                        "server",
+                        "--region",
+                        region.name,
+                        "--pool",
+                        "opportunistic",
+                        "--replica",
+                        name,
+                        *clock,
+                        *scenario_flag,
+                    ),
+                )
+            )
+            meta.append((region.name, "opportunistic"))
+        for proc in servers:
+            await proc.start()
+        for proc, (region_name, pool) in zip(servers, meta, strict=True):
+            line = await proc.wait_line(lambda s: s.startswith("listening on "), READY_TIMEOUT_S)
+            address = line.removeprefix("listening on ").strip()
+            self.server_addresses.setdefault(region_name, []).append((pool, address))
+        for region in self.scenario.regions:
+            await self.start_client(region.name)
+        for region in self.scenario.regions:
+            await self.wait_client(region.name)
+        for e in self.scenario.events:
+            if e.kind == "control_outage":
+                self._outage_tasks.append(
+                    asyncio.create_task(self._outage(e.at_s, e.duration_s or 0.0))
+                )
+        if time.time() > self.t0 - 1.0:
+            raise HeadroomError(
+                f"the stack took longer than {cfg.startup_margin_s:.0f} s to start (logs: "
+                f"{self.logs_dir}); raise the start-up margin"
+            )
+        feed = self._proc("feed", self._cmd("feed", str(cfg.scenario_path), *clock))
+        await feed.start()
+        log.info(
+            "up.stack.started",
+            t0=self.t0,
+            speed=cfg.speed,
+            interval_s=self.interval_s,
+            processes=len(self.procs),
+        )
+
+    def client_argv(self, region: str) -> list[str]:
+        assert self.t0 is not None
+        servers = [f"--server={pool}={addr}" for pool, addr in self.server_addresses[region]]
+        return self._cmd(
+            "client", "--region", region, *servers,
+            "--group", f"{self.kafka.prefix}client-{region}-{self.config.run_id}",
+            "--t0", f"{self.t0:.6f}", "--speed", repr(self.config.speed),
+            "--scenario", str(self.config.scenario_path),
+        )  # fmt: skip
+
+    async def start_client(self, region: str) -> Proc:
+        name = f"client-{region}"
+        proc = self.procs.get(name) or self._proc(name, self.client_argv(region))
+        await proc.start()
+        return proc
+
+    async def wait_client(self, region: str) -> None:
+        await self.procs[f"client-{region}"].wait_line(lambda s: s == "ready", READY_TIMEOUT_S)
+
+    async def _outage(self, at_s: float, duration_s: float) -> None:
+        controller = self.procs["controller"]
+        await asyncio.sleep(max(0.0, self.wall(at_s) - time.time()))
+        log.info("up.controller.paused", t=at_s, duration_s=duration_s)
+        controller.signal(signal.SIGSTOP)
+        await asyncio.sleep(duration_s / self.config.speed)
+        controller.signal(signal.SIGCONT)
+        log.info("up.controller.resumed", t=at_s + duration_s)
+
+    async def at(self, t: float, action: Callable[[], Awaitable[Any]]) -> Any:
+        """Run ``action`` at scenario time ``t`` (tests: kill a server, restart a client)."""
+        await asyncio.sleep(max(0.0, self.wall(t) - time.time()))
+        return await action()
+
+    async def wait_finished(self) -> None:
+        """Until the feed has played the whole scenario."""
+        feed = self.procs["feed"]
+        assert feed.process is not None
+        code = await feed.process.wait()
+        if code != 0:
+            raise HeadroomError(f"the feed failed with status {code} (log: {feed.log_path})")
+
+    async def stop(self) -> None:
+        """Stop every process this stack started (clients and servers drain first)."""
+        for task in self._outage_tasks:
+            task.cancel()
+        order = ["feed", "client", "server", "controller"]
+        for prefix in order:
+            group = [p for name, p in self.procs.items() if name.startswith(prefix)]
+            await asyncio.gather(*(p.stop(self.config.drain_s) for p in group))
+        if self._collector is not None and not self._collector.done():
+            self._collector_stop.set()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._collector, self.config.quiet_s + 30.0)
+
+    # -- the collector ----------------------------------------------------------------------------
+
+    async def _collect(self) -> int:
+        consumer = make_consumer(self.kafka.bootstrap, self.kafka.topic("events"))
+        count = 0
+        async with started(consumer, self.kafka.bootstrap):
+            while not consumer.assignment():
+                await consumer.getmany(timeout_ms=100)
+            parts = list(consumer.assignment())
+            await consumer.seek_to_end(*parts)
+            for tp in parts:
+                await consumer.position(tp)
+            self._collector_ready.set()
+            quiet_since: float | None = None
+            with EventWriter(self.events_path) as writer:
+                while True:
+                    batch = await consumer.getmany(timeout_ms=200, max_records=1000)
+                    got = False
+                    for records in batch.values():
+                        for record in records:
+                            try:
+                                event = messages.decode("events", record.value)
+                            except messages.ValidationError as exc:
+                                log.warning("up.event.rejected", error=str(exc))
+                                continue
+                            assert isinstance(event, messages.Event)
+                            writer.write(event.to_dict())
+                            count += 1
+                            got = True
+                    if got:
+                        writer.flush()
+                    if self._collector_stop.is_set():
+                        now = time.monotonic()
+                        if got or quiet_since is None:
+                            quiet_since = now
+                        elif now - quiet_since >= self.config.quiet_s:
+                            break
+        log.info("up.events.collected", events=count, path=str(self.events_path))
+        return count
+
+    def add_events(self, events: Sequence[dict[str, Any]]) -> None:
+        with EventWriter(self.events_path, append=True) as writer:
+            for e in events:
+                writer.write(e)
+
+
+Action = Callable[[Stack], Awaitable[Any]]
+
+
+@dataclass
+class UpResult:
+    out_dir: Path
+    events_path: Path
+    metrics: dict[str, Any]
+    stack: Stack
+
+
+async def run_stack(
+    config: StackConfig,
+    scenario: Scenario,
+    *,
+    actions: Sequence[tuple[float, Action]] = (),
+) -> UpResult:
+    """Start the stack, play the scenario (running ``actions`` at their scenario times), stop
+    everything, add the oracle bound, and compute the metrics of the collected events."""
+    from analysis.events import EventLog
+    from analysis.metrics import compute_metrics
+
+    stack = Stack(config, scenario)
+    async with stack:
+        tasks = [asyncio.create_task(stack.at(t, _bind(a, stack))) for t, a in actions]
+        try:
+            await stack.wait_finished()
+            for task in tasks:
+                exc = task.exception() if task.done() and not task.cancelled() else None
+                if exc is not None:
+                    raise exc
+        finally:
+            for task in tasks:
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.gather(*tasks)
+    oracle = oracle_events(scenario, config)
+    if oracle:
+        stack.add_events(oracle)
+    metrics = compute_metrics(EventLog(stack.events_path))
+    return UpResult(config.out_dir, stack.events_path, metrics, stack)
+
+
+def _bind(action: Action, stack: Stack) -> Callable[[], Awaitable[Any]]:
+    return lambda: action(stack)
+
+
+def oracle_events(scenario: Scenario, config: StackConfig) -> list[dict[str, Any]]:
+    """The ``oracle.bound`` line for this scenario, from the simulator's oracle (same traces and
+    seed as the feed's), or nothing when the simulator cannot compute it here."""
+    try:
+        from sim.run import oracle_bound
+    except ImportError:
+        log.warning("up.oracle.unavailable", reason="sim.run.oracle_bound is not installed")
+        return []
+    try:
+        bound = oracle_bound(scenario)
+    except Exception as exc:  # the bound is a reference figure: never fail the run for it
+        log.warning("up.oracle.failed", error=f"{type(exc).__name__}: {exc}")
+        return []
+    return [
+        {
+            "v": 1,
+            "ts": time.time(),
+            "kind": "oracle.bound",
+            "source": "sim",
+            "policy": "headroom",
+            "region": None,
+            "oracle_incremental": float(bound.total),
+            "by_lever": dict(bound.by_lever),
+        }
+    ]
