@@ -466,14 +466,19 @@ _JUST_INT: Final = frozenset({int})
 
 
 def _remember(text: str, key: int) -> None:
-    if len(_KEY_MEMO) < _KEY_MEMO_MAX:
-        _KEY_MEMO[text] = key
-        if key not in _KEY_TEXT:
-            _KEY_TEXT[key] = str(key)  # canonical: "-0" is read as 0 but written "0"
-        if key < _KEY_SPAN[0]:
-            _KEY_SPAN[0] = key
-        elif key > _KEY_SPAN[1]:
-            _KEY_SPAN[1] = key
+    if len(_KEY_MEMO) >= _KEY_MEMO_MAX:
+        # Full: start again rather than keep whatever came first (one odd 100,000-bin sketch
+        # would otherwise leave no room for the fleet's own keys, and a wide span).
+        _KEY_MEMO.clear()
+        _KEY_TEXT.clear()
+        _KEY_SPAN[:] = [0, 0]
+    _KEY_MEMO[text] = key
+    if key not in _KEY_TEXT:
+        _KEY_TEXT[key] = str(key)  # canonical: "-0" is read as 0 but written "0"
+    if key < _KEY_SPAN[0]:
+        _KEY_SPAN[0] = key
+    elif key > _KEY_SPAN[1]:
+        _KEY_SPAN[1] = key
 
 
 def _key_texts(keys: list[int]) -> list[str]:

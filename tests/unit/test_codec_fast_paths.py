@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from streams import codec, sketch
 from streams.messages import Latency, ValidationError, _latency_fast, decode, encode
-from streams.sketch import LatencySketch
+from streams.sketch import MAX_BINS, LatencySketch
 
 ALPHAS = (0.01, 0.02, 0.5)
 
@@ -106,7 +106,10 @@ def test_a_sketch_of_known_keys_takes_the_fast_path(alpha: float) -> None:
     s = LatencySketch.from_values(np.geomspace(0.5, 5000.0, 400), alpha)
     s.add(0.0, 3)
     wire = orjson.loads(orjson.dumps(s.to_dict()))
-    assert sketch._from_dict_fast(wire) is not None  # to_dict memoised the keys
+    # Decoding memoises the keys; twice, in case the memo was full and started again midway.
+    LatencySketch.from_dict(wire)
+    LatencySketch.from_dict(wire)
+    assert sketch._from_dict_fast(wire) is not None
     assert LatencySketch.from_dict(wire) == s
     wire["bins"][next(iter(wire["bins"]))] = 0  # an empty bin: dropped, as the checked path does
     back = LatencySketch.from_dict(wire)
@@ -132,6 +135,16 @@ def test_one_bad_bin_among_known_keys_is_named(bins: dict[Any, Any], field: str)
     with pytest.raises(ValidationError) as info:
         LatencySketch.from_dict({"alpha": 0.01, "bins": bins})
     assert info.value.field == field
+
+
+def test_a_full_key_memo_starts_again_so_the_fleets_keys_keep_the_fast_path() -> None:
+    usual = {"alpha": 0.01, "bins": {str(k): 1 for k in range(20_000, 20_100)}}
+    odd = {"alpha": 1e-6, "bins": {str(k): 1 for k in range(-(10**8), -(10**8) + MAX_BINS)}}
+    LatencySketch.from_dict(odd)  # fills the memo (and more) with keys nobody else uses
+    LatencySketch.from_dict(usual)
+    LatencySketch.from_dict(usual)
+    assert sketch._from_dict_fast(usual) is not None
+    assert len(sketch._KEY_MEMO) <= sketch._KEY_MEMO_MAX
 
 
 def test_keys_of_a_finer_alpha_in_the_memo_are_still_range_checked() -> None:
