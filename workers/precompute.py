@@ -314,7 +314,9 @@ class PrecomputeWorker(Service):
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    def _build_core(self) -> None:
+    def prepare(self) -> None:
+        """Build the world, the curves and the planner (blocking: seconds the first time, while
+        the curves are measured). ``on_start`` runs it in a thread; tests call it directly."""
         if self.world is None:
             self.world = RankingWorld.from_scenario(self.scenario)
         if self._curves is None:
@@ -328,7 +330,8 @@ class PrecomputeWorker(Service):
         self.log.info("precompute.policy.built", region=self.region, lifetimes_s=lifetimes)
 
     async def on_start(self) -> None:
-        await asyncio.to_thread(self._build_core)
+        if self.planner is None:
+            await asyncio.to_thread(self.prepare)
         if self.kafka is None:
             self.ready.set()
             self.add_task(self._schedule_loop(), name="precompute-schedule")

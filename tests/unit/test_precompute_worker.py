@@ -1,0 +1,254 @@
+"""The precompute worker's rounds without a broker: a manual clock drives ``step``.
+
+A small world (2,000 ads) keeps the real strong-model ranking quick. The worker is built with
+``kafka=None``: it keeps its store and its events in memory, so the same code paths as on Kafka
+are checked: jobs start within the budget and the capacity, results are the real strong-model
+ranking of the world, they expire and are deleted, a reclaim stops running jobs at once and
+counts them as wasted, an expired target stops new jobs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from controllers.precompute import PrecomputeConfig
+from headroom.scenario_load import load_scenario
+from streams import messages
+from workers.precompute import PrecomputeWorker, WorkerSettings, rank_batch, target_budget
+from workers.world import RankingWorld
+
+REGION = "r1"
+SCENARIO = """
+name: precompute-unit
+seed: 5
+duration_s: 600
+slo: {p99_ms: 200, window_s: 10}
+world: {ads: 2000, dim: 16, base_candidates: 50, max_candidates: 100, holdout: 0.02,
+        drift_per_h: 0.5, users: 1000}
+models:
+  base: {cpu_ms_per_candidate: 0.1, accelerator_ms_per_candidate: 0.02, hardware: [gpu-a, gpu-b]}
+  strong: {cpu_ms_per_candidate: 0.005, accelerator_ms_per_candidate: 0.1, hardware: [gpu-b]}
+segments:
+  - {name: premium, share: 0.3, value: {mean: 3.0, sigma: 0.5}, base_error: 0.3, strong_error: 0.1,
+     return_rate_per_h: 6.0}
+  - {name: casual,  share: 0.7, value: {mean: 0.6, sigma: 0.5}, base_error: 0.5, strong_error: 0.2,
+     return_rate_per_h: 3.0}
+regions:
+  - name: r1
+    dedicated: {cpu: 8, accelerator: 2, hardware: gpu-a}
+    traffic: {rps: 10}
+"""
+
+
+class Clock:
+    def __init__(self, t: float = 1_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture(scope="module")
+def world_and_curves(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    path = Path(tmp_path_factory.mktemp("scenario")) / "s.yaml"
+    path.write_text(SCENARIO)
+    scenario = load_scenario(path)
+    world = RankingWorld.from_scenario(scenario)
+    curves = world.measure_curves(samples_per_segment=32, grid_points=3)
+    return scenario, world, curves
+
+
+def capacity(
+    units: float,
+    hardware: str = "gpu-b",
+    resource: str = "accelerator",
+    ts: float = 0.0,
+    remote: bool = True,
+) -> messages.Capacity:
+    return messages.Capacity(
+        ts=ts,
+        region=REGION,
+        resource=resource,  # type: ignore[arg-type]
+        hardware=hardware,
+        pool="opportunistic",
+        units=units,
+        reason="grant",
+        id=f"{resource}-{hardware}-{ts}",
+        remote=remote,
+    )
+
+
+def request(user: int, segment: str, ts: float) -> messages.Request:
+    return messages.Request(
+        ts=ts,
+        id=f"q{user}-{ts}",
+        region=REGION,
+        segment=segment,
+        value=1.0,
+        eligible=True,
+        user=user,
+    )
+
+
+def make_worker(world_and_curves, clock: Clock, **overrides: object) -> PrecomputeWorker:  # type: ignore[no-untyped-def]
+    scenario, world, curves = world_and_curves
+    cfg = PrecomputeConfig.from_scenario(
+        scenario,
+        **{"default_jobs_per_s": 100.0, "job_duration_s": 1.0, "max_ttl_s": 60.0, **overrides},
+    )
+    worker = PrecomputeWorker(
+        WorkerSettings(region=REGION),
+        scenario,
+        None,
+        config=cfg,
+        world=world,
+        curves=curves,
+        clock=clock,
+    )
+    worker.prepare()
+    return worker
+
+
+async def test_jobs_run_the_real_strong_ranking_publish_expire_and_report(world_and_curves) -> None:  # type: ignore[no-untyped-def]
+    clock = Clock()
+    w = make_worker(world_and_curves, clock)
+    w.on_capacity(capacity(2.0, ts=clock.t))
+    w.on_capacity(capacity(2.0, hardware="any", resource="cpu", ts=clock.t))
+    w.on_capacity(capacity(50.0, hardware="gpu-a", ts=clock.t))  # the strong model cannot use it
+    for user in range(40):
+        w.on_request(request(user, "casual" if user % 2 else "premium", clock.t))
+    assert {key[1] for key in w.jobs.pools} == {"gpu-b", "any"}
+    await w.step()  # the bucket starts empty
+    assert w.stats.jobs_started == 0
+    clock.t += 0.5  # 50 tokens at 100 jobs/s: all 40 users
+    await w.step()
+    assert w.stats.jobs_started == 40
+    assert all(
+        job.accelerator_pool == ("accelerator", "gpu-b", True) for job in w.jobs.jobs.values()
+    )
+    clock.t += 1.0
+    await w.step()
+    assert w.stats.jobs_completed == 40
+    assert len(w.store) == 40
+    stored = w.store.lookup(REGION, 3, clock.t)
+    assert stored is not None
+    assert stored.segment == "casual"
+    scenario, world, _ = world_and_curves
+    t_rank = w.scenario_time(stored.ts)
+    expected = rank_batch(world, [3], 1, scenario.world.base_candidates, t_rank, w.config.keep)[0]
+    assert stored.ranking == expected
+    single = world.rank(3, "casual", scenario.world.base_candidates, "strong", t_rank)
+    assert stored.ranking[0] == int(single.ranking[0])
+    life = w.planner.uplift.lifetime(1)  # type: ignore[union-attr]
+    assert stored.expires_at == pytest.approx(stored.ts + life)
+    # nothing more to do: every user is covered and too fresh to refresh
+    clock.t += 0.5
+    await w.step()
+    assert w.stats.jobs_started == 40
+    # past every expiry the results are deleted (tombstones on Kafka)
+    clock.t += 61.0
+    await w.step()
+    assert len(w.store) == 0
+    assert w.stats.tombstoned == 40
+    clock.t += 10.0  # the window of the expiry ends: its lines are written
+    await w.step()
+    expired = [e for e in w.events if e.kind == "precompute.result.expired"]
+    assert sum(e["expired"] for e in expired) == 40
+    windows = [e for e in w.events if e.kind == "window"]
+    assert sum(e["precompute"]["jobs"] for e in windows) == 40
+    used = sum(e["used_unit_s"]["accelerator"] for e in windows)
+    assert used == pytest.approx(40 * w.config.job_cost.accelerator_s)
+    completed = [e for e in w.events if e.kind == "precompute.job.completed"]
+    assert sum(e["jobs"] for e in completed) == 40
+
+
+async def test_a_reclaim_stops_running_jobs_at_once_and_counts_them_wasted(
+    world_and_curves,
+) -> None:  # type: ignore[no-untyped-def]
+    clock = Clock()
+    w = make_worker(world_and_curves, clock)
+    w.on_capacity(capacity(2.0, ts=clock.t))
+    w.on_capacity(capacity(2.0, hardware="any", resource="cpu", ts=clock.t))
+    for user in range(30):
+        w.on_request(request(user, "casual", clock.t))
+    await w.step()
+    clock.t += 0.5
+    await w.step()
+    running = len(w.jobs.jobs)
+    assert running == 30
+    clock.t += 0.2
+    w.on_capacity(capacity(0.0, ts=clock.t - 0.01))  # the remote gpu-b pool is reclaimed
+    assert len(w.jobs.jobs) == 0
+    assert w.stats.wasted_partial == 30
+    released = [e for e in w.events if e.kind == "optional.released"]
+    assert released[-1]["dropped"]["precompute_jobs"] == 30
+    assert released[-1]["release_ms"] == pytest.approx(10.0, abs=1e-6)
+    clock.t += 2.0
+    await w.step()
+    assert w.stats.jobs_completed == 0  # a half-done job delivers nothing
+    assert len(w.store) == 0
+    assert w.stats.jobs_started == 30  # and no capacity left to start new ones
+    assert not any(w.planner.users.inflight)  # type: ignore[union-attr]
+
+
+async def test_an_expired_target_stops_new_jobs_and_a_target_budget_sets_the_rate(
+    world_and_curves,
+) -> None:  # type: ignore[no-untyped-def]
+    clock = Clock()
+    w = make_worker(world_and_curves, clock)
+    w.on_capacity(capacity(2.0, ts=clock.t))
+    w.on_capacity(capacity(2.0, hardware="any", resource="cpu", ts=clock.t))
+    target = messages.Target(
+        ts=clock.t,
+        region=REGION,
+        epoch=3,
+        ttl_s=5.0,
+        rma=messages.RmaTarget(candidates=50, base=50, max=100),
+        sbm=messages.SbmTarget(coverage=0.0, segments={}),
+        budget=messages.Budget(cpu=1.0, accelerator=1.0),
+        reason="pid",
+    )
+    w.on_target(target, budget=12.0)
+    assert w.current_rate(clock.t) == (pytest.approx(12.0), "target")
+    for user in range(30):
+        w.on_request(request(user, "casual", clock.t))
+    clock.t += 6.0  # the target expired: optional work stops
+    await w.step()
+    clock.t += 1.0
+    await w.step()
+    assert w.current_rate(clock.t) == (0.0, "target_expired")
+    assert w.stats.jobs_started == 0
+    older = messages.Target(
+        ts=clock.t,
+        region=REGION,
+        epoch=2,
+        ttl_s=60.0,
+        rma=target.rma,
+        sbm=target.sbm,
+        budget=target.budget,
+        reason="pid",
+    )
+    w.on_target(older, budget=50.0)  # a lower epoch never wins
+    assert w.current_rate(clock.t)[1] == "target_expired"
+
+
+def test_target_budget_reads_the_optional_field_and_rejects_a_malformed_one() -> None:
+    assert target_budget({"precompute": {"jobs_per_s": 7}}) == 7.0
+    assert target_budget({"rma": {}}) is None
+    with pytest.raises(messages.ValidationError, match=r"precompute\.jobs_per_s"):
+        target_budget({"precompute": {"jobs_per_s": -1}})
+    with pytest.raises(messages.ValidationError, match="precompute"):
+        target_budget({"precompute": 3})
+
+
+def test_a_scenario_without_precompute_fields_is_refused(world_and_curves) -> None:  # type: ignore[no-untyped-def]
+    from headroom.errors import ConfigError
+    from headroom.settings import default_scenario_path
+
+    quick = load_scenario(default_scenario_path())
+    with pytest.raises(ConfigError, match="no precompute fields"):
+        PrecomputeWorker(WorkerSettings(region=REGION), quick, None)
+    with pytest.raises(ConfigError, match="--region"):
+        WorkerSettings(region="no spaces allowed")
