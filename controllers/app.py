@@ -56,6 +56,7 @@ class ControllerSettings:
     prefix: str
     scenario: Scenario
     interval_s: float = 60.0
+    ttl_s: float | None = None  # default: the ControlConfig default (3 intervals)
     app_id: str | None = None  # default: "<prefix>controller"
     data_dir: Path = Path(".headroom/controller")
     seed: int = 0
@@ -83,7 +84,7 @@ class Controller:
     def restore_from(self, snapshot: dict[str, Any] | None) -> None:
         if snapshot:
             self.plane = ControlPlane.restore(self.config, snapshot, self.rng)
-            log.info("controller.state.restored", regions=sorted(snapshot.get("epochs", {})))
+            log.info("controller.state.restored", keys=sorted(snapshot))
         self.restored = True
 
 
@@ -144,7 +145,9 @@ def target_event(t: RegionTargets, inputs: dict[str, Any]) -> messages.Event:
 
 def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
     """Build the Faust app and its shared state from settings."""
-    config = ControlConfig.from_scenario(settings.scenario, interval_s=settings.interval_s)
+    overrides: dict[str, Any] = {"interval_s": settings.interval_s}
+    overrides["ttl_s"] = settings.ttl_s if settings.ttl_s is not None else 3 * settings.interval_s
+    config = ControlConfig.from_scenario(settings.scenario, **overrides)
     ctl = Controller(settings, config)
     app = faust.App(
         settings.id,
@@ -237,7 +240,7 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
     async def latency_agent(stream: Any) -> None:
         async for _event, msg in decoded(stream, "latency"):
             ctl.aggregator.add_latency(
-                msg.region, msg.ts, msg.path, msg.count, msg.sketch, msg.samples_ms
+                msg.region, msg.ts, msg.path, msg.count, msg.sketch, msg.samples_ms, msg.window_s
             )
 
     @app.agent(capacity_topic)

@@ -17,26 +17,38 @@ from headroom.scenario_load import load_scenario
 from headroom.settings import default_scenario_path, resolve_bootstrap, resolve_prefix
 
 
+async def _prepare_topics(bootstrap: str, prefix: str) -> int:
+    """Create missing topics; return the partition count of the region-keyed ones, which the
+    app's tables must share (co-partitioning)."""
+    from streams import kafka
+    from streams.topics import topic_name, topics
+
+    await kafka.create_topics(bootstrap, topics(prefix))
+    async with kafka.admin(bootstrap) as client:
+        counts = await kafka.topic_partitions(client, [topic_name("capacity", prefix)])
+    return counts.get(topic_name("capacity", prefix), 4)
+
+
 def controller(args: argparse.Namespace) -> int:
     configure()
     import faust
 
     from controllers.app import ControllerSettings, create_app
-    from streams import kafka
-    from streams.topics import topics
 
     scenario = load_scenario(args.scenario or default_scenario_path())
     bootstrap = resolve_bootstrap(args.bootstrap)
     prefix = resolve_prefix(args.prefix)
-    asyncio.run(kafka.create_topics(bootstrap, topics(prefix)))
+    partitions = asyncio.run(_prepare_topics(bootstrap, prefix))
     data_dir = Path(os.environ.get("HEADROOM_CONTROLLER_DIR", ".headroom")) / f"{prefix}controller"
     settings = ControllerSettings(
         bootstrap=bootstrap,
         prefix=prefix,
         scenario=scenario,
         interval_s=float(args.interval),
+        ttl_s=None if args.ttl is None else float(args.ttl),
         data_dir=data_dir,
         seed=scenario.seed,
+        partitions=partitions,
     )
     data_dir.mkdir(parents=True, exist_ok=True)
     app, _ctl = create_app(settings)

@@ -11,8 +11,10 @@ Rules:
 * **Latency**: sketches of one window are *merged* per path ("base", "rma", "sbm") and over all
   paths ("all"); p99 comes from the merged sketch, never from averaged percentiles. A message
   that carries raw ``samples_ms`` but no sketch is folded into the sketch sample by sample.
-* **Request rate**: the sum of latency ``count`` over the window ÷ the window length (every
-  request is timed on exactly one path by exactly one replica).
+* **Request rate**: the sum of latency ``count`` over the window ÷ the *event-time* span the
+  messages cover (newest ``ts`` − oldest ``ts`` + one message window), not the wall-clock time
+  between ticks: after a restart the backlog of a whole outage arrives in one tick, and dividing
+  it by the tick length would inflate the rate (and shrink the RMA budget cap) for no reason.
 * **Coverage observed**: requests on the ``sbm`` path ÷ eligible requests, where eligible
   requests = request count × the eligible share (from value signals that carry it, else the
   configured default).
@@ -40,6 +42,9 @@ class _Window:
     sketches: dict[str, LatencySketch] = field(default_factory=dict)
     requests: int = 0
     sbm_requests: int = 0
+    first_ts: float | None = None
+    last_ts: float | None = None
+    msg_window_s: float = 0.0  # the shortest message window seen
     value: dict[ValueKey, ArmStats] = field(default_factory=dict)
 
 
@@ -82,8 +87,12 @@ class RegionAggregator:
         count: int,
         sketch: LatencySketch | None,
         samples_ms: tuple[float, ...] | None,
+        window_s: float = 1.0,
     ) -> None:
         w = self._window(region, ts)
+        w.first_ts = ts if w.first_ts is None else min(w.first_ts, ts)
+        w.last_ts = ts if w.last_ts is None else max(w.last_ts, ts)
+        w.msg_window_s = window_s if w.msg_window_s <= 0 else min(w.msg_window_s, window_s)
         if sketch is None:
             sketch = LatencySketch(self.alpha)
             for x in samples_ms or ():
@@ -144,7 +153,10 @@ class RegionAggregator:
         for key in ("all", *PATHS):
             sk = w.sketches.get(key)
             p99[key] = sk.quantile(0.99) if sk is not None and sk.count > 0 else None
-        request_rps = w.requests / window_s
+        span = window_s
+        if w.first_ts is not None and w.last_ts is not None:
+            span = max(min_window_s, w.last_ts - w.first_ts + w.msg_window_s)
+        request_rps = w.requests / span
         seg_counts: dict[str, int] = {}
         for (segment, _lever, _arm), stats in w.value.items():
             seg_counts[segment] = seg_counts.get(segment, 0) + stats.n

@@ -369,6 +369,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="S",
         help="control interval in seconds (default 60)",
     )
+    p.add_argument(
+        "--ttl",
+        type=_positive_float,
+        default=None,
+        metavar="S",
+        help="lifetime of each target (default: 3 control intervals); clients fall back to the "
+        "baseline when it passes",
+    )
     _add_scenario_flag(p)
     _add_kafka_flags(p)
     _add_metrics_flag(p)

@@ -51,7 +51,26 @@ def _capacity(ts: float, resource: str, hardware: str, units: float, n: int) -> 
     )
 
 
-def _latency(ts: float, value_ms: float, count: int = 200) -> bytes:
+def _value(ts: float, segment: str, lever: str, arm: str, mean: float) -> bytes:
+    n = 200
+    # a tight spread so the uplift's lower confidence bound is clearly positive
+    return messages.encode(
+        messages.ValueSignal(
+            ts=ts,
+            region=REGION,
+            segment=segment,
+            lever=lever,
+            arm=arm,
+            n=n,
+            value_sum=n * mean,
+            value_sq_sum=n * (mean * mean + 0.01),
+            window_s=0.25,
+            cost=messages.Cost(cpu_ms=0.0, accelerator_ms=0.0),
+        )
+    )
+
+
+def _latency(ts: float, value_ms: float, count: int = 50) -> bytes:
     sk = LatencySketch(0.01)
     for i in range(count):
         sk.add(value_ms * (0.6 + 0.4 * i / count))
@@ -62,7 +81,7 @@ def _latency(ts: float, value_ms: float, count: int = 200) -> bytes:
             replica="r1",
             pool="dedicated",
             path="base",
-            window_s=1.0,
+            window_s=0.25,
             count=count,
             samples_ms=None,
             sketch=sk,
@@ -80,7 +99,7 @@ class ControllerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = workdir / "controller.log"
 
-    def start(self) -> None:
+    def start(self, ttl_s: float | None = None) -> None:
         env = dict(
             os.environ, HEADROOM_CONTROLLER_DIR=str(self.workdir), HEADROOM_LOG_FORMAT="json"
         )
@@ -96,6 +115,7 @@ class ControllerProcess:
                 self.bootstrap,
                 "--prefix",
                 self.prefix,
+                *([] if ttl_s is None else ["--ttl", str(ttl_s)]),
             ],
             env=env,
             stdout=subprocess.DEVNULL,
@@ -171,6 +191,14 @@ async def _feed(
         await producer.send_and_wait(
             f"{prefix}latency", _latency(now, value_ms), key=REGION.encode()
         )
+        for segment in ("premium", "casual"):
+            for lever in ("rma", "sbm"):
+                for arm, mean in (("treatment", 1.2), ("control", 1.0)):
+                    await producer.send_and_wait(
+                        f"{prefix}value",
+                        _value(now, segment, lever, arm, mean),
+                        key=REGION.encode(),
+                    )
         if bad:
             await producer.send_and_wait(
                 f"{prefix}latency", b'{"v":1,"ts":"soon"}', key=REGION.encode()
@@ -197,8 +225,10 @@ async def test_candidate_target_rises_when_fast_and_falls_monotonically_when_slo
     await consumer.start()
     try:
         # Fast samples and spare capacity: the target rises above base.
-        await _feed(producer, topic_prefix, value_ms=0.3 * SLO_MS, seconds=14.0)
-        rising = await _collect_targets(consumer, 50, timeout_s=3.0)
+        _, rising = await asyncio.gather(
+            _feed(producer, topic_prefix, value_ms=0.3 * SLO_MS, seconds=14.0),
+            _collect_targets(consumer, 1000, timeout_s=14.0),
+        )
         assert rising, "the controller published no target"
         base = rising[-1].rma.base
         assert rising[-1].rma.candidates > base, [t.rma.candidates for t in rising]
@@ -209,10 +239,11 @@ async def test_candidate_target_rises_when_fast_and_falls_monotonically_when_slo
             kafka_bootstrap, f"{topic_prefix}latency", REGION, _latency(time.time(), 3 * SLO_MS)
         )
         peak_epoch = rising[-1].epoch
-        await _feed(producer, topic_prefix, value_ms=2.5 * SLO_MS, seconds=14.0)
-        falling = [
-            t for t in await _collect_targets(consumer, 50, timeout_s=3.0) if t.epoch > peak_epoch
-        ]
+        _, late = await asyncio.gather(
+            _feed(producer, topic_prefix, value_ms=2.5 * SLO_MS, seconds=14.0),
+            _collect_targets(consumer, 1000, timeout_s=14.0),
+        )
+        falling = [t for t in late if t.epoch > peak_epoch]
         values = [t.rma.candidates for t in falling]
         assert len(values) >= 5, values
         assert all(b <= a for a, b in itertools.pairwise(values)), values
@@ -237,8 +268,15 @@ async def test_malformed_samples_are_deadlettered_while_the_app_runs_on(
     await targets.start()
     await dead.start()
     try:
+        # First make sure the app consumes (it starts at the latest offset), then send bad input:
+        # kcat's non-JSON bytes and, between good samples, structurally invalid ones.
+        _, ready = await asyncio.gather(
+            _feed(producer, topic_prefix, value_ms=0.3 * SLO_MS, seconds=8.0),
+            _collect_targets(targets, 1, timeout_s=8.0),
+        )
+        assert ready, "the controller published no target"
         _kcat_produce(kafka_bootstrap, f"{topic_prefix}latency", REGION, b"not json at all")
-        await _feed(producer, topic_prefix, value_ms=0.3 * SLO_MS, seconds=8.0, bad=True)
+        await _feed(producer, topic_prefix, value_ms=0.3 * SLO_MS, seconds=6.0, bad=True)
         letters: list[messages.DeadLetter] = []
         deadline = time.monotonic() + 10
         while len(letters) < 2 and time.monotonic() < deadline:
@@ -249,7 +287,9 @@ async def test_malformed_samples_are_deadlettered_while_the_app_runs_on(
                     letters.append(m)
         assert len(letters) >= 2
         assert all(dl.topic == f"{topic_prefix}latency" for dl in letters)
-        assert any("ts" in dl.error for dl in letters), [dl.error for dl in letters]
+        errors = [dl.error for dl in letters]
+        assert any("json" in e.lower() for e in errors), errors  # kcat's non-JSON bytes
+        assert any(e.startswith("region:") for e in errors), errors  # a field-level failure
         # ... and the app kept issuing targets after the bad input.
         issued = await _collect_targets(targets, 3, timeout_s=10.0)
         assert len(issued) >= 3
@@ -259,6 +299,9 @@ async def test_malformed_samples_are_deadlettered_while_the_app_runs_on(
         await producer.stop()
 
 
+# Targets outlive the restart (a Kafka group needs a session timeout to notice a killed member):
+# otherwise clients would rightly have fallen back to the baseline, and so would the plane.
+@pytest.mark.parametrize("controller", [120.0], indirect=True)
 async def test_kill9_restart_resumes_within_one_rate_limit_step(
     controller: ControllerProcess, kafka_bootstrap: str, topic_prefix: str
 ) -> None:
@@ -269,13 +312,15 @@ async def test_kill9_restart_resumes_within_one_rate_limit_step(
     await producer.start()
     await consumer.start()
     try:
-        await _feed(producer, topic_prefix, value_ms=0.3 * SLO_MS, seconds=10.0)
-        before = await _collect_targets(consumer, 50, timeout_s=3.0)
+        _, before = await asyncio.gather(
+            _feed(producer, topic_prefix, value_ms=0.3 * SLO_MS, seconds=12.0),
+            _collect_targets(consumer, 1000, timeout_s=12.0),
+        )
         assert before
         assert before[-1].rma.candidates > before[-1].rma.base
         controller.kill9()
         last = before[-1]
-        controller.start()
+        controller.start(ttl_s=120.0)
         # Keep the inputs flowing while the new worker joins and recovers its tables.
         feeding = asyncio.create_task(
             _feed(producer, topic_prefix, value_ms=0.3 * SLO_MS, seconds=25.0)

@@ -23,13 +23,23 @@ def test_p99_comes_from_merged_sketches_not_averaged_percentiles() -> None:
     slow = rng.uniform(500, 600, 10)
     agg = RegionAggregator()
     agg.add_latency("r", 0.0, "base", len(fast), _sketch(fast), None)
-    agg.add_latency("r", 0.5, "rma", len(slow), _sketch(slow), None)
+    agg.add_latency("r", 9.0, "rma", len(slow), _sketch(slow), None)
     obs = agg.observe("r", 10.0)
     truth = np.quantile(np.concatenate([fast, slow]), 0.99, method="lower")
     assert obs.p99_ms["all"] is not None
     assert abs(obs.p99_ms["all"] - truth) <= 0.011 * truth
     assert obs.p99_ms["sbm"] is None
-    assert obs.request_rps == 1000 / 10.0
+    assert obs.request_rps == 1000 / 10.0  # event time 0..9 plus one 1 s message window
+
+
+def test_request_rate_uses_event_time_so_a_backlog_does_not_inflate_it() -> None:
+    agg = RegionAggregator()
+    agg.observe("r", 100.0)
+    # 20 s of one-second messages at 50 rps arrive together, one second after the last tick
+    for i in range(20):
+        agg.add_latency("r", 80.0 + i, "base", 50, _sketch(np.full(50, 5.0)), None, window_s=1.0)
+    obs = agg.observe("r", 101.0)
+    assert obs.request_rps == 50.0
 
 
 def test_raw_samples_without_a_sketch_are_folded_in() -> None:
