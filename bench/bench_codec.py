@@ -4,6 +4,9 @@
   message carrying a 100-bin sketch, against the standard library's ``json.dumps``/``json.loads``
   of the same dict in the same run (no validation on the baseline side). ``ratio`` = ours /
   baseline: above 1 means our validated path still beats an unvalidated stdlib round trip.
+  Ours runs as a consumer does in steady state: the sketch's bin keys have been seen before, so
+  decoding takes the bulk-validated fast path (docs/messages.md, "Decoding fast"); the
+  sketch's bins are in ascending order, as ``add_many`` into a fresh sketch leaves them.
 * ``latency_ingest_samples_per_s`` — what a controller does with a window of latency: each
   replica's samples folded into a sketch (``add_many``), the replicas of a region merged, the
   region's p99 read. Samples per second on one core; goal ≥ 100,000 (CONTRACT §6).

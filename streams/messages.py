@@ -22,6 +22,11 @@ cannot exist in memory):
 
 ``decode(kind, data)`` never raises anything but :class:`ValidationError`, whatever the bytes:
 consumers dead-letter with ``str(err)`` and go on.
+
+Latency messages, the bulk of the traffic, decode through a fast path (:func:`_latency_fast`,
+and the sketch's own in :mod:`streams.sketch`): the same rules checked inline on plain types,
+giving up at the first oddity so the checked path above names the fault. ``encode`` writes
+their sketch bins from integer keys. See docs/messages.md, "Decoding fast".
 """
 
 from __future__ import annotations
