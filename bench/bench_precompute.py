@@ -1,13 +1,13 @@
 """Precompute benchmarks: jobs per second per core, and the look-up cost per request.
 
-``precompute_jobs_per_s_per_core`` — what one core of a precompute worker delivers: the planner
-picks users (:class:`controllers.precompute.PrecomputePlanner` over a book of ~66,000 users: 100,000
-draws over the scenario's 111,000), the
-real strong-model ranking of the reference scenario's world runs for them in batches of 64
-(corpus scan of 20,000 ads, top-400 selection, the strong model's forward pass:
-:func:`workers.precompute.rank_batch`), and each result becomes a validated, encoded
-``headroom.precompute`` message. Jobs per *CPU* second of the process (``time.process_time``), so
-BLAS threads cannot inflate it; the wall-clock rate and the planner's share are reported beside.
+``precompute_jobs_per_s_per_core`` — what one core of a precompute worker delivers: the
+planner picks users (:class:`controllers.precompute.PrecomputePlanner` over a book of about
+66,000 users: 100,000 draws among the scenario's 111,000), the real strong-model ranking of the
+reference scenario's world runs for them in batches of 64 (corpus scan of 20,000 ads, top-400
+selection, the strong model's forward pass: :func:`workers.precompute.rank_batch`), and each
+result becomes a validated, encoded ``headroom.precompute`` message. Jobs per *CPU* second of
+the process (``time.process_time``), so BLAS threads cannot inflate it; the wall-clock rate and
+the planner's share are reported beside.
 
 ``precompute_lookup_us`` — the client's cost per request: :meth:`PrecomputeCache.visit` (look-up,
 expiry check, hit accounting) on a cache of 100,000 results, half of the requests hitting;
