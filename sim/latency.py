@@ -49,6 +49,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+from scipy.special import ndtri
 
 from streams.sketch import bin_keys
 
@@ -57,11 +58,12 @@ __all__ = [
     "RHO_QUEUE_CAP",
     "LatencyConfig",
     "StageState",
-    "Stratum",
+    "Strata",
     "WaitParams",
     "in_time_probability",
     "sample_window",
     "sketch_from_keys",
+    "speed",
     "wait_params",
 ]
 
@@ -116,28 +118,56 @@ NO_WAIT = WaitParams(0.0, 1.0)
 
 
 def wait_params(rho: float, servers: float, mean_service_ms: float, cs2: float) -> WaitParams:
-    """Sakasegawa / Allen–Cunneen wait of an M/G/c stage (module docstring)."""
+    """Sakasegawa / Allen–Cunneen wait of an M/G/c stage (module docstring).
+
+    A stage of fewer than one unit (a slice of a device) is one server of that speed: its service
+    times stretch by ``1/servers`` (:func:`speed`), and so does the wait.
+    """
     if rho <= 0.0 or mean_service_ms <= 0.0 or servers <= 0.0:
         return NO_WAIT
     r = min(rho, RHO_QUEUE_CAP)
     c = max(servers, 1.0)
+    mean = mean_service_ms / speed(servers)
     p = r ** (math.sqrt(2.0 * (c + 1.0)) - 1.0)
-    rate = 2.0 * c * (1.0 - r) / (mean_service_ms * (1.0 + cs2))
+    rate = 2.0 * c * (1.0 - r) / (mean * (1.0 + cs2))
     return WaitParams(min(p, 1.0), rate)
 
 
-@dataclass(frozen=True, slots=True)
-class Stratum:
-    """Requests of one class over one step: how many, and what they go through."""
+def speed(units: float) -> float:
+    """Relative speed of one server of a stage with ``units`` units (1 from one unit up)."""
+    return min(1.0, units) if units > 0 else 1.0
 
-    count: float
-    service_ms: float  # mean own service time (CPU / parallelism + accelerator)
-    f_cpu: tuple[float, float]  # fluid backlog of the CPU stage at the step's start and end (s)
-    f_acc: tuple[float, float]  # same for the accelerator stage the class uses
-    w_cpu: WaitParams
-    w_acc: WaitParams
-    penalty_ms: float = 0.0  # fixed extra (a failed strong attempt, a downgrade)
-    path: int = 0  # 0 base, 1 rma, 2 sbm
+
+@dataclass(frozen=True, slots=True)
+class Strata:
+    """Requests of several (step, class) strata, one array entry each: how many, and what they
+    go through. Times: ``service_ms``/``penalty_ms`` in ms, fluid backlogs in s."""
+
+    count: FloatArray
+    service_ms: FloatArray  # mean own service time (CPU / parallelism + accelerator)
+    penalty_ms: FloatArray  # fixed extra (a failed strong attempt, a downgrade)
+    fc0: FloatArray  # fluid backlog of the CPU stage at the step's start and end (s)
+    fc1: FloatArray
+    fa0: FloatArray  # same for the accelerator stage the class uses
+    fa1: FloatArray
+    p1: FloatArray  # CPU stage wait: P(wait > 0) and exponential rate (1/ms)
+    r1: FloatArray
+    p2: FloatArray  # accelerator stage wait
+    r2: FloatArray
+    path: IntArray  # 0 base, 1 rma, 2 sbm
+
+    @property
+    def size(self) -> int:
+        return int(self.count.size)
+
+    def take(self, mask: npt.NDArray[np.bool_]) -> Strata:
+        return Strata(*(getattr(self, f)[mask] for f in _STRATA_FIELDS))
+
+
+_STRATA_FIELDS = (
+    "count", "service_ms", "penalty_ms", "fc0", "fc1", "fa0", "fa1", "p1", "r1", "p2", "r2",
+    "path",
+)  # fmt: skip
 
 
 def _jitter_sigma(cv: float) -> float:
@@ -145,53 +175,40 @@ def _jitter_sigma(cv: float) -> float:
 
 
 def sample_window(
-    strata: list[Stratum],
-    cfg: LatencyConfig,
-    timeout_ms: float,
-    uniforms: FloatArray,
+    st: Strata, cfg: LatencyConfig, timeout_ms: float, uniforms: FloatArray
 ) -> tuple[FloatArray, FloatArray, IntArray]:
     """Latencies (ms, capped at the timeout), their weights, and their path, for one window.
 
-    ``uniforms`` has shape (4, samples_per_window): the window's random numbers, drawn by the
-    caller from a stream every policy shares (common random numbers). Samples are allocated to
-    strata by count (largest remainder, at least one per non-empty stratum), so each sample
-    stands for ``count / samples`` requests of its stratum.
+    ``uniforms`` has shape (4, samples): the window's random numbers, drawn by the caller from
+    a stream every policy shares (common random numbers). Samples are allocated to strata by
+    count (largest remainder, at least one per non-empty stratum), so each sample stands for
+    ``count / samples`` requests of its stratum.
     """
-    counts = np.array([s.count for s in strata], dtype=np.float64)
-    total = float(counts.sum())
+    counts = st.count
+    total = float(counts.sum()) if counts.size else 0.0
     m = uniforms.shape[1]
-    if total <= 0.0 or not strata:
+    if total <= 0.0:
         empty = np.zeros(0)
         return empty, empty, np.zeros(0, dtype=np.int64)
     alloc = _allocate(counts, m)
-    idx = np.repeat(np.arange(len(strata)), alloc)
+    idx = np.repeat(np.arange(counts.size), alloc)
     k = idx.size
     u_pos, u_w1, u_w2, u_j = uniforms[:, :k]
-    svc = np.array([s.service_ms for s in strata])[idx]
-    pen = np.array([s.penalty_ms for s in strata])[idx]
-    fc0 = np.array([s.f_cpu[0] for s in strata])[idx]
-    fc1 = np.array([s.f_cpu[1] for s in strata])[idx]
-    fa0 = np.array([s.f_acc[0] for s in strata])[idx]
-    fa1 = np.array([s.f_acc[1] for s in strata])[idx]
-    p1 = np.array([s.w_cpu.p for s in strata])[idx]
-    r1 = np.array([s.w_cpu.rate for s in strata])[idx]
-    p2 = np.array([s.w_acc.p for s in strata])[idx]
-    r2 = np.array([s.w_acc.rate for s in strata])[idx]
-    fluid_ms = 1000.0 * (fc0 + (fc1 - fc0) * u_pos + fa0 + (fa1 - fa0) * u_pos)
-    w1 = _exp_wait(u_w1, p1, r1)
-    w2 = _exp_wait(u_w2, p2, r2)
+    fluid_ms = 1000.0 * (
+        st.fc0[idx] + (st.fc1[idx] - st.fc0[idx]) * u_pos
+        + st.fa0[idx] + (st.fa1[idx] - st.fa0[idx]) * u_pos
+    )  # fmt: skip
+    w1 = _exp_wait(u_w1, st.p1[idx], st.r1[idx])
+    w2 = _exp_wait(u_w2, st.p2[idx], st.r2[idx])
     sj = _jitter_sigma(cfg.service_cv)
     jitter = np.exp(sj * _ndtri(u_j) - 0.5 * sj * sj)
-    lat = cfg.overhead_ms + fluid_ms + w1 + w2 + svc * jitter + pen
+    lat = cfg.overhead_ms + fluid_ms + w1 + w2 + st.service_ms[idx] * jitter + st.penalty_ms[idx]
     np.minimum(lat, timeout_ms, out=lat)
     weights = counts[idx] / alloc[idx]
-    paths = np.array([s.path for s in strata], dtype=np.int64)[idx]
-    return lat, weights, paths
+    return lat, weights, st.path[idx]
 
 
 def _ndtri(u: FloatArray) -> FloatArray:
-    from scipy.special import ndtri
-
     return np.asarray(ndtri(np.clip(u, 1e-12, 1 - 1e-12)))
 
 
@@ -204,7 +221,7 @@ def _exp_wait(u: FloatArray, p: FloatArray, rate: FloatArray) -> FloatArray:
 
 
 def _allocate(counts: FloatArray, m: int) -> IntArray:
-    """Integer sample counts ∝ ``counts`` summing to ≈ m, at least 1 per non-empty stratum."""
+    """Integer sample counts ∝ ``counts`` summing to ≤ m, at least 1 per non-empty stratum."""
     nz = counts > 0
     share = counts / counts.sum() * m
     base = np.floor(share).astype(np.int64)
@@ -214,69 +231,87 @@ def _allocate(counts: FloatArray, m: int) -> IntArray:
         base[order] += 1
     base[nz & (base == 0)] = 1
     base[~nz] = 0
+    excess = int(base.sum()) - m
+    if excess > 0:  # the one-per-stratum floor overshot: take from the largest allocations
+        for i in np.argsort(-base, kind="stable"):
+            if excess <= 0:
+                break
+            take = min(excess, int(base[i]) - 1)
+            base[i] -= take
+            excess -= take
     return base
 
 
-def in_time_probability(s: Stratum, cfg: LatencyConfig, timeout_ms: float) -> float:
-    """Share of a stratum's requests that finish within ``timeout_ms`` (closed form).
+def in_time_probability(st: Strata, cfg: LatencyConfig, timeout_ms: float) -> FloatArray:
+    """Per stratum, the share of requests that finish within ``timeout_ms`` (closed form).
 
     Averages, over the arrival's position in the step (5-point Gauss–Legendre) and the service
     jitter (3-point Gauss–Hermite), the tail of the two stochastic waits: with
     ``x = timeout − overhead − fluid − S·J − penalty``,
     ``P(W1 + W2 > x) = p1(1−p2)e^{−r1x} + p2(1−p1)e^{−r2x} + p1p2·P(E1 + E2 > x)``
-    (hypoexponential tail for the last term).
+    (hypoexponential tail for the last term). Strata whose slowest case still leaves a margin
+    the waits exceed with probability < 1e-9 are counted as all in time without the quadrature.
     """
-    if s.count <= 0:
-        return 1.0
-    fixed = cfg.overhead_ms + s.penalty_ms
-    f_hi = 1000.0 * (max(s.f_cpu) + max(s.f_acc))
-    # quick exit: even the slowest case leaves a margin the waits almost never cover
-    j_hi = math.exp(3.0 * _jitter_sigma(cfg.service_cv))
-    margin = timeout_ms - fixed - f_hi - s.service_ms * j_hi
-    if margin > 0:
-        bound = s.w_cpu.p * math.exp(-s.w_cpu.rate * margin / 2.0) + s.w_acc.p * math.exp(
-            -s.w_acc.rate * margin / 2.0
-        )
-        if bound < 1e-9:
-            return 1.0
+    out = np.ones(st.size)
+    if st.size == 0:
+        return out
     sj = _jitter_sigma(cfg.service_cv)
-    total = 0.0
-    for pos, wp in _GL5:
-        f_cpu = s.f_cpu[0] + (s.f_cpu[1] - s.f_cpu[0]) * pos
-        fluid = 1000.0 * (f_cpu + s.f_acc[0] + (s.f_acc[1] - s.f_acc[0]) * pos)
-        for z, wj in _GH3:
-            svc = s.service_ms * math.exp(sj * z - 0.5 * sj * sj)
-            x = timeout_ms - fixed - fluid - svc
-            total += wp * wj * (1.0 - _tail2(x, s.w_cpu, s.w_acc))
-    return min(1.0, max(0.0, total))
+    fixed = cfg.overhead_ms + st.penalty_ms
+    f_hi = 1000.0 * (np.maximum(st.fc0, st.fc1) + np.maximum(st.fa0, st.fa1))
+    margin = timeout_ms - fixed - f_hi - st.service_ms * math.exp(3.0 * sj)
+    with np.errstate(over="ignore"):
+        bound = st.p1 * np.exp(-st.r1 * np.maximum(margin, 0) / 2) + st.p2 * np.exp(
+            -st.r2 * np.maximum(margin, 0) / 2
+        )
+    hot = (st.count > 0) & ((margin <= 0) | (bound >= 1e-9))
+    if not hot.any():
+        return out
+    h = st.take(hot)
+    pos = _GL_X[:, None, None]
+    wpos = _GL_W[:, None, None]
+    z = _GH_X[None, :, None]
+    wz = _GH_W[None, :, None]
+    fluid = 1000.0 * (h.fc0 + (h.fc1 - h.fc0) * pos + h.fa0 + (h.fa1 - h.fa0) * pos)
+    svc = h.service_ms * np.exp(sj * z - 0.5 * sj * sj)
+    x = timeout_ms - (cfg.overhead_ms + h.penalty_ms) - fluid - svc  # (5, 3, n)
+    tail = _tail2_array(x, h.p1, h.r1, h.p2, h.r2)
+    p_in = ((1.0 - tail) * wpos * wz).sum(axis=(0, 1))
+    out[hot] = np.clip(p_in, 0.0, 1.0)
+    return out
 
 
-def _tail2(x: float, a: WaitParams, b: WaitParams) -> float:
-    """P(W_a + W_b > x) for two independent atom-at-zero + exponential waits."""
-    if x <= 0.0:
-        return 1.0
-    p1, r1, p2, r2 = a.p, a.rate, b.p, b.rate
-    e1 = math.exp(-r1 * x) if p1 > 0 else 0.0
-    e2 = math.exp(-r2 * x) if p2 > 0 else 0.0
-    both = 0.0
-    if p1 > 0 and p2 > 0:
-        if abs(r1 - r2) < 1e-9 * max(r1, r2):
-            both = (1.0 + r1 * x) * e1
-        else:
-            both = (r2 * e1 - r1 * e2) / (r2 - r1)
-    return p1 * (1 - p2) * e1 + p2 * (1 - p1) * e2 + p1 * p2 * both
+def _tail2_array(
+    x: FloatArray, p1: FloatArray, r1: FloatArray, p2: FloatArray, r2: FloatArray
+) -> FloatArray:
+    """P(W_a + W_b > x) for independent atom-at-zero + exponential waits (broadcast)."""
+    xp = np.maximum(x, 0.0)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        e1 = np.where(p1 > 0, np.exp(-r1 * xp), 0.0)
+        e2 = np.where(p2 > 0, np.exp(-r2 * xp), 0.0)
+        same = np.abs(r1 - r2) < 1e-9 * np.maximum(r1, r2)
+        both = np.where(
+            same, (1.0 + r1 * xp) * e1, (r2 * e1 - r1 * e2) / np.where(same, 1.0, r2 - r1)
+        )
+        t = p1 * (1 - p2) * e1 + p2 * (1 - p1) * e2 + p1 * p2 * both
+    return np.where(x <= 0.0, 1.0, np.clip(np.nan_to_num(t, nan=1.0), 0.0, 1.0))
 
 
 # 5-point Gauss–Legendre on [0, 1] (position in the step) and 3-point Gauss–Hermite
 # (probabilists' weights) for the jitter: exact for the linear fluid term, plenty for the rest.
-_GL5 = [
-    (0.5 - 0.4530899229693320, 0.1184634425280945),
-    (0.5 - 0.2692346550528416, 0.2393143352496832),
-    (0.5, 0.2844444444444444),
-    (0.5 + 0.2692346550528416, 0.2393143352496832),
-    (0.5 + 0.4530899229693320, 0.1184634425280945),
-]
-_GH3 = [(-math.sqrt(3.0), 1.0 / 6.0), (0.0, 2.0 / 3.0), (math.sqrt(3.0), 1.0 / 6.0)]
+_GL_X = 0.5 + np.array(
+    [-0.4530899229693320, -0.2692346550528416, 0.0, 0.2692346550528416, 0.4530899229693320]
+)
+_GL_W = np.array(
+    [
+        0.1184634425280945,
+        0.2393143352496832,
+        0.2844444444444444,
+        0.2393143352496832,
+        0.1184634425280945,
+    ]
+)
+_GH_X = np.array([-math.sqrt(3.0), 0.0, math.sqrt(3.0)])
+_GH_W = np.array([1.0 / 6.0, 2.0 / 3.0, 1.0 / 6.0])
 
 
 def sketch_from_keys(

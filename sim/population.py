@@ -31,7 +31,7 @@ moments of ``y`` — the estimator's input has the right distribution at a fract
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -64,6 +64,19 @@ class Population:
     mu: FloatArray  # (S,) log-normal parameters per segment
     sigma: FloatArray
     seg_share: FloatArray  # (S,)
+    _keep_cache: dict[float, FloatArray] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        for arr in (self.seg, self.share, self.v_mean, self.v_moments, self.v_lo, self.v_hi):
+            arr.setflags(write=False)
+
+    @property
+    def _ones(self) -> FloatArray:
+        return np.ones(self.n_cells)
+
+    @property
+    def _zeros(self) -> FloatArray:
+        return np.zeros(self.n_cells)
 
     @classmethod
     def from_scenario(cls, scenario: Scenario, bins: int = 8) -> Population:
@@ -162,12 +175,20 @@ class Population:
 
     def keep_top(self, share: float) -> FloatArray:
         """Per cell, the share of its requests among the top ``share`` of all requests by value
-        (the client shedder's rule: keep optional work when value rank ≥ 1 − multiplier)."""
+        (the client shedder's rule: keep optional work when value rank ≥ 1 − multiplier).
+        Cached by ``share`` rounded to 1e-4 (the arrays are read-only)."""
         if share >= 1.0:
-            return np.ones(self.n_cells)
+            return self._ones
         if share <= 0.0:
-            return np.zeros(self.n_cells)
-        return self.share_above(self.value_quantile(1.0 - share))
+            return self._zeros
+        key = round(share, 4)
+        got = self._keep_cache.get(key)
+        if got is None:
+            got = self.share_above(self.value_quantile(1.0 - key))
+            got.setflags(write=False)
+            if len(self._keep_cache) < 20_000:
+                self._keep_cache[key] = got
+        return got
 
     def sample_values(self, cells: IntArray, u: FloatArray) -> FloatArray:
         """Values of requests of the given cells; ``u`` (uniform in [0, 1)) places each in a bin."""
@@ -180,58 +201,99 @@ class Population:
 def arm_sums(
     rng: np.random.Generator,
     pop: Population,
-    n: int,
+    n: IntArray,
     weights: FloatArray,
+    part_seg: IntArray,
+    part_cell: IntArray,
     q_mean: FloatArray,
     q_sd: FloatArray,
     in_time: FloatArray,
-) -> tuple[int, float, float]:
-    """Observed ``(n, Σy, Σy²)`` of ``n`` requests drawn from a mixture of (cell, option) parts.
+) -> tuple[FloatArray, FloatArray]:
+    """Observed ``(Σy, Σy²)`` per segment of ``n[s]`` requests drawn from a mixture of parts.
 
-    ``weights``, ``q_mean``, ``q_sd`` and ``in_time`` are flat arrays over the parts: the part's
-    share (need not be normalised), its cell-conditional mean quality and spread, and the
-    probability that a request of it finishes in time (else it delivers, and reports, 0). The
-    part's cell is ``part % pop.n_cells`` (parts are laid out option-major).
+    Parts are (cell, option) pairs: ``weights`` their shares (normalised per segment here),
+    ``part_seg``/``part_cell`` where they belong, ``q_mean``/``q_sd`` the quality they deliver
+    and ``in_time`` the probability a request of the part finishes in time (else it reports 0).
+    Segments with fewer than :data:`EXACT_BELOW` requests are drawn request by request; the
+    others from the bivariate normal limit of the two sums with the mixture's exact moments.
     """
-    if n <= 0:
-        return 0, 0.0, 0.0
+    n_seg = pop.n_segments
+    n = np.asarray(n, dtype=np.int64)
+    s1 = np.zeros(n_seg)
+    s2 = np.zeros(n_seg)
     w = np.asarray(weights, dtype=np.float64)
-    total = float(w.sum())
-    if total <= 0.0:
-        return n, 0.0, 0.0
-    p = w / total
-    cells = np.arange(p.size) % pop.n_cells
-    if n < EXACT_BELOW:
-        part = rng.choice(p.size, size=n, p=p)
-        c = cells[part]
-        v = pop.sample_values(c, rng.random(n))
-        u = q_mean[part] + q_sd[part] * rng.standard_normal(n)
-        ok = rng.random(n) < in_time[part]
-        y = np.where(ok, v * u, 0.0)
-        return n, float(y.sum()), float((y * y).sum())
-    vm = pop.v_moments[:, cells]  # (4, P)
-    m, sd = q_mean, q_sd
-    um = np.stack(
-        [
-            m,
-            m * m + sd * sd,
-            m**3 + 3 * m * sd * sd,
-            m**4 + 6 * m * m * sd * sd + 3 * sd**4,
-        ]
-    )
-    ym = (vm * um * in_time) @ p  # E[y^j], j = 1..4, of one request of the mixture
-    m1, m2, m3, m4 = (float(x) for x in ym)
-    var1 = max(m2 - m1 * m1, 0.0)
-    var2 = max(m4 - m2 * m2, 0.0)
-    cov = m3 - m1 * m2
-    # bivariate normal of (Σy, Σy²) = n·(m1, m2) + √n·L·z with L the Cholesky factor
-    a = math.sqrt(var1)
-    b = cov / a if a > 0 else 0.0
-    c2 = max(var2 - b * b, 0.0)
-    z1, z2 = rng.standard_normal(2)
-    rt = math.sqrt(n)
-    s1 = n * m1 + rt * a * z1
-    s2 = n * m2 + rt * (b * z1 + math.sqrt(c2) * z2)
-    s1 = max(s1, 0.0)
-    s2 = max(s2, s1 * s1 / n)  # Cauchy–Schwarz: no negative sample variance
-    return n, s1, s2
+    seg_w = np.bincount(part_seg, weights=w, minlength=n_seg)
+    live = (n > 0) & (seg_w > 0)
+    if not live.any():
+        return s1, s2
+    p = w / np.where(seg_w[part_seg] > 0, seg_w[part_seg], 1.0)
+    exact = live & (n < EXACT_BELOW)
+    if exact.any():
+        _exact(
+            rng, pop, np.where(exact, n, 0), p, part_seg, part_cell, q_mean, q_sd, in_time, s1, s2
+        )
+    clt = live & ~exact
+    if clt.any():
+        vm = pop.v_moments[:, part_cell]  # (4, P)
+        m, sd = q_mean, q_sd
+        um = np.stack(
+            [m, m * m + sd * sd, m**3 + 3 * m * sd * sd, m**4 + 6 * m * m * sd * sd + 3 * sd**4]
+        )
+        part_m = vm * um * in_time * p  # (4, P), summed per segment = E[y^j] of one request
+        ym = np.stack([np.bincount(part_seg, weights=row, minlength=n_seg) for row in part_m])
+        m1, m2, m3, m4 = ym
+        var1 = np.maximum(m2 - m1 * m1, 0.0)
+        var2 = np.maximum(m4 - m2 * m2, 0.0)
+        cov = m3 - m1 * m2
+        a = np.sqrt(var1)
+        b = np.where(a > 0, cov / np.where(a > 0, a, 1.0), 0.0)
+        c = np.sqrt(np.maximum(var2 - b * b, 0.0))
+        z = rng.standard_normal((2, n_seg))
+        nf = n.astype(np.float64)
+        rt = np.sqrt(nf)
+        t1 = np.maximum(nf * m1 + rt * a * z[0], 0.0)
+        t2 = nf * m2 + rt * (b * z[0] + c * z[1])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t2 = np.maximum(t2, np.where(nf > 0, t1 * t1 / nf, 0.0))  # no negative variance
+        s1 = np.where(clt, t1, s1)
+        s2 = np.where(clt, t2, s2)
+    return s1, s2
+
+
+def _exact(
+    rng: np.random.Generator,
+    pop: Population,
+    n: IntArray,
+    p: FloatArray,
+    part_seg: IntArray,
+    part_cell: IntArray,
+    q_mean: FloatArray,
+    q_sd: FloatArray,
+    in_time: FloatArray,
+    s1: FloatArray,
+    s2: FloatArray,
+) -> None:
+    """Request-by-request draws for the segments with ``n > 0`` (sums added in place)."""
+    total = int(n.sum())
+    seg_of_req = np.repeat(np.arange(n.size), n)
+    # one CDF over parts sorted by segment: segment s occupies (s, s + 1] after the offset
+    order = np.argsort(part_seg, kind="stable")
+    ps = p[order]
+    seg_sorted = part_seg[order]
+    cum = np.zeros_like(ps)
+    for s in np.unique(seg_sorted):
+        sel = seg_sorted == s
+        cum[sel] = np.cumsum(ps[sel])
+    key = seg_sorted + np.minimum(cum, 1.0)
+    u = rng.random((4, total))
+    pick = np.searchsorted(key, seg_of_req + u[0] * (1 - 1e-12), side="left")
+    pick = order[np.minimum(pick, order.size - 1)]
+    v = pop.sample_values(part_cell[pick], u[1])
+    quality = q_mean[pick] + q_sd[pick] * _norm(u[2])
+    y = np.where(u[3] < in_time[pick], v * quality, 0.0)
+    s1 += np.bincount(seg_of_req, weights=y, minlength=n.size)
+    s2 += np.bincount(seg_of_req, weights=y * y, minlength=n.size)
+
+
+def _norm(u: FloatArray) -> FloatArray:
+    return np.asarray(ndtri(np.clip(u, 1e-12, 1 - 1e-12)))

@@ -1,0 +1,109 @@
+"""Settings of the fleet model that a scenario file does not carry (docs/simulator.md §Model).
+
+Frozen, validated once: a bad value raises :class:`headroom.errors.ConfigError` with one line per
+problem naming the field (``sim.step_s: must be > 0, got 0``). Every default says where it comes
+from; the scenarios' numbers (costs, capacity, traffic) stay in the scenario file.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from headroom.errors import ConfigError
+from sim.latency import LatencyConfig
+
+__all__ = ["SimConfig"]
+
+_PREFIX = "sim"
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """The simulator's own model settings (the scenario gives costs, capacity and traffic)."""
+
+    # Base time step of the fluid model. One second resolves queues that build over a second and
+    # keeps a 24 h, 3-region day at ~260k region-steps; reclaims are resolved finer (sub-steps).
+    step_s: float = 1.0
+    # Equal-probability value bins per segment (population cells): 8 resolves "lowest value
+    # first" to 1/8 of a segment, and the client's value-rank rule is applied exactly inside a bin.
+    value_bins: int = 8
+    latency: LatencyConfig = field(default_factory=LatencyConfig)
+    # A request slower than timeout_factor × SLO is abandoned by its client (a timeout).
+    timeout_factor: float = 2.0
+    # Controller publish → client apply. Loopback Kafka measures ~10 ms (target_propagation bench);
+    # a fleet of clients polling a compacted topic takes seconds: 2 s is a conservative middle.
+    propagation_s: float = 2.0
+    # Share of requests that may be routed to the strong model (CONTRACT §2 ``eligible``). The
+    # scenario format has no field for it; the streaming side's default is 1.0 as well.
+    eligible_share: float = 1.0
+    # A request routed to strong replicas that are gone fails fast (connection refused) and is
+    # retried on the base path: this is what the failed attempt costs.
+    failover_ms: float = 20.0
+    # A strong request downgraded by the strong server's admission control goes back at once.
+    downgrade_ms: float = 1.0
+    # Event-loop turns of a ranking server per request (arrival, CPU → accelerator hand-off,
+    # response): a server notices a reclaim at its next turn (docs/simulator.md §Reclaims).
+    server_turns_per_request: float = 3.0
+    # Peer policies: a region is modelled as servers of this many dedicated cores, each with the
+    # same limit (Netflix/Envoy limits are per server); the limit sees this many samples a step.
+    cores_per_server: float = 8.0
+    peer_samples_per_step: int = 16
+
+    def __post_init__(self) -> None:
+        problems = self.problems()
+        if problems:
+            raise ConfigError(problems)
+
+    def problems(self) -> list[str]:
+        out: list[str] = []
+
+        def positive(name: str, v: float) -> None:
+            if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
+                out.append(f"{_PREFIX}.{name}: must be a finite number > 0, got {v!r}")
+
+        def nonneg(name: str, v: float) -> None:
+            if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
+                out.append(f"{_PREFIX}.{name}: must be a finite number >= 0, got {v!r}")
+
+        positive("step_s", self.step_s)
+        if not isinstance(self.value_bins, int) or not 1 <= self.value_bins <= 64:
+            out.append(f"{_PREFIX}.value_bins: must be an integer in [1, 64], got {self.value_bins!r}")
+        if not isinstance(self.latency, LatencyConfig):
+            out.append(f"{_PREFIX}.latency: must be a LatencyConfig, got {self.latency!r}")
+        else:
+            lat = self.latency
+            nonneg("latency.overhead_ms", lat.overhead_ms)
+            positive("latency.cpu_parallelism", lat.cpu_parallelism)
+            nonneg("latency.service_cv", lat.service_cv)
+            if not isinstance(lat.samples_per_window, int) or lat.samples_per_window < 64:
+                out.append(
+                    f"{_PREFIX}.latency.samples_per_window: must be an integer >= 64, "
+                    f"got {lat.samples_per_window!r}"
+                )
+        if not (isinstance(self.timeout_factor, int | float) and self.timeout_factor >= 1.0):
+            out.append(f"{_PREFIX}.timeout_factor: must be >= 1, got {self.timeout_factor!r}")
+        nonneg("propagation_s", self.propagation_s)
+        if not (isinstance(self.eligible_share, int | float) and 0.0 <= self.eligible_share <= 1.0):
+            out.append(f"{_PREFIX}.eligible_share: must lie in [0, 1], got {self.eligible_share!r}")
+        nonneg("failover_ms", self.failover_ms)
+        nonneg("downgrade_ms", self.downgrade_ms)
+        positive("server_turns_per_request", self.server_turns_per_request)
+        positive("cores_per_server", self.cores_per_server)
+        if not isinstance(self.peer_samples_per_step, int) or self.peer_samples_per_step < 1:
+            out.append(
+                f"{_PREFIX}.peer_samples_per_step: must be an integer >= 1, "
+                f"got {self.peer_samples_per_step!r}"
+            )
+        return out
+
+    def with_overrides(self, **overrides: Any) -> SimConfig:
+        """A copy with some fields replaced; unknown names raise ConfigError."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ConfigError(
+                [f"{_PREFIX}.{u}: unknown setting (known: {', '.join(sorted(known))})" for u in unknown]
+            )
+        return replace(self, **overrides)

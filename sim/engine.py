@@ -1,0 +1,1430 @@
+"""The virtual-time fleet model: regions, pools, queues, and one policy driving them.
+
+Pure: no asyncio, no Kafka, no wall clock, no global random state. Time is the scenario's
+(seconds from 0); randomness comes from generators derived from one seed, with one stream per
+(region, purpose) so every policy simulated on the same :class:`SimContext` sees the same
+requests, the same noise and the same capacity (common random numbers). docs/simulator.md
+describes the model in full; this header is the summary.
+
+The fleet
+---------
+Per region: a **dedicated** pool (CPU cores, accelerator devices of one type) that serves the
+baseline, and **opportunistic** pools per (resource, hardware) that may serve only optional work
+(``remote`` pools only asynchronous work: never the live path, so never here).
+
+* **RMA, mixed replicas** (logical isolation): extra candidates run on the same replicas as the
+  baseline, charged to the opportunistic quota RMA holds (CPU and base-model accelerator). Work
+  beyond the quota is slowed, never moved to dedicated capacity, and since the replicas have one
+  request queue, queueing grows for everyone (sim/latency.py).
+* **SBM, strong replicas** (physical isolation): a strong-model request runs on opportunistic
+  devices of a type in ``models.strong.hardware``, usable ``load_s`` after they were assigned to
+  SBM. A request routed there when no loaded replica exists fails fast and is retried on the base
+  path (``failover_ms``); one downgraded by the strong server's admission control goes back at
+  once (``downgrade_ms``).
+
+Requests are population cells (sim/population.py), ``1 − holdout`` of them in the treatment arm.
+A policy decides, per cell, the share that gets RMA extra candidates, the share routed to the
+strong model, and what the servers admit; the engine turns that into load, queues, latency,
+delivered value and value signals.
+
+Time
+----
+Fixed steps of ``step_s`` (1 s) carry the arrivals. Anything that happens inside a step — a
+capacity change, a target reaching clients, a strong model finishing its load, a server noticing
+a reclaim — splits it: the engine advances from event to event, so a reclaim is resolved to the
+millisecond. Steps with nothing going on are grouped into segments up to an SLO window long and
+decided once (same plan, same server admission), stepped one second at a time for the queues.
+
+Per SLO window and region the engine writes one ``window`` event (docs/events.md): a latency
+sketch from a stratified sample of request latencies, ground-truth value, the holdout sums the
+estimator sees, exposure per segment, capacity offered and used, the targets in force.
+
+Ground truth
+------------
+Delivered value of a request = value × top-ad quality of the option it got (the measured curves'
+mean, :mod:`workers.curves`), counted only if it finished within the timeout. The baseline is
+the same requests under the static configuration (no optional work: a shadow of the queues with
+baseline work only, run alongside), so ``incremental = total − baseline`` is exactly 0 for the
+static policy and counts the harm optional work does through queueing for any other.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from controllers.levers import CostModel
+from controllers.types import ArmStats, CapacityLevel, RegionObservation
+from headroom.scenario import Scenario
+from sim.config import SimConfig
+from sim.latency import (
+    NO_WAIT,
+    RHO_FLUID_CAP,
+    StageState,
+    Strata,
+    WaitParams,
+    in_time_probability,
+    keys_of,
+    sample_window,
+    sketch_from_keys,
+    speed,
+    wait_params,
+)
+from sim.population import Population, arm_sums
+from sim.traces import CapacityChange, PoolKey, ScenarioTraces
+from streams.sketch import bin_values
+
+__all__ = [
+    "PATH_BASE",
+    "PATH_RMA",
+    "PATH_SBM",
+    "SIM_EPOCH",
+    "Issued",
+    "Plan",
+    "RegionPolicy",
+    "RegionRun",
+    "SimContext",
+    "Targets",
+    "run_policy",
+]
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+# Scenario time 0 on the event log's clock (CONTRACT's example epoch): fixed, so a seed gives the
+# same log byte for byte.
+SIM_EPOCH = 1_796_000_000.0
+SKETCH_ALPHA = 0.01
+_KEY_SPAN = 2048  # dense latency-key histogram size: keys 0..2047 cover 1 ms .. > 10^17 ms
+_EPS = 1e-9
+
+PATH_BASE, PATH_RMA, PATH_SBM = 0, 1, 2
+PATH_NAMES = ("base", "rma", "sbm")
+
+
+# --------------------------------------------------------------------------------------------
+# The shared context of one run (scenario × seed): every policy is simulated against it
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RegionStatic:
+    name: str
+    ded_cpu: float
+    ded_acc: float
+    ded_hardware: str
+    pools: tuple[PoolKey, ...]
+    base_ok: tuple[bool, ...]  # accelerator pool may run the base model (RMA)
+    strong_ok: tuple[bool, ...]  # accelerator pool may run the strong model (SBM)
+    servers: float  # peer policies: servers of cores_per_server dedicated cores
+
+
+class Curves(Protocol):
+    """What the engine needs from :class:`workers.curves.ValueCurves`."""
+
+    def mean_quality(self, segment_idx: Any, model: Any, n: Any) -> FloatArray: ...
+
+    def std_quality(self, segment_idx: Any, model: Any, n: Any) -> FloatArray: ...
+
+
+class SimContext:
+    """Everything every policy of a run shares: scenario, traces, population, value curves."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        curves: Curves,
+        *,
+        seed: int | None = None,
+        config: SimConfig | None = None,
+    ) -> None:
+        self.scenario = scenario
+        self.config = cfg = config or SimConfig()
+        self.seed = int(scenario.seed if seed is None else seed)
+        self.curves = curves
+        root = np.random.SeedSequence(self.seed)
+        self._root = root
+        self.traces = ScenarioTraces(scenario, np.random.default_rng(root.spawn(1)[0]), cfg.step_s)
+        self.pop = Population.from_scenario(scenario, cfg.value_bins)
+        w = scenario.world
+        self.n0 = int(w.base_candidates)
+        self.nmax = int(w.max_candidates)
+        self.holdout = float(w.holdout)
+        self.treat = 1.0 - self.holdout
+        self.eligible = float(cfg.eligible_share)
+        self.costs = CostModel.from_models(scenario.models, self.n0)
+        self.window_s = float(scenario.slo.window_s)
+        self.duration_s = float(scenario.duration_s)
+        self.n_windows = max(1, math.ceil(self.duration_s / self.window_s - 1e-9))
+        self.timeout_ms = cfg.timeout_factor * float(scenario.slo.p99_ms)
+        self.segment_names = tuple(s.name for s in scenario.segments)
+        seg = self.pop.seg
+        self.q_base = np.asarray(curves.mean_quality(seg, 0, self.n0), dtype=np.float64)
+        self.sd_base = np.asarray(curves.std_quality(seg, 0, self.n0), dtype=np.float64)
+        self.q_strong = np.asarray(curves.mean_quality(seg, 1, self.n0), dtype=np.float64)
+        self.sd_strong = np.asarray(curves.std_quality(seg, 1, self.n0), dtype=np.float64)
+        self._rma_q: dict[int, tuple[FloatArray, FloatArray]] = {}
+        base_hw = set(scenario.models.base.hardware)
+        strong_hw = set(scenario.models.strong.hardware)
+        regions = []
+        for r, rt in zip(scenario.regions, self.traces.regions, strict=True):
+            keys = tuple(p.key for p in rt.pools)
+            regions.append(
+                RegionStatic(
+                    name=r.name,
+                    ded_cpu=float(r.dedicated.cpu),
+                    ded_acc=float(r.dedicated.accelerator),
+                    ded_hardware=r.dedicated.hardware,
+                    pools=keys,
+                    base_ok=tuple(
+                        k.resource == "accelerator" and not k.remote and k.hardware in base_hw
+                        for k in keys
+                    ),
+                    strong_ok=tuple(
+                        k.resource == "accelerator" and not k.remote and k.hardware in strong_hw
+                        for k in keys
+                    ),
+                    servers=max(1.0, float(r.dedicated.cpu) / cfg.cores_per_server),
+                )
+            )
+        self.regions: tuple[RegionStatic, ...] = tuple(regions)
+        self.oracle_cache: dict[str, Any] = {}
+
+    def rma_quality(self, extra: int) -> tuple[FloatArray, FloatArray]:
+        """Per cell, mean and spread of the quality with ``extra`` extra candidates (base model)."""
+        got = self._rma_q.get(extra)
+        if got is None:
+            seg = self.pop.seg
+            n = self.n0 + extra
+            got = (
+                np.asarray(self.curves.mean_quality(seg, 0, n), dtype=np.float64),
+                np.asarray(self.curves.std_quality(seg, 0, n), dtype=np.float64),
+            )
+            self._rma_q[extra] = got
+        return got
+
+    def rng(self, region: int, purpose: int) -> np.random.Generator:
+        """A fresh generator for (region, purpose): the same numbers for every policy."""
+        return np.random.default_rng(
+            np.random.SeedSequence(self.seed, spawn_key=(1000 + region, purpose))
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Targets, plans and the mix a plan implies
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Targets:
+    """What clients and servers of a region apply (the body of a ``headroom.targets`` message
+    plus the capacity assignment behind it)."""
+
+    epoch: int
+    issued_at: float
+    ttl_s: float
+    rma_candidates: int
+    sbm_segments: Mapping[str, float]
+    # pool index -> (units assigned to RMA, units assigned to SBM)
+    assignment: Mapping[int, tuple[float, float]] = field(default_factory=dict)
+    sbm_coverage: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Issued:
+    """A central decision: targets plus the events that record it."""
+
+    targets: Targets
+    fields: dict[str, Any]  # the target.issued event's fields
+    extra_events: tuple[tuple[str, dict[str, Any]], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Per cell, the share of *treatment* requests served each way.
+
+    ``rma[j, c]`` with ``levels[j]`` extra candidates; ``sbm`` on the strong model; ``down``
+    routed to the strong model and downgraded by its server; ``fail`` routed to strong replicas
+    that were not there. The rest of the treatment arm, and the whole control arm, take the
+    base path.
+    """
+
+    levels: tuple[int, ...]
+    rma: FloatArray  # (J, C)
+    sbm: FloatArray  # (C,)
+    down: FloatArray  # (C,)
+    fail: FloatArray  # (C,)
+
+
+@dataclass(frozen=True, slots=True)
+class ArmParts:
+    """A group of requests as (class row, cell) parts: share of all arrivals, quality."""
+
+    weights: FloatArray
+    cell: IntArray
+    row: IntArray
+    q: FloatArray
+    sd: FloatArray
+
+
+@dataclass(slots=True)
+class Mix:
+    """A plan's consequences per arriving request: loads, classes, value (see module doc)."""
+
+    plan: Plan
+    # per-arrival loads, ms of work
+    base_cpu: float
+    opt_cpu: float
+    base_acc: float
+    opt_acc: float
+    strong_acc: float
+    # classes: base, rma_0..rma_{J-1}, sbm, down, fail
+    frac: FloatArray  # (K,) share of all arrivals
+    service_ms: FloatArray  # (K,)
+    penalty_ms: FloatArray  # (K,)
+    path: IntArray  # (K,)
+    strong_stage: npt.NDArray[np.bool_]  # (K,) accelerator stage is the strong replicas
+    # stage service statistics
+    cpu_mean: float
+    cpu_cs2: float
+    acc_mean: float
+    acc_cs2: float
+    strong_mean: float
+    strong_cs2: float
+    # truth per class and segment, per arriving request: (K, S)
+    count: FloatArray
+    value: FloatArray
+    base_value: FloatArray
+    # holdout arms and value-signal groups: parts of (class, cell) with their quality
+    arm_parts: dict[str, ArmParts]
+
+
+def baseline_plan(ctx: SimContext) -> Plan:
+    c = ctx.pop.n_cells
+    z = np.zeros(c)
+    return Plan((), np.zeros((0, c)), z, z, z)
+
+
+def build_mix(ctx: SimContext, plan: Plan) -> Mix:
+    pop = ctx.pop
+    cfg = ctx.config
+    costs = ctx.costs
+    n0 = ctx.n0
+    par = cfg.latency.cpu_parallelism
+    cv2 = cfg.latency.service_cv**2
+    sh = pop.share
+    t = ctx.treat
+    n_levels = len(plan.levels)
+    # class shares per cell (of treatment requests), then per arriving request
+    parts = [plan.rma[j] for j in range(n_levels)] + [plan.sbm, plan.down, plan.fail]
+    cell_frac = np.vstack(parts) if parts else np.zeros((0, pop.n_cells))
+    treat_base = np.clip(1.0 - cell_frac.sum(axis=0), 0.0, 1.0)
+    base_cells = t * treat_base + ctx.holdout  # control arm: always base
+    cell_frac_all = np.vstack([base_cells, t * cell_frac])  # (K, C), share of a cell's arrivals
+    frac = cell_frac_all @ sh
+    k = frac.size
+    ncls = np.array([n0] + [n0 + e for e in plan.levels] + [n0, n0, n0], dtype=np.float64)
+    cpu_work = ncls * costs.base_cpu_ms
+    cpu_work[1 + n_levels] += n0 * costs.strong_cpu_ms
+    acc_work = ncls * costs.base_accelerator_ms
+    acc_work[1 + n_levels] = n0 * costs.strong_accelerator_ms
+    service = cpu_work / par + acc_work
+    penalty = np.zeros(k)
+    penalty[2 + n_levels] = cfg.downgrade_ms
+    penalty[3 + n_levels] = cfg.failover_ms
+    path = np.array([PATH_BASE] + [PATH_RMA] * n_levels + [PATH_SBM, PATH_BASE, PATH_BASE])
+    strong_stage = np.zeros(k, dtype=np.bool_)
+    strong_stage[1 + n_levels] = True
+    f_rma = frac[1 : 1 + n_levels]
+    f_sbm = float(frac[1 + n_levels])
+    levels = np.array(plan.levels, dtype=np.float64)
+    base_cpu = n0 * costs.base_cpu_ms
+    opt_cpu = float((f_rma * levels).sum()) * costs.base_cpu_ms + f_sbm * n0 * costs.strong_cpu_ms
+    base_acc = (1.0 - f_sbm) * n0 * costs.base_accelerator_ms
+    opt_acc = float((f_rma * levels).sum()) * costs.base_accelerator_ms
+    strong_acc = f_sbm * n0 * costs.strong_accelerator_ms
+
+    def stats(weights: FloatArray, svc: FloatArray) -> tuple[float, float]:
+        tot = float(weights.sum())
+        if tot <= 0:
+            return 0.0, cv2
+        m1 = float((weights * svc).sum()) / tot
+        m2 = float((weights * svc * svc).sum()) / tot
+        return m1, ((1.0 + cv2) * m2 / (m1 * m1) - 1.0) if m1 > 0 else cv2
+
+    cpu_mean, cpu_cs2 = stats(frac, cpu_work / par)
+    mixed = ~strong_stage
+    acc_mean, acc_cs2 = stats(frac * mixed, acc_work)
+    strong_mean, strong_cs2 = stats(frac * strong_stage, acc_work)
+
+    # truth: quality per class and cell
+    q_rows = [ctx.q_base]
+    sd_rows = [ctx.sd_base]
+    for e in plan.levels:
+        q, sd = ctx.rma_quality(e)
+        q_rows.append(q)
+        sd_rows.append(sd)
+    q_rows += [ctx.q_strong, ctx.q_base, ctx.q_base]
+    sd_rows += [ctx.sd_strong, ctx.sd_base, ctx.sd_base]
+    qk = np.vstack(q_rows)
+    seg_onehot = np.zeros((pop.n_cells, pop.n_segments))
+    seg_onehot[np.arange(pop.n_cells), pop.seg] = 1.0
+    w = cell_frac_all * sh  # (K, C) share of all arrivals in (class, cell)
+    count = w @ seg_onehot
+    value = (w * pop.v_mean * qk) @ seg_onehot
+    base_value = (w * pop.v_mean * ctx.q_base) @ seg_onehot
+    sd_all = np.vstack(sd_rows)
+    cells = np.arange(pop.n_cells)
+
+    def parts(rows: list[int], weights: list[FloatArray]) -> ArmParts:
+        if not rows:
+            z = np.zeros(0)
+            return ArmParts(z, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), z, z)
+        return ArmParts(
+            weights=np.concatenate(weights),
+            cell=np.tile(cells, len(rows)),
+            row=np.repeat(np.array(rows, dtype=np.int64), pop.n_cells),
+            q=np.concatenate([qk[r] for r in rows]),
+            sd=np.concatenate([sd_all[r] for r in rows]),
+        )
+
+    srow = 1 + n_levels
+    rma_rows = list(range(1, 1 + n_levels))
+    arm_parts: dict[str, ArmParts] = {
+        # what each request received (the log's arms: docs/events.md), plus "none": treatment
+        # requests that got no optional work, so a value-aware selection of the treated cannot
+        # bias the holdout estimate (docs/simulator.md §Holdout estimate)
+        "rma": parts(rma_rows, [t * cell_frac[j] * sh for j in range(n_levels)]),
+        "sbm": parts([srow], [t * plan.sbm * sh]),
+        "none": parts(
+            [0, srow + 1, srow + 2],
+            [t * treat_base * sh, t * plan.down * sh, t * plan.fail * sh],
+        ),
+        # intent-to-treat groups the control plane learns from (docs/simulator.md §Value
+        # signals): requests not routed to the strong model (RMA's), and routed ones (SBM's)
+        "itt_rma": parts(
+            [0, *rma_rows], [t * treat_base * sh] + [t * cell_frac[j] * sh for j in range(n_levels)]
+        ),
+        "itt_sbm": parts(
+            [srow, srow + 1, srow + 2], [t * plan.sbm * sh, t * plan.down * sh, t * plan.fail * sh]
+        ),
+    }
+    return Mix(
+        plan=plan,
+        base_cpu=base_cpu,
+        opt_cpu=opt_cpu,
+        base_acc=base_acc,
+        opt_acc=opt_acc,
+        strong_acc=strong_acc,
+        frac=frac,
+        service_ms=service,
+        penalty_ms=penalty,
+        path=path,
+        strong_stage=strong_stage,
+        cpu_mean=cpu_mean,
+        cpu_cs2=cpu_cs2,
+        acc_mean=acc_mean,
+        acc_cs2=acc_cs2,
+        strong_mean=strong_mean,
+        strong_cs2=strong_cs2,
+        count=count,
+        value=value,
+        base_value=base_value,
+        arm_parts=arm_parts,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# What a policy is, to the engine
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Quotas:
+    """Opportunistic capacity each lever holds right now (cores, devices)."""
+
+    rma_cpu: float
+    rma_acc: float
+    sbm_cpu: float
+    sbm_acc: float  # loaded strong-model devices
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """What responses tell clients, and what a server sees of itself, after one step."""
+
+    now: float
+    mixed_queue_ms: float  # standing queue of the mixed replicas (what CoDel judges)
+    strong_queue_ms: float  # standing queue of the strong replicas
+    inflight: float  # requests in flight per server (Little's law)
+    baseline_inflight: float  # the part of it without optional work
+
+
+class RegionPolicy(Protocol):
+    """The policy-specific decisions; the engine does everything else (sim/policies.py)."""
+
+    ideal: bool  # the oracle: optional work packed perfectly, adds no queueing of its own
+    direct: bool  # plans every step itself (no central targets, no control ticks)
+    server_sheds: bool  # a server-side shedder decides what is admitted
+    value_ranked_rma: bool  # clients spend the RMA target highest value first
+
+    def control(self, now: float, obs: RegionObservation, run: RegionRun) -> Issued | None: ...
+
+    def direct_plan(self, now: float, run: RegionRun) -> Plan | None: ...
+
+    def multipliers(self, now: float) -> tuple[float, float]: ...
+
+    def admit(
+        self, now: float, span: float, rma_req: FloatArray, sbm_req: FloatArray, run: RegionRun
+    ) -> tuple[FloatArray, FloatArray] | None: ...
+
+    def on_quotas(self, now: float, quotas: Quotas, reduced: bool) -> None: ...
+
+    def feedback(self, health: Health, run: RegionRun) -> list[tuple[str, dict[str, Any]]]: ...
+
+    def steady(self) -> bool: ...
+
+    def notices_reclaims(self) -> bool: ...
+
+
+# --------------------------------------------------------------------------------------------
+# One region under one policy
+# --------------------------------------------------------------------------------------------
+
+EmitFn = Callable[[str, float, dict[str, Any]], None]
+
+# kinds of the region's event heap (ties at one instant in this order)
+_EV_CAPACITY, _EV_CONTROL, _EV_APPLY, _EV_EXPIRE, _EV_LOADED, _EV_NOTICE = range(6)
+
+# one (sub-)step of the fluid model, kept until its window closes (struct of arrays at closing)
+_ROW = (
+    "a", "c0", "c1", "a0", "a1", "s0", "s1", "wc_p", "wc_r", "wa_p", "wa_r", "ws_p", "ws_r",
+    "sc0", "sc1", "sa0", "sa1", "swc_p", "swc_r", "swa_p", "swa_r", "fail", "speed",
+)  # fmt: skip
+_R = {name: i for i, name in enumerate(_ROW)}
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A reclaim whose optional work has not fitted yet."""
+
+    t: float
+    pool: int
+    before: float
+    after: float
+
+
+class RegionRun:
+    """State and event loop of one region for one policy run."""
+
+    def __init__(
+        self,
+        ctx: SimContext,
+        r: int,
+        policy: RegionPolicy,
+        emit: EmitFn,
+        control_interval_s: float,
+    ) -> None:
+        self.ctx = ctx
+        self.r = r
+        self.static = ctx.regions[r]
+        self.traces = ctx.traces.regions[r]
+        self.policy = policy
+        self.emit = emit
+        self.interval = control_interval_s
+        self.cfg = ctx.config
+        n_pools = len(self.static.pools)
+        self.level = [0.0] * n_pools
+        self.asg_rma = [0.0] * n_pools
+        self.asg_sbm = [0.0] * n_pools
+        self.tranches: list[list[tuple[float, float]]] = [[] for _ in range(n_pools)]
+        self.targets: Targets | None = None
+        self.epoch_in_force = 0
+        self.heap: list[tuple[float, int, int, Any]] = []
+        self._seq = 0
+        for ch in self.traces.changes:
+            self._push(ch.t, _EV_CAPACITY, ch)
+        if not policy.direct:
+            k = 1
+            while k * self.interval < ctx.duration_s - _EPS:
+                self._push(k * self.interval, _EV_CONTROL, None)
+                k += 1
+        timeout_s = ctx.timeout_ms / 1000.0
+        self.cpu = StageState(max_backlog_s=timeout_s)
+        self.acc = StageState(max_backlog_s=timeout_s)
+        self.strong = StageState(max_backlog_s=timeout_s)
+        self.shadow_cpu = StageState(max_backlog_s=timeout_s)
+        self.shadow_acc = StageState(max_backlog_s=timeout_s)
+        self.lat_rng = ctx.rng(r, 1)
+        self.arm_rng = ctx.rng(r, 2)
+        self.notice_rng = ctx.rng(r, 3)
+        self.count_rng = ctx.rng(r, 4)
+        self.quotas = Quotas(0.0, 0.0, 0.0, 0.0)
+        self.pending: list[_Pending] = []
+        self.base_mix = build_mix(ctx, baseline_plan(ctx))
+        self.mix = self.base_mix
+        self._mix_key: Any = ("base",)
+        self._direct_mixes: dict[int, Mix] = {}
+        self._rows: list[tuple[float, ...]] = []
+        self._row_mix: list[Mix] = []
+        self.noticed_at: float | None = None  # a server has yet to react to a reclaim
+        self.arrival_rate = 0.0  # rps of the current step
+        self._lost_strong = 0.0  # in-flight strong requests lost to a reclaim, not yet counted
+        self._win_reset()
+        self._obs_reset()
+        bind = getattr(policy, "bind", None)
+        if bind is not None:
+            bind(self)
+
+    # -- heap -------------------------------------------------------------------------------
+
+    def _push(self, t: float, kind: int, payload: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self.heap, (t, kind, self._seq, payload))
+
+    # -- capacity, assignment, quotas ----------------------------------------------------------
+
+    def _loaded(self, i: int, now: float) -> float:
+        ready = sum(u for u, at in self.tranches[i] if at <= now + _EPS)
+        return min(ready, self.asg_sbm[i])
+
+    def compute_quotas(self, now: float) -> Quotas:
+        st = self.static
+        rc = ra = sc = sa = 0.0
+        for i, key in enumerate(st.pools):
+            if key.remote:
+                continue
+            if key.resource == "cpu":
+                rc += self.asg_rma[i]
+                sc += self.asg_sbm[i]
+            else:
+                if st.base_ok[i]:
+                    ra += self.asg_rma[i]
+                if st.strong_ok[i]:
+                    sa += self._loaded(i, now)
+        return Quotas(rc, ra, sc, sa)
+
+    def _set_assignment(self, i: int, rma: float, sbm: float, now: float) -> None:
+        """Assign units of pool ``i`` within its level.
+
+        A strong replica occupies whole devices, so SBM's share of an accelerator pool is
+        rounded to whole devices (at least one); RMA's quota and CPU quotas may be fractional.
+        When the level cannot hold both, they shrink together.
+        """
+        rma = max(rma, 0.0)
+        sbm = max(sbm, 0.0)
+        level = self.level[i]
+        if self.static.pools[i].resource == "accelerator" and sbm > 1e-6:
+            sbm = max(1.0, float(round(sbm)))
+            sbm = min(sbm, float(math.floor(level + 1e-9))) if level >= 1.0 else level
+            rma = max(0.0, min(rma, level - sbm))
+        if rma + sbm > level + _EPS:
+            k = level / (rma + sbm) if rma + sbm > 0 else 0.0
+            rma *= k
+            sbm *= k
+        self.asg_rma[i] = rma
+        old = sum(u for u, _ in self.tranches[i])
+        if sbm > old + _EPS and self.static.strong_ok[i]:
+            ready = now + float(self.ctx.scenario.models.strong.load_s)
+            self.tranches[i].append((sbm - old, ready))
+            if ready > now:
+                self._push(ready, _EV_LOADED, i)
+        elif sbm < old - _EPS:
+            drop = old - sbm  # release the newest (least loaded) units first
+            tr = self.tranches[i]
+            while drop > _EPS and tr:
+                u, at = tr[-1]
+                if u <= drop + _EPS:
+                    tr.pop()
+                    drop -= u
+                else:
+                    tr[-1] = (u - drop, at)
+                    drop = 0.0
+        self.asg_sbm[i] = sbm
+
+    def _refresh_quotas(self, now: float, reduced: bool) -> None:
+        q = self.compute_quotas(now)
+        if q != self.quotas:
+            self.quotas = q
+            self.policy.on_quotas(now, q, reduced)
+            self._mix_key = None
+
+    # -- events -------------------------------------------------------------------------------
+
+    def _handle(self, t: float, kind: int, payload: Any) -> None:
+        if kind == _EV_CAPACITY:
+            self._on_capacity(t, payload)
+        elif kind == _EV_CONTROL:
+            self._on_control(t)
+        elif kind == _EV_APPLY:
+            self._on_apply(t, payload)
+        elif kind == _EV_EXPIRE:
+            self._on_expire(t, payload)
+        elif kind == _EV_LOADED:
+            self._refresh_quotas(t, False)
+        elif kind == _EV_NOTICE:
+            self.noticed_at = None
+            self.policy.on_quotas(t, self.quotas, True)
+            self._mix_key = None
+
+    def _on_capacity(self, t: float, ch: CapacityChange) -> None:
+        i = ch.pool
+        key = self.static.pools[i]
+        self.level[i] = ch.after
+        self._mix_key = None
+        # one draw per change whatever the policy, so the stream stays aligned across policies
+        notice_u = float(self.notice_rng.random())
+        if ch.after >= ch.before:
+            return  # a grant: nothing moves until a policy assigns it
+        self.emit(
+            "capacity.reclaimed",
+            t,
+            {
+                "resource": key.resource,
+                "hardware": key.hardware,
+                "pool": "opportunistic",
+                "units_before": ch.before,
+                "units_after": ch.after,
+                "t": t,
+            },
+        )
+        if self.policy.direct:
+            return  # the oracle saw it coming: its plan for the new level starts now
+        # the owner takes the units back at once: assignments shrink to the new level
+        before_q = self.quotas
+        self._set_assignment(i, self.asg_rma[i], self.asg_sbm[i], t)
+        q_new = self.compute_quotas(t)
+        if q_new.sbm_acc < before_q.sbm_acc and before_q.sbm_acc > 0:
+            # strong requests running on the lost devices fail and are retried on the base path
+            lost = 1.0 - q_new.sbm_acc / before_q.sbm_acc
+            sbm_share = float(self.mix.frac[1 + len(self.mix.plan.levels)])
+            in_flight = self.arrival_rate * sbm_share * (self.mix.strong_mean / 1000.0)
+            self._lost_strong += in_flight * lost
+        if self._fits(self.mix, q_new):
+            self._refresh_quotas(t, True)
+            return
+        self.pending.append(_Pending(t, i, ch.before, ch.after))
+        self.quotas = q_new  # the capacity is gone now; servers learn it at their next turn
+        if self.policy.notices_reclaims():
+            rate = max(self.arrival_rate, 1e-3) * self.cfg.server_turns_per_request
+            delay = -math.log(max(1.0 - notice_u, 1e-300)) / rate
+            self.noticed_at = t + delay
+            self._push(t + delay, _EV_NOTICE, None)
+
+    def _fits(self, mix: Mix, q: Quotas) -> bool:
+        """Optional work in force fits the quotas (offered work ≤ capacity, per resource)."""
+        lam = max(self.arrival_rate, 1e-9)
+        tol = 1e-6
+        return (
+            mix.opt_cpu * lam <= 1000.0 * (q.rma_cpu + q.sbm_cpu) * (1 + tol) + tol
+            and mix.opt_acc * lam <= 1000.0 * q.rma_acc * (1 + tol) + tol
+            and mix.strong_acc * lam <= 1000.0 * q.sbm_acc * (1 + tol) + tol
+        )
+
+    def _on_control(self, t: float) -> None:
+        if self.traces.in_outage(t):
+            return
+        obs = self._observation(t)
+        issued = self.policy.control(t, obs, self)
+        if issued is None:
+            return
+        self.emit("target.issued", t, issued.fields)
+        for kind, fields in issued.extra_events:
+            self.emit(kind, t, fields)
+        self._push(t + self.cfg.propagation_s, _EV_APPLY, issued.targets)
+
+    def _on_apply(self, t: float, tg: Targets) -> None:
+        if tg.epoch <= self.epoch_in_force or tg.issued_at + tg.ttl_s <= t:
+            return
+        self.targets = tg
+        self.epoch_in_force = tg.epoch
+        for i in range(len(self.static.pools)):
+            rma, sbm = tg.assignment.get(i, (0.0, 0.0))
+            self._set_assignment(i, rma, sbm, t)
+        self._refresh_quotas(t, False)
+        self._mix_key = None
+        self.emit("target.applied", t, {"epoch": tg.epoch})
+        self._push(tg.issued_at + tg.ttl_s, _EV_EXPIRE, tg.epoch)
+
+    def _on_expire(self, t: float, epoch: int) -> None:
+        if self.targets is None or self.targets.epoch != epoch:
+            return
+        self.targets = None
+        self._mix_key = None
+        self.emit("target.expired", t, {"epoch": epoch})
+
+    # -- the plan in force ------------------------------------------------------------------
+
+    def _current_mix(self, now: float, span: float) -> Mix:
+        pol = self.policy
+        if pol.direct:
+            plan = pol.direct_plan(now, self)
+            if plan is None:
+                return self.base_mix
+            mix = self._direct_mixes.get(id(plan))
+            if mix is None or mix.plan is not plan:
+                mix = build_mix(self.ctx, plan)
+                self._direct_mixes[id(plan)] = mix
+            return mix
+        tg = self.targets
+        if tg is None:
+            self._mix_key = ("base",)
+            return self.base_mix
+        m_rma, m_sbm = pol.multipliers(now)
+        key = (tg.epoch, round(m_rma, 4), round(m_sbm, 4), self.quotas)
+        sheds = pol.server_sheds
+        if key == self._mix_key and not sheds:
+            return self.mix
+        ctx = self.ctx
+        pop = ctx.pop
+        extra = max(0, min(tg.rma_candidates, ctx.nmax) - ctx.n0)
+        r_seg = np.array([tg.sbm_segments.get(s, 0.0) for s in ctx.segment_names])
+        routed = ctx.eligible * np.clip(r_seg, 0.0, 1.0)[pop.seg]
+        sbm_req = routed * pop.keep_top(m_sbm)
+        if extra > 0 and pol.value_ranked_rma:
+            # the target's extra candidates are a budget spent highest value first: the top
+            # share of requests by value gets the maximum, the rest none (same mean work)
+            span_max = ctx.nmax - ctx.n0
+            keep_rma = pop.keep_top(m_rma * extra / span_max)
+            extra = span_max
+        else:
+            keep_rma = pop.keep_top(m_rma)
+        rma_req = (1.0 - routed) * keep_rma if extra > 0 else np.zeros(pop.n_cells)
+        adm = pol.admit(now, span, rma_req, sbm_req, self) if sheds else None
+        if adm is None:
+            rma_adm, sbm_adm = rma_req, sbm_req
+            down = np.zeros(pop.n_cells)
+        else:
+            rma_adm, sbm_adm = adm
+            down = np.clip(sbm_req - sbm_adm, 0.0, 1.0)
+        fail = np.zeros(pop.n_cells)
+        if self.quotas.sbm_acc <= _EPS and sbm_adm.any():
+            fail, sbm_adm = sbm_adm, np.zeros(pop.n_cells)  # no replica: fail fast, retry
+        self._mix_key = key
+        old = self.mix.plan
+        levels = (extra,) if extra > 0 else ()
+        if (
+            old.levels == levels
+            and np.array_equal(old.sbm, sbm_adm)
+            and np.array_equal(old.down, down)
+            and np.array_equal(old.fail, fail)
+            and (not levels or np.array_equal(old.rma[0], rma_adm))
+        ):
+            return self.mix
+        rma = rma_adm[None, :] if levels else np.zeros((0, pop.n_cells))
+        return build_mix(ctx, Plan(levels, rma, sbm_adm, down, fail))
+
+    # -- the main loop ----------------------------------------------------------------------
+
+    def run_window(self, w: int) -> None:
+        ctx = self.ctx
+        tr = ctx.traces
+        t0 = w * ctx.window_s
+        t1 = min(t0 + ctx.window_s, ctx.duration_s)
+        t = t0
+        while t < t1 - _EPS:
+            while self.heap and self.heap[0][0] <= t + _EPS:
+                et, kind, _, payload = heapq.heappop(self.heap)
+                self._handle(max(et, t), kind, payload)
+            step = tr.step_of(t)
+            self.arrival_rate = float(self.traces.rate[step])
+            nxt = min(self.heap[0][0] if self.heap else math.inf, t1)
+            steady = self.policy.steady() and not self.pending and self._quiet()
+            end = nxt if steady else min(nxt, float(tr.step_edges[step + 1]))
+            end = max(end, t + _EPS)
+            mix = self._current_mix(t, end - t)
+            self.mix = mix
+            if self.pending:
+                self._resolve_pending(t, mix)
+            t = self._advance(t, end, mix)
+        self._close_window(t0, t1)
+
+    def _quiet(self) -> bool:
+        return (
+            self.cpu.backlog_s <= 0.0
+            and self.acc.backlog_s <= 0.0
+            and self.strong.backlog_s <= 0.0
+            and self.noticed_at is None
+        )
+
+    def _resolve_pending(self, t: float, mix: Mix) -> None:
+        if self.noticed_at is not None or not self._fits(mix, self.quotas):
+            return
+        for p in self.pending:
+            key = self.static.pools[p.pool]
+            self.emit(
+                "optional.released",
+                t,
+                {
+                    "resource": key.resource,
+                    "hardware": key.hardware,
+                    "t": p.t,
+                    "release_ms": (t - p.t) * 1000.0,
+                    "units_before": p.before,
+                    "units_after": p.after,
+                    "dropped": {"rma_candidates": 0, "sbm_requests": 0, "precompute_jobs": 0},
+                },
+            )
+        self.pending.clear()
+
+    def _advance(self, t: float, end: float, mix: Mix) -> float:
+        """The fluid model from ``t`` to ``end``, one step (or part of one) at a time."""
+        tr = self.ctx.traces
+        rt = self.traces
+        st = self.static
+        par = self.cfg.latency.cpu_parallelism
+        q = self.quotas
+        ideal = self.policy.ideal
+        bm = self.base_mix
+        win = self._win
+        servers_cpu = (st.ded_cpu + q.rma_cpu + q.sbm_cpu) / par
+        servers_acc = st.ded_acc + q.rma_acc
+        sp = 1.0 if ideal else speed(q.sbm_acc)
+        while t < end - _EPS:
+            i = tr.step_of(t)
+            s_end = min(float(tr.step_edges[i + 1]), end)
+            dt = s_end - t
+            length = float(tr.step_len[i])
+            a = float(rt.arrivals[i]) * (dt / length) if length > 0 else 0.0
+            # queues see the request *rate*: the Poisson noise of the counts is already in the
+            # M/G/c wait; counting it again as fluid backlog would double it
+            lam = float(rt.rate[i])
+            self.arrival_rate = lam
+            rho_cpu = _rho(lam * mix.base_cpu, st.ded_cpu)
+            rho_acc = _rho(lam * mix.base_acc, st.ded_acc)
+            rho_str = _rho(lam * mix.strong_acc, q.sbm_acc)
+            if ideal:
+                rho_str = min(rho_str, 1.0)
+                phi_c = phi_a = phi_s = 1.0
+            else:
+                rho_oc = _rho(lam * mix.opt_cpu, q.rma_cpu + q.sbm_cpu)
+                rho_oa = _rho(lam * mix.opt_acc, q.rma_acc)
+                rho_cpu = max(rho_cpu, rho_oc)
+                rho_acc = max(rho_acc, rho_oa)
+                phi_c = 1.0 if rho_oc <= 1.0 else 1.0 / rho_oc
+                phi_a = 1.0 if rho_oa <= 1.0 else 1.0 / rho_oa
+                phi_s = 1.0 if rho_str <= 1.0 else 1.0 / rho_str
+            c0, c1 = self.cpu.advance(rho_cpu, dt)
+            a0, a1 = self.acc.advance(rho_acc, dt)
+            s0, s1 = self.strong.advance(rho_str, dt)
+            wc = wait_params(rho_cpu, servers_cpu, mix.cpu_mean, mix.cpu_cs2)
+            wa = wait_params(rho_acc, servers_acc, mix.acc_mean, mix.acc_cs2)
+            ws = (
+                NO_WAIT
+                if ideal
+                else wait_params(rho_str, q.sbm_acc, mix.strong_mean, mix.strong_cs2)
+            )
+            # the static shadow: the same arrivals, baseline work only, dedicated capacity only
+            srho_cpu = _rho(lam * bm.base_cpu, st.ded_cpu)
+            srho_acc = _rho(lam * bm.base_acc, st.ded_acc)
+            sc0, sc1 = self.shadow_cpu.advance(srho_cpu, dt)
+            sa0, sa1 = self.shadow_acc.advance(srho_acc, dt)
+            swc = wait_params(srho_cpu, st.ded_cpu / par, bm.cpu_mean, bm.cpu_cs2)
+            swa = wait_params(srho_acc, st.ded_acc, bm.acc_mean, bm.acc_cs2)
+            lost = self._lost_strong
+            self._lost_strong = 0.0
+            self._rows.append(
+                (
+                    a, c0, c1, a0, a1, s0, s1, wc.p, wc.rate, wa.p, wa.rate, ws.p, ws.rate,
+                    sc0, sc1, sa0, sa1, swc.p, swc.rate, swa.p, swa.rate, lost, sp,
+                )
+            )  # fmt: skip
+            self._row_mix.append(mix)
+            # capacity used by optional work (throughput, never above the quota) and offered
+            win[0] += lam * mix.opt_cpu / 1000.0 * phi_c * dt
+            win[1] += (lam * mix.opt_acc * phi_a + lam * mix.strong_acc * phi_s) / 1000.0 * dt
+            win[2] += lam * mix.opt_cpu / 1000.0 * dt
+            win[3] += lam * (mix.opt_acc + mix.strong_acc) / 1000.0 * dt
+            health = self._health(s_end, mix, lam, c1, a1, s1, wc, wa, ws)
+            for kind, fields in self.policy.feedback(health, self):
+                self.emit(kind, s_end, fields)
+            t = s_end
+            if not self.policy.steady() or not self._quiet():
+                break
+        return t
+
+    def _health(
+        self,
+        now: float,
+        mix: Mix,
+        lam: float,
+        c1: float,
+        a1: float,
+        s1: float,
+        wc: WaitParams,
+        wa: WaitParams,
+        ws: WaitParams,
+    ) -> Health:
+        # CoDel judges the *standing* queue: the fluid backlog plus the part of the stochastic
+        # wait that nearly every request sees (its 5th percentile: non-zero only near saturation)
+        m_q = 1000.0 * max(c1, a1) + max(_standing(wc), _standing(wa))
+        s_q = 1000.0 * s1 + _standing(ws)
+        lat = self.cfg.latency.overhead_ms + float(mix.frac @ mix.service_ms)
+        lat += 1000.0 * (c1 + a1) + wc.mean_ms + wa.mean_ms
+        inflight = lam * lat / 1000.0 / self.static.servers
+        return Health(now, m_q, s_q, inflight, inflight * float(mix.frac[0]))
+
+    def sample_step_latencies(self, rng: np.random.Generator, k: int) -> FloatArray:
+        """``k`` response times of the newest step (peer limits' samples), capped at the timeout."""
+        if not self._rows:
+            return np.zeros(0)
+        strata = _strata(self, np.array([self._rows[-1]]), self._row_mix[-1])[0]
+        lat, _, _ = sample_window(strata, self.cfg.latency, self.ctx.timeout_ms, rng.random((4, k)))
+        return lat
+
+    # -- windows ------------------------------------------------------------------------------
+
+    def _win_reset(self) -> None:
+        self._win = [0.0, 0.0, 0.0, 0.0]  # used cpu, used acc, demand cpu, demand acc (unit·s)
+
+    def _obs_reset(self) -> None:
+        self.obs_keys = np.zeros((4, _KEY_SPAN))  # all, base, rma, sbm
+        self.obs_requests = 0
+        self.obs_seg = np.zeros(self.ctx.pop.n_segments)
+        self.obs_sbm = 0.0
+        self.obs_value: dict[tuple[str, str, str], ArmStats] = {}
+
+    def _close_window(self, t0: float, t1: float) -> None:
+        ctx = self.ctx
+        pop = ctx.pop
+        n_seg_names = pop.n_segments
+        rows = np.array(self._rows, dtype=np.float64).reshape(-1, len(_ROW))
+        mixes = self._row_mix
+        self._rows = []
+        self._row_mix = []
+        arrivals = rows[:, _R["a"]]
+        n_req = round(float(arrivals.sum()))
+        # the window's requests per segment and arm: integers, the same for every policy
+        n_seg = self.count_rng.multinomial(n_req, pop.seg_share)
+        n_ctl = self.count_rng.binomial(n_seg, ctx.holdout)
+        n_trt = n_seg - n_ctl
+        uniforms = self.lat_rng.random((4, self.cfg.latency.samples_per_window))
+        # group the window's steps by the mix in force
+        groups: dict[int, tuple[Mix, list[int]]] = {}
+        for j, m in enumerate(mixes):
+            groups.setdefault(id(m), (m, []))[1].append(j)
+        all_strata: list[Strata] = []
+        s_count = np.zeros(n_seg_names)
+        s_value = np.zeros(n_seg_names)
+        s_base = np.zeros(n_seg_names)
+        seg_sbm = np.zeros(n_seg_names)
+        inc = {"rma": 0.0, "sbm": 0.0}
+        treated = {"rma": 0.0, "sbm": 0.0}
+        timeouts = 0.0
+        arm_acc: dict[str, list[tuple[ArmParts, FloatArray, float]]] = {}
+        base_pi_num = 0.0
+        for mix, idx in groups.values():
+            g = rows[idx]
+            a = g[:, _R["a"]]
+            a_sum = float(a.sum())
+            strata, k = _strata(self, g, mix)
+            pi = in_time_probability(strata, self.cfg.latency, ctx.timeout_ms).reshape(-1, k)
+            all_strata.append(strata)
+            shadow = _shadow_strata(self, g)
+            pi_s = in_time_probability(shadow, self.cfg.latency, ctx.timeout_ms)
+            a_pi = a @ pi  # (K,) Σ_steps A·π per class
+            a_pis = float(a @ pi_s)
+            n_levels = len(mix.plan.levels)
+            r_rma = slice(1, 1 + n_levels)
+            r_sbm = slice(1 + n_levels, 4 + n_levels)
+            s_count += a_sum * mix.count.sum(axis=0)
+            s_value += a_pi @ mix.value
+            s_base += a_pis * mix.base_value.sum(axis=0)
+            inc["rma"] += float(a_pi[r_rma] @ mix.value[r_rma].sum(axis=1)) - a_pis * float(
+                mix.base_value[r_rma].sum()
+            )
+            inc["sbm"] += float(a_pi[r_sbm] @ mix.value[r_sbm].sum(axis=1)) - a_pis * float(
+                mix.base_value[r_sbm].sum()
+            )
+            treated["rma"] += a_sum * float(mix.frac[r_rma].sum())
+            treated["sbm"] += a_sum * float(mix.frac[1 + n_levels])
+            seg_sbm += a_sum * mix.count[1 + n_levels]
+            timeouts += float(a @ ((1.0 - pi) @ mix.frac)) + float(
+                g[:, _R["fail"]] @ (1.0 - pi[:, -1])
+            )
+            base_pi_num += float(a_pi[0]) / float(mix.frac[0]) * float(mix.frac[0])
+            for name, parts in mix.arm_parts.items():
+                if a_sum > 0 and parts.weights.sum() > 0:
+                    arm_acc.setdefault(name, []).append((parts, a_pi[parts.row] / a_sum, a_sum))
+        # scale the fluid expectations to the window's realised segment counts
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scale = np.where(s_count > 0, n_seg / s_count, 0.0)
+        value_total_s = s_value * scale
+        value_base_s = s_base * scale
+        total_a = float(arrivals.sum())
+        mean_scale = n_req / total_a if total_a > 0 else 0.0
+        # holdout sums and value signals
+        pi_ctl = base_pi_num / total_a if total_a > 0 else 1.0
+        arms, value_obs = self._arms(n_ctl, n_trt, s_count, pi_ctl, arm_acc)
+        strata_all = _concat_strata(all_strata)
+        lat, weights, paths = sample_window(strata_all, self.cfg.latency, ctx.timeout_ms, uniforms)
+        self._fold_obs(lat, weights, paths, n_req, n_seg, treated["sbm"] * mean_scale, value_obs)
+        sketch_all, sketch_base = _sketches(lat, weights, paths, n_req)
+        tg = self.targets
+        n_timeouts = round(timeouts * mean_scale)
+        q = self.quotas
+        win = self._win
+        self.emit(
+            "window",
+            t0,
+            {
+                "t_start": t0,
+                "t_end": t1,
+                "requests": n_req,
+                "errors": n_timeouts,
+                "timeouts": n_timeouts,
+                "sketch": sketch_all,
+                "sketch_base": sketch_base,
+                "value_total": float(value_total_s.sum()),
+                "value_baseline": float(value_base_s.sum()),
+                "inc": {
+                    "rma": inc["rma"] * mean_scale,
+                    "sbm": inc["sbm"] * mean_scale,
+                    "precompute": 0.0,
+                },
+                "arms": arms,
+                "eligible_treated": {
+                    "rma": round(treated["rma"] * mean_scale),
+                    "sbm": round(treated["sbm"] * mean_scale),
+                },
+                "segments": {
+                    seg: {
+                        "requests": int(n_seg[si]),
+                        "sbm": round(float(seg_sbm[si] * scale[si])),
+                        "inc": float(value_total_s[si] - value_base_s[si]),
+                    }
+                    for si, seg in enumerate(ctx.segment_names)
+                },
+                "offered_unit_s": ctx.traces.offered_unit_s(self.r, t0, t1),
+                "used_unit_s": {"cpu": win[0], "accelerator": win[1]},
+                "demand_unit_s": {"cpu": win[2], "accelerator": win[3]},
+                "targets": {
+                    "rma_candidates": tg.rma_candidates if tg is not None else ctx.n0,
+                    "sbm_coverage": tg.sbm_coverage if tg is not None else 0.0,
+                },
+                "capacity": self._capacity_now(),
+                "quotas": {
+                    "rma_cpu": q.rma_cpu,
+                    "rma_accelerator": q.rma_acc,
+                    "sbm_cpu": q.sbm_cpu,
+                    "sbm_accelerator": q.sbm_acc,
+                },
+            },
+        )
+        self._win_reset()
+
+    def _arms(
+        self,
+        n_ctl: IntArray,
+        n_trt: IntArray,
+        s_count: FloatArray,
+        pi_ctl: float,
+        arm_acc: Mapping[str, list[tuple[ArmParts, FloatArray, float]]],
+    ) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[tuple[str, str, str], ArmStats]]:
+        """Observed sums: the control arm and every treatment group, per segment."""
+        ctx = self.ctx
+        pop = ctx.pop
+        names = ctx.segment_names
+        arms: dict[str, dict[str, dict[str, Any]]] = {}
+        value_obs: dict[tuple[str, str, str], ArmStats] = {}
+        cells = np.arange(pop.n_cells)
+        c1, c2 = arm_sums(
+            self.arm_rng,
+            pop,
+            n_ctl,
+            pop.share.copy(),
+            pop.seg,
+            cells,
+            ctx.q_base,
+            ctx.sd_base,
+            np.full(pop.n_cells, pi_ctl),
+        )
+        for si, seg in enumerate(names):
+            if n_ctl[si] > 0:
+                arms.setdefault(seg, {})["control"] = {
+                    "n": int(n_ctl[si]),
+                    "value_sum": float(c1[si]),
+                    "value_sq_sum": float(c2[si]),
+                }
+                st = ArmStats(int(n_ctl[si]), float(c1[si]), float(c2[si]))
+                value_obs[(seg, "rma", "control")] = st
+                value_obs[(seg, "sbm", "control")] = st
+        trt_fluid = s_count * ctx.treat
+        for name in ("rma", "sbm", "none", "itt_rma", "itt_sbm"):
+            got = arm_acc.get(name)
+            if not got:
+                continue
+            w = np.concatenate([p.weights * a for p, _, a in got])
+            cell = np.concatenate([p.cell for p, _, _ in got])
+            qm = np.concatenate([p.q for p, _, _ in got])
+            qsd = np.concatenate([p.sd for p, _, _ in got])
+            pit = np.concatenate([pi for _, pi, _ in got])
+            seg_of = pop.seg[cell]
+            fluid = np.bincount(seg_of, weights=w, minlength=pop.n_segments)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                n_arm = np.where(trt_fluid > 0, np.round(fluid / trt_fluid * n_trt), 0)
+            n_arm = np.minimum(n_arm, n_trt).astype(np.int64)
+            s1, s2 = arm_sums(self.arm_rng, pop, n_arm, w, seg_of, cell, qm, qsd, pit)
+            for si, seg in enumerate(names):
+                if n_arm[si] <= 0:
+                    continue
+                if name.startswith("itt_"):
+                    value_obs[(seg, name[4:], "treatment")] = ArmStats(
+                        int(n_arm[si]), float(s1[si]), float(s2[si])
+                    )
+                else:
+                    arms.setdefault(seg, {})[name] = {
+                        "n": int(n_arm[si]),
+                        "value_sum": float(s1[si]),
+                        "value_sq_sum": float(s2[si]),
+                    }
+        return arms, value_obs
+
+    def _capacity_now(self) -> dict[str, float]:
+        out = {"cpu": 0.0, "accelerator": 0.0}
+        for i, key in enumerate(self.static.pools):
+            out[key.resource] += self.level[i]
+        return out
+
+    # -- observation for the control plane --------------------------------------------------
+
+    def _fold_obs(
+        self,
+        lat: FloatArray,
+        weights: FloatArray,
+        paths: IntArray,
+        n_req: int,
+        n_seg: IntArray,
+        sbm_served: float,
+        value: Mapping[tuple[str, str, str], ArmStats],
+    ) -> None:
+        if lat.size:
+            keys = np.clip(keys_of(lat, SKETCH_ALPHA), 0, _KEY_SPAN - 1)
+            self.obs_keys[0] += np.bincount(keys, weights=weights, minlength=_KEY_SPAN)
+            for p in (PATH_BASE, PATH_RMA, PATH_SBM):
+                sel = paths == p
+                if sel.any():
+                    self.obs_keys[1 + p] += np.bincount(
+                        keys[sel], weights=weights[sel], minlength=_KEY_SPAN
+                    )
+        self.obs_requests += n_req
+        self.obs_seg += n_seg
+        self.obs_sbm += sbm_served
+        for k, v in value.items():
+            prev = self.obs_value.get(k)
+            self.obs_value[k] = v if prev is None else prev + v
+
+    def _observation(self, now: float) -> RegionObservation:
+        """What the controllers know about the last interval (then the accumulators reset)."""
+        ctx = self.ctx
+        span = self.interval
+        p99: dict[str, float | None] = {}
+        for idx, name in enumerate(("all", "base", "rma", "sbm")):
+            h = self.obs_keys[idx]
+            tot = float(h.sum())
+            if tot <= 0:
+                p99[name] = None
+                continue
+            k = int(np.searchsorted(np.cumsum(h), 0.99 * tot))
+            p99[name] = float(bin_values([k], SKETCH_ALPHA)[0])
+        rps = self.obs_requests / span
+        seg_rps = {s: float(self.obs_seg[i]) / span for i, s in enumerate(ctx.segment_names)}
+        eligible = self.obs_requests * ctx.treat * ctx.eligible
+        st = self.static
+        capacity = [
+            CapacityLevel("cpu", "any", "dedicated", st.ded_cpu, ts=now),
+            CapacityLevel("accelerator", st.ded_hardware, "dedicated", st.ded_acc, ts=now),
+        ]
+        for i, key in enumerate(st.pools):
+            capacity.append(
+                CapacityLevel(
+                    resource=key.resource,  # type: ignore[arg-type]  # "cpu" | "accelerator"
+                    hardware=key.hardware,
+                    pool="opportunistic",
+                    units=self.level[i],
+                    # the feed re-announces every level each interval with its expected lifetime
+                    expires_in_s=self.traces.pools[i].expires_in_s,
+                    remote=key.remote,
+                    ts=now,
+                )
+            )
+        obs = RegionObservation(
+            region=st.name,
+            now=now,
+            window_s=span,
+            p99_ms=p99,
+            request_rps=rps,
+            eligible_rps=rps * ctx.eligible,
+            segment_rps=seg_rps,
+            capacity=tuple(capacity),
+            value=dict(self.obs_value),
+            observed_coverage=self.obs_sbm / eligible if eligible > 0 else None,
+            value_age_s=0.0 if self.obs_value else None,
+        )
+        self._obs_reset()
+        return obs
+
+
+def _rho(offered_ms_per_s: float, units: float) -> float:
+    """Utilisation of ``units`` (cores or devices) offered ``offered_ms_per_s`` of work."""
+    if offered_ms_per_s <= 0.0:
+        return 0.0
+    if units <= 0.0:
+        return RHO_FLUID_CAP
+    return offered_ms_per_s / (1000.0 * units)
+
+
+def _standing(w: WaitParams) -> float:
+    """5th percentile of a stage's stochastic wait (ms): the queue almost nobody escapes."""
+    if w.p <= 0.95 or w.rate <= 0:
+        return 0.0
+    return math.log(w.p / 0.95) / w.rate
+
+
+# --------------------------------------------------------------------------------------------
+# A window's strata
+# --------------------------------------------------------------------------------------------
+
+
+def _strata(run: RegionRun, g: FloatArray, mix: Mix) -> tuple[Strata, int]:
+    """Strata of (step, class) for steps ``g`` (rows) under one mix, step-major."""
+    k = mix.frac.size
+    n = g.shape[0]
+    col = _R
+    a = g[:, col["a"]]
+    count = np.outer(a, mix.frac)
+    fail = g[:, col["fail"]]
+    count[:, -1] += fail
+    strong = mix.strong_stage[None, :]
+    stretch = mix.strong_mean * (1.0 / g[:, col["speed"]] - 1.0)
+    service = mix.service_ms[None, :] + np.where(strong, stretch[:, None], 0.0)
+    penalty = np.broadcast_to(mix.penalty_ms, (n, k)).copy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        extra_pen = np.where(count[:, -1] > 0, fail * 0.5 * mix.strong_mean / count[:, -1], 0.0)
+    penalty[:, -1] += extra_pen
+
+    def col2(name: str) -> FloatArray:
+        return np.broadcast_to(g[:, col[name]][:, None], (n, k))
+
+    fa0 = np.where(strong, col2("s0"), col2("a0"))
+    fa1 = np.where(strong, col2("s1"), col2("a1"))
+    p2 = np.where(strong, col2("ws_p"), col2("wa_p"))
+    r2 = np.where(strong, col2("ws_r"), col2("wa_r"))
+    st = Strata(
+        count=count.ravel(),
+        service_ms=service.ravel(),
+        penalty_ms=penalty.ravel(),
+        fc0=col2("c0").ravel(),
+        fc1=col2("c1").ravel(),
+        fa0=fa0.ravel(),
+        fa1=fa1.ravel(),
+        p1=col2("wc_p").ravel(),
+        r1=col2("wc_r").ravel(),
+        p2=p2.ravel(),
+        r2=r2.ravel(),
+        path=np.broadcast_to(mix.path, (n, k)).ravel().astype(np.int64),
+    )
+    return st, k
+
+
+def _shadow_strata(run: RegionRun, g: FloatArray) -> Strata:
+    """The static shadow's baseline requests of steps ``g`` (one stratum per step)."""
+    col = _R
+    n = g.shape[0]
+    return Strata(
+        count=np.ones(n),
+        service_ms=np.full(n, float(run.base_mix.service_ms[0])),
+        penalty_ms=np.zeros(n),
+        fc0=g[:, col["sc0"]],
+        fc1=g[:, col["sc1"]],
+        fa0=g[:, col["sa0"]],
+        fa1=g[:, col["sa1"]],
+        p1=g[:, col["swc_p"]],
+        r1=g[:, col["swc_r"]],
+        p2=g[:, col["swa_p"]],
+        r2=g[:, col["swa_r"]],
+        path=np.zeros(n, dtype=np.int64),
+    )
+
+
+def _concat_strata(parts: list[Strata]) -> Strata:
+    if len(parts) == 1:
+        return parts[0]
+    return Strata(
+        *(
+            np.concatenate([getattr(p, f) for p in parts])
+            for f in (
+                "count", "service_ms", "penalty_ms", "fc0", "fc1", "fa0", "fa1", "p1", "r1",
+                "p2", "r2", "path",
+            )
+        )
+    )  # fmt: skip
+
+
+def _sketches(
+    lat: FloatArray, weights: FloatArray, paths: IntArray, n_req: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The window's sketch (every request) and its baseline-only sketch, integer counts."""
+    if lat.size == 0 or n_req <= 0:
+        empty: dict[str, Any] = {"alpha": SKETCH_ALPHA, "bins": {}, "zeros": 0}
+        return empty, dict(empty)
+    keys = keys_of(lat, SKETCH_ALPHA)
+    total_w = float(weights.sum())
+    sk_all = sketch_from_keys(keys, weights, n_req, SKETCH_ALPHA)
+    base = paths == PATH_BASE
+    n_base = round(n_req * float(weights[base].sum()) / total_w) if total_w > 0 else 0
+    sk_base = sketch_from_keys(keys[base], weights[base], n_base, SKETCH_ALPHA)
+    return sk_all, sk_base
+
+
+# --------------------------------------------------------------------------------------------
+# Running one policy over a whole scenario
+# --------------------------------------------------------------------------------------------
+
+
+def run_policy(
+    ctx: SimContext,
+    policy_name: str,
+    make_region_policy: Callable[[SimContext, int], RegionPolicy],
+    write: Callable[[dict[str, Any]], None],
+    *,
+    control_interval_s: float,
+    progress: Callable[[int, int], None] | None = None,
+) -> None:
+    """Simulate every region of ``ctx`` under one policy, writing events through ``write``.
+
+    Regions advance window by window in scenario order, so the log is ordered by time.
+    """
+
+    def emitter(region: str) -> EmitFn:
+        def emit(kind: str, t: float, fields: dict[str, Any]) -> None:
+            ev = {
+                "v": 1,
+                "ts": SIM_EPOCH + t,
+                "kind": kind,
+                "source": "sim",
+                "policy": policy_name,
+                "region": region,
+            }
+            ev.update(fields)
+            write(ev)
+
+        return emit
+
+    runs = [
+        RegionRun(
+            ctx, r, make_region_policy(ctx, r), emitter(ctx.regions[r].name), control_interval_s
+        )
+        for r in range(len(ctx.regions))
+    ]
+    for w in range(ctx.n_windows):
+        for run in runs:
+            run.run_window(w)
+        if progress is not None:
+            progress(w + 1, ctx.n_windows)

@@ -1,0 +1,545 @@
+"""The policies compared side by side (CONTRACT §4 names), as the engine drives them.
+
+Pure: no clock, no global random state (the control plane's router and the peer limits get
+generators derived from the run's seed).
+
+A policy is the set of decisions the engine leaves open (sim/engine.py): what central targets
+are issued at each control interval, what clients multiply their optional work by, what servers
+admit, and how fast a server notices a reclaim. Everything else — load, queues, latency, value —
+is the engine's and identical for all.
+
+=============== ============================================= ================ ==============
+policy          central targets (every interval, lag)         client side      server side
+=============== ============================================= ================ ==============
+``static``      none: base candidates, base model             —                —
+``greedy``      all announced spare: SBM to full coverage      —                —
+                on strong-capable devices, RMA to what the
+                rest pays for; no margin, no latency feedback
+``central-only``:class:`controllers.plane.ControlPlane`         —                —
+                (allocator, RMA PID, SBM coverage, router)
+``aimd``        greedy's targets                              Netflix AIMD      —
+                                                              limit → budget
+``gradient``    greedy's targets                              Netflix Gradient2 —
+                                                              limit → budget
+``headroom``    :class:`controllers.plane.ControlPlane`         AIMD multiplier  ServerShedder:
+                                                              (ClientShedder)   token buckets,
+                                                                                value order,
+                                                                                in-flight trim
+``oracle``      perfect foresight, every step, no lag:        —                (ideal packing)
+                the value-maximising LP (sim/oracle.py)
+=============== ============================================= ================ ==============
+
+**Peer policies, adapted.** Netflix's AIMD and Gradient2 limits know nothing about capacity
+ownership, value or levers: they compute one concurrency limit from response times and drops.
+Here they run on greedy's targets (they need *some* plan of optional work to govern; greedy's is
+the one that asks for everything the announced capacity pays for), and
+:class:`workers.peers.OptionalBudget` turns the limit into an optional-work multiplier: the
+baseline keeps what it has in flight, optional work gets ``limit − baseline_inflight`` request
+equivalents, spent on the highest-value requests first (the same rule as the client shedder).
+A region is modelled as ``dedicated cores / cores_per_server`` identical servers, each with the
+same limit; the limit is fed ``peer_samples_per_step`` sampled responses per step (RTT, dropped =
+timed out) with the per-server in-flight count from Little's law.
+
+**Time-outs and outages.** Every central policy (greedy, peers, central-only, headroom) is
+silenced by a ``control_outage``: no targets are issued, and clients fall back to the baseline
+when the ones they hold expire (``ttl_s``, 3 intervals).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from controllers.config import ControlConfig
+from controllers.plane import ControlPlane
+from controllers.types import LEVER_RMA, LEVER_SBM, RegionObservation, RegionTargets
+from headroom.errors import ConfigError
+from sim.engine import Health, Issued, Plan, Quotas, RegionPolicy, RegionRun, SimContext, Targets
+from workers.peers import OptionalBudget, make_limit
+from workers.shedding import (
+    ClientShedder,
+    OptionalCapacity,
+    ServerShedder,
+    ShedTransition,
+)
+
+__all__ = ["POLICIES", "PolicyFactory", "make_policy", "parse_policies"]
+
+POLICIES: tuple[str, ...] = (
+    "static",
+    "greedy",
+    "central-only",
+    "aimd",
+    "gradient",
+    "headroom",
+    "oracle",
+)
+
+# The strong model's admission splits each cell's strong requests into this many batches
+# (a strong request is all or nothing; 8 resolves admission to 1/8 of a cell).
+SBM_CHUNKS = 8
+
+
+def parse_policies(items: list[str] | None) -> list[str]:
+    """``--policy`` values (repeatable, comma-separated) → ordered, de-duplicated names."""
+    if not items:
+        return list(POLICIES)
+    names: list[str] = []
+    problems = []
+    for item in items:
+        for name in (x.strip() for x in item.split(",")):
+            if not name:
+                continue
+            if name not in POLICIES:
+                problems.append(f"--policy: unknown policy {name!r} (known: {', '.join(POLICIES)})")
+            elif name not in names:
+                names.append(name)
+    if problems:
+        raise ConfigError(problems)
+    if not names:
+        raise ConfigError("--policy: no policy named")
+    return names
+
+
+# --------------------------------------------------------------------------------------------
+# Shared pieces
+# --------------------------------------------------------------------------------------------
+
+
+class StaticRegion:
+    """Baseline only: the defaults every other policy overrides."""
+
+    ideal = False
+    direct = False
+    server_sheds = False
+    value_ranked_rma = False
+
+    def control(self, now: float, obs: RegionObservation, run: RegionRun) -> Issued | None:
+        return None
+
+    def direct_plan(self, now: float, run: RegionRun) -> Plan | None:
+        return None
+
+    def multipliers(self, now: float) -> tuple[float, float]:
+        return 1.0, 1.0
+
+    def admit(
+        self, now: float, span: float, rma_req: Any, sbm_req: Any, run: RegionRun
+    ) -> tuple[Any, Any] | None:
+        return None
+
+    def on_quotas(self, now: float, quotas: Quotas, reduced: bool) -> None:
+        return None
+
+    def feedback(self, health: Health, run: RegionRun) -> list[tuple[str, dict[str, Any]]]:
+        return []
+
+    def steady(self) -> bool:
+        return True
+
+    def notices_reclaims(self) -> bool:
+        return False
+
+
+def greedy_targets(run: RegionRun, obs: RegionObservation, epoch: int, ttl_s: float) -> Issued:
+    """All announced spare, no margin, no feedback (module docstring)."""
+    ctx = run.ctx
+    st = run.static
+    costs = ctx.costs
+    n0 = ctx.n0
+    rps = obs.request_rps
+    treated = rps * ctx.treat
+    eligible = treated * ctx.eligible
+    level = list(run.level)
+    # SBM first, to full coverage, on the strong-capable devices
+    strong_units = sum(level[i] for i in range(len(level)) if st.strong_ok[i])
+    sbm_need = eligible * n0 * costs.strong_accelerator_ms / 1000.0
+    coverage = min(1.0, strong_units / sbm_need) if sbm_need > 0 else 0.0
+    if strong_units <= 0:
+        coverage = 0.0
+    assignment: dict[int, list[float]] = {i: [0.0, 0.0] for i in range(len(level))}
+    sbm_units = coverage * sbm_need
+    for i in range(len(level)):
+        if st.strong_ok[i] and strong_units > 0:
+            assignment[i][1] = level[i] * sbm_units / strong_units
+    sbm_cpu = eligible * coverage * n0 * costs.strong_cpu_ms / 1000.0
+    cpu_pools = [i for i, k in enumerate(st.pools) if k.resource == "cpu" and not k.remote]
+    cpu_total = sum(level[i] for i in cpu_pools)
+    for i in cpu_pools:
+        share = level[i] / cpu_total if cpu_total > 0 else 0.0
+        assignment[i][1] = sbm_cpu * share
+        assignment[i][0] = max(0.0, level[i] - sbm_cpu * share)
+    acc_left = 0.0
+    for i in range(len(level)):
+        if st.base_ok[i]:
+            free = max(0.0, level[i] - assignment[i][1])
+            assignment[i][0] = free
+            acc_left += free
+    cpu_left = max(0.0, cpu_total - sbm_cpu)
+    rma_rps = treated * (1.0 - ctx.eligible * coverage)
+    extra = float(ctx.nmax - n0)
+    if rma_rps > 0:
+        if costs.base_cpu_ms > 0:
+            extra = min(extra, cpu_left * 1000.0 / (rma_rps * costs.base_cpu_ms))
+        if costs.base_accelerator_ms > 0:
+            extra = min(extra, acc_left * 1000.0 / (rma_rps * costs.base_accelerator_ms))
+    candidates = n0 + max(0, math.floor(extra))
+    seg_probs = {s: coverage for s in ctx.segment_names}
+    tg = Targets(
+        epoch=epoch,
+        issued_at=obs.now,
+        ttl_s=ttl_s,
+        rma_candidates=int(candidates),
+        sbm_segments=seg_probs,
+        assignment={i: (a[0], a[1]) for i, a in assignment.items()},
+        sbm_coverage=coverage,
+    )
+    fields = {
+        "epoch": epoch,
+        "rma_candidates": tg.rma_candidates,
+        "sbm_coverage": coverage,
+        "segments": seg_probs,
+        "budget": {
+            "cpu": sum(a[0] + a[1] for i, a in assignment.items() if st.pools[i].resource == "cpu"),
+            "accelerator": sum(
+                a[0] + a[1] for i, a in assignment.items() if st.pools[i].resource != "cpu"
+            ),
+        },
+        "reason": "greedy",
+        "allocation": [],
+        "fallback": None,
+        "inputs": {"request_rps": rps, "p99_ms": dict(obs.p99_ms)},
+    }
+    return Issued(tg, fields)
+
+
+class GreedyRegion(StaticRegion):
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self.epoch = 0
+
+    def control(self, now: float, obs: RegionObservation, run: RegionRun) -> Issued | None:
+        self.epoch = max(self.epoch + 1, math.floor(now))
+        return greedy_targets(run, obs, self.epoch, self.ttl_s)
+
+
+def _assignment_from(
+    rt: RegionTargets, run: RegionRun, margin: float
+) -> dict[int, tuple[float, float]]:
+    """Per-pool units per lever from the allocator's shares (CPU spread over CPU pools by level).
+
+    The allocator budgets ``(1 − safety_margin)`` of each announced pool; the replicas hold the
+    lever's whole share of the pool, so the margin is slack *inside* each lever's quota (the
+    plan runs its quota at most ``1 − margin`` busy) rather than capacity nobody holds.
+    """
+    scale = 1.0 / (1.0 - margin) if margin < 1.0 else 1.0
+    st = run.static
+    out: dict[int, list[float]] = {i: [0.0, 0.0] for i in range(len(st.pools))}
+    cpu_pools = [i for i, k in enumerate(st.pools) if k.resource == "cpu" and not k.remote]
+    cpu_total = sum(run.level[i] for i in cpu_pools)
+    for share in rt.allocation:
+        col = 0 if share.lever == LEVER_RMA else 1 if share.lever == LEVER_SBM else -1
+        if col < 0:
+            continue
+        for i in cpu_pools:
+            w = run.level[i] / cpu_total if cpu_total > 0 else 1.0 / len(cpu_pools)
+            out[i][col] += share.cpu * w * scale
+        if share.accelerator > 0 and share.hardware is not None:
+            for i, k in enumerate(st.pools):
+                if k.resource == "accelerator" and not k.remote and k.hardware == share.hardware:
+                    out[i][col] += share.accelerator * scale
+                    break
+    return {i: (a[0], a[1]) for i, a in out.items()}
+
+
+class PlaneRegion(StaticRegion):
+    """The control plane's targets (central-only, and the central half of headroom).
+
+    Clients spend the RMA target's extra candidates as a budget, highest value first: the top
+    ``(target − base) / (max − base)`` share of requests by value rank gets the maximum, the
+    rest the base count — the same mean work the PID and the allocator budgeted, put where the
+    value is (the client shedder's value-rank rule, applied to spending as well as shedding).
+    """
+
+    value_ranked_rma = True
+
+    def __init__(self, plane: ControlPlane) -> None:
+        self.plane = plane
+        self.margin = float(plane.config.allocator.safety_margin)
+
+    def control(self, now: float, obs: RegionObservation, run: RegionRun) -> Issued | None:
+        rt = self.plane.step(obs)
+        decision = self.plane.decision(obs.region)
+        fields = decision.event_fields() if decision is not None else {}
+        extra = tuple(decision.allocator_events()) if decision is not None else ()
+        tg = Targets(
+            epoch=rt.epoch,
+            issued_at=now,
+            ttl_s=rt.ttl_s,
+            rma_candidates=rt.rma_candidates,
+            sbm_segments=dict(rt.sbm_segments),
+            assignment=_assignment_from(rt, run, self.margin),
+            sbm_coverage=rt.sbm_coverage,
+        )
+        return Issued(tg, fields, extra)
+
+
+def _transition_event(t: ShedTransition, lever: str) -> tuple[str, dict[str, Any]]:
+    return (
+        t.event.value,
+        {
+            "side": t.side,
+            "lever": lever,
+            "dropped": t.dropped,
+            "dropped_extra_candidates": t.dropped_extra_candidates,
+            "dropped_strong": t.dropped_strong,
+            "multiplier": t.multiplier,
+        },
+    )
+
+
+class HeadroomRegion(PlaneRegion):
+    """Control plane + server-side shedding (token buckets, value order, in-flight trimming) +
+    client-side AIMD multipliers from the health of every response."""
+
+    server_sheds = True
+
+    def __init__(self, plane: ControlPlane, ctx: SimContext) -> None:
+        super().__init__(plane)
+        self.ctx = ctx
+        self.rma_server = ServerShedder()
+        self.sbm_server = ServerShedder()
+        self.rma_client = ClientShedder()
+        self.sbm_client = ClientShedder()
+        self._drops = False
+
+    def notices_reclaims(self) -> bool:
+        return True
+
+    def multipliers(self, now: float) -> tuple[float, float]:
+        return self.rma_client.multiplier_at(now), self.sbm_client.multiplier_at(now)
+
+    def on_quotas(self, now: float, quotas: Quotas, reduced: bool) -> None:
+        self.rma_server.on_capacity(OptionalCapacity(quotas.rma_cpu, quotas.rma_acc), now)
+        self.sbm_server.on_capacity(OptionalCapacity(quotas.sbm_cpu, quotas.sbm_acc), now)
+
+    def admit(
+        self, now: float, span: float, rma_req: Any, sbm_req: Any, run: RegionRun
+    ) -> tuple[Any, Any] | None:
+        """What the servers admit of the requested optional work over ``span`` seconds.
+
+        While every server has tokens for all of it (offered work within its level over the
+        span) and neither is overloaded or shedding, the core would admit everything: the
+        engine skips the call (the decision is the same; only the core's running estimates
+        miss that stretch). Otherwise each server decides with :meth:`ServerShedder.decide_batch`,
+        one batch entry per cell (SBM: ``SBM_CHUNKS`` per cell, a strong request being all or
+        nothing), lowest value per unit of compute shed first.
+        """
+        ctx = self.ctx
+        pop = ctx.pop
+        costs = ctx.costs
+        tg = run.targets
+        assert tg is not None
+        extra = (
+            ctx.nmax - ctx.n0
+            if self.value_ranked_rma
+            else max(0, min(tg.rma_candidates, ctx.nmax) - ctx.n0)
+        )
+        count = max(run.arrival_rate, 0.0) * span * ctx.treat * pop.share
+        n_rma = count * rma_req
+        n_sbm = count * sbm_req
+        q = run.quotas
+        cand = float(n_rma.sum()) * extra
+        need = (
+            cand * costs.base_cpu_ms,
+            cand * costs.base_accelerator_ms,
+            float(n_sbm.sum()) * ctx.n0 * costs.strong_cpu_ms,
+            float(n_sbm.sum()) * ctx.n0 * costs.strong_accelerator_ms,
+        )
+        have = tuple(1000.0 * span * u for u in (q.rma_cpu, q.rma_acc, q.sbm_cpu, q.sbm_acc))
+        calm = not any(s.overloaded or s.shedding for s in (self.rma_server, self.sbm_server))
+        if calm and all(n <= h * (1 + 1e-9) for n, h in zip(need, have, strict=True)):
+            self._drops = False
+            return rma_req, sbm_req
+        end = now + span
+        self._drops = False
+        rma_adm = np.zeros(pop.n_cells)
+        if extra > 0 and n_rma.sum() > 0:
+            ex = np.round(n_rma * extra).astype(np.int64)
+            verdict = self.rma_server.decide_batch(
+                end,
+                pop.v_mean * n_rma,
+                ex,
+                ex * costs.base_cpu_ms,
+                ex * costs.base_accelerator_ms,
+                np.zeros(pop.n_cells, dtype=bool),
+                np.zeros(pop.n_cells),
+                np.zeros(pop.n_cells),
+                span_s=span,
+            )
+            frac = np.where(ex > 0, verdict.extra / np.maximum(ex, 1), 0.0)
+            rma_adm = rma_req * frac
+            self._drops = bool((verdict.codes != 0).any())
+        sbm_adm = np.zeros(pop.n_cells)
+        if n_sbm.sum() > 0:
+            per = np.repeat(n_sbm / SBM_CHUNKS, SBM_CHUNKS)
+            m = per.size
+            verdict = self.sbm_server.decide_batch(
+                end,
+                np.repeat(pop.v_mean, SBM_CHUNKS) * per,
+                np.zeros(m, dtype=np.int64),
+                np.zeros(m),
+                np.zeros(m),
+                per > 0,
+                per * ctx.n0 * costs.strong_cpu_ms,
+                per * ctx.n0 * costs.strong_accelerator_ms,
+                span_s=span,
+            )
+            kept = verdict.strong.reshape(pop.n_cells, SBM_CHUNKS).mean(axis=1)
+            sbm_adm = sbm_req * kept
+            self._drops = self._drops or bool((verdict.codes != 0).any())
+        return rma_adm, sbm_adm
+
+    def feedback(self, health: Health, run: RegionRun) -> list[tuple[str, dict[str, Any]]]:
+        now = health.now
+        out: list[tuple[str, dict[str, Any]]] = []
+        for server, q_ms in (
+            (self.rma_server, health.mixed_queue_ms),
+            (self.sbm_server, health.strong_queue_ms),
+        ):
+            tr = server.observe(now, q_ms)
+            if tr is not None:
+                out.append((tr.event.value, {"queue_ms": tr.queue_ms, "reason": tr.reason}))
+        for server, lever in ((self.rma_server, LEVER_RMA), (self.sbm_server, LEVER_SBM)):
+            t = server.poll(now)
+            if t is not None:
+                out.append(_transition_event(t, lever))
+        for client, server, q_ms, lever in (
+            (self.rma_client, self.rma_server, health.mixed_queue_ms, LEVER_RMA),
+            (self.sbm_client, self.sbm_server, health.strong_queue_ms, LEVER_SBM),
+        ):
+            t = client.on_response(now, server.overloaded, q_ms)
+            if t is not None:
+                out.append(_transition_event(t, lever))
+        return out
+
+    def steady(self) -> bool:
+        return (
+            not self._drops
+            and not self.rma_server.shedding
+            and not self.sbm_server.shedding
+            and not self.rma_server.overloaded
+            and not self.sbm_server.overloaded
+            and self.rma_client.multiplier >= 1.0
+            and self.sbm_client.multiplier >= 1.0
+        )
+
+
+class PeerRegion(GreedyRegion):
+    """Greedy's targets governed by a peer concurrency limit (module docstring)."""
+
+    def __init__(self, ttl_s: float, name: str, ctx: SimContext, r: int) -> None:
+        super().__init__(ttl_s)
+        self.budget = OptionalBudget(make_limit(name, ctx.rng(r, 10)))
+        self.ctx = ctx
+        self.samples = ctx.config.peer_samples_per_step
+        self.rng = ctx.rng(r, 11)
+        self.m = 1.0
+
+    def multipliers(self, now: float) -> tuple[float, float]:
+        return self.m, self.m
+
+    def feedback(self, health: Health, run: RegionRun) -> list[tuple[str, dict[str, Any]]]:
+        ctx = self.ctx
+        tg = run.targets
+        rtts = run.sample_step_latencies(self.rng, self.samples)
+        inflight = max(0, round(health.inflight))
+        for rtt in rtts.tolist():
+            self.budget.on_sample(health.now, rtt, inflight, rtt >= ctx.timeout_ms)
+        # optional work at full targets, in request equivalents beyond the baseline, per server
+        demand = 0.0
+        if tg is not None:
+            extra = max(0, tg.rma_candidates - ctx.n0) / ctx.n0
+            cov = ctx.eligible * tg.sbm_coverage
+            strong_w = ctx.costs.strong_accelerator_ms / max(ctx.costs.base_accelerator_ms, 1e-12)
+            per_req = ctx.treat * ((1 - cov) * extra + cov * max(strong_w - 1.0, 0.0))
+            demand = health.inflight * per_req
+        b = self.budget.budget(health.baseline_inflight, demand)
+        m = round(b.multiplier, 2)
+        out: list[tuple[str, dict[str, Any]]] = []
+        fields = {"side": "client", "lever": "all", "dropped": 0, "multiplier": m,
+                  "limit": self.budget.limit}  # fmt: skip
+        if m < 1.0 <= self.m:
+            out.append(("shedding.started", fields))
+        elif m >= 1.0 > self.m:
+            out.append(("shedding.stopped", fields))
+        self.m = m
+        return out
+
+    def steady(self) -> bool:
+        return False
+
+
+class OracleRegion(StaticRegion):
+    """Perfect foresight, no lag: the LP plan of sim/oracle.py every step, packed perfectly."""
+
+    ideal = True
+    direct = True
+
+    def __init__(self, ctx: SimContext, r: int) -> None:
+        from sim.oracle import oracle_for
+
+        self.oracle = oracle_for(ctx)
+        self.r = r
+
+    def direct_plan(self, now: float, run: RegionRun) -> Plan | None:
+        return self.oracle.plan(self.r, now, run.arrival_rate)
+
+
+# --------------------------------------------------------------------------------------------
+# Factories
+# --------------------------------------------------------------------------------------------
+
+
+class PolicyFactory:
+    """Builds one policy's per-region parts for one run (one ControlPlane for all regions)."""
+
+    def __init__(self, name: str, ctx: SimContext, control: ControlConfig | None = None) -> None:
+        if name not in POLICIES:
+            raise ConfigError(f"policy: unknown policy {name!r} (known: {', '.join(POLICIES)})")
+        self.name = name
+        self.ctx = ctx
+        self.control = control or ControlConfig.from_scenario(ctx.scenario)
+        self.plane: ControlPlane | None = None
+        if name in ("central-only", "headroom"):
+            self.plane = ControlPlane(self.control, ctx.rng(0, 20))
+
+    @property
+    def interval_s(self) -> float:
+        return float(self.control.interval_s)
+
+    def region(self, ctx: SimContext, r: int) -> RegionPolicy:
+        ttl = float(self.control.ttl_s)
+        if self.name == "static":
+            return StaticRegion()
+        if self.name == "greedy":
+            return GreedyRegion(ttl)
+        if self.name in ("aimd", "gradient"):
+            return PeerRegion(ttl, self.name, ctx, r)
+        if self.name == "central-only":
+            assert self.plane is not None
+            return PlaneRegion(self.plane)
+        if self.name == "headroom":
+            assert self.plane is not None
+            return HeadroomRegion(self.plane, ctx)
+        return OracleRegion(ctx, r)
+
+
+def make_policy(name: str, ctx: SimContext) -> PolicyFactory:
+    return PolicyFactory(name, ctx)
+
+
+_: Callable[..., Any] = make_policy
