@@ -407,6 +407,9 @@ class PrecomputeWorker(Service):
 
     async def _watch_ready(self) -> None:
         consumer = self._control
+        while not consumer.assignment():
+            if not await self.sleep(_READY_POLL_S):
+                return
         partitions = sorted(consumer.assignment(), key=lambda tp: (tp.topic, tp.partition))
         ends = await consumer.end_offsets(partitions)
         while True:

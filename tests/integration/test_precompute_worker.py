@@ -166,13 +166,14 @@ async def test_results_stored_served_before_expiry_tombstoned_after_and_reclaim_
         # stored: every user gets a result, the real strong-model ranking of the world
         await until(lambda: all(cache.lookup(u, time.time()) for u in users), 30, "30 results")
         now = time.time()
+        check_world = RankingWorld.from_scenario(scenario)  # not the worker's: it ranks in a thread
         for user in users[:6]:
             result = cache.lookup(user, now)
             assert result is not None
             assert result.expires_at > now
             seg = config.segment_index(result.segment)
             t_rank = worker.scenario_time(result.ts)
-            expected = rank_batch(world, [user], seg, config.candidates, t_rank, config.keep)
+            expected = rank_batch(check_world, [user], seg, config.candidates, t_rank, config.keep)
             assert result.ranking == expected[0]
         # served before expiry
         visit = cache.visit(users[0], time.time())
