@@ -170,7 +170,9 @@ class PrecomputeConfig:
     refresh_after: float = 0.5  # recompute a live result only once this share of L_s has passed
     min_gain: float = 0.0  # expected value a job must add (value units)
     explore_share: float = 0.0  # share of picks drawn uniformly among eligible users
-    default_jobs_per_s: float = 20.0  # rate when no target carries a precompute budget
+    # Rate when no target carries a precompute budget: conservative, 20 jobs of 400 candidates
+    # draw 0.8 gpu-b devices and 0.84 cores (quickstart costs), within one spare device.
+    default_jobs_per_s: float = 20.0
     burst_s: float = 1.0  # token bucket depth, in seconds of the rate
     job_duration_s: float = 1.0  # one batch of jobs runs this long on its pools
     safety_margin: float = 0.1  # as the allocator: trust announced units only to (1 - margin)

@@ -14,7 +14,7 @@ How a client uses it (``workers/client.py``), per request, *before* ranking live
     await cache.start(); await cache.ready.wait()               # caught up with the topic
     ...
     hold_out = in_holdout(request)                     # the client's own holdout draw
-    visit = cache.visit(request.user, now=wall_ts, hold_out=hold_out)
+    visit = cache.visit(request.user, now=wall_ts, hold_out=hold_out, segment=request.segment)
     if visit.outcome is VisitOutcome.HIT:              # serve visit.result.ranking[0]; no live
         ...                                            # ranking, only the look-up's cost
     elif visit.outcome is VisitOutcome.HELD_OUT:       # a result was there but this request
@@ -172,9 +172,12 @@ class PrecomputeCache(Service):
         """The user's unexpired result, or None (a pure read: nothing counted)."""
         return self.store.lookup(self.region, user, now)
 
-    def visit(self, user: int, now: float, *, hold_out: bool = False) -> Visit:
-        """A request of ``user`` at wall time ``now``: counted, served or held out."""
-        return self.store.visit(self.region, user, now, hold_out=hold_out)
+    def visit(
+        self, user: int, now: float, *, hold_out: bool = False, segment: str | None = None
+    ) -> Visit:
+        """A request of ``user`` at wall time ``now``: counted, served or held out. Pass the
+        request's ``segment``: a result ranked for the user in another segment is a miss."""
+        return self.store.visit(self.region, user, now, hold_out=hold_out, segment=segment)
 
     def expire(self, now: float) -> Expired:
         """Drop results past their expiry; the unused ones are counted as ``expired_unused``."""

@@ -107,6 +107,7 @@ class StoreCounts:
     visits: int = 0
     hits: int = 0
     held_out: int = 0
+    segment_mismatch: int = 0  # visits whose user had a result ranked for another segment
     expired_unused: int = 0
     expired_used: int = 0
     superseded_unused: int = 0
@@ -273,9 +274,19 @@ class PrecomputeStore:
             return None
         return entry.result
 
-    def visit(self, region: str, user: int, now: float, *, hold_out: bool = False) -> Visit:
+    def visit(
+        self,
+        region: str,
+        user: int,
+        now: float,
+        *,
+        hold_out: bool = False,
+        segment: str | None = None,
+    ) -> Visit:
         """A request of ``user`` at ``now``: serve its stored result if valid (counted as a hit,
-        with its staleness), or, for a holdout request, report it without serving it."""
+        with its staleness), or, for a holdout request, report it without serving it. With
+        ``segment``, a result ranked for another segment is not this request's (a miss: the
+        ranking world's users are (segment, id) pairs)."""
         self.counts.visits += 1
         key = (region, user)
         entry = self._entries.get(key)
@@ -284,6 +295,9 @@ class PrecomputeStore:
         result = entry.result
         if result.expires_at < now:
             self._end(key, EndReason.EXPIRED)
+            return Visit(VisitOutcome.MISS, None)
+        if segment is not None and result.segment != segment:
+            self.counts.segment_mismatch += 1
             return Visit(VisitOutcome.MISS, None)
         age = max(now - result.ts, 0.0)
         if hold_out:

@@ -265,3 +265,12 @@ def test_parse_precompute_key() -> None:
     assert parse_precompute_key(b"us-east/") is None
     assert parse_precompute_key(b"\xff/1") is None
     assert parse_precompute_key(None) is None
+
+
+def test_a_result_ranked_for_another_segment_is_not_served() -> None:
+    store = PrecomputeStore()
+    store.put(result(1, ts=0.0, expires_at=100.0), now=0.0)  # ranked for "casual"
+    assert store.visit(REGION, 1, now=1.0, segment="premium").outcome is VisitOutcome.MISS
+    assert store.visit(REGION, 1, now=1.0, segment="casual").outcome is VisitOutcome.HIT
+    c = store.counts
+    assert (c.visits, c.hits, c.segment_mismatch) == (2, 1, 1)
