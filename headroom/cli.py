@@ -127,7 +127,14 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
         "--group",
         default=None,
         metavar="ID",
-        help="consumer group on the requests topic (default: <prefix>client)",
+        help="consumer group on the requests topic (default: <prefix>client-<region>)",
+    )
+    p.add_argument(
+        "--instance",
+        default=None,
+        metavar="ID",
+        help="static group membership id: a client restarted with the same id gets its "
+        "partitions back at once (default: dynamic membership)",
     )
     p.add_argument(
         "--seed",

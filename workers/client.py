@@ -27,7 +27,8 @@ region, so a region's partitions are shared by that region's clients), and for e
 Windows, value signals and offsets
 ----------------------------------
 Requests are aggregated per SLO window of scenario time, by the time they *ended*
-(:class:`WindowBook`). When a window has ended, the client publishes, for that window, one
+(:class:`WindowBook`). When a window has ended — and every ``flush_s`` (1 s) for the window still
+open, as a partial line — the client publishes, for that window, one
 ``window`` event (docs/events.md: counts, merged latency sketches, value, per-segment arms and
 exposure, targets in force) and the value signals (``headroom.value``: sums per (segment, lever,
 arm); a treated request counts under the lever it received; the control arm's sums are published
@@ -35,8 +36,10 @@ under each lever, since each lever's estimate needs its control). It waits until
 acknowledged all of them, and only then commits the consumer offsets of the requests in that window
 (:class:`OffsetTracker`: per partition, the commit is the lowest offset not yet published). So:
 
-* a client that is killed loses only unpublished windows, whose requests are uncommitted and are
-  consumed again by the member that takes the partitions over: none lost;
+* a client that is killed loses only what it has not published (at most ``flush_s`` of
+  requests), whose offsets are uncommitted: the member that takes the partitions over (the same
+  client restarted, with static group membership ``instance``, gets them back at once) consumes
+  them again: none lost;
 * a published window's requests are committed right after the acknowledgement: none counted twice.
   The one gap is a crash between the acknowledgement and the commit (milliseconds), which would
   re-deliver those requests; every window line carries the offset ranges it covers
@@ -133,12 +136,18 @@ class ClientConfig:
     speed: float = 1.0
     seed: int = 0
     policy: str = "headroom"
-    max_in_flight: int = 256  # requests being served at once (back-pressure on the consumer)
+    instance: str | None = None  # static group membership: a restart keeps the partitions
+    # Requests being served at once: back-pressure on the consumer, and a bound on the burst a
+    # restarted client sends its servers while it catches up with the requests that queued up.
+    max_in_flight: int = 32
     sbm_budget_share: float = 0.5  # share of the SLO an SBM attempt may take before falling back
     base_timeout_share: float = 1.0  # share of the SLO one baseline attempt may take
     timeout_share: float = 2.0  # a request slower than this × SLO counts as a timeout
     optional_budget_share: float = 0.5  # extras that cannot start within this × SLO are dropped
     publish_tick_s: float = 0.1  # how often ended windows are looked for (wall seconds)
+    # Every flush_s the open windows are published as partial lines and their offsets committed:
+    # a killed client re-reads at most this much (several lines of one window add up).
+    flush_s: float = 1.0
     reconnect_s: float = 0.5  # wait between connection attempts to a lost server
     shed: ClientShedConfig = field(default_factory=ClientShedConfig)
 
@@ -712,7 +721,10 @@ class RankingClient(Service):
 
     async def _consume_requests(self) -> None:
         consumer = make_consumer(
-            self.kafka.bootstrap, group_id=self.config.group, from_beginning=False
+            self.kafka.bootstrap,
+            group_id=self.config.group,
+            from_beginning=False,
+            group_instance_id=self.config.instance,
         )
         consumer.subscribe([self.kafka.topic("requests")], listener=_Rebalance(self))
         self._consumer = consumer
@@ -981,6 +993,7 @@ class RankingClient(Service):
     # -- periodic work -----------------------------------------------------------------------------
 
     async def _tick(self) -> None:
+        next_flush = time.monotonic() + self.config.flush_s
         while await self.sleep(self.config.publish_tick_s):
             now = self._wall()
             self._target_transitions()
@@ -991,7 +1004,10 @@ class RankingClient(Service):
                 if t is not None:
                     lever = "rma" if server.address.pool == "dedicated" else "sbm"
                     self._shedding_event(t, lever, server)
-            if self.windows.due(self.scenario_time(now)):
+            if time.monotonic() >= next_flush:
+                next_flush = time.monotonic() + self.config.flush_s
+                await self.flush(partial=True)
+            elif self.windows.due(self.scenario_time(now)):
                 await self.flush(partial=False)
 
     async def flush(self, *, partial: bool) -> None:

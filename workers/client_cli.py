@@ -33,6 +33,7 @@ def client(args: argparse.Namespace) -> int:
         region=args.region,
         servers=servers,
         group=args.group or f"{kafka.prefix}client-{args.region}",
+        instance=getattr(args, "instance", None),
         name=f"client-{socket.gethostname()}-{os.getpid()}",
         t0=resolve_t0(args.t0),
         speed=float(args.speed or 1.0),

@@ -316,7 +316,11 @@ class TrafficFeed(Service):
         if next_window - window_s < self.end_t:
             await self._windows(next_window - window_s, min(next_window, self.end_t))
         wall_s = self._wall() - started_wall
-        await self._event(None, "run.finished", {"wall_s": wall_s, "sim_s": self.end_t})
+        await self._event(
+            None,
+            "run.finished",
+            {"wall_s": wall_s, "sim_s": self.end_t, "published": dict(self.sent)},
+        )
         await self._producer.flush()
         self.log.info("feed.finished", wall_s=wall_s, **self.sent)
         self.finished.set()

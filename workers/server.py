@@ -32,7 +32,10 @@ request holds a CPU slot for its CPU work, then an accelerator slot for its acce
 ranking runs inside the CPU slot and counts toward its time). Waiting for a slot is the queueing
 delay (``queue_ms``) that CoDel watches and every response reports. The optional part of a stage
 (RMA's extra candidates, or the whole strong-model request) is a separate *phase* that can be cut
-at any instant: cutting it releases the slot at once.
+at any instant: cutting it releases the slot at once. An optional phase gets
+``min(slot speed, opportunistic level − optional units in use)`` units and lasts accordingly (it
+time-shares what is left of the level), so optional work never occupies more than the
+opportunistic level, even when the level is a fraction of a slot.
 
 Release after a reclaim
 -----------------------
@@ -683,25 +686,37 @@ class RankingServer(Service):
                     future.set_result(None)
 
     async def _optional_phase(
-        self, work_id: int, value: float, ms: float, resource: str, extra: int, strong: bool
+        self,
+        work_id: int,
+        value: float,
+        work_ms: float,
+        resource: str,
+        extra: int,
+        strong: bool,
+        done_ms: float = 0.0,
     ) -> bool:
-        """Run an optional phase of ``ms`` on the slot just acquired; False when it was cut (or
-        could not start because the opportunistic level is gone)."""
+        """Run ``work_ms`` of optional work (at unit speed) on the slot just acquired; False when
+        it was cut, or could not start because no opportunistic capacity is left.
+
+        The phase gets ``u = min(slot speed, level − optional units already in use)`` units, and
+        lasts ``work_ms / u`` (less ``done_ms`` already spent on it): optional work time-shares
+        what is left of the opportunistic level, so it never occupies more than the level.
+        """
         pool = self.cpu if resource == "cpu" else self.accelerator
         cap = self.shedder.capacity
-        units = pool.speed
         if resource == "cpu":
-            if cap.cpu <= _EPS or self._occ_cpu + units > cap.cpu + _EPS:
-                return False
+            units = min(pool.speed, cap.cpu - self._occ_cpu)
             work = _Optional(work_id, value, units, 0.0, extra, strong)
         else:
-            if cap.accelerator <= _EPS or self._occ_acc + units > cap.accelerator + _EPS:
-                return False
+            units = min(pool.speed, cap.accelerator - self._occ_acc)
             work = _Optional(work_id, value, 0.0, units, extra, strong)
+        if units <= _EPS:
+            return False
         self._occupy(work)
         try:
+            duration_s = max(0.0, work_ms / units - done_ms) / 1000.0
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(work.cut.wait(), ms / 1000.0)
+                await asyncio.wait_for(work.cut.wait(), duration_s)
             return not work.cut.is_set()
         finally:
             self._vacate(work)
@@ -803,7 +818,7 @@ class RankingServer(Service):
                 await asyncio.sleep((base_ms - real_ms) / 1000.0)
             if n > 0:
                 ok = time.monotonic() < optional_deadline and await self._optional_phase(
-                    work_id, req.value, n * costs.base_cpu_ms / self.cpu.speed, "cpu", n, False
+                    work_id, req.value, n * costs.base_cpu_ms, "cpu", n, False
                 )
                 if not ok:
                     self._count_shed(n, False)
@@ -819,7 +834,7 @@ class RankingServer(Service):
                 ok = await self._optional_phase(
                     work_id,
                     req.value,
-                    n * costs.base_accelerator_ms / self.accelerator.speed,
+                    n * costs.base_accelerator_ms,
                     "accelerator",
                     n,
                     False,
@@ -869,9 +884,8 @@ class RankingServer(Service):
             cands, scores = self._rank(req, n, Model.STRONG)
             real_ms = (time.monotonic() - t) * 1000.0
             ok = await self._optional_phase(
-                work_id, req.value, max(0.0, cost.cpu_s * 1000.0 / self.cpu.speed - real_ms),
-                "cpu", 0, True,
-            )  # fmt: skip
+                work_id, req.value, cost.cpu_s * 1000.0, "cpu", 0, True, done_ms=real_ms
+            )
         finally:
             self.cpu.release()
         if not ok:
@@ -884,9 +898,8 @@ class RankingServer(Service):
         queue_ms += waited
         try:
             ok = await self._optional_phase(
-                work_id, req.value, cost.accelerator_s * 1000.0 / self.accelerator.speed,
-                "accelerator", 0, True,
-            )  # fmt: skip
+                work_id, req.value, cost.accelerator_s * 1000.0, "accelerator", 0, True
+            )
         finally:
             self.accelerator.release()
         if not ok:

@@ -47,7 +47,7 @@ from headroom.errors import ConfigError, HeadroomError
 from headroom.logs import get_logger
 from headroom.scenario import Scenario
 from streams import messages
-from streams.broker import probe_async
+from streams.broker import free_port, probe_async
 from streams.kafka import KafkaTarget, create_topics, make_consumer, started, wait_for_topics
 from streams.topics import topics
 
@@ -308,6 +308,9 @@ class Stack:
                             name,
                             "--share",
                             repr(1.0 / n),
+                            # a fixed port: a replica restarted after a crash is found again
+                            "--port",
+                            str(free_port()),
                             *clock,
                             *scenario_flag,
                         ),
@@ -326,6 +329,8 @@ class Stack:
                         "opportunistic",
                         "--replica",
                         name,
+                        "--port",
+                        str(free_port()),
                         *clock,
                         *scenario_flag,
                     ),
@@ -368,6 +373,7 @@ class Stack:
         return self._cmd(
             "client", "--region", region, *servers,
             "--group", f"{self.kafka.prefix}client-{region}-{self.config.run_id}",
+            "--instance", f"client-{region}",
             "--t0", f"{self.t0:.6f}", "--speed", repr(self.config.speed),
             "--scenario", str(self.config.scenario_path),
         )  # fmt: skip
@@ -380,6 +386,26 @@ class Stack:
 
     async def wait_client(self, region: str) -> None:
         await self.procs[f"client-{region}"].wait_line(lambda s: s == "ready", READY_TIMEOUT_S)
+
+    async def kill(self, name: str, sig: signal.Signals = signal.SIGKILL) -> None:
+        """Send ``sig`` to one process of the stack (tests: ``kill -9``) and wait for it."""
+        proc = self.procs[name]
+        log.info("up.process.signalled", name=name, pid=proc.pid, signal=sig.name)
+        proc.signal(sig)
+        await proc.wait(30.0)
+
+    async def restart(self, name: str) -> Proc:
+        """Start a stopped process again with the same command line (same port, same id)."""
+        proc = self.procs[name]
+        if proc.running:
+            raise HeadroomError(f"{name} is still running (pid {proc.pid})")
+        await proc.stop(0.0)
+        await proc.start()
+        if name.startswith("server-"):
+            await proc.wait_line(lambda s: s.startswith("listening on "), READY_TIMEOUT_S)
+        elif name.startswith("client-"):
+            await proc.wait_line(lambda s: s == "ready", READY_TIMEOUT_S)
+        return proc
 
     async def _outage(self, at_s: float, duration_s: float) -> None:
         controller = self.procs["controller"]
