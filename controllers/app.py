@@ -110,6 +110,7 @@ def targets_message(t: RegionTargets) -> messages.Target:
         sbm=messages.SbmTarget(coverage=t.sbm_coverage, segments=dict(t.sbm_segments)),
         budget=messages.Budget(cpu=t.budget_cpu, accelerator=t.budget_accelerator),
         reason=t.reason,
+        precompute_jobs_per_s=t.precompute_jobs_per_s if t.precompute_jobs_per_s > 0 else None,
     )
 
 
@@ -248,7 +249,7 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
         async for event, msg in decoded(stream, "capacity"):
             level = capacity_level(msg)
             if ctl.aggregator.add_capacity(msg.region, level):
-                key = f"{msg.region}|{msg.resource}|{msg.hardware}|{msg.pool}"
+                key = f"{msg.region}|{msg.resource}|{msg.hardware}|{msg.pool}|{int(msg.remote)}"
                 capacity_table[key] = event.value
 
     @app.agent(value_topic)

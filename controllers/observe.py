@@ -19,8 +19,8 @@ Rules:
   requests = request count × the eligible share (from value signals that carry it, else the
   configured default).
 * **Capacity**: levels, not deltas (CONTRACT §2): the newest ``ts`` per (resource, hardware,
-  pool) wins, so a repeated or reordered message cannot corrupt state. An opportunistic level
-  whose announced expiry has passed counts as zero.
+  pool, remote) wins, so a repeated or reordered message cannot corrupt state. An opportunistic
+  level whose announced expiry has passed counts as zero.
 * **Value**: sums per (segment, lever, arm) since the previous tick; they add exactly.
   Segment request rates come from the value signals' counts (their *shares*, scaled to the
   latency-derived total rate, so the way clients split arms cannot skew the rate).
@@ -34,7 +34,7 @@ from controllers.types import ArmStats, CapacityLevel, RegionObservation, ValueK
 from streams.sketch import LatencySketch
 
 PATHS = ("base", "rma", "sbm")
-_CapKey = tuple[str, str, str]  # resource, hardware, pool
+_CapKey = tuple[str, str, str, bool]  # resource, hardware, pool, remote
 
 
 @dataclass
@@ -110,7 +110,7 @@ class RegionAggregator:
     def add_capacity(self, region: str, level: CapacityLevel) -> bool:
         """Record a level; returns False when an older message lost to a newer one."""
         table = self._capacity.setdefault(region, {})
-        key = (level.resource, level.hardware, level.pool)
+        key = (level.resource, level.hardware, level.pool, level.remote)
         current = table.get(key)
         if current is not None and current.level.ts > level.ts:
             return False
@@ -141,7 +141,7 @@ class RegionAggregator:
                     lvl.resource, lvl.hardware, lvl.pool, lvl.units, remaining, lvl.remote, lvl.ts
                 )
             )
-        return tuple(sorted(out, key=lambda c: (c.resource, c.hardware, c.pool)))
+        return tuple(sorted(out, key=lambda c: (c.resource, c.hardware, c.pool, c.remote)))
 
     def observe(self, region: str, now: float, min_window_s: float = 1e-3) -> RegionObservation:
         """The observation for the window ending at ``now``; starts the next window."""

@@ -787,6 +787,9 @@ class Target:
     sbm: SbmTarget
     budget: Budget
     reason: str
+    # Extension (written only when set): the precompute workers' job rate, as
+    # ``"precompute": {"jobs_per_s": X}`` on the wire.
+    precompute_jobs_per_s: float | None = None
     v: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -794,6 +797,9 @@ class Target:
         _set(self, "ts", _ts(self.ts))
         _name(self.region, "region")
         _set(self, "epoch", _int(self.epoch, "epoch"))
+        if self.precompute_jobs_per_s is not None:
+            rate = _nonneg(self.precompute_jobs_per_s, "precompute.jobs_per_s")
+            _set(self, "precompute_jobs_per_s", rate)
         _set(self, "ttl_s", _positive(self.ttl_s, "ttl_s"))
         for key, cls in (("rma", RmaTarget), ("sbm", SbmTarget), ("budget", Budget)):
             value = getattr(self, key)
@@ -819,12 +825,22 @@ class Target:
             "sbm": self.sbm.to_dict(),
             "budget": self.budget.to_dict(),
             "reason": self.reason,
+            **(
+                {}
+                if self.precompute_jobs_per_s is None
+                else {"precompute": {"jobs_per_s": self.precompute_jobs_per_s}}
+            ),
         }
 
     @classmethod
     def from_dict(cls, d: object) -> Target:
         d = _envelope(d)
+        pre = d.get("precompute")
+        rate = None
+        if pre is not None:
+            rate = _req(_object(pre, "precompute"), "jobs_per_s")
         return cls(
+            precompute_jobs_per_s=rate,
             v=_req(d, "v"),
             ts=_req(d, "ts"),
             region=_req(d, "region"),

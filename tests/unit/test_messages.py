@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streams import codec
+from streams import messages as msgmod
 from streams.messages import (
     MAX_DEADLETTER_PAYLOAD_BYTES,
     MAX_LIST_ITEMS,
@@ -789,3 +790,28 @@ def test_codec_limits_and_errors() -> None:
     assert codec.loads(b"[" + b"1," * 600_000 + b"1]", max_bytes=None)[-1] == 1
     with pytest.raises(ValidationError):
         codec.loads(b"[" * 5000)  # nesting beyond orjson's limit
+
+
+def test_target_precompute_rate_extension_round_trips_and_is_optional() -> None:
+    base = {
+        "v": 1,
+        "ts": 10.0,
+        "region": "us-east",
+        "epoch": 3,
+        "ttl_s": 180.0,
+        "rma": {"candidates": 500, "base": 400, "max": 1200},
+        "sbm": {"coverage": 0.1, "segments": {"casual": 0.2}},
+        "budget": {"cpu": 1.0, "accelerator": 0.5},
+        "reason": "pid",
+    }
+    plain = msgmod.decode("targets", orjson.dumps(base))
+    assert isinstance(plain, msgmod.Target)
+    assert plain.precompute_jobs_per_s is None
+    assert "precompute" not in plain.to_dict()
+    extended = msgmod.decode("targets", orjson.dumps({**base, "precompute": {"jobs_per_s": 12.5}}))
+    assert isinstance(extended, msgmod.Target)
+    assert extended.precompute_jobs_per_s == 12.5
+    assert msgmod.decode("targets", msgmod.encode(extended)) == extended
+    with pytest.raises(msgmod.ValidationError) as err:
+        msgmod.decode("targets", orjson.dumps({**base, "precompute": {"jobs_per_s": -1}}))
+    assert "jobs_per_s" in str(err.value)

@@ -82,3 +82,13 @@ def test_value_sums_add_exactly(parts: list[tuple[int, float, float]]) -> None:
     assert got.n == sum(p[0] for p in parts)
     total = sum(p[1] for p in parts)
     assert abs(got.value_sum - total) <= 1e-9 * (1 + total)
+
+
+def test_a_remote_pool_does_not_overwrite_a_local_one_of_the_same_hardware() -> None:
+    agg = RegionAggregator()
+    agg.add_capacity("r", CapacityLevel("accelerator", "gpu-b", "opportunistic", 2.0, ts=1.0))
+    agg.add_capacity(
+        "r", CapacityLevel("accelerator", "gpu-b", "opportunistic", 6.0, remote=True, ts=2.0)
+    )
+    levels = agg.capacity("r", now=3.0)
+    assert sorted((c.remote, c.units) for c in levels) == [(False, 2.0), (True, 6.0)]
