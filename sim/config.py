@@ -69,7 +69,9 @@ class SimConfig:
 
         positive("step_s", self.step_s)
         if not isinstance(self.value_bins, int) or not 1 <= self.value_bins <= 64:
-            out.append(f"{_PREFIX}.value_bins: must be an integer in [1, 64], got {self.value_bins!r}")
+            out.append(
+                f"{_PREFIX}.value_bins: must be an integer in [1, 64], got {self.value_bins!r}"
+            )
         if not isinstance(self.latency, LatencyConfig):
             out.append(f"{_PREFIX}.latency: must be a LatencyConfig, got {self.latency!r}")
         else:
@@ -104,6 +106,9 @@ class SimConfig:
         unknown = sorted(set(overrides) - known)
         if unknown:
             raise ConfigError(
-                [f"{_PREFIX}.{u}: unknown setting (known: {', '.join(sorted(known))})" for u in unknown]
+                [
+                    f"{_PREFIX}.{u}: unknown setting (known: {', '.join(sorted(known))})"
+                    for u in unknown
+                ]
             )
         return replace(self, **overrides)

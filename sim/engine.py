@@ -64,7 +64,6 @@ from controllers.types import ArmStats, CapacityLevel, RegionObservation
 from headroom.scenario import Scenario
 from sim.config import SimConfig
 from sim.latency import (
-    NO_WAIT,
     RHO_FLUID_CAP,
     StageState,
     Strata,
@@ -72,9 +71,10 @@ from sim.latency import (
     in_time_probability,
     keys_of,
     sample_window,
-    sketch_from_keys,
+    sketch_from_mass,
     speed,
     wait_params,
+    wait_params_array,
 )
 from sim.population import Population, arm_sums
 from sim.traces import CapacityChange, PoolKey, ScenarioTraces
@@ -288,6 +288,7 @@ class Mix:
     frac: FloatArray  # (K,) share of all arrivals
     service_ms: FloatArray  # (K,)
     penalty_ms: FloatArray  # (K,)
+    work_units: FloatArray  # (K,) work of one request, in 100s of base-model candidates
     path: IntArray  # (K,)
     strong_stage: npt.NDArray[np.bool_]  # (K,) accelerator stage is the strong replicas
     # stage service statistics
@@ -335,6 +336,10 @@ def build_mix(ctx: SimContext, plan: Plan) -> Mix:
     acc_work = ncls * costs.base_accelerator_ms
     acc_work[1 + n_levels] = n0 * costs.strong_accelerator_ms
     service = cpu_work / par + acc_work
+    # a strong request weighs its accelerator work in base-model candidates
+    units = ncls / 100.0
+    if costs.base_accelerator_ms > 0:
+        units[1 + n_levels] = n0 * costs.strong_accelerator_ms / costs.base_accelerator_ms / 100.0
     penalty = np.zeros(k)
     penalty[2 + n_levels] = cfg.downgrade_ms
     penalty[3 + n_levels] = cfg.failover_ms
@@ -425,6 +430,7 @@ def build_mix(ctx: SimContext, plan: Plan) -> Mix:
         frac=frac,
         service_ms=service,
         penalty_ms=penalty,
+        work_units=units,
         path=path,
         strong_stage=strong_stage,
         cpu_mean=cpu_mean,
@@ -462,8 +468,10 @@ class Health:
     now: float
     mixed_queue_ms: float  # standing queue of the mixed replicas (what CoDel judges)
     strong_queue_ms: float  # standing queue of the strong replicas
-    inflight: float  # requests in flight per server (Little's law)
-    baseline_inflight: float  # the part of it without optional work
+    # work in flight per server (Little's law), in units of 100 base-model candidates
+    inflight_units: float
+    baseline_units: float  # the baseline part of it (base candidates of every request)
+    latency_ms: float  # mean response time of the step
 
 
 class RegionPolicy(Protocol):
@@ -502,10 +510,17 @@ EmitFn = Callable[[str, float, dict[str, Any]], None]
 # kinds of the region's event heap (ties at one instant in this order)
 _EV_CAPACITY, _EV_CONTROL, _EV_APPLY, _EV_EXPIRE, _EV_LOADED, _EV_NOTICE = range(6)
 
-# one (sub-)step of the fluid model, kept until its window closes (struct of arrays at closing)
+# treatment groups of a window's holdout sums: the log's arms (what requests received, and
+# "none"), and the intent-to-treat groups the control plane learns from
+_ARM_GROUPS = ("rma", "sbm", "none", "itt_rma", "itt_sbm")
+
+# one (sub-)step of the fluid model, kept until its window closes: arrivals, the request rate,
+# the step's length, utilisation and fluid backlog (start, end) of each stage, the same for the
+# static shadow, in-flight strong requests lost to a reclaim, the strong replicas' speed, and
+# the server counts of each stage (wait parameters are computed from these at closing)
 _ROW = (
-    "a", "c0", "c1", "a0", "a1", "s0", "s1", "wc_p", "wc_r", "wa_p", "wa_r", "ws_p", "ws_r",
-    "sc0", "sc1", "sa0", "sa1", "swc_p", "swc_r", "swa_p", "swa_r", "fail", "speed",
+    "a", "lam", "dt", "rc", "ra", "rs", "c0", "c1", "a0", "a1", "s0", "s1",
+    "src", "sra", "sc0", "sc1", "sa0", "sa1", "fail", "speed", "nc", "na", "ns",
 )  # fmt: skip
 _R = {name: i for i, name in enumerate(_ROW)}
 
@@ -571,8 +586,7 @@ class RegionRun:
         self.mix = self.base_mix
         self._mix_key: Any = ("base",)
         self._direct_mixes: dict[int, Mix] = {}
-        self._rows: list[tuple[float, ...]] = []
-        self._row_mix: list[Mix] = []
+        self._blocks: list[tuple[Mix, FloatArray]] = []
         self.noticed_at: float | None = None  # a server has yet to react to a reclaim
         self.arrival_rate = 0.0  # rps of the current step
         self._lost_strong = 0.0  # in-flight strong requests lost to a reclaim, not yet counted
@@ -874,7 +888,11 @@ class RegionRun:
         self.pending.clear()
 
     def _advance(self, t: float, end: float, mix: Mix) -> float:
-        """The fluid model from ``t`` to ``end``, one step (or part of one) at a time."""
+        """The fluid model from ``t`` to ``end`` under one mix, as one block of steps.
+
+        Stops early, after the first step at which a queue starts to build, so that policies
+        that react to queues see it at step resolution. Returns the time reached.
+        """
         tr = self.ctx.traces
         rt = self.traces
         st = self.static
@@ -882,99 +900,102 @@ class RegionRun:
         q = self.quotas
         ideal = self.policy.ideal
         bm = self.base_mix
-        win = self._win
-        servers_cpu = (st.ded_cpu + q.rma_cpu + q.sbm_cpu) / par
-        servers_acc = st.ded_acc + q.rma_acc
-        sp = 1.0 if ideal else speed(q.sbm_acc)
-        while t < end - _EPS:
-            i = tr.step_of(t)
-            s_end = min(float(tr.step_edges[i + 1]), end)
-            dt = s_end - t
-            length = float(tr.step_len[i])
-            a = float(rt.arrivals[i]) * (dt / length) if length > 0 else 0.0
-            # queues see the request *rate*: the Poisson noise of the counts is already in the
-            # M/G/c wait; counting it again as fluid backlog would double it
-            lam = float(rt.rate[i])
-            self.arrival_rate = lam
-            rho_cpu = _rho(lam * mix.base_cpu, st.ded_cpu)
-            rho_acc = _rho(lam * mix.base_acc, st.ded_acc)
-            rho_str = _rho(lam * mix.strong_acc, q.sbm_acc)
-            if ideal:
-                rho_str = min(rho_str, 1.0)
-                phi_c = phi_a = phi_s = 1.0
-            else:
-                rho_oc = _rho(lam * mix.opt_cpu, q.rma_cpu + q.sbm_cpu)
-                rho_oa = _rho(lam * mix.opt_acc, q.rma_acc)
-                rho_cpu = max(rho_cpu, rho_oc)
-                rho_acc = max(rho_acc, rho_oa)
-                phi_c = 1.0 if rho_oc <= 1.0 else 1.0 / rho_oc
-                phi_a = 1.0 if rho_oa <= 1.0 else 1.0 / rho_oa
-                phi_s = 1.0 if rho_str <= 1.0 else 1.0 / rho_str
-            c0, c1 = self.cpu.advance(rho_cpu, dt)
-            a0, a1 = self.acc.advance(rho_acc, dt)
-            s0, s1 = self.strong.advance(rho_str, dt)
-            wc = wait_params(rho_cpu, servers_cpu, mix.cpu_mean, mix.cpu_cs2)
-            wa = wait_params(rho_acc, servers_acc, mix.acc_mean, mix.acc_cs2)
-            ws = (
-                NO_WAIT
-                if ideal
-                else wait_params(rho_str, q.sbm_acc, mix.strong_mean, mix.strong_cs2)
+        i0 = tr.step_of(t)
+        i1 = tr.step_of(max(end - _EPS, t))
+        idx = np.arange(i0, i1 + 1)
+        starts = np.maximum(tr.step_edges[idx], t)
+        ends = np.minimum(tr.step_edges[idx + 1], end)
+        dt = ends - starts
+        length = tr.step_len[idx]
+        a = rt.arrivals[idx] * np.where(length > 0, dt / np.where(length > 0, length, 1.0), 0.0)
+        # queues see the request *rate*: the Poisson noise of the counts is already in the
+        # M/G/c wait; counting it again as fluid backlog would double it
+        lam = rt.rate[idx]
+        rc = _rho_arr(lam * mix.base_cpu, st.ded_cpu)
+        ra = _rho_arr(lam * mix.base_acc, st.ded_acc)
+        rs = _rho_arr(lam * mix.strong_acc, q.sbm_acc)
+        one = np.ones_like(lam)
+        if ideal:
+            rs = np.minimum(rs, 1.0)
+            phi_c = phi_a = phi_s = one
+        else:
+            roc = _rho_arr(lam * mix.opt_cpu, q.rma_cpu + q.sbm_cpu)
+            roa = _rho_arr(lam * mix.opt_acc, q.rma_acc)
+            rc = np.maximum(rc, roc)
+            ra = np.maximum(ra, roa)
+            phi_c = np.where(roc > 1.0, 1.0 / np.maximum(roc, 1.0), 1.0)
+            phi_a = np.where(roa > 1.0, 1.0 / np.maximum(roa, 1.0), 1.0)
+            phi_s = np.where(rs > 1.0, 1.0 / np.maximum(rs, 1.0), 1.0)
+        src = _rho_arr(lam * bm.base_cpu, st.ded_cpu)
+        sra = _rho_arr(lam * bm.base_acc, st.ded_acc)
+        # a block that is about to build a queue stops after that step (policies react to it)
+        hot = (rc > 1.0) | (ra > 1.0) | (rs > 1.0)
+        if idx.size > 1 and hot.any():
+            k = int(np.argmax(hot)) + 1
+            idx, dt, a, lam, rc, ra, rs, src, sra = (
+                x[:k] for x in (idx, dt, a, lam, rc, ra, rs, src, sra)
             )
-            # the static shadow: the same arrivals, baseline work only, dedicated capacity only
-            srho_cpu = _rho(lam * bm.base_cpu, st.ded_cpu)
-            srho_acc = _rho(lam * bm.base_acc, st.ded_acc)
-            sc0, sc1 = self.shadow_cpu.advance(srho_cpu, dt)
-            sa0, sa1 = self.shadow_acc.advance(srho_acc, dt)
-            swc = wait_params(srho_cpu, st.ded_cpu / par, bm.cpu_mean, bm.cpu_cs2)
-            swa = wait_params(srho_acc, st.ded_acc, bm.acc_mean, bm.acc_cs2)
-            lost = self._lost_strong
+            phi_c, phi_a, phi_s, one, ends = (x[:k] for x in (phi_c, phi_a, phi_s, one, ends))
+        c0, c1 = _fluid(self.cpu, rc, dt)
+        a0, a1 = _fluid(self.acc, ra, dt)
+        s0, s1 = _fluid(self.strong, rs, dt)
+        sc0, sc1 = _fluid(self.shadow_cpu, src, dt)
+        sa0, sa1 = _fluid(self.shadow_acc, sra, dt)
+        n = idx.size
+        fail = np.zeros(n)
+        if self._lost_strong:
+            fail[0] = self._lost_strong
             self._lost_strong = 0.0
-            self._rows.append(
-                (
-                    a, c0, c1, a0, a1, s0, s1, wc.p, wc.rate, wa.p, wa.rate, ws.p, ws.rate,
-                    sc0, sc1, sa0, sa1, swc.p, swc.rate, swa.p, swa.rate, lost, sp,
-                )
-            )  # fmt: skip
-            self._row_mix.append(mix)
-            # capacity used by optional work (throughput, never above the quota) and offered
-            win[0] += lam * mix.opt_cpu / 1000.0 * phi_c * dt
-            win[1] += (lam * mix.opt_acc * phi_a + lam * mix.strong_acc * phi_s) / 1000.0 * dt
-            win[2] += lam * mix.opt_cpu / 1000.0 * dt
-            win[3] += lam * (mix.opt_acc + mix.strong_acc) / 1000.0 * dt
-            health = self._health(s_end, mix, lam, c1, a1, s1, wc, wa, ws)
+        sp = 1.0 if ideal else speed(q.sbm_acc)
+        block = np.column_stack(
+            (
+                a, lam, dt, rc, ra, rs, c0, c1, a0, a1, s0, s1, src, sra, sc0, sc1, sa0, sa1,
+                fail, sp * one, ((st.ded_cpu + q.rma_cpu + q.sbm_cpu) / par) * one,
+                (st.ded_acc + q.rma_acc) * one, (0.0 if ideal else q.sbm_acc) * one,
+            )
+        )  # fmt: skip
+        self._blocks.append((mix, block))
+        # capacity used by optional work (throughput, never above the quota) and offered
+        win = self._win
+        win[0] += float((lam * dt * phi_c).sum()) * mix.opt_cpu / 1000.0
+        win[1] += float((lam * dt * (mix.opt_acc * phi_a + mix.strong_acc * phi_s)).sum()) / 1000.0
+        win[2] += float((lam * dt).sum()) * mix.opt_cpu / 1000.0
+        win[3] += float((lam * dt).sum()) * (mix.opt_acc + mix.strong_acc) / 1000.0
+        t_end = float(ends[-1])
+        self.arrival_rate = float(lam[-1])
+        if getattr(self.policy, "wants_health", False):
+            health = self._health(t_end, mix, block[-1])
             for kind, fields in self.policy.feedback(health, self):
-                self.emit(kind, s_end, fields)
-            t = s_end
-            if not self.policy.steady() or not self._quiet():
-                break
-        return t
+                self.emit(kind, t_end, fields)
+        return t_end
 
-    def _health(
-        self,
-        now: float,
-        mix: Mix,
-        lam: float,
-        c1: float,
-        a1: float,
-        s1: float,
-        wc: WaitParams,
-        wa: WaitParams,
-        ws: WaitParams,
-    ) -> Health:
-        # CoDel judges the *standing* queue: the fluid backlog plus the part of the stochastic
-        # wait that nearly every request sees (its 5th percentile: non-zero only near saturation)
-        m_q = 1000.0 * max(c1, a1) + max(_standing(wc), _standing(wa))
-        s_q = 1000.0 * s1 + _standing(ws)
-        lat = self.cfg.latency.overhead_ms + float(mix.frac @ mix.service_ms)
-        lat += 1000.0 * (c1 + a1) + wc.mean_ms + wa.mean_ms
-        inflight = lam * lat / 1000.0 / self.static.servers
-        return Health(now, m_q, s_q, inflight, inflight * float(mix.frac[0]))
+    def _health(self, now: float, mix: Mix, row: FloatArray) -> Health:
+        """Health after the step ``row``: standing queues (what CoDel judges: the fluid backlog
+        plus the part of the stochastic wait nearly every request sees, its 5th percentile,
+        non-zero only near saturation) and work in flight per server (Little's law)."""
+        c = _R
+        wc = wait_params(row[c["rc"]], row[c["nc"]], mix.cpu_mean, mix.cpu_cs2)
+        wa = wait_params(row[c["ra"]], row[c["na"]], mix.acc_mean, mix.acc_cs2)
+        ws = wait_params(row[c["rs"]], row[c["ns"]], mix.strong_mean, mix.strong_cs2)
+        m_q = 1000.0 * max(row[c["c1"]], row[c["a1"]]) + max(_standing(wc), _standing(wa))
+        s_q = 1000.0 * row[c["s1"]] + _standing(ws)
+        common = self.cfg.latency.overhead_ms + 1000.0 * row[c["c1"]] + wc.mean_ms
+        mixed_wait = 1000.0 * row[c["a1"]] + wa.mean_ms
+        strong_wait = 1000.0 * row[c["s1"]] + ws.mean_ms
+        lat = common + mix.service_ms + mix.penalty_ms
+        lat = lat + np.where(mix.strong_stage, strong_wait, mixed_wait)
+        lam = float(row[c["lam"]])
+        servers = self.static.servers
+        units = float((mix.frac * lat * mix.work_units).sum()) * lam / 1000.0 / servers
+        base_units = float(mix.frac @ lat) * lam / 1000.0 / servers * (self.ctx.n0 / 100.0)
+        return Health(now, m_q, s_q, units, min(base_units, units), float(mix.frac @ lat))
 
     def sample_step_latencies(self, rng: np.random.Generator, k: int) -> FloatArray:
         """``k`` response times of the newest step (peer limits' samples), capped at the timeout."""
-        if not self._rows:
+        if not self._blocks:
             return np.zeros(0)
-        strata = _strata(self, np.array([self._rows[-1]]), self._row_mix[-1])[0]
+        mix, block = self._blocks[-1]
+        strata, _ = _strata(self, block[-1:], mix)
         lat, _, _ = sample_window(strata, self.cfg.latency, self.ctx.timeout_ms, rng.random((4, k)))
         return lat
 
@@ -994,10 +1015,10 @@ class RegionRun:
         ctx = self.ctx
         pop = ctx.pop
         n_seg_names = pop.n_segments
-        rows = np.array(self._rows, dtype=np.float64).reshape(-1, len(_ROW))
-        mixes = self._row_mix
-        self._rows = []
-        self._row_mix = []
+        blocks = self._blocks
+        self._blocks = []
+        rows = np.vstack([b for _, b in blocks]) if blocks else np.zeros((0, len(_ROW)))
+        mixes = [m for m, b in blocks for _ in range(b.shape[0])]
         arrivals = rows[:, _R["a"]]
         n_req = round(float(arrivals.sum()))
         # the window's requests per segment and arm: integers, the same for every policy
@@ -1016,6 +1037,7 @@ class RegionRun:
         seg_sbm = np.zeros(n_seg_names)
         inc = {"rma": 0.0, "sbm": 0.0}
         treated = {"rma": 0.0, "sbm": 0.0}
+        routed = 0.0  # requests clients sent to the strong model (served, downgraded, failed)
         timeouts = 0.0
         arm_acc: dict[str, list[tuple[ArmParts, FloatArray, float]]] = {}
         base_pi_num = 0.0
@@ -1044,6 +1066,7 @@ class RegionRun:
             )
             treated["rma"] += a_sum * float(mix.frac[r_rma].sum())
             treated["sbm"] += a_sum * float(mix.frac[1 + n_levels])
+            routed += a_sum * float(mix.frac[r_sbm].sum())
             seg_sbm += a_sum * mix.count[1 + n_levels]
             timeouts += float(a @ ((1.0 - pi) @ mix.frac)) + float(
                 g[:, _R["fail"]] @ (1.0 - pi[:, -1])
@@ -1064,7 +1087,7 @@ class RegionRun:
         arms, value_obs = self._arms(n_ctl, n_trt, s_count, pi_ctl, arm_acc)
         strata_all = _concat_strata(all_strata)
         lat, weights, paths = sample_window(strata_all, self.cfg.latency, ctx.timeout_ms, uniforms)
-        self._fold_obs(lat, weights, paths, n_req, n_seg, treated["sbm"] * mean_scale, value_obs)
+        self._fold_obs(lat, weights, paths, n_req, n_seg, routed * mean_scale, value_obs)
         sketch_all, sketch_base = _sketches(lat, weights, paths, n_req)
         tg = self.targets
         n_timeouts = round(timeouts * mean_scale)
@@ -1127,63 +1150,68 @@ class RegionRun:
         pi_ctl: float,
         arm_acc: Mapping[str, list[tuple[ArmParts, FloatArray, float]]],
     ) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[tuple[str, str, str], ArmStats]]:
-        """Observed sums: the control arm and every treatment group, per segment."""
+        """Observed sums of the control arm and of every treatment group, per segment, drawn
+        in one batch (group g, segment s → virtual group ``g·S + s``)."""
         ctx = self.ctx
         pop = ctx.pop
+        n_s = pop.n_segments
         names = ctx.segment_names
-        arms: dict[str, dict[str, dict[str, Any]]] = {}
-        value_obs: dict[tuple[str, str, str], ArmStats] = {}
-        cells = np.arange(pop.n_cells)
-        c1, c2 = arm_sums(
-            self.arm_rng,
-            pop,
-            n_ctl,
-            pop.share.copy(),
-            pop.seg,
-            cells,
-            ctx.q_base,
-            ctx.sd_base,
-            np.full(pop.n_cells, pi_ctl),
-        )
-        for si, seg in enumerate(names):
-            if n_ctl[si] > 0:
-                arms.setdefault(seg, {})["control"] = {
-                    "n": int(n_ctl[si]),
-                    "value_sum": float(c1[si]),
-                    "value_sq_sum": float(c2[si]),
-                }
-                st = ArmStats(int(n_ctl[si]), float(c1[si]), float(c2[si]))
-                value_obs[(seg, "rma", "control")] = st
-                value_obs[(seg, "sbm", "control")] = st
+        groups = ["control"] + [g for g in _ARM_GROUPS if arm_acc.get(g)]
+        n_all = np.zeros(len(groups) * n_s, dtype=np.int64)
+        n_all[:n_s] = n_ctl
+        w_l = [pop.share]
+        cell_l = [np.arange(pop.n_cells)]
+        q_l = [ctx.q_base]
+        sd_l = [ctx.sd_base]
+        pi_l = [np.full(pop.n_cells, pi_ctl)]
+        vseg_l = [pop.seg]
         trt_fluid = s_count * ctx.treat
-        for name in ("rma", "sbm", "none", "itt_rma", "itt_sbm"):
-            got = arm_acc.get(name)
-            if not got:
-                continue
+        for gi, name in enumerate(groups[1:], start=1):
+            got = arm_acc[name]
             w = np.concatenate([p.weights * a for p, _, a in got])
             cell = np.concatenate([p.cell for p, _, _ in got])
-            qm = np.concatenate([p.q for p, _, _ in got])
-            qsd = np.concatenate([p.sd for p, _, _ in got])
-            pit = np.concatenate([pi for _, pi, _ in got])
             seg_of = pop.seg[cell]
-            fluid = np.bincount(seg_of, weights=w, minlength=pop.n_segments)
+            fluid = np.bincount(seg_of, weights=w, minlength=n_s)
             with np.errstate(divide="ignore", invalid="ignore"):
                 n_arm = np.where(trt_fluid > 0, np.round(fluid / trt_fluid * n_trt), 0)
-            n_arm = np.minimum(n_arm, n_trt).astype(np.int64)
-            s1, s2 = arm_sums(self.arm_rng, pop, n_arm, w, seg_of, cell, qm, qsd, pit)
+            n_all[gi * n_s : (gi + 1) * n_s] = np.minimum(n_arm, n_trt).astype(np.int64)
+            w_l.append(w)
+            cell_l.append(cell)
+            q_l.append(np.concatenate([p.q for p, _, _ in got]))
+            sd_l.append(np.concatenate([p.sd for p, _, _ in got]))
+            pi_l.append(np.concatenate([pi for _, pi, _ in got]))
+            vseg_l.append(gi * n_s + seg_of)
+        s1, s2 = arm_sums(
+            self.arm_rng,
+            pop,
+            n_all,
+            np.concatenate(w_l),
+            np.concatenate(vseg_l),
+            np.concatenate(cell_l),
+            np.concatenate(q_l),
+            np.concatenate(sd_l),
+            np.concatenate(pi_l),
+        )
+        arms: dict[str, dict[str, dict[str, Any]]] = {}
+        value_obs: dict[tuple[str, str, str], ArmStats] = {}
+        for gi, name in enumerate(groups):
             for si, seg in enumerate(names):
-                if n_arm[si] <= 0:
+                v = gi * n_s + si
+                n = int(n_all[v])
+                if n <= 0:
                     continue
-                if name.startswith("itt_"):
+                sums = {"n": n, "value_sum": float(s1[v]), "value_sq_sum": float(s2[v])}
+                if name == "control":
+                    arms.setdefault(seg, {})["control"] = sums
+                    st = ArmStats(n, sums["value_sum"], sums["value_sq_sum"])
+                    value_obs[(seg, "rma", "control")] = st
+                    value_obs[(seg, "sbm", "control")] = st
+                elif name.startswith("itt_"):
                     value_obs[(seg, name[4:], "treatment")] = ArmStats(
-                        int(n_arm[si]), float(s1[si]), float(s2[si])
+                        n, sums["value_sum"], sums["value_sq_sum"]
                     )
                 else:
-                    arms.setdefault(seg, {})[name] = {
-                        "n": int(n_arm[si]),
-                        "value_sum": float(s1[si]),
-                        "value_sq_sum": float(s2[si]),
-                    }
+                    arms.setdefault(seg, {})[name] = sums
         return arms, value_obs
 
     def _capacity_now(self) -> dict[str, float]:
@@ -1201,7 +1229,7 @@ class RegionRun:
         paths: IntArray,
         n_req: int,
         n_seg: IntArray,
-        sbm_served: float,
+        sbm_routed: float,
         value: Mapping[tuple[str, str, str], ArmStats],
     ) -> None:
         if lat.size:
@@ -1215,7 +1243,9 @@ class RegionRun:
                     )
         self.obs_requests += n_req
         self.obs_seg += n_seg
-        self.obs_sbm += sbm_served
+        # observed coverage counts what clients *routed* to the strong model: a request its
+        # server downgraded was still routed, and the calibration loop must not chase shedding
+        self.obs_sbm += sbm_routed
         for k, v in value.items():
             prev = self.obs_value.get(k)
             self.obs_value[k] = v if prev is None else prev + v
@@ -1280,6 +1310,26 @@ def _rho(offered_ms_per_s: float, units: float) -> float:
     return offered_ms_per_s / (1000.0 * units)
 
 
+def _rho_arr(offered_ms_per_s: FloatArray, units: float) -> FloatArray:
+    """:func:`_rho` over an array of offered work."""
+    if units <= 0.0:
+        return np.where(offered_ms_per_s > 0.0, RHO_FLUID_CAP, 0.0)
+    return np.maximum(offered_ms_per_s, 0.0) / (1000.0 * units)
+
+
+def _fluid(stage: StageState, rho: FloatArray, dt: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """Advance a stage's fluid backlog over consecutive steps; backlog at each step's start/end."""
+    n = rho.size
+    if stage.backlog_s <= 0.0 and not (rho > 1.0).any():
+        z = np.zeros(n)
+        return z, z
+    b0 = np.empty(n)
+    b1 = np.empty(n)
+    for j in range(n):
+        b0[j], b1[j] = stage.advance(float(rho[j]), float(dt[j]))
+    return b0, b1
+
+
 def _standing(w: WaitParams) -> float:
     """5th percentile of a stage's stochastic wait (ms): the queue almost nobody escapes."""
     if w.p <= 0.95 or w.rate <= 0:
@@ -1308,26 +1358,27 @@ def _strata(run: RegionRun, g: FloatArray, mix: Mix) -> tuple[Strata, int]:
     with np.errstate(divide="ignore", invalid="ignore"):
         extra_pen = np.where(count[:, -1] > 0, fail * 0.5 * mix.strong_mean / count[:, -1], 0.0)
     penalty[:, -1] += extra_pen
+    wc_p, wc_r = wait_params_array(g[:, col["rc"]], g[:, col["nc"]], mix.cpu_mean, mix.cpu_cs2)
+    wa_p, wa_r = wait_params_array(g[:, col["ra"]], g[:, col["na"]], mix.acc_mean, mix.acc_cs2)
+    ws_p, ws_r = wait_params_array(
+        g[:, col["rs"]], g[:, col["ns"]], mix.strong_mean, mix.strong_cs2
+    )
 
-    def col2(name: str) -> FloatArray:
-        return np.broadcast_to(g[:, col[name]][:, None], (n, k))
+    def wide(x: FloatArray) -> FloatArray:
+        return np.broadcast_to(x[:, None], (n, k))
 
-    fa0 = np.where(strong, col2("s0"), col2("a0"))
-    fa1 = np.where(strong, col2("s1"), col2("a1"))
-    p2 = np.where(strong, col2("ws_p"), col2("wa_p"))
-    r2 = np.where(strong, col2("ws_r"), col2("wa_r"))
     st = Strata(
         count=count.ravel(),
         service_ms=service.ravel(),
         penalty_ms=penalty.ravel(),
-        fc0=col2("c0").ravel(),
-        fc1=col2("c1").ravel(),
-        fa0=fa0.ravel(),
-        fa1=fa1.ravel(),
-        p1=col2("wc_p").ravel(),
-        r1=col2("wc_r").ravel(),
-        p2=p2.ravel(),
-        r2=r2.ravel(),
+        fc0=wide(g[:, col["c0"]]).ravel(),
+        fc1=wide(g[:, col["c1"]]).ravel(),
+        fa0=np.where(strong, wide(g[:, col["s0"]]), wide(g[:, col["a0"]])).ravel(),
+        fa1=np.where(strong, wide(g[:, col["s1"]]), wide(g[:, col["a1"]])).ravel(),
+        p1=wide(wc_p).ravel(),
+        r1=wide(wc_r).ravel(),
+        p2=np.where(strong, wide(ws_p), wide(wa_p)).ravel(),
+        r2=np.where(strong, wide(ws_r), wide(wa_r)).ravel(),
         path=np.broadcast_to(mix.path, (n, k)).ravel().astype(np.int64),
     )
     return st, k
@@ -1337,18 +1388,25 @@ def _shadow_strata(run: RegionRun, g: FloatArray) -> Strata:
     """The static shadow's baseline requests of steps ``g`` (one stratum per step)."""
     col = _R
     n = g.shape[0]
+    bm = run.base_mix
+    st = run.static
+    par = run.cfg.latency.cpu_parallelism
+    p1, r1 = wait_params_array(
+        g[:, col["src"]], np.full(n, st.ded_cpu / par), bm.cpu_mean, bm.cpu_cs2
+    )
+    p2, r2 = wait_params_array(g[:, col["sra"]], np.full(n, st.ded_acc), bm.acc_mean, bm.acc_cs2)
     return Strata(
         count=np.ones(n),
-        service_ms=np.full(n, float(run.base_mix.service_ms[0])),
+        service_ms=np.full(n, float(bm.service_ms[0])),
         penalty_ms=np.zeros(n),
         fc0=g[:, col["sc0"]],
         fc1=g[:, col["sc1"]],
         fa0=g[:, col["sa0"]],
         fa1=g[:, col["sa1"]],
-        p1=g[:, col["swc_p"]],
-        r1=g[:, col["swc_r"]],
-        p2=g[:, col["swa_p"]],
-        r2=g[:, col["swa_r"]],
+        p1=p1,
+        r1=r1,
+        p2=p2,
+        r2=r2,
         path=np.zeros(n, dtype=np.int64),
     )
 
@@ -1375,12 +1433,16 @@ def _sketches(
         empty: dict[str, Any] = {"alpha": SKETCH_ALPHA, "bins": {}, "zeros": 0}
         return empty, dict(empty)
     keys = keys_of(lat, SKETCH_ALPHA)
-    total_w = float(weights.sum())
-    sk_all = sketch_from_keys(keys, weights, n_req, SKETCH_ALPHA)
+    uniq, inv = np.unique(keys, return_inverse=True)
+    mass = np.bincount(inv, weights=weights, minlength=uniq.size)
     base = paths == PATH_BASE
-    n_base = round(n_req * float(weights[base].sum()) / total_w) if total_w > 0 else 0
-    sk_base = sketch_from_keys(keys[base], weights[base], n_base, SKETCH_ALPHA)
-    return sk_all, sk_base
+    mass_base = np.bincount(inv[base], weights=weights[base], minlength=uniq.size)
+    total_w = float(mass.sum())
+    n_base = round(n_req * float(mass_base.sum()) / total_w) if total_w > 0 else 0
+    return (
+        sketch_from_mass(uniq, mass, n_req, SKETCH_ALPHA),
+        sketch_from_mass(uniq, mass_base, n_base, SKETCH_ALPHA),
+    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -63,8 +63,10 @@ __all__ = [
     "in_time_probability",
     "sample_window",
     "sketch_from_keys",
+    "sketch_from_mass",
     "speed",
     "wait_params",
+    "wait_params_array",
 ]
 
 FloatArray = npt.NDArray[np.float64]
@@ -131,6 +133,24 @@ def wait_params(rho: float, servers: float, mean_service_ms: float, cs2: float) 
     p = r ** (math.sqrt(2.0 * (c + 1.0)) - 1.0)
     rate = 2.0 * c * (1.0 - r) / (mean * (1.0 + cs2))
     return WaitParams(min(p, 1.0), rate)
+
+
+def wait_params_array(
+    rho: FloatArray, servers: FloatArray, mean_service_ms: float, cs2: float
+) -> tuple[FloatArray, FloatArray]:
+    """:func:`wait_params` over arrays of utilisations and server counts: ``(p, rate)``."""
+    rho = np.asarray(rho, dtype=np.float64)
+    servers = np.broadcast_to(np.asarray(servers, dtype=np.float64), rho.shape)
+    if mean_service_ms <= 0.0:
+        return np.zeros(rho.shape), np.ones(rho.shape)
+    r = np.minimum(rho, RHO_QUEUE_CAP)
+    c = np.maximum(servers, 1.0)
+    mean = mean_service_ms / np.where(servers > 0, np.minimum(servers, 1.0), 1.0)
+    live = (rho > 0.0) & (servers > 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        p = np.where(live, np.minimum(r ** (np.sqrt(2.0 * (c + 1.0)) - 1.0), 1.0), 0.0)
+        rate = np.where(live, 2.0 * c * (1.0 - r) / (mean * (1.0 + cs2)), 1.0)
+    return p, rate
 
 
 def speed(units: float) -> float:
@@ -322,8 +342,17 @@ def sketch_from_keys(
     if total <= 0 or keys.size == 0:
         return {"alpha": alpha, "bins": {}, "zeros": 0}
     uniq, inv = np.unique(keys, return_inverse=True)
-    mass = np.bincount(inv, weights=weights)
-    mass = mass * (total / mass.sum())
+    return sketch_from_mass(uniq, np.bincount(inv, weights=weights), total, alpha)
+
+
+def sketch_from_mass(
+    uniq: IntArray, mass: FloatArray, total: int, alpha: float
+) -> dict[str, object]:
+    """:func:`sketch_from_keys` from already summed masses per (sorted, unique) key."""
+    msum = float(mass.sum()) if mass.size else 0.0
+    if total <= 0 or msum <= 0:
+        return {"alpha": alpha, "bins": {}, "zeros": 0}
+    mass = mass * (total / msum)
     counts = np.floor(mass).astype(np.int64)
     rem = total - int(counts.sum())
     if rem > 0:

@@ -118,7 +118,12 @@ class Oracle:
         e = np.array(self.levels, dtype=np.float64)
         # per-request costs (ms) of each option on the four constrained resources
         self.c_rma = np.stack(
-            [e * costs.base_cpu_ms, e * costs.base_accelerator_ms, 0 * e, e * costs.base_accelerator_ms]
+            [
+                e * costs.base_cpu_ms,
+                e * costs.base_accelerator_ms,
+                0 * e,
+                e * costs.base_accelerator_ms,
+            ]
         )  # (4, J)
         self.c_sbm = np.array(
             [

@@ -306,6 +306,7 @@ class HeadroomRegion(PlaneRegion):
     client-side AIMD multipliers from the health of every response."""
 
     server_sheds = True
+    wants_health = True
 
     def __init__(self, plane: ControlPlane, ctx: SimContext) -> None:
         super().__init__(plane)
@@ -314,7 +315,7 @@ class HeadroomRegion(PlaneRegion):
         self.sbm_server = ServerShedder()
         self.rma_client = ClientShedder()
         self.sbm_client = ClientShedder()
-        self._drops = False
+        self._called = False
 
     def notices_reclaims(self) -> bool:
         return True
@@ -360,47 +361,55 @@ class HeadroomRegion(PlaneRegion):
             float(n_sbm.sum()) * ctx.n0 * costs.strong_accelerator_ms,
         )
         have = tuple(1000.0 * span * u for u in (q.rma_cpu, q.rma_acc, q.sbm_cpu, q.sbm_acc))
-        calm = not any(s.overloaded or s.shedding for s in (self.rma_server, self.sbm_server))
-        if calm and all(n <= h * (1 + 1e-9) for n, h in zip(need, have, strict=True)):
-            self._drops = False
-            return rma_req, sbm_req
         end = now + span
-        self._drops = False
-        rma_adm = np.zeros(pop.n_cells)
-        if extra > 0 and n_rma.sum() > 0:
-            ex = np.round(n_rma * extra).astype(np.int64)
-            verdict = self.rma_server.decide_batch(
-                end,
-                pop.v_mean * n_rma,
-                ex,
-                ex * costs.base_cpu_ms,
-                ex * costs.base_accelerator_ms,
-                np.zeros(pop.n_cells, dtype=bool),
-                np.zeros(pop.n_cells),
-                np.zeros(pop.n_cells),
-                span_s=span,
+        self._called = False
+
+        def calm(server: ServerShedder, i: int) -> bool:
+            return (
+                not (server.overloaded or server.shedding)
+                and need[i] <= have[i] * (1 + 1e-9)
+                and need[i + 1] <= have[i + 1] * (1 + 1e-9)
             )
-            frac = np.where(ex > 0, verdict.extra / np.maximum(ex, 1), 0.0)
-            rma_adm = rma_req * frac
-            self._drops = bool((verdict.codes != 0).any())
-        sbm_adm = np.zeros(pop.n_cells)
-        if n_sbm.sum() > 0:
-            per = np.repeat(n_sbm / SBM_CHUNKS, SBM_CHUNKS)
-            m = per.size
-            verdict = self.sbm_server.decide_batch(
-                end,
-                np.repeat(pop.v_mean, SBM_CHUNKS) * per,
-                np.zeros(m, dtype=np.int64),
-                np.zeros(m),
-                np.zeros(m),
-                per > 0,
-                per * ctx.n0 * costs.strong_cpu_ms,
-                per * ctx.n0 * costs.strong_accelerator_ms,
-                span_s=span,
-            )
-            kept = verdict.strong.reshape(pop.n_cells, SBM_CHUNKS).mean(axis=1)
-            sbm_adm = sbm_req * kept
-            self._drops = self._drops or bool((verdict.codes != 0).any())
+
+        rma_adm = rma_req
+        if extra > 0 and n_rma.sum() > 0 and not calm(self.rma_server, 0):
+            if q.rma_cpu <= 0.0 or q.rma_acc <= 0.0:
+                rma_adm = np.zeros(pop.n_cells)  # hard stop: no level, no optional work
+            else:
+                ex = np.round(n_rma * extra).astype(np.int64)
+                verdict = self.rma_server.decide_batch(
+                    end,
+                    pop.v_mean * n_rma,
+                    ex,
+                    ex * costs.base_cpu_ms,
+                    ex * costs.base_accelerator_ms,
+                    np.zeros(pop.n_cells, dtype=bool),
+                    np.zeros(pop.n_cells),
+                    np.zeros(pop.n_cells),
+                    span_s=span,
+                )
+                rma_adm = rma_req * np.where(ex > 0, verdict.extra / np.maximum(ex, 1), 0.0)
+                self._called = True
+        sbm_adm = sbm_req
+        if n_sbm.sum() > 0 and not calm(self.sbm_server, 2):
+            if q.sbm_acc <= 0.0 or (costs.strong_cpu_ms > 0 and q.sbm_cpu <= 0.0):
+                sbm_adm = np.zeros(pop.n_cells)  # hard stop: nothing loaded, all downgraded
+            else:
+                per = np.repeat(n_sbm / SBM_CHUNKS, SBM_CHUNKS)
+                m = per.size
+                verdict = self.sbm_server.decide_batch(
+                    end,
+                    np.repeat(pop.v_mean, SBM_CHUNKS) * per,
+                    np.zeros(m, dtype=np.int64),
+                    np.zeros(m),
+                    np.zeros(m),
+                    per > 0,
+                    per * ctx.n0 * costs.strong_cpu_ms,
+                    per * ctx.n0 * costs.strong_accelerator_ms,
+                    span_s=span,
+                )
+                sbm_adm = sbm_req * verdict.strong.reshape(pop.n_cells, SBM_CHUNKS).mean(axis=1)
+                self._called = True
         return rma_adm, sbm_adm
 
     def feedback(self, health: Health, run: RegionRun) -> list[tuple[str, dict[str, Any]]]:
@@ -428,7 +437,7 @@ class HeadroomRegion(PlaneRegion):
 
     def steady(self) -> bool:
         return (
-            not self._drops
+            not self._called
             and not self.rma_server.shedding
             and not self.sbm_server.shedding
             and not self.rma_server.overloaded
@@ -440,6 +449,8 @@ class HeadroomRegion(PlaneRegion):
 
 class PeerRegion(GreedyRegion):
     """Greedy's targets governed by a peer concurrency limit (module docstring)."""
+
+    wants_health = True
 
     def __init__(self, ttl_s: float, name: str, ctx: SimContext, r: int) -> None:
         super().__init__(ttl_s)
@@ -456,18 +467,21 @@ class PeerRegion(GreedyRegion):
         ctx = self.ctx
         tg = run.targets
         rtts = run.sample_step_latencies(self.rng, self.samples)
-        inflight = max(0, round(health.inflight))
+        inflight = max(0, round(health.inflight_units))
         for rtt in rtts.tolist():
             self.budget.on_sample(health.now, rtt, inflight, rtt >= ctx.timeout_ms)
-        # optional work at full targets, in request equivalents beyond the baseline, per server
+        # optional work in flight at full targets, in work units beyond the baseline, per server
         demand = 0.0
         if tg is not None:
-            extra = max(0, tg.rma_candidates - ctx.n0) / ctx.n0
+            extra = max(0, tg.rma_candidates - ctx.n0) / 100.0
             cov = ctx.eligible * tg.sbm_coverage
             strong_w = ctx.costs.strong_accelerator_ms / max(ctx.costs.base_accelerator_ms, 1e-12)
-            per_req = ctx.treat * ((1 - cov) * extra + cov * max(strong_w - 1.0, 0.0))
-            demand = health.inflight * per_req
-        b = self.budget.budget(health.baseline_inflight, demand)
+            per_req = ctx.treat * (
+                (1 - cov) * extra + cov * max(strong_w - 1.0, 0.0) * ctx.n0 / 100
+            )
+            servers = run.static.servers
+            demand = run.arrival_rate * health.latency_ms / 1000.0 / servers * per_req
+        b = self.budget.budget(health.baseline_units, demand)
         m = round(b.multiplier, 2)
         out: list[tuple[str, dict[str, Any]]] = []
         fields = {"side": "client", "lever": "all", "dropped": 0, "multiplier": m,

@@ -209,15 +209,16 @@ def arm_sums(
     q_sd: FloatArray,
     in_time: FloatArray,
 ) -> tuple[FloatArray, FloatArray]:
-    """Observed ``(Σy, Σy²)`` per segment of ``n[s]`` requests drawn from a mixture of parts.
+    """Observed ``(Σy, Σy²)`` per group of ``n[g]`` requests drawn from a mixture of parts.
 
-    Parts are (cell, option) pairs: ``weights`` their shares (normalised per segment here),
-    ``part_seg``/``part_cell`` where they belong, ``q_mean``/``q_sd`` the quality they deliver
-    and ``in_time`` the probability a request of the part finishes in time (else it reports 0).
-    Segments with fewer than :data:`EXACT_BELOW` requests are drawn request by request; the
-    others from the bivariate normal limit of the two sums with the mixture's exact moments.
+    Parts are (cell, option) pairs: ``weights`` their shares (normalised per group here),
+    ``part_seg`` the group they belong to (any index below ``n.size``: a segment, or a segment
+    of one arm), ``part_cell`` their cell, ``q_mean``/``q_sd`` the quality they deliver and
+    ``in_time`` the probability a request of the part finishes in time (else it reports 0).
+    Groups of fewer than :data:`EXACT_BELOW` requests are drawn request by request; the others
+    from the bivariate normal limit of the two sums with the mixture's exact moments.
     """
-    n_seg = pop.n_segments
+    n_seg = int(np.asarray(n).size)
     n = np.asarray(n, dtype=np.int64)
     s1 = np.zeros(n_seg)
     s2 = np.zeros(n_seg)

@@ -1,0 +1,155 @@
+"""Run several policies on one scenario and seed: events, metrics, report.
+
+Pure apart from writing its output files: no wall clock (pass ``clock`` to have ``run.finished``
+carry the wall time a policy took), no global random state. Every policy is simulated against
+the same :class:`sim.engine.SimContext` — the same requests, noise and capacity (common random
+numbers) — and the oracle's bound is computed once and written for every policy.
+
+The metrics are computed the way ``headroom analyze`` computes them: by reading back the event
+log this run wrote (:func:`analysis.metrics.compute_metrics`), so ``analyze`` on the same log
+gives the same ``metrics.json``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from analysis.events import EventLog, EventWriter
+from analysis.metrics import compute_metrics
+from headroom.scenario import Scenario
+from sim.config import SimConfig
+from sim.engine import SIM_EPOCH, Curves, SimContext, run_policy
+from sim.oracle import oracle_for
+from sim.policies import POLICIES, PolicyFactory
+
+__all__ = ["RunResult", "build_context", "run_simulation"]
+
+ProgressFn = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    out_dir: Path
+    events_path: Path
+    metrics_path: Path
+    metrics: dict[str, Any]
+    report_path: Path | None
+
+
+def build_context(
+    scenario: Scenario,
+    *,
+    seed: int | None = None,
+    config: SimConfig | None = None,
+    curves: Curves | None = None,
+) -> SimContext:
+    """The shared context of a run; the value curves are measured on the scenario's world (for
+    ``seed`` when given) or taken from the cache (:func:`workers.curves.curves_for`)."""
+    if curves is None:
+        from workers.curves import curves_for
+
+        curves = curves_for(scenario, seed=seed)
+    return SimContext(scenario, curves, seed=seed, config=config)
+
+
+def run_simulation(
+    scenario: Scenario,
+    policies: Sequence[str],
+    out_dir: Path,
+    *,
+    seed: int | None = None,
+    config: SimConfig | None = None,
+    curves: Curves | None = None,
+    context: SimContext | None = None,
+    plots: bool = True,
+    progress: ProgressFn | None = None,
+    clock: Callable[[], float] | None = None,
+) -> RunResult:
+    """Simulate ``policies`` side by side and write ``events.jsonl``, ``metrics.json`` and (with
+    ``plots``) the PNG plots and ``report.html`` into ``out_dir``."""
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        raise ValueError(f"unknown policies {unknown} (known: {', '.join(POLICIES)})")
+    ctx = context or build_context(scenario, seed=seed, config=config, curves=curves)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    events_path = out_dir / "events.jsonl"
+    bound = oracle_for(ctx).bound()
+    with EventWriter(events_path) as writer:
+        writer.write(
+            {
+                "v": 1,
+                "ts": SIM_EPOCH,
+                "kind": "run.started",
+                "source": "sim",
+                "policy": None,
+                "region": None,
+                "scenario": scenario.name,
+                "seed": ctx.seed,
+                "duration_s": ctx.duration_s,
+                "t0": SIM_EPOCH,
+                "slo": {"p99_ms": scenario.slo.p99_ms, "window_s": scenario.slo.window_s},
+                "segments": list(ctx.segment_names),
+                "regions": [r.name for r in scenario.regions],
+                "levers": ["rma", "sbm"],
+                "precompute_enabled": False,
+                "policies": list(policies),
+            }
+        )
+        for name in policies:
+            factory = PolicyFactory(name, ctx)
+            writer.write(
+                {
+                    "v": 1,
+                    "ts": SIM_EPOCH,
+                    "kind": "oracle.bound",
+                    "source": "sim",
+                    "policy": name,
+                    "region": None,
+                    "oracle_incremental": bound.total,
+                    "by_lever": dict(bound.by_lever),
+                    "by_region": {
+                        r.name: v for r, v in zip(scenario.regions, bound.per_region, strict=True)
+                    },
+                }
+            )
+            started = clock() if clock is not None else None
+
+            def tick(done: int, total: int, name: str = name) -> None:
+                if progress is not None:
+                    progress(name, done, total)
+
+            run_policy(
+                ctx,
+                name,
+                factory.region,
+                writer.write,
+                control_interval_s=factory.interval_s,
+                progress=tick,
+            )
+            finished: dict[str, Any] = {
+                "v": 1,
+                "ts": SIM_EPOCH + ctx.duration_s,
+                "kind": "run.finished",
+                "source": "sim",
+                "policy": name,
+                "region": None,
+                "sim_s": ctx.duration_s,
+                "wall_s": (clock() - started)
+                if clock is not None and started is not None
+                else None,
+            }
+            writer.write(finished)
+    metrics = compute_metrics(EventLog(events_path))
+    from analysis.cli import write_metrics
+
+    metrics_path = write_metrics(metrics, out_dir / "metrics.json")
+    report_path = None
+    if plots:
+        from analysis.report import write_report
+
+        report_path = write_report(metrics, events_path, out_dir)
+    return RunResult(out_dir, events_path, metrics_path, metrics, report_path)
