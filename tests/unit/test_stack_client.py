@@ -1,0 +1,311 @@
+"""The client's pure parts: target TTL fallback, routing with the holdout arm, windows and value
+signals, and the offsets it may commit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from headroom.errors import ConfigError
+from streams import messages
+from workers.client import (
+    ClientConfig,
+    OffsetTracker,
+    Outcome,
+    Router,
+    ServerAddress,
+    TargetBook,
+    TargetState,
+    WindowBook,
+)
+
+BASE = 100
+
+
+def _target(epoch: int, ts: float, *, candidates: int = 250, ttl: float = 10.0) -> messages.Target:
+    return messages.Target(
+        ts=ts,
+        region="r",
+        epoch=epoch,
+        ttl_s=ttl,
+        rma=messages.RmaTarget(candidates=candidates, base=BASE, max=300),
+        sbm=messages.SbmTarget(coverage=0.3, segments={"casual": 0.4, "premium": 0.1}),
+        budget=messages.Budget(cpu=1.0, accelerator=1.0),
+        reason="pid",
+    )
+
+
+# -- targets --------------------------------------------------------------------------------------
+
+
+def test_the_highest_epoch_wins_and_older_ones_are_ignored() -> None:
+    book = TargetBook("r", BASE)
+    assert book.offer(_target(5, 100.0, candidates=200))
+    assert not book.offer(_target(4, 101.0, candidates=280))  # reordered: older epoch
+    assert not book.offer(_target(5, 102.0, candidates=280))  # re-delivered
+    assert book.state(101.0).rma_candidates == 200
+    assert book.offer(_target(6, 103.0, candidates=150))
+    assert book.state(103.0).epoch == 6
+
+
+def test_an_expired_target_falls_back_to_the_baseline_and_says_so_once() -> None:
+    book = TargetBook("r", BASE)
+    book.offer(_target(1, 100.0, ttl=10.0))
+    assert book.transitions(101.0) == [("target.applied", 1)]
+    assert book.transitions(105.0) == []
+    live = book.state(110.0)  # at ts + ttl exactly: still valid
+    assert not live.expired
+    assert live.rma_candidates == 250
+    gone = book.state(110.5)
+    assert gone.expired
+    assert gone.rma_candidates == BASE
+    assert gone.sbm_coverage == 0.0
+    assert gone.sbm_segments == {}
+    assert book.transitions(110.5) == [("target.expired", 1)]
+    assert book.transitions(120.0) == []
+    book.offer(_target(2, 130.0))
+    assert book.transitions(130.0) == [("target.applied", 2)]
+
+
+def test_no_target_means_the_baseline_and_another_region_is_ignored() -> None:
+    book = TargetBook("r", BASE)
+    assert book.state(0.0) == TargetState(None, BASE, 0.0, {}, False)
+    other = _target(9, 0.0)
+    other = messages.Target(**{**{f: getattr(other, f) for f in other.__slots__}, "region": "x"})
+    assert not book.offer(other)
+
+
+@given(st.integers(-1000, 10_000), st.integers(BASE, 5000))
+def test_candidates_in_force_stay_within_base_and_max(candidates: int, top: int) -> None:
+    book = TargetBook("r", BASE)
+    t = _target(1, 0.0)
+    book.offer(
+        messages.Target(
+            ts=0.0,
+            region="r",
+            epoch=1,
+            ttl_s=10.0,
+            rma=messages.RmaTarget(candidates=max(0, candidates), base=BASE, max=top),
+            sbm=t.sbm,
+            budget=t.budget,
+            reason="x",
+        )
+    )
+    c = book.state(1.0).rma_candidates
+    assert BASE <= c <= top
+
+
+# -- routing --------------------------------------------------------------------------------------
+
+
+def _live(coverage: float = 0.5, p: float = 1.0, candidates: int = 300) -> TargetState:
+    return TargetState(1, candidates, coverage, {"casual": p, "premium": p}, False)
+
+
+def test_the_holdout_share_gets_no_optional_work() -> None:
+    router = Router(0.2, BASE, np.random.default_rng(1))
+    plans = [
+        router.plan(
+            segment="casual",
+            eligible=True,
+            target=_live(),
+            rma_multiplier=1.0,
+            sbm_keeps=True,
+            sbm_available=True,
+        )
+        for _ in range(5000)
+    ]
+    control = [p for p in plans if p.control]
+    assert 0.17 < len(control) / len(plans) < 0.23
+    assert all(not p.strong and p.extra == 0 and p.lever is None for p in control)
+    assert all(p.lever == "sbm" for p in plans if not p.control)  # p = 1: every other goes SBM
+
+
+def test_sbm_routes_by_segment_probability_only_for_eligible_requests() -> None:
+    router = Router(0.0, BASE, np.random.default_rng(2))
+    target = TargetState(1, 300, 0.3, {"casual": 0.25, "premium": 0.0}, False)
+
+    def share(segment: str, eligible: bool = True, keeps: bool = True) -> float:
+        plans = [
+            router.plan(
+                segment=segment,
+                eligible=eligible,
+                target=target,
+                rma_multiplier=1.0,
+                sbm_keeps=keeps,
+                sbm_available=True,
+            )
+            for _ in range(4000)
+        ]
+        return sum(p.strong for p in plans) / len(plans)
+
+    assert 0.22 < share("casual") < 0.28
+    assert share("premium") == 0.0
+    assert share("casual", eligible=False) == 0.0
+    assert share("casual", keeps=False) == 0.0  # the strong replica's multiplier drops it
+
+
+def test_rma_asks_for_the_multiplier_times_the_extra_candidates() -> None:
+    router = Router(0.0, BASE, np.random.default_rng(3))
+    target = TargetState(1, 300, 0.0, {}, False)
+    for m, want in ((1.0, 200), (0.5, 100), (0.0, 0), (1.7, 200)):
+        plan = router.plan(
+            segment="casual",
+            eligible=True,
+            target=target,
+            rma_multiplier=m,
+            sbm_keeps=True,
+            sbm_available=True,
+        )
+        assert plan.extra == want
+        assert plan.lever == ("rma" if want else None)
+
+
+def test_a_fallen_back_target_routes_nothing_optional() -> None:
+    router = Router(0.0, BASE, np.random.default_rng(4))
+    baseline = TargetState(3, BASE, 0.0, {}, True)
+    for _ in range(100):
+        plan = router.plan(
+            segment="casual",
+            eligible=True,
+            target=baseline,
+            rma_multiplier=1.0,
+            sbm_keeps=True,
+            sbm_available=True,
+        )
+        assert plan.lever is None
+
+
+def test_router_rejects_a_holdout_outside_the_unit_interval() -> None:
+    with pytest.raises(ConfigError, match="holdout"):
+        Router(1.0, BASE, np.random.default_rng(0))
+
+
+# -- windows and value signals --------------------------------------------------------------------
+
+
+def _outcome(offset: int, end_t: float, **kw: object) -> Outcome:
+    base = {
+        "partition": 0,
+        "offset": offset,
+        "segment": "casual",
+        "end_t": end_t,
+        "latency_ms": 50.0,
+        "ok": True,
+        "timeout": False,
+        "control": False,
+        "lever": None,
+        "sbm_served": False,
+        "value_total": 1.0,
+        "value_baseline": 1.0,
+    }
+    base.update(kw)
+    return Outcome(**base)  # type: ignore[arg-type]
+
+
+def test_a_window_line_adds_up_requests_value_and_arms() -> None:
+    book = WindowBook("r", 5.0, ["casual", "premium"])
+    book.add(_outcome(0, 1.0, control=True, value_total=2.0, value_baseline=2.0))
+    book.add(_outcome(1, 2.0, lever="rma", value_total=3.0, value_baseline=2.5, cost_cpu_ms=8.0))
+    book.add(_outcome(2, 3.0, lever="sbm", sbm_served=True, value_total=1.5, value_baseline=1.0))
+    book.add(_outcome(3, 4.0, ok=False, value_total=0.0, value_baseline=0.0, latency_ms=900.0))
+    book.add(_outcome(4, 7.0))  # next window
+    assert book.due(5.5) == [0]
+    w = book.take(0)
+    assert w is not None
+    f = book.event_fields(w, targets={"rma_candidates": 200, "sbm_coverage": 0.1}, source="c1")
+    assert (f["t_start"], f["t_end"]) == (0.0, 5.0)
+    assert (f["requests"], f["errors"], f["timeouts"]) == (4, 1, 0)
+    assert f["value_total"] == pytest.approx(6.5)
+    assert f["value_baseline"] == pytest.approx(5.5)
+    assert f["inc"] == {"rma": pytest.approx(0.5), "sbm": pytest.approx(0.5), "precompute": 0.0}
+    assert f["arms"]["casual"]["control"] == {"n": 1, "value_sum": 2.0, "value_sq_sum": 4.0}
+    assert f["arms"]["casual"]["rma"]["n"] == 1
+    assert f["eligible_treated"] == {"rma": 1, "sbm": 1}
+    assert f["segments"]["casual"] == {"requests": 4, "sbm": 1, "inc": pytest.approx(1.0)}
+    assert f["offsets"] == {"0": [0, 3]}
+    assert messages.LatencySketch.from_dict(f["sketch"]).count == 4
+    # the with/without-optional-work sketch holds the requests that got no lever
+    assert messages.LatencySketch.from_dict(f["sketch_base"]).count == 2
+    assert book.open_windows == [1]
+
+
+def test_value_signals_publish_the_control_arm_under_each_lever() -> None:
+    book = WindowBook("r", 5.0, ["casual"])
+    for i in range(3):
+        book.add(_outcome(i, 1.0, control=True, value_total=1.0 + i))
+    book.add(
+        _outcome(3, 1.0, lever="rma", value_total=4.0, cost_cpu_ms=8.0, cost_accelerator_ms=1.0)
+    )
+    w = book.take(0)
+    assert w is not None
+    signals = {(s.lever, s.arm): s for s in book.value_signals(w, ts=10.0)}
+    assert set(signals) == {("rma", "control"), ("sbm", "control"), ("rma", "treatment")}
+    for lever in ("rma", "sbm"):
+        c = signals[(lever, "control")]
+        assert (c.n, c.value_sum, c.value_sq_sum) == (3, 6.0, 14.0)
+        assert c.cost.cpu_ms == 0.0
+    t = signals[("rma", "treatment")]
+    assert (t.n, t.value_sum, t.cost.cpu_ms, t.cost.accelerator_ms) == (1, 4.0, 8.0, 1.0)
+    assert all(s.window_s == 5.0 and s.region == "r" for s in signals.values())
+
+
+# -- offsets --------------------------------------------------------------------------------------
+
+
+def test_commit_stops_at_the_lowest_unpublished_offset() -> None:
+    t = OffsetTracker()
+    for o in range(10, 15):
+        t.received(0, o)
+    t.received(1, 3)
+    assert t.committable() == {0: 10, 1: 3}
+    t.committed({0: 10, 1: 3})
+    t.published([(0, 11), (0, 12)])  # 10 is still in flight: nothing moves on partition 0
+    assert t.committable() == {}
+    t.published([(0, 10), (1, 3)])
+    assert t.committable() == {0: 13, 1: 4}
+    t.committed({0: 13, 1: 4})
+    t.published([(0, 13), (0, 14)])
+    assert t.committable() == {0: 15}
+    assert t.pending(0) == 0
+
+
+@given(st.permutations(list(range(30))), st.integers(1, 29))
+def test_a_commit_never_passes_an_unpublished_request(order: list[int], k: int) -> None:
+    t = OffsetTracker()
+    for o in range(30):
+        t.received(0, o)
+    done = order[:k]
+    t.published([(0, o) for o in done])
+    point = t.committable().get(0, 0)
+    # everything below the commit point is published; the point itself is not (or is the end)
+    assert all(o in done for o in range(point))
+    assert point == 30 or point not in done
+
+
+def test_forgotten_partitions_are_dropped() -> None:
+    t = OffsetTracker()
+    t.received(2, 5)
+    t.forget([2])
+    assert t.committable() == {}
+
+
+# -- configuration --------------------------------------------------------------------------------
+
+
+def test_server_addresses_parse_and_bad_ones_name_the_flag() -> None:
+    assert ServerAddress.parse("dedicated=127.0.0.1:7001") == ServerAddress(
+        "dedicated", "127.0.0.1", 7001
+    )
+    for bad in ("127.0.0.1:7001", "gpu=h:1", "dedicated=h:x", "dedicated=:80", "dedicated=h:0"):
+        with pytest.raises(ConfigError, match="--server"):
+            ServerAddress.parse(bad)
+
+
+def test_a_client_needs_a_dedicated_server() -> None:
+    with pytest.raises(ConfigError, match="dedicated"):
+        ClientConfig(region="r", servers=(ServerAddress("opportunistic", "h", 1),), group="g")
+    with pytest.raises(ConfigError, match="--speed"):
+        ClientConfig(region="r", servers=(ServerAddress("dedicated", "h", 1),), group="g", speed=0)

@@ -1,0 +1,295 @@
+"""The ranking server without Kafka: capacity book, slots, shedding on every request and at once
+on a capacity drop, the strong model's load time, health in every response."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from headroom.errors import ConfigError
+from headroom.scenario import Scenario
+from headroom.scenario_load import load_scenario
+from streams import messages
+from workers.server import CapacityBook, RankingServer, ServerConfig, SlotPool
+from workers.wire import RankRequest, RankResponse, WireClient
+from workers.world import RankingWorld
+
+SCENARIO = Path(__file__).parents[1] / "integration" / "scenarios" / "stack-short.yaml"
+REGION = "it-east"
+
+
+@pytest.fixture(scope="module")
+def scenario() -> Scenario:
+    return load_scenario(SCENARIO)
+
+
+@pytest.fixture(scope="module")
+def world(scenario: Scenario) -> RankingWorld:
+    return RankingWorld.from_scenario(scenario)
+
+
+def _cap(
+    resource: str, units: float, *, ts: float, hardware: str | None = None, **kw: object
+) -> messages.Capacity:
+    return messages.Capacity(
+        ts=ts,
+        region=str(kw.pop("region", REGION)),
+        resource=resource,  # type: ignore[arg-type]
+        hardware=hardware or ("any" if resource == "cpu" else "gpu-b"),
+        pool=str(kw.pop("pool", "opportunistic")),  # type: ignore[arg-type]
+        units=units,
+        reason=str(kw.pop("reason", "grant")),  # type: ignore[arg-type]
+        id=f"c-{resource}-{ts}",
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+# -- capacity book --------------------------------------------------------------------------------
+
+
+def test_the_newest_level_wins_and_a_repeat_changes_nothing(scenario: Scenario) -> None:
+    book = CapacityBook(scenario, REGION, "dedicated", 1.0)
+    assert book.update(_cap("cpu", 3.0, ts=10.0), 10.0)
+    assert not book.update(_cap("cpu", 9.0, ts=5.0), 10.0)  # older message: ignored
+    assert book.update(_cap("cpu", 3.0, ts=11.0), 11.0)
+    cap = book.capacity(11.0)
+    assert cap.optional.cpu == 3.0
+    assert cap.slots_cpu == pytest.approx(3.6 + 3.0)  # dedicated + opportunistic
+    assert not book.update(_cap("cpu", 1.0, ts=12.0, region="elsewhere"), 12.0)
+
+
+def test_hardware_remote_pools_expiry_and_share(scenario: Scenario) -> None:
+    mixed = CapacityBook(scenario, REGION, "dedicated", 0.5)
+    strong = CapacityBook(scenario, REGION, "opportunistic", 1.0)
+    msgs = [
+        _cap("accelerator", 2.0, ts=1.0, hardware="gpu-b"),  # both models run on gpu-b
+        _cap("accelerator", 4.0, ts=1.0, hardware="gpu-a"),  # only the base model does
+        _cap("accelerator", 8.0, ts=1.0, hardware="gpu-c", remote=True),  # async work only
+        _cap("cpu", 2.0, ts=1.0, expires_in_s=10.0),
+    ]
+    for m in msgs:
+        mixed.update(m, 1.0)
+        strong.update(m, 1.0)
+    assert mixed.capacity(2.0).optional.accelerator == pytest.approx(0.5 * 6.0)
+    assert strong.capacity(2.0).optional.accelerator == pytest.approx(2.0)
+    assert mixed.capacity(2.0).optional.cpu == pytest.approx(1.0)
+    assert strong.capacity(12.0).optional.cpu == 0.0  # its announced lifetime lapsed
+    assert strong.next_expiry(2.0) == 11.0
+    # the strong replica's slots are the opportunistic pool alone
+    assert strong.capacity(2.0).slots_accelerator == pytest.approx(2.0)
+
+
+def test_an_unknown_region_is_a_config_error(scenario: Scenario) -> None:
+    with pytest.raises(ConfigError, match="--region"):
+        CapacityBook(scenario, "mars", "dedicated", 1.0)
+
+
+def test_server_config_names_bad_flags() -> None:
+    with pytest.raises(ConfigError, match="--share") as info:
+        ServerConfig(region="r", pool="dedicated", replica="x", share=0.0, speed=-1.0)
+    assert any("--speed" in p for p in info.value.problems)
+
+
+# -- slots ----------------------------------------------------------------------------------------
+
+
+def test_fractional_units_become_slower_slots() -> None:
+    pool = SlotPool("acc", 2.5)
+    assert (pool.slots, pool.speed) == (3, pytest.approx(2.5 / 3))
+    pool.resize(0.0)
+    assert pool.slots == 0
+    pool.resize(4.0)
+    assert (pool.slots, pool.speed) == (4, 1.0)
+
+
+async def test_slots_are_handed_out_in_order_and_a_shrink_keeps_held_slots() -> None:
+    pool = SlotPool("cpu", 1.0)
+    await pool.acquire()
+    order: list[int] = []
+
+    async def waiter(i: int) -> None:
+        await pool.acquire()
+        order.append(i)
+
+    tasks = [asyncio.create_task(waiter(i)) for i in range(3)]
+    await asyncio.sleep(0)
+    assert pool.waiting == 3
+    pool.resize(0.0)  # capacity gone: the held slot stays held, nobody new gets one
+    pool.release()
+    await asyncio.sleep(0)
+    assert order == []
+    pool.resize(2.0)  # back, and bigger: two waiters at once, first come first served
+    await asyncio.sleep(0)
+    assert order == [0, 1]
+    pool.release()
+    await asyncio.sleep(0)
+    assert order == [0, 1, 2]
+    for t in tasks:
+        await t
+
+
+async def test_a_cancelled_waiter_does_not_leak_a_slot() -> None:
+    pool = SlotPool("cpu", 1.0)
+    await pool.acquire()
+    task = asyncio.create_task(pool.acquire())
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    pool.release()
+    assert pool.busy == 0
+    await asyncio.wait_for(pool.acquire(), 1.0)
+    assert pool.busy == 1
+
+
+# -- the server -----------------------------------------------------------------------------------
+
+
+class Clock:
+    """Wall clock that tests can move forward (the server's scenario time and shedding time)."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
+
+
+@pytest_asyncio.fixture(loop_scope="function")
+async def mixed(scenario: Scenario, world: RankingWorld) -> AsyncIterator[RankingServer]:
+    server = RankingServer(
+        ServerConfig(region=REGION, pool="dedicated", replica="m1"), scenario, None, world=world
+    )
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+async def _client(server: RankingServer) -> WireClient:
+    assert server.port is not None
+    client = WireClient("127.0.0.1", server.port)
+    await client.connect()
+    return client
+
+
+def _req(i: int, extra: int = 0, model: str = "base", value: float = 1.0) -> RankRequest:
+    return RankRequest(
+        id=i, user=1000 + i, segment="casual", t_s=0.0, base=100, extra=extra,
+        model=model, value=value, budget_ms=1000.0,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+async def test_without_opportunistic_capacity_extras_are_shed_and_the_baseline_is_served(
+    mixed: RankingServer, world: RankingWorld
+) -> None:
+    client = await _client(mixed)
+    try:
+        r = await client.call(_req(1, extra=150), 10.0)
+        assert r.ok
+        assert r.candidates == 100
+        assert r.decision == "SHED"
+        # the baseline's pick, and it is the base model's choice among the first 100 candidates
+        users = world.users([1001], "casual")
+        cands = world.retrieve_batch(users, 100, 0.0)
+        scores = world.score_batch(users, "casual", cands, "base", 0.0)[0]
+        assert r.top_ad == r.base_top_ad == int(cands[0][scores.argmax()])
+        assert r.health.queue_ms >= 0.0
+        assert r.health.overloaded is False
+    finally:
+        await client.close()
+
+
+async def test_with_opportunistic_capacity_extras_are_ranked(mixed: RankingServer) -> None:
+    now = time.time()
+    mixed.on_capacity(_cap("cpu", 3.0, ts=now))
+    mixed.on_capacity(_cap("accelerator", 2.0, ts=now))
+    client = await _client(mixed)
+    try:
+        r = await client.call(_req(2, extra=150), 10.0)
+        assert (r.ok, r.candidates, r.decision) == (True, 250, "ADMIT")
+        assert r.base_top_ad >= 0
+    finally:
+        await client.close()
+
+
+async def test_a_capacity_drop_cuts_optional_work_in_flight_at_once(mixed: RankingServer) -> None:
+    now = time.time()
+    mixed.on_capacity(_cap("cpu", 3.0, ts=now))
+    mixed.on_capacity(_cap("accelerator", 2.0, ts=now))
+    client = await _client(mixed)
+    try:
+        # extras of 1.2 s each (3000 × 0.4 ms): surely still running when the capacity goes
+        calls = [
+            asyncio.ensure_future(client.call(_req(10 + i, extra=3000), 30.0)) for i in range(6)
+        ]
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if mixed._occ_cpu > 0.0:
+                break
+        assert mixed._occ_cpu > 0.0
+        mixed.on_capacity(_cap("cpu", 0.0, ts=now + 1.0, reason="preempt"))
+        mixed.on_capacity(_cap("accelerator", 0.0, ts=now + 1.0, reason="preempt"))
+        responses = await asyncio.wait_for(asyncio.gather(*calls), 10.0)
+        assert all(r.ok for r in responses)  # the baseline of every request is served
+        assert all(r.candidates == 100 for r in responses)
+        assert all(r.decision == "SHED" for r in responses)
+        await asyncio.sleep(0.05)
+        assert mixed.releases  # measured, on the server's own clock
+        assert mixed._occ_cpu == 0.0
+        assert mixed._occ_acc == 0.0
+        assert mixed.shedder.stats.inflight_cut >= 1
+    finally:
+        await client.close()
+
+
+async def test_the_strong_model_serves_only_once_loaded(
+    scenario: Scenario, world: RankingWorld
+) -> None:
+    clock = Clock()
+    server = RankingServer(
+        ServerConfig(region=REGION, pool="opportunistic", replica="s1"),
+        scenario,
+        None,
+        world=world,
+        clock=clock,
+    )
+    await server.start()
+    client = await _client(server)
+    try:
+        r = await client.call(_req(1, model="strong", value=5.0), 10.0)
+        assert (r.ok, r.downgraded) == (False, True)  # no capacity at all
+        now = clock()
+        server.on_capacity(_cap("cpu", 3.0, ts=now))
+        server.on_capacity(_cap("accelerator", 2.0, ts=now))
+        r = await client.call(_req(2, model="strong", value=5.0), 10.0)
+        assert (r.ok, r.downgraded, r.error) == (False, True, "strong model not loaded")
+        clock.offset += scenario.models.strong.load_s + 0.1
+        r = await client.call(_req(3, model="strong", value=5.0), 10.0)
+        assert (r.ok, r.model, r.candidates) == (True, "strong", 100)
+        assert r.base_top_ad >= 0
+        # a preemption unloads it
+        server.on_capacity(_cap("accelerator", 0.0, ts=clock() + 1.0, reason="preempt"))
+        r = await client.call(_req(4, model="strong", value=5.0), 10.0)
+        assert r.downgraded
+    finally:
+        await client.close()
+        await server.stop()
+
+
+async def test_requests_in_flight_finish_on_drain(mixed: RankingServer) -> None:
+    client = await _client(mixed)
+    try:
+        calls = [asyncio.ensure_future(client.call(_req(40 + i), 10.0)) for i in range(4)]
+        await asyncio.sleep(0.01)
+        await mixed.drain()
+        responses: list[RankResponse] = await asyncio.gather(*calls)
+        assert all(r.ok for r in responses)
+    finally:
+        await client.close()
