@@ -43,6 +43,9 @@ class SimConfig:
     failover_ms: float = 20.0
     # A strong request downgraded by the strong server's admission control goes back at once.
     downgrade_ms: float = 1.0
+    # While a server sheds or is overloaded the engine steps this finely (CoDel's interval is
+    # 100 ms; one reading per second cannot resolve its control law).
+    hot_step_s: float = 0.1
     # Event-loop turns of a ranking server per request (arrival, CPU → accelerator hand-off,
     # response): a server notices a reclaim at its next turn (docs/simulator.md §Reclaims).
     server_turns_per_request: float = 3.0
@@ -91,6 +94,7 @@ class SimConfig:
             out.append(f"{_PREFIX}.eligible_share: must lie in [0, 1], got {self.eligible_share!r}")
         nonneg("failover_ms", self.failover_ms)
         nonneg("downgrade_ms", self.downgrade_ms)
+        positive("hot_step_s", self.hot_step_s)
         positive("server_turns_per_request", self.server_turns_per_request)
         positive("cores_per_server", self.cores_per_server)
         if not isinstance(self.peer_samples_per_step, int) or self.peer_samples_per_step < 1:

@@ -643,24 +643,29 @@ class RegionRun:
             rma *= k
             sbm *= k
         self.asg_rma[i] = rma
-        old = sum(u for u, _ in self.tranches[i])
-        if sbm > old + _EPS and self.static.strong_ok[i]:
+        self.asg_sbm[i] = sbm
+        if not self.static.strong_ok[i]:
+            return
+        # strong replicas stay resident on devices nobody else needs (a lower SBM budget for a
+        # minute does not unload the model); only the level or RMA's share pushes them out
+        tr = self.tranches[i]
+        resident = sum(u for u, _ in tr)
+        if sbm > resident + _EPS:
             ready = now + float(self.ctx.scenario.models.strong.load_s)
-            self.tranches[i].append((sbm - old, ready))
+            tr.append((sbm - resident, ready))
             if ready > now:
                 self._push(ready, _EV_LOADED, i)
-        elif sbm < old - _EPS:
-            drop = old - sbm  # release the newest (least loaded) units first
-            tr = self.tranches[i]
-            while drop > _EPS and tr:
-                u, at = tr[-1]
-                if u <= drop + _EPS:
-                    tr.pop()
-                    drop -= u
-                else:
-                    tr[-1] = (u - drop, at)
-                    drop = 0.0
-        self.asg_sbm[i] = sbm
+            resident = sbm
+        room = max(level - rma, sbm)
+        drop = resident - room
+        while drop > _EPS and tr:  # the newest (least loaded) units go first
+            u, at = tr[-1]
+            if u <= drop + _EPS:
+                tr.pop()
+                drop -= u
+            else:
+                tr[-1] = (u - drop, at)
+                drop = 0.0
 
     def _refresh_quotas(self, now: float, reduced: bool) -> None:
         q = self.compute_quotas(now)
@@ -851,6 +856,10 @@ class RegionRun:
             nxt = min(self.heap[0][0] if self.heap else math.inf, t1)
             steady = self.policy.steady() and not self.pending and self._quiet()
             end = nxt if steady else min(nxt, float(tr.step_edges[step + 1]))
+            if getattr(self.policy, "hot", lambda: False)():
+                # a server fighting a queue decides every hot_step_s: CoDel's control law
+                # acts in 100 ms intervals and is not resolved by one reading per step
+                end = min(end, t + self.cfg.hot_step_s)
             end = max(end, t + _EPS)
             mix = self._current_mix(t, end - t)
             self.mix = mix
@@ -971,8 +980,8 @@ class RegionRun:
 
     def _health(self, now: float, mix: Mix, row: FloatArray) -> Health:
         """Health after the step ``row``: standing queues (what CoDel judges: the fluid backlog
-        plus the part of the stochastic wait nearly every request sees, its 5th percentile,
-        non-zero only near saturation) and work in flight per server (Little's law)."""
+        plus the median stochastic wait, :func:`_standing`) and work in flight per server
+        (Little's law)."""
         c = _R
         wc = wait_params(row[c["rc"]], row[c["nc"]], mix.cpu_mean, mix.cpu_cs2)
         wa = wait_params(row[c["ra"]], row[c["na"]], mix.acc_mean, mix.acc_cs2)
@@ -1331,10 +1340,14 @@ def _fluid(stage: StageState, rho: FloatArray, dt: FloatArray) -> tuple[FloatArr
 
 
 def _standing(w: WaitParams) -> float:
-    """5th percentile of a stage's stochastic wait (ms): the queue almost nobody escapes."""
-    if w.p <= 0.95 or w.rate <= 0:
+    """Median of a stage's stochastic wait (ms): non-zero once most requests queue.
+
+    CoDel judges the *minimum* sojourn over an interval, i.e. a queue that does not drain; with
+    one reading per step, the median wait is the step-level stand-in: 0 while fewer than half the
+    requests wait at all, the typical wait once a queue persists."""
+    if w.p <= 0.5 or w.rate <= 0:
         return 0.0
-    return math.log(w.p / 0.95) / w.rate
+    return math.log(2.0 * w.p) / w.rate
 
 
 # --------------------------------------------------------------------------------------------

@@ -324,8 +324,11 @@ class HeadroomRegion(PlaneRegion):
         return self.rma_client.multiplier_at(now), self.sbm_client.multiplier_at(now)
 
     def on_quotas(self, now: float, quotas: Quotas, reduced: bool) -> None:
-        self.rma_server.on_capacity(OptionalCapacity(quotas.rma_cpu, quotas.rma_acc), now)
-        self.sbm_server.on_capacity(OptionalCapacity(quotas.sbm_cpu, quotas.sbm_acc), now)
+        # servers enforce what the allocator budgeted: the quota less the safety margin, so the
+        # margin stays free as queueing headroom instead of being filled by admission
+        k = 1.0 - self.margin
+        self.rma_server.on_capacity(OptionalCapacity(quotas.rma_cpu * k, quotas.rma_acc * k), now)
+        self.sbm_server.on_capacity(OptionalCapacity(quotas.sbm_cpu * k, quotas.sbm_acc * k), now)
 
     def admit(
         self, now: float, span: float, rma_req: Any, sbm_req: Any, run: RegionRun
@@ -360,7 +363,10 @@ class HeadroomRegion(PlaneRegion):
             float(n_sbm.sum()) * ctx.n0 * costs.strong_cpu_ms,
             float(n_sbm.sum()) * ctx.n0 * costs.strong_accelerator_ms,
         )
-        have = tuple(1000.0 * span * u for u in (q.rma_cpu, q.rma_acc, q.sbm_cpu, q.sbm_acc))
+        k = 1.0 - self.margin
+        have = tuple(
+            1000.0 * span * u * k for u in (q.rma_cpu, q.rma_acc, q.sbm_cpu, q.sbm_acc)
+        )
         end = now + span
         self._called = False
 
@@ -434,6 +440,10 @@ class HeadroomRegion(PlaneRegion):
             if t is not None:
                 out.append(_transition_event(t, lever))
         return out
+
+    def hot(self) -> bool:
+        """A server is overloaded or shedding: decide at ``hot_step_s`` resolution."""
+        return any(s.overloaded or s.shedding for s in (self.rma_server, self.sbm_server))
 
     def steady(self) -> bool:
         return (
