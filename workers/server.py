@@ -27,9 +27,10 @@ Slots — the emulated hardware
 -----------------------------
 This machine has a couple of cores, not a fleet's cores and accelerators. A resource with ``u``
 units has ``k = ceil(u)`` slots of speed ``u / k`` (so 2.5 devices are 3 slots at 0.83). A
-request holds a CPU slot for its CPU work, then an accelerator slot for its accelerator work, each
-``candidates × ms_per_candidate ÷ speed`` long (CONTRACT §3 costs; the real numpy compute of the
-ranking runs inside the CPU slot and counts toward its time). Waiting for a slot is the queueing
+request holds up to ``cpu_parallelism`` CPU slots for its CPU work (the threads scoring its
+candidates in parallel), then one accelerator slot for its accelerator work (one batch), each
+stage ``candidates × ms_per_candidate ÷ (slots × speed)`` long (CONTRACT §3 costs; the real numpy
+compute of the ranking runs inside the CPU stage and counts toward its time). Waiting for a slot is the queueing
 delay (``queue_ms``) that CoDel watches and every response reports. The optional part of a stage
 (RMA's extra candidates, or the whole strong-model request) is a separate *phase* that can be cut
 at any instant: cutting it releases the slot at once. An optional phase gets
@@ -125,6 +126,11 @@ class ServerConfig:
     t0: float = 0.0  # wall-clock epoch of scenario time 0
     speed: float = 1.0  # scenario seconds per wall second
     latency_interval_s: float = 1.0  # one headroom.latency message per path this often
+    # Threads that score one request's candidates in parallel on the CPU stage: a request takes
+    # up to this many CPU slots at once. 4 is the simulator's model of a ranking server
+    # (sim.latency.LatencyConfig.cpu_parallelism), so both engines give a request the same
+    # service time. The accelerator stage takes one device per request (one batch).
+    cpu_parallelism: int = 4
     policy: str = "headroom"  # the policy name written on events
     shed: ServerShedConfig = field(default_factory=ServerShedConfig)
 
@@ -140,6 +146,8 @@ class ServerConfig:
             problems.append(f"--speed: must be > 0, got {self.speed}")
         if not (math.isfinite(self.t0) and self.t0 >= 0.0):
             problems.append(f"--t0: must be a time >= 0, got {self.t0}")
+        if self.cpu_parallelism < 1:
+            problems.append(f"cpu_parallelism: must be >= 1, got {self.cpu_parallelism}")
         if not self.latency_interval_s > 0.0:
             problems.append(f"latency_interval_s: must be > 0, got {self.latency_interval_s}")
         if not self.replica:
@@ -274,9 +282,11 @@ class CapacityBook:
 class SlotPool:
     """``ceil(units)`` slots of speed ``units / ceil(units)``, handed out first come, first served.
 
-    :meth:`resize` takes effect at once for new acquisitions; slots held beyond a smaller size stay
-    held until released (the caller cuts the work that must go). Zero units: no slot at all, and
-    waiters wait until capacity returns (callers bound the wait).
+    A request may take several slots at once (:meth:`acquire` ``n``: the threads that score its
+    candidates in parallel); the head of the queue is served first, so a wide request is never
+    starved by narrow ones behind it. :meth:`resize` takes effect at once for new grants; slots
+    held beyond a smaller size stay held until released (the caller cuts the work that must go).
+    Zero units: no slot at all, and waiters wait until capacity returns (callers bound the wait).
     """
 
     def __init__(self, name: str, units: float) -> None:
@@ -285,7 +295,7 @@ class SlotPool:
         self.slots = 0
         self.speed = 1.0
         self.busy = 0
-        self._waiters: list[asyncio.Future[None]] = []
+        self._waiters: list[tuple[asyncio.Future[int], int]] = []
         self.resize(units)
 
     def resize(self, units: float) -> None:
@@ -301,36 +311,47 @@ class SlotPool:
 
     @property
     def waiting(self) -> int:
-        return sum(1 for w in self._waiters if not w.done())
+        return sum(1 for w, _n in self._waiters if not w.done())
 
-    async def acquire(self) -> None:
-        if self.busy < self.slots and not self._waiters:
-            self.busy += 1
-            return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(future)
+    async def acquire(self, n: int = 1) -> int:
+        """Wait for ``n`` slots (fewer when the pool has fewer); returns how many were granted."""
+        n = max(1, n)
+        if not self._waiters and self.slots > 0:
+            granted = min(n, self.slots)
+            if self.busy + granted <= self.slots:
+                self.busy += granted
+                return granted
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        entry = (future, n)
+        self._waiters.append(entry)
         try:
-            await future
+            return await future
         except BaseException:
             if future.done() and not future.cancelled():
-                self.release()  # granted just as we were cancelled: hand it on
+                self.release(future.result())  # granted just as we were cancelled: hand on
             else:
                 future.cancel()
             raise
         finally:
             with contextlib.suppress(ValueError):
-                self._waiters.remove(future)
+                self._waiters.remove(entry)
 
-    def release(self) -> None:
-        self.busy -= 1
+    def release(self, n: int = 1) -> None:
+        self.busy -= n
         self._wake()
 
     def _wake(self) -> None:
-        while self.busy < self.slots and self._waiters:
-            future = self._waiters.pop(0)
-            if not future.done():
-                self.busy += 1
-                future.set_result(None)
+        while self._waiters and self.slots > 0:
+            future, n = self._waiters[0]
+            if future.done():
+                self._waiters.pop(0)
+                continue
+            granted = min(n, self.slots)
+            if self.busy + granted > self.slots:
+                break
+            self._waiters.pop(0)
+            self.busy += granted
+            future.set_result(granted)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -392,6 +413,7 @@ class RankingServer(Service):
         self._occ_acc = 0.0
         self._fit_waiters: list[asyncio.Future[None]] = []
         self._ids = count()
+        self._threads = config.cpu_parallelism
         self._inflight = 0
         self._idle = asyncio.Event()
         self._queue_ms = 0.0  # the newest queueing delay (a slot wait), for health and latency
@@ -694,21 +716,22 @@ class RankingServer(Service):
         extra: int,
         strong: bool,
         done_ms: float = 0.0,
+        width: int = 1,
     ) -> bool:
-        """Run ``work_ms`` of optional work (at unit speed) on the slot just acquired; False when
-        it was cut, or could not start because no opportunistic capacity is left.
+        """Run ``work_ms`` of optional work (at unit speed) on the ``width`` slots just acquired;
+        False when it was cut, or could not start because no opportunistic capacity is left.
 
-        The phase gets ``u = min(slot speed, level − optional units already in use)`` units, and
+        The phase gets ``u = min(width × slot speed, level − optional units in use)`` units, and
         lasts ``work_ms / u`` (less ``done_ms`` already spent on it): optional work time-shares
         what is left of the opportunistic level, so it never occupies more than the level.
         """
         pool = self.cpu if resource == "cpu" else self.accelerator
         cap = self.shedder.capacity
         if resource == "cpu":
-            units = min(pool.speed, cap.cpu - self._occ_cpu)
+            units = min(width * pool.speed, cap.cpu - self._occ_cpu)
             work = _Optional(work_id, value, units, 0.0, extra, strong)
         else:
-            units = min(pool.speed, cap.accelerator - self._occ_acc)
+            units = min(width * pool.speed, cap.accelerator - self._occ_acc)
             work = _Optional(work_id, value, 0.0, units, extra, strong)
         if units <= _EPS:
             return False
@@ -726,14 +749,17 @@ class RankingServer(Service):
     def _health(self) -> Health:
         return Health(overloaded=self.shedder.overloaded, queue_ms=self._queue_ms)
 
-    async def _acquire(self, pool: SlotPool, deadline: float | None) -> float | None:
-        """Wait for a slot; the wait in ms, or None when ``deadline`` (monotonic) passed first."""
+    async def _acquire(
+        self, pool: SlotPool, deadline: float | None, n: int = 1
+    ) -> tuple[float, int] | None:
+        """Wait for ``n`` slots: (the wait in ms, slots granted), or None when ``deadline``
+        (monotonic) passed first."""
         start = time.monotonic()
         if deadline is None:
-            await pool.acquire()
+            granted = await pool.acquire(n)
         else:
             try:
-                await asyncio.wait_for(pool.acquire(), max(0.0, deadline - start))
+                granted = await asyncio.wait_for(pool.acquire(n), max(0.0, deadline - start))
             except TimeoutError:
                 return None
         waited = (time.monotonic() - start) * 1000.0
@@ -745,7 +771,7 @@ class RankingServer(Service):
             fields = {"queue_ms": transition.queue_ms, "reason": transition.reason}
             self.log.info(f"server.{transition.event.value}", **fields)
             self.add_task(self._emit(transition.event.value, fields), name="overload")
-        return waited
+        return waited, granted
 
     async def handle(self, req: RankRequest) -> RankResponse:
         """Serve one request (the wire protocol's handler)."""
@@ -807,27 +833,30 @@ class RankingServer(Service):
         work_id = next(self._ids)
         queue_ms = 0.0
         # CPU stage: retrieval and features (real compute inside the slot), then the extras.
-        waited = await self._acquire(self.cpu, None)
-        queue_ms += waited or 0.0
+        got = await self._acquire(self.cpu, None, self._threads)
+        assert got is not None
+        queue_ms += got[0]
+        width = got[1]
         try:
             t = time.monotonic()
             cands, scores = self._rank(req, base + n, Model.BASE)
             real_ms = (time.monotonic() - t) * 1000.0
-            base_ms = base * costs.base_cpu_ms / self.cpu.speed
+            base_ms = base * costs.base_cpu_ms / (width * self.cpu.speed)
             if base_ms > real_ms:
                 await asyncio.sleep((base_ms - real_ms) / 1000.0)
             if n > 0:
                 ok = time.monotonic() < optional_deadline and await self._optional_phase(
-                    work_id, req.value, n * costs.base_cpu_ms, "cpu", n, False
+                    work_id, req.value, n * costs.base_cpu_ms, "cpu", n, False, width=width
                 )
                 if not ok:
                     self._count_shed(n, False)
                     n, decision = 0, Decision.SHED
         finally:
-            self.cpu.release()
+            self.cpu.release(width)
         # Accelerator stage: the model's inference, base candidates then extras.
-        waited = await self._acquire(self.accelerator, None)
-        queue_ms += waited or 0.0
+        got = await self._acquire(self.accelerator, None)
+        assert got is not None
+        queue_ms += got[0]
         try:
             await asyncio.sleep(base * costs.base_accelerator_ms / self.accelerator.speed / 1000.0)
             if n > 0:
@@ -874,28 +903,29 @@ class RankingServer(Service):
         deadline = start + req.budget_ms / 1000.0
         work_id = next(self._ids)
         queue_ms = 0.0
-        waited = await self._acquire(self.cpu, deadline)
-        if waited is None:
+        got = await self._acquire(self.cpu, deadline, self._threads)
+        if got is None:
             self._count_shed(0, True)
             return self._downgraded(req, start, "no slot within budget")
-        queue_ms += waited
+        queue_ms += got[0]
+        width = got[1]
         try:
             t = time.monotonic()
             cands, scores = self._rank(req, n, Model.STRONG)
             real_ms = (time.monotonic() - t) * 1000.0
             ok = await self._optional_phase(
-                work_id, req.value, cost.cpu_s * 1000.0, "cpu", 0, True, done_ms=real_ms
+                work_id, req.value, cost.cpu_s * 1000.0, "cpu", 0, True, real_ms, width
             )
         finally:
-            self.cpu.release()
+            self.cpu.release(width)
         if not ok:
             self._count_shed(0, True)
             return self._downgraded(req, start, "preempted")
-        waited = await self._acquire(self.accelerator, deadline)
-        if waited is None:
+        got = await self._acquire(self.accelerator, deadline)
+        if got is None:
             self._count_shed(0, True)
             return self._downgraded(req, start, "no slot within budget")
-        queue_ms += waited
+        queue_ms += got[0]
         try:
             ok = await self._optional_phase(
                 work_id, req.value, cost.accelerator_s * 1000.0, "accelerator", 0, True

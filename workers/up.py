@@ -6,7 +6,8 @@ a user would run them on several machines, and wires them together:
 1. topics under the prefix (idempotent), and a **collector** reading ``headroom.events`` from its
    current end (so only this run's events are kept), written to ``DIR/events.jsonl``;
 2. the **controller** (Faust app) with an interval scaled to the run (``--interval``; default
-   ``duration / speed / 40`` clamped to 1–60 s, so the minute-scale loops get ~40 steps);
+   ``duration / 40`` of scenario time, at least one SLO window, in wall seconds 1–60 s, so the
+   minute-scale loops get ~40 steps);
 3. per region, **servers**: ``dedicated_replicas`` mixed RMA replicas sharing the dedicated
    capacity (``--share 1/n``) and one strong-model replica on the opportunistic pool; each prints
    the port it listens on;
@@ -58,9 +59,11 @@ log = get_logger("up")
 READY_TIMEOUT_S = 90.0  # a process that has not said it is ready by then failed to start
 
 
-def default_interval(duration_s: float, speed: float) -> float:
-    """Controller interval (wall seconds): ~40 control steps per run, within 1-60 s."""
-    return float(min(60.0, max(1.0, duration_s / speed / 40.0)))
+def default_interval(duration_s: float, speed: float, window_s: float = 1.0) -> float:
+    """Controller interval (wall seconds): ~40 control steps per run, at least one SLO window
+    (p99 is judged per window; a shorter step sees no new window) and 1 s, at most 60 s."""
+    scenario_s = min(60.0 * speed, max(window_s, speed, duration_s / 40.0))
+    return float(scenario_s / speed)
 
 
 @dataclass(frozen=True)
@@ -209,7 +212,9 @@ class Stack:
         self.config = config
         self.scenario = scenario
         self.kafka = config.kafka
-        self.interval_s = config.interval_s or default_interval(scenario.duration_s, config.speed)
+        self.interval_s = config.interval_s or default_interval(
+            scenario.duration_s, config.speed, scenario.slo.window_s
+        )
         self.procs: dict[str, Proc] = {}
         self.server_addresses: dict[str, list[tuple[str, str]]] = {}  # region -> [(pool, addr)]
         self.t0: float | None = None
@@ -536,17 +541,16 @@ def _bind(action: Action, stack: Stack) -> Callable[[], Awaitable[Any]]:
 
 
 def oracle_events(scenario: Scenario, config: StackConfig) -> list[dict[str, Any]]:
-    """The ``oracle.bound`` line for this scenario, from the simulator's oracle (same traces and
-    seed as the feed's), or nothing when the simulator cannot compute it here."""
+    """The ``oracle.bound`` line: the simulator's oracle on this scenario. The feed plays the
+    simulator's own traffic draw (same seed, same arrivals per second), so the bound is for the
+    requests this run served. Nothing when the simulator cannot compute it here."""
     try:
-        from sim.run import oracle_bound
-    except ImportError:
-        log.warning("up.oracle.unavailable", reason="sim.run.oracle_bound is not installed")
-        return []
-    try:
-        bound = oracle_bound(scenario)
-    except Exception as exc:  # the bound is a reference figure: never fail the run for it
-        log.warning("up.oracle.failed", error=f"{type(exc).__name__}: {exc}")
+        from sim.oracle import oracle_for
+        from sim.run import build_context
+
+        bound = oracle_for(build_context(scenario)).bound()
+    except Exception as exc:  # a reference figure: never fail the run for it
+        log.warning("up.oracle.unavailable", error=f"{type(exc).__name__}: {exc}")
         return []
     return [
         {

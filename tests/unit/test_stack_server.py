@@ -133,6 +133,25 @@ async def test_slots_are_handed_out_in_order_and_a_shrink_keeps_held_slots() -> 
         await t
 
 
+async def test_a_wide_request_takes_several_slots_and_is_not_overtaken() -> None:
+    pool = SlotPool("cpu", 3.0)
+    assert await pool.acquire(2) == 2
+    wide = asyncio.create_task(pool.acquire(3))  # needs all three: waits for the two
+    await asyncio.sleep(0)
+    narrow = asyncio.create_task(pool.acquire(1))  # one is free, but the wide one is first
+    await asyncio.sleep(0)
+    assert not wide.done()
+    assert not narrow.done()
+    pool.release(2)
+    assert await wide == 3
+    assert not narrow.done()
+    pool.release(3)
+    assert await narrow == 1
+    pool.release(1)
+    assert await asyncio.wait_for(pool.acquire(8), 1.0) == 3  # never more than the pool has
+    assert pool.busy == 3
+
+
 async def test_a_cancelled_waiter_does_not_leak_a_slot() -> None:
     pool = SlotPool("cpu", 1.0)
     await pool.acquire()
