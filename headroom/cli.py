@@ -146,6 +146,16 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
     _add_run_clock_flags(p)
 
 
+def _add_default_dedicated_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--default-dedicated",
+        metavar="REGION",
+        default=None,
+        help="a recorded region the scenario does not list gets the dedicated capacity of this "
+        "scenario region (default: such a region is an error)",
+    )
+
+
 def _add_feed_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--t0",
@@ -240,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="a recording whose capacity levels and request arrivals drive the run",
     )
+    _add_default_dedicated_flag(p)
     p.add_argument(
         "--out",
         metavar="DIR",
@@ -279,6 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="scenario giving slo, world, models, segments",
     )
     q.add_argument("--out", metavar="NEW.yaml", required=True, help="scenario file to write")
+    _add_default_dedicated_flag(q)
 
     # --- kafka --------------------------------------------------------------------------------
     p = cmd(sub, "kafka", "the local Apache Kafka broker for development and tests", None)
