@@ -11,9 +11,11 @@ region, so a region's partitions are shared by that region's clients), and for e
    optional work at all (the control arm of every lever's estimate). Then SBM: an eligible request
    goes to the strong model with its segment's routing probability ``sbm.segments[seg]``, if the
    client-side multiplier of the strong replica keeps a request of its value rank (lowest value
-   dropped first). Otherwise RMA: ``extra = round(m × (rma.candidates − base))`` extra candidates,
-   ``m`` the client-side multiplier of the dedicated replica it picked (AIMD on the health in every
-   response, :class:`workers.shedding.ClientShedder`).
+   dropped first). Otherwise RMA: ``m × (rma.candidates − base)`` extra candidates per request on
+   average, ``m`` the client-side multiplier of the dedicated replica it picked (AIMD on the health
+   in every response, :class:`workers.shedding.ClientShedder`), spent highest value first: the
+   requests in the top ``m × (candidates − base) / (max − base)`` share by value get ``max − base``
+   extras, the others none (the simulator's ``headroom`` clients do the same).
 3. **Serve** — over real loopback connections (:mod:`workers.wire`). An SBM request goes to a
    strong-model replica; if that replica refuses it (``downgraded``), is unreachable, dies or is
    preempted mid-request, or does not answer within its budget, the request returns to the base
@@ -137,6 +139,7 @@ class ClientConfig:
     seed: int = 0
     policy: str = "headroom"
     instance: str | None = None  # static group membership: a restart keeps the partitions
+    value_ranked_rma: bool = True  # RMA extras spent highest value first (see Router)
     # Requests being served at once: back-pressure on the consumer, and a bound on the burst a
     # restarted client sends its servers while it catches up with the requests that queued up.
     max_in_flight: int = 32
@@ -260,14 +263,31 @@ class Plan:
 class Router:
     """Holdout arm, SBM routing by segment probability, RMA extra candidates (module docstring).
 
+    RMA, ``value_ranked`` (the default, as the simulator's ``headroom`` policy): the target's
+    ``m × (candidates − base)`` extra candidates per request are a *mean* spent highest value
+    first — a request whose value rank (its CDF among recent requests) is in the top
+    ``m × (candidates − base) / (max − base)`` share gets ``max − base`` extras, the others none
+    (the same work, on the requests where a better ad is worth most). ``uniform``: every
+    treatment request gets ``round(m × (candidates − base))``.
+
     ``rng`` is the only source of randomness (one uniform draw for the arm, one for SBM).
     """
 
-    def __init__(self, holdout: float, base_candidates: int, rng: np.random.Generator) -> None:
+    def __init__(
+        self,
+        holdout: float,
+        base_candidates: int,
+        rng: np.random.Generator,
+        *,
+        max_candidates: int,
+        value_ranked: bool = True,
+    ) -> None:
         if not 0.0 <= holdout < 1.0:
             raise ConfigError(f"world.holdout: must lie in [0, 1), got {holdout}")
         self.holdout = holdout
         self.base = base_candidates
+        self.max = max(base_candidates, max_candidates)
+        self.value_ranked = value_ranked
         self.rng = rng
 
     def plan(
@@ -279,6 +299,7 @@ class Router:
         rma_multiplier: float,
         sbm_keeps: bool,
         sbm_available: bool,
+        value_rank: float = 1.0,
     ) -> Plan:
         u_arm, u_sbm = self.rng.random(2)
         if u_arm < self.holdout:
@@ -286,8 +307,13 @@ class Router:
         p = float(target.sbm_segments.get(segment, 0.0)) if target.sbm_coverage > 0.0 else 0.0
         if eligible and sbm_available and u_sbm < p and sbm_keeps:
             return Plan(control=False, strong=True, extra=0)
-        wanted = max(0, target.rma_candidates - self.base)
-        extra = round(min(1.0, max(0.0, rma_multiplier)) * wanted)
+        m = min(1.0, max(0.0, rma_multiplier))
+        wanted = max(0, min(target.rma_candidates, self.max) - self.base)
+        span = self.max - self.base
+        if not self.value_ranked or span <= 0 or wanted <= 0:
+            return Plan(control=False, strong=False, extra=round(m * wanted))
+        share = m * wanted / span
+        extra = span if share > 0.0 and value_rank >= 1.0 - share else 0
         return Plan(control=False, strong=False, extra=extra)
 
 
@@ -606,7 +632,13 @@ class RankingClient(Service):
         self.base = w.base_candidates
         self.world = world
         self.targets = TargetBook(config.region, w.base_candidates)
-        self.router = Router(w.holdout, w.base_candidates, np.random.default_rng(config.seed))
+        self.router = Router(
+            w.holdout,
+            w.base_candidates,
+            np.random.default_rng(config.seed),
+            max_candidates=w.max_candidates,
+            value_ranked=config.value_ranked_rma,
+        )
         self.windows = WindowBook(
             config.region, scenario.slo.window_s, [s.name for s in scenario.segments]
         )
@@ -832,6 +864,7 @@ class RankingClient(Service):
             rma_multiplier=m,
             sbm_keeps=keeps,
             sbm_available=strong is not None,
+            value_rank=rank,
         )
         start = time.monotonic()
         response: RankResponse | None = None

@@ -15,7 +15,7 @@ Publishes a scenario, in real time or ``X`` times faster, onto Kafka:
   simulator's default), ``user`` (uniform over ``world.users`` when given, else a 31-bit id), at
   Poisson arrival times: per second of scenario time the count is the simulator's own draw
   (:class:`sim.traces.ScenarioTraces`: diurnal or CSV rate, seeded noise, surges), spread uniformly
-  over that second.
+  over that second — the very counts the simulator draws for the same seed.
 * ``headroom.events`` — ``run.started`` (scenario, seed, ``t0``, SLO, segments, regions, levers),
   one ``capacity.reclaimed`` per reclaim (every replica sees the same capacity message, so the feed
   is the one that counts it), one ``window`` line per region per SLO window with the opportunistic
@@ -109,7 +109,10 @@ class FeedSchedule:
     def __init__(self, scenario: Scenario, seed: int | None = None) -> None:
         self.scenario = scenario
         self.seed = scenario.seed if seed is None else int(seed)
-        traces_seq = np.random.SeedSequence([self.seed & 0xFFFFFFFF, 0xFEED])
+        # The simulator's own draw (sim.engine.SimContext: the first child of SeedSequence(seed),
+        # one-second steps): for a seed, both engines see the same rate and the same number of
+        # arrivals in every second, so their runs (and the oracle's bound) are comparable.
+        traces_seq = np.random.SeedSequence(self.seed).spawn(1)[0]
         self.traces = ScenarioTraces(scenario, np.random.default_rng(traces_seq), step_s=1.0)
         segs = scenario.segments
         self._seg_names = [s.name for s in segs]

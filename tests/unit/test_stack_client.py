@@ -105,7 +105,7 @@ def _live(coverage: float = 0.5, p: float = 1.0, candidates: int = 300) -> Targe
 
 
 def test_the_holdout_share_gets_no_optional_work() -> None:
-    router = Router(0.2, BASE, np.random.default_rng(1))
+    router = Router(0.2, BASE, np.random.default_rng(1), max_candidates=300)
     plans = [
         router.plan(
             segment="casual",
@@ -124,7 +124,7 @@ def test_the_holdout_share_gets_no_optional_work() -> None:
 
 
 def test_sbm_routes_by_segment_probability_only_for_eligible_requests() -> None:
-    router = Router(0.0, BASE, np.random.default_rng(2))
+    router = Router(0.0, BASE, np.random.default_rng(2), max_candidates=300)
     target = TargetState(1, 300, 0.3, {"casual": 0.25, "premium": 0.0}, False)
 
     def share(segment: str, eligible: bool = True, keeps: bool = True) -> float:
@@ -148,7 +148,7 @@ def test_sbm_routes_by_segment_probability_only_for_eligible_requests() -> None:
 
 
 def test_rma_asks_for_the_multiplier_times_the_extra_candidates() -> None:
-    router = Router(0.0, BASE, np.random.default_rng(3))
+    router = Router(0.0, BASE, np.random.default_rng(3), max_candidates=300, value_ranked=False)
     target = TargetState(1, 300, 0.0, {}, False)
     for m, want in ((1.0, 200), (0.5, 100), (0.0, 0), (1.7, 200)):
         plan = router.plan(
@@ -163,8 +163,36 @@ def test_rma_asks_for_the_multiplier_times_the_extra_candidates() -> None:
         assert plan.lever == ("rma" if want else None)
 
 
+def test_value_ranked_rma_gives_the_top_share_by_value_the_maximum() -> None:
+    router = Router(0.0, BASE, np.random.default_rng(5), max_candidates=300)
+    target = TargetState(1, 150, 0.0, {}, False)  # 50 of a 200-candidate span: a quarter
+    ranks = np.linspace(0.0, 1.0, 2001)
+
+    def extras(m: float) -> list[int]:
+        return [
+            router.plan(
+                segment="casual",
+                eligible=True,
+                target=target,
+                rma_multiplier=m,
+                sbm_keeps=True,
+                sbm_available=True,
+                value_rank=float(r),
+            ).extra
+            for r in ranks
+        ]
+
+    full = extras(1.0)
+    assert set(full) == {0, 200}
+    assert np.mean(full) == pytest.approx(50.0, abs=0.5)  # the same work on average
+    assert all(e == 200 for e, r in zip(full, ranks, strict=True) if r >= 0.75)
+    assert all(e == 0 for e, r in zip(full, ranks, strict=True) if r < 0.75)
+    assert np.mean(extras(0.5)) == pytest.approx(25.0, abs=0.5)  # the multiplier halves it
+    assert set(extras(0.0)) == {0}
+
+
 def test_a_fallen_back_target_routes_nothing_optional() -> None:
-    router = Router(0.0, BASE, np.random.default_rng(4))
+    router = Router(0.0, BASE, np.random.default_rng(4), max_candidates=300)
     baseline = TargetState(3, BASE, 0.0, {}, True)
     for _ in range(100):
         plan = router.plan(
@@ -180,7 +208,7 @@ def test_a_fallen_back_target_routes_nothing_optional() -> None:
 
 def test_router_rejects_a_holdout_outside_the_unit_interval() -> None:
     with pytest.raises(ConfigError, match="holdout"):
-        Router(1.0, BASE, np.random.default_rng(0))
+        Router(1.0, BASE, np.random.default_rng(0), max_candidates=300)
 
 
 # -- windows and value signals --------------------------------------------------------------------
