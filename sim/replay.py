@@ -96,6 +96,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 import numpy.typing as npt
+import orjson
 from scipy.special import ndtr
 
 from headroom.errors import ConfigError
@@ -429,6 +430,10 @@ class _Reader:
         self.seg_index = {s: i for i, s in enumerate(self.segments)}
         self.grid = ValueGrid.make(cfg.value_alpha)
         self.summary = ReplaySummary(path=str(path))
+        # one bit per line skipped in pass 1, so that pass 2 skips the same lines without
+        # validating every message again (bounded: 1 bit a line, only up to the last one)
+        self._skipped = bytearray()
+        self._kinds: dict[str, str | None] = {}
         try:
             self.size = path.stat().st_size
         except OSError as exc:
@@ -445,6 +450,11 @@ class _Reader:
     ) -> None:
         s = self.summary
         s.counts[kind] += 1
+        if line is not None and kind.handling is Handling.SKIPPED:
+            byte = line >> 3
+            if byte >= len(self._skipped):
+                self._skipped.extend(bytes(byte + 1 - len(self._skipped) + 4096))
+            self._skipped[byte] |= 1 << (line & 7)
         if s.counts[kind] <= self.cfg.max_reported:
             s.issues.append(
                 ReplayIssue(
@@ -457,9 +467,14 @@ class _Reader:
                 )
             )
 
-    def _items(self, pass_no: int, report: bool) -> Iterator[_Item]:
-        """The usable capacity and request messages; problems reported when ``report``."""
-        last_offset: dict[tuple[str, int], int] = {}
+    def _kind(self, topic: str) -> str | None:
+        kind = self._kinds.get(topic, "")
+        if kind == "":
+            kind = self._kinds[topic] = trailing_kind(topic)
+        return kind
+
+    def _envelopes(self, pass_no: int) -> Iterator[tuple[int, Envelope | CorruptLine]]:
+        """Every line's record (or corruption) with its line number; progress by bytes."""
         try:
             f = self.path.open("rb")
         except OSError as exc:
@@ -468,52 +483,74 @@ class _Reader:
             ) from None
         with f:
             lines = _Lines(f)
-            n = 0
-            for item in read_recording(lines):  # type: ignore[arg-type]  # readline is all it uses
-                n += 1
+            # read_recording only calls readline, which _Lines provides
+            for n, item in enumerate(read_recording(lines), start=1):  # type: ignore[arg-type]
                 if self.progress is not None and n % _PROGRESS_EVERY == 0:
                     self.progress(pass_no, lines.bytes, self.size)
-                if isinstance(item, CorruptLine):
-                    if report:
-                        self._issue(IssueKind.CORRUPT_LINE, item.lineno, None, item.reason)
-                    continue
-                line = lines.line
-                kind = trailing_kind(item.topic)
-                if kind not in USED_KINDS:
-                    if report:
-                        self.summary.ignored_topics[item.topic] += 1
-                    continue
-                src = (item.topic, item.partition)
-                last = last_offset.get(src)
-                if last is not None and item.offset <= last:
-                    if report:
-                        self._issue(
-                            IssueKind.DUPLICATE,
-                            line,
-                            item,
-                            f"offset {item.offset} is at or below offset {last} already read "
-                            "from this partition (the same record recorded twice?)",
-                        )
-                    continue
-                last_offset[src] = item.offset
-                if pass_no == 2 and kind != "requests":
-                    continue  # pass 2 bins requests only: no need to decode the rest
-                try:
-                    msg = decode(kind, item.payload)
-                except ValidationError as exc:
-                    if report:
-                        self._issue(IssueKind.INVALID_MESSAGE, line, item, str(exc))
-                    continue
-                assert isinstance(msg, Capacity | Request)
-                problem = self._not_replayable(msg)
-                if problem is not None:
-                    if report:
-                        self._issue(IssueKind.NOT_REPLAYABLE, line, item, problem)
-                    continue
-                yield _Item(line, item, kind, msg)
-            self.summary.lines = lines.line
+                yield (item.lineno if isinstance(item, CorruptLine) else lines.line), item
+            if pass_no == 1:
+                self.summary.lines = lines.line
             if self.progress is not None:
                 self.progress(pass_no, lines.bytes, self.size)
+
+    def _items(self) -> Iterator[_Item]:
+        """Pass 1: the usable capacity and request messages; every problem reported."""
+        last_offset: dict[tuple[str, int], int] = {}
+        for line, item in self._envelopes(1):
+            if isinstance(item, CorruptLine):
+                self._issue(IssueKind.CORRUPT_LINE, line, None, item.reason)
+                continue
+            kind = self._kind(item.topic)
+            if kind not in USED_KINDS:
+                self.summary.ignored_topics[item.topic] += 1
+                continue
+            src = (item.topic, item.partition)
+            last = last_offset.get(src)
+            if last is not None and item.offset <= last:
+                self._issue(
+                    IssueKind.DUPLICATE,
+                    line,
+                    item,
+                    f"offset {item.offset} is at or below offset {last} already read "
+                    "from this partition (the same record recorded twice?)",
+                )
+                continue
+            last_offset[src] = item.offset
+            try:
+                msg = decode(kind, item.payload)
+            except ValidationError as exc:
+                self._issue(IssueKind.INVALID_MESSAGE, line, item, str(exc))
+                continue
+            assert isinstance(msg, Capacity | Request)
+            problem = self._not_replayable(msg)
+            if problem is not None:
+                self._issue(IssueKind.NOT_REPLAYABLE, line, item, problem)
+                continue
+            yield _Item(line, item, kind, msg)
+
+    def _requests_again(self) -> Iterator[tuple[int, Envelope, float, str]]:
+        """Pass 2: ``(line, envelope, ts, region)`` of every request pass 1 used.
+
+        Pass 1 validated them, so only ``ts`` and ``region`` are read (a line pass 1 skipped
+        is skipped by its bit; lines appended since pass 1 are not read)."""
+        skipped = self._skipped
+        n_skipped = len(skipped) * 8
+        end = self.summary.lines
+        for line, item in self._envelopes(2):
+            if line > end:
+                break
+            if isinstance(item, CorruptLine) or self._kind(item.topic) != "requests":
+                continue
+            if line < n_skipped and skipped[line >> 3] & (1 << (line & 7)):
+                continue
+            try:
+                obj = orjson.loads(item.payload or b"")
+                ts = float(obj["ts"])
+                region = obj["region"]
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                continue  # the file changed since pass 1
+            if region in self.req_count:
+                yield line, item, ts, region
 
     def _not_replayable(self, msg: Capacity | Request) -> str | None:
         if isinstance(msg, Request):
@@ -546,7 +583,7 @@ class _Reader:
         self.value_counts = np.zeros((len(self.segments), self.grid.n_bins), dtype=np.int64)
         buffers: list[list[float]] = [[] for _ in self.segments]
         newest: dict[tuple[str, str], float] = {}
-        for it in self._items(1, report=True):
+        for it in self._items():
             msg = it.msg
             ts = msg.ts
             if isinstance(msg, Capacity) and msg.pool != "opportunistic":
@@ -621,13 +658,11 @@ class _Reader:
             buf_r.clear()
             buf_t.clear()
 
-        for it in self._items(2, report=False):
-            msg = it.msg
-            region = msg.region
-            t = msg.ts - t0
+        for line, env, ts, region in self._requests_again():
+            t = ts - t0
             prev = last[region]
             if t > prev + threshold[region]:
-                self._gap(region, prev, t, threshold[region], it.line, it.env)
+                self._gap(region, prev, t, threshold[region], line, env)
             if t > prev:
                 last[region] = t
             buf_r.append(r_index[region])
