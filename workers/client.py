@@ -88,6 +88,7 @@ __all__ = [
     "TargetBook",
     "TargetState",
     "WindowBook",
+    "in_flight_limit",
 ]
 
 LEVERS = ("rma", "sbm")
@@ -141,7 +142,8 @@ class ClientConfig:
     instance: str | None = None  # static group membership: a restart keeps the partitions
     value_ranked_rma: bool = True  # RMA extras spent highest value first (see Router)
     # Requests being served at once: back-pressure on the consumer, and a bound on the burst a
-    # restarted client sends its servers while it catches up with the requests that queued up.
+    # restarted client sends its servers while it catches up with the requests that queued up
+    # (in_flight_limit sizes it from the scenario's traffic).
     max_in_flight: int = 32
     sbm_budget_share: float = 0.5  # share of the SLO an SBM attempt may take before falling back
     base_timeout_share: float = 1.0  # share of the SLO one baseline attempt may take
@@ -171,6 +173,23 @@ class ClientConfig:
                 problems.append(f"{name}: must be > 0, got {getattr(self, name)}")
         if problems:
             raise ConfigError(problems)
+
+
+def in_flight_limit(scenario: Scenario, region: str) -> int:
+    """Requests a client of ``region`` keeps in flight at most: twice what Little's law needs at
+    the region's peak rate with every request taking the whole SLO (``2 · peak_rps · SLO``), at
+    least 8. Enough never to throttle a healthy region; small enough that a client catching up
+    after a restart does not bury its servers under the backlog."""
+    r = scenario.region(region)
+    t = r.traffic
+    if t.trace:
+        peak = max(rps for _t, rps in t.trace)
+    else:
+        peak = float(t.rps or 0.0) * (1.0 + t.daily_amplitude) * math.exp(2.0 * t.noise)
+    for e in scenario.events:
+        if e.kind == "surge" and e.region == region and e.factor:
+            peak *= max(1.0, e.factor)
+    return max(8, math.ceil(2.0 * peak * scenario.slo.p99_ms / 1000.0))
 
 
 # ------------------------------------------------------------------------------------------------

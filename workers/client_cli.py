@@ -23,7 +23,7 @@ from workers.server_cli import resolve_t0
 
 def client(args: argparse.Namespace) -> int:
     configure()
-    from workers.client import ClientConfig, RankingClient, ServerAddress
+    from workers.client import ClientConfig, RankingClient, ServerAddress, in_flight_limit
     from workers.metrics import process_metrics, serve_metrics
 
     scenario = load_scenario(args.scenario or default_scenario_path())
@@ -38,6 +38,7 @@ def client(args: argparse.Namespace) -> int:
         t0=resolve_t0(args.t0),
         speed=float(args.speed or 1.0),
         seed=scenario.seed if args.seed is None else int(args.seed),
+        max_in_flight=in_flight_limit(scenario, args.region),
     )
     metrics = process_metrics()
     if args.metrics_port is not None:

@@ -19,6 +19,7 @@ from workers.client import (
     TargetBook,
     TargetState,
     WindowBook,
+    in_flight_limit,
 )
 
 BASE = 100
@@ -318,6 +319,17 @@ def test_forgotten_partitions_are_dropped() -> None:
     t.received(2, 5)
     t.forget([2])
     assert t.committable() == {}
+
+
+def test_the_in_flight_limit_follows_the_peak_rate() -> None:
+    from headroom.scenario_load import load_scenario
+    from headroom.settings import default_scenario_path
+
+    quickstart = load_scenario(default_scenario_path())
+    # 300 rps x 1.4 (daily amplitude) x 1.6 (surge) x noise, 200 ms: some 290 at most in flight
+    assert 250 < in_flight_limit(quickstart, "us-east") < 320
+    with pytest.raises(KeyError):
+        in_flight_limit(quickstart, "nowhere")
 
 
 # -- configuration --------------------------------------------------------------------------------
