@@ -60,13 +60,13 @@ def simulate(args: argparse.Namespace) -> int:
     from headroom.scenario_load import load_scenario
     from sim.policies import parse_policies
 
-    if getattr(args, "replay", None):
-        raise ConfigError(
-            "--replay: not supported yet (recordings will drive the simulator in a later "
-            "version); run without it"
-        )
     policies = parse_policies(args.policy)
     scenario = load_scenario(args.scenario)
+    replayed = None
+    if getattr(args, "replay", None):  # a recording drives the run (sim/replay.py)
+        from sim.replay_cli import replay_for_simulate
+
+        scenario, replayed = replay_for_simulate(args, scenario)
     out_dir = Path(args.out) if args.out else default_out_dir(scenario.name)
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"--out: {out_dir} exists and is not a directory")
@@ -80,7 +80,7 @@ def simulate(args: argparse.Namespace) -> int:
         f"{', '.join(policies)}",
         file=sys.stderr,
     )
-    ctx = build_context(scenario, seed=seed)
+    ctx = replayed if replayed is not None else build_context(scenario, seed=seed)
     _print_costs(scenario, seed)
     progress = Progress(sys.stderr, policies, enabled=not args.no_progress)
     result = run_simulation(
