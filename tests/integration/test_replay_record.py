@@ -1,6 +1,6 @@
 """A real feed, recorded from a real broker (with ``headroom record``, then with ``kcat -C -J``),
-replayed through the simulator: the arrivals and capacity levels the simulator saw are the
-recording's.
+replayed through the simulator (``headroom simulate --replay``): the arrivals and capacity levels
+the simulator saw are the recording's.
 
 The expectation is computed here from the raw lines, independently of sim/replay.py: each
 request counts in step ``⌊(ts − t0)/1 s⌋`` of its region; each pool's level at ``t`` is the
@@ -23,7 +23,6 @@ import pytest
 from analysis.events import EventLog
 from headroom.scenario_load import load_scenario
 from sim.replay import ReplayContext, replay_context
-from sim.run import run_simulation
 from streams.kafka import KafkaTarget
 
 pytestmark = pytest.mark.integration
@@ -93,7 +92,7 @@ class Expected:
         return max(known)[2] if known else 0.0
 
 
-def check_replay(path: Path, tmp: Path) -> None:
+def check_replay(path: Path, tmp: Path, run_headroom: Run) -> None:
     base = load_scenario(SCENARIO)
     exp = Expected(path)
     assert exp.requests, "the recording holds no request"
@@ -117,17 +116,38 @@ def check_replay(path: Path, tmp: Path) -> None:
         probes.append(exp.span)
         for t in probes:
             assert seen[key[1:]].level_at(t) == exp.level(key, t), (key, t)
-    # and what the run reported, window by window
-    out = run_simulation(scenario, ["static"], tmp / "run", context=ctx, plots=False)
+    # and what `headroom simulate --replay` reported, window by window
+    out = tmp / "run"
+    res = run_headroom(
+        "simulate",
+        str(SCENARIO),
+        "--replay",
+        str(path),
+        "--policy",
+        "static,oracle",
+        "--no-plots",
+        "--no-progress",
+        "--out",
+        str(out),
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "replay:   skipped: 0" in res.stderr
     window = base.slo.window_s
     per_step = np.array(exp.arrivals("it-east"))
     k = round(window)
     expected = [
         int(per_step[w * k : (w + 1) * k].sum()) for w in range(math.ceil(exp.span / window))
     ]
-    windows = [e for e in EventLog(out.events_path) if e.get("kind") == "window"]
-    assert [w["requests"] for w in windows] == expected
-    assert out.metrics["policies"]["static"]["requests"]["total"] == len(exp.requests)
+    for policy in ("static", "oracle"):
+        windows = [
+            e
+            for e in EventLog(out / "events.jsonl")
+            if e.get("kind") == "window" and e.get("policy") == policy
+        ]
+        assert [w["requests"] for w in windows] == expected
+    metrics = orjson.loads((out / "metrics.json").read_bytes())
+    assert metrics["policies"]["static"]["requests"]["total"] == len(exp.requests)
 
 
 def test_a_headroom_recording_of_a_feed_replays_into_the_simulator(
@@ -157,7 +177,7 @@ def test_a_headroom_recording_of_a_feed_replays_into_the_simulator(
     assert res.returncode == 0, res.stderr[-3000:]
     exp = Expected(path)
     assert exp.published is not None  # the feed's run.finished was recorded too
-    check_replay(path, tmp_path)
+    check_replay(path, tmp_path, run_headroom)
     # the events topic rides along and is ignored
     _, ctx = replay_context(load_scenario(SCENARIO), path)
     assert ctx.recording.summary.ignored_topics[kafka_target.topic("events")] > 0
@@ -182,4 +202,4 @@ def test_a_kcat_recording_of_a_feed_replays_into_the_simulator(
             ).stdout
         )  # fmt: skip
     path.write_bytes(b"".join(chunks))
-    check_replay(path, tmp_path)
+    check_replay(path, tmp_path, run_headroom)
