@@ -1151,18 +1151,6 @@ def scenario_regions_text(recording: Recording) -> list[str]:
     return out
 
 
-def as_dict(issue: ReplayIssue) -> dict[str, Any]:
-    return {
-        "kind": issue.kind.name.lower(),
-        "handling": issue.handling.value,
-        "line": issue.line,
-        "topic": issue.topic,
-        "partition": issue.partition,
-        "offset": issue.offset,
-        "reason": issue.reason,
-    }
-
-
 # --------------------------------------------------------------------------------------------
 # A recording without Kafka (tests, benchmarks, demos)
 # --------------------------------------------------------------------------------------------
