@@ -30,11 +30,11 @@ units has ``k = ceil(u)`` slots of speed ``u / k`` (so 2.5 devices are 3 slots a
 request holds up to ``cpu_parallelism`` CPU slots for its CPU work (the threads scoring its
 candidates in parallel), then one accelerator slot for its accelerator work (one batch), each
 stage ``candidates × ms_per_candidate ÷ (slots × speed)`` long (CONTRACT §3 costs; the real numpy
-compute of the ranking runs inside the CPU stage and counts toward its time). Waiting for a slot is the queueing
-delay (``queue_ms``) that CoDel watches and every response reports. The optional part of a stage
-(RMA's extra candidates, or the whole strong-model request) is a separate *phase* that can be cut
-at any instant: cutting it releases the slot at once. An optional phase gets
-``min(slot speed, opportunistic level − optional units in use)`` units and lasts accordingly (it
+compute of the ranking runs inside the CPU stage and counts toward its time). Waiting for slots is
+the queueing delay (``queue_ms``) that CoDel watches and every response reports. The optional part
+of a stage (RMA's extra candidates, or the whole strong-model request) is a separate *phase* that
+can be cut at any instant: cutting it releases the slots at once. An optional phase gets
+``min(slots × speed, opportunistic level − optional units in use)`` units and lasts accordingly (it
 time-shares what is left of the level), so optional work never occupies more than the
 opportunistic level, even when the level is a fraction of a slot.
 
@@ -427,6 +427,8 @@ class RankingServer(Service):
         self._loops: list[ConsumerLoop] = []
         self.port: int | None = None
         self.releases: list[float] = []  # release_ms of every reclaim, for tests and benchmarks
+        # (release_ms, optional phases cut, optional units occupied when the reclaim was seen)
+        self.release_log: list[tuple[float, int, float]] = []
         self.served = 0
         self.ready = asyncio.Event()  # set once the capacity topic has been read to its end
 
@@ -587,9 +589,10 @@ class RankingServer(Service):
             if work is not None:
                 work.cut.set()
         if live:
+            occupied = self._occ_cpu + self._occ_acc
             self.add_task(
                 self._measure_release(
-                    seen, now, before, cap.optional, len(cuts), reason, message_ts, where
+                    seen, now, before, cap.optional, len(cuts), reason, message_ts, where, occupied
                 ),
                 name="release",
             )
@@ -604,6 +607,7 @@ class RankingServer(Service):
         reason: str,
         message_ts: float | None,
         where: tuple[str, str, str] | None,
+        occupied: float,
     ) -> None:
         dropped_extra = 0
         dropped_strong = 0
@@ -618,6 +622,7 @@ class RankingServer(Service):
                 await asyncio.wait_for(future, _MAX_RELEASE_WAIT_S)
         release_ms = (time.monotonic() - seen) * 1000.0
         self.releases.append(release_ms)
+        self.release_log.append((release_ms, cut, occupied))
         resource, hardware, pool = where or (
             _reduced_resource(before, after),
             "any",
