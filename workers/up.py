@@ -289,9 +289,10 @@ class Stack:
         scenario_flag = ["--scenario", str(cfg.scenario_path)]
         self.t0 = time.time() + cfg.startup_margin_s
         clock = ["--t0", f"{self.t0:.6f}", "--speed", repr(cfg.speed)]
+        metrics = ["--metrics-port", "0"]  # every worker serves Prometheus on a free port
         controller = self._proc(
             "controller",
-            self._cmd("controller", "--interval", repr(self.interval_s), *scenario_flag),
+            self._cmd("controller", "--interval", repr(self.interval_s), *metrics, *scenario_flag),
         )
         await controller.start()
         servers: list[Proc] = []
@@ -316,6 +317,7 @@ class Stack:
                             # a fixed port: a replica restarted after a crash is found again
                             "--port",
                             str(free_port()),
+                            *metrics,
                             *clock,
                             *scenario_flag,
                         ),
@@ -336,6 +338,7 @@ class Stack:
                         name,
                         "--port",
                         str(free_port()),
+                        *metrics,
                         *clock,
                         *scenario_flag,
                     ),
@@ -364,6 +367,7 @@ class Stack:
             )
         feed = self._proc("feed", self._cmd("feed", str(cfg.scenario_path), *clock))
         await feed.start()
+        log.info("up.metrics.endpoints", **self.metrics_endpoints())
         log.info(
             "up.stack.started",
             t0=self.t0,
@@ -371,6 +375,15 @@ class Stack:
             interval_s=self.interval_s,
             processes=len(self.procs),
         )
+
+    def metrics_endpoints(self) -> dict[str, str]:
+        """The Prometheus ``/metrics`` URL each process printed at start-up."""
+        out = {}
+        for name, proc in self.procs.items():
+            for line in proc.lines:
+                if line.startswith("metrics on "):
+                    out[name] = line.removeprefix("metrics on ").strip()
+        return out
 
     def client_argv(self, region: str) -> list[str]:
         assert self.t0 is not None
@@ -380,7 +393,7 @@ class Stack:
             "--group", f"{self.kafka.prefix}client-{region}-{self.config.run_id}",
             "--instance", f"client-{region}",
             "--t0", f"{self.t0:.6f}", "--speed", repr(self.config.speed),
-            "--scenario", str(self.config.scenario_path),
+            "--scenario", str(self.config.scenario_path), "--metrics-port", "0",
         )  # fmt: skip
 
     async def start_client(self, region: str) -> Proc:

@@ -14,9 +14,11 @@ one runs the same scenario through ``simulate`` and reports the gap between the 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import signal
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -46,6 +48,7 @@ KILL_SERVER_AT, RESTART_SERVER_AT = 30.0, 38.0
 KILL_CLIENT_AT = 45.0
 PREEMPT_AT, GRANT_AT = 60.0, 75.0
 OUTAGE = (90.0, 115.0)
+SCRAPE_AT = 20.0
 
 
 @dataclass
@@ -54,6 +57,7 @@ class StackRun:
     events: list[dict[str, Any]]
     value_signals: list[messages.ValueSignal]
     interval_s: float
+    scraped: dict[str, str]  # process name -> its /metrics text at SCRAPE_AT
 
     @property
     def metrics(self) -> dict[str, Any]:
@@ -107,6 +111,12 @@ def stack_run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) ->
         await stack.kill(CLIENT, signal.SIGKILL)
         await stack.restart(CLIENT)
 
+    scraped: dict[str, str] = {}
+
+    async def scrape(stack: Stack) -> None:
+        for name, url in stack.metrics_endpoints().items():
+            scraped[name] = await asyncio.to_thread(_get, url)
+
     async def run() -> tuple[UpResult, list[messages.ValueSignal]]:
         result = await run_stack(
             config,
@@ -115,13 +125,16 @@ def stack_run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) ->
                 (KILL_SERVER_AT, kill_server),
                 (RESTART_SERVER_AT, restart_server),
                 (KILL_CLIENT_AT, restart_client),
+                (SCRAPE_AT, scrape),
             ],
         )
         return result, await _read_value_topic(kafka)
 
     try:
         result, signals = run_async(run())
-        yield StackRun(result, read_events(result.events_path), signals, result.stack.interval_s)
+        yield StackRun(
+            result, read_events(result.events_path), signals, result.stack.interval_s, scraped
+        )
     finally:
         names = [t.name for t in topics(prefix)]
         run_async(delete_topics(kafka_bootstrap, names))
@@ -352,9 +365,32 @@ def compare(
     return {"real": r, "sim": s, "relative_gap": gaps}
 
 
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:  # loopback, our own endpoint
+        return str(response.read().decode())
+
+
 def _t(run: StackRun, event: dict[str, Any]) -> float:
     started_ = run.kinds("run.started", "feed")[0]
     return float((event["ts"] - started_["t0"]) * started_.get("speed", 1.0))
+
+
+def test_every_worker_serves_prometheus_metrics(stack_run: StackRun) -> None:
+    scraped = stack_run.scraped
+    servers = [n for n in scraped if n.startswith("server-")]
+    assert len(servers) == 4
+    assert {CLIENT, "controller"} <= set(scraped)
+    for name in [*servers, CLIENT]:
+        assert _has(scraped[name], "headroom_requests_total", 'outcome="ok"'), name
+        assert _has(scraped[name], "headroom_request_latency_seconds_bucket", 'path="'), name
+    for name in servers:
+        assert _has(scraped[name], "headroom_capacity_units", 'hardware="gpu-b"'), name
+    assert _has(scraped[CLIENT], "headroom_target_candidates", 'region="it-east"')
+    assert _has(scraped[CLIENT], "headroom_optional_multiplier", 'server="dedicated=')
+
+
+def _has(text: str, metric: str, label: str) -> bool:
+    return any(line.startswith(metric + "{") and label in line for line in text.splitlines())
 
 
 def test_stack_stops_every_process_it_started(stack_run: StackRun) -> None:

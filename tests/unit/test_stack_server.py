@@ -312,3 +312,34 @@ async def test_requests_in_flight_finish_on_drain(mixed: RankingServer) -> None:
         assert all(r.ok for r in responses)
     finally:
         await client.close()
+
+
+async def test_the_server_counts_requests_latency_shedding_and_capacity(
+    scenario: Scenario, world: RankingWorld
+) -> None:
+    from prometheus_client import generate_latest
+
+    from workers.metrics import make_metrics
+
+    metrics = make_metrics()
+    server = RankingServer(
+        ServerConfig(region=REGION, pool="dedicated", replica="m2"),
+        scenario,
+        None,
+        world=world,
+        metrics=metrics,
+    )
+    await server.start()
+    client = await _client(server)
+    try:
+        server.on_capacity(_cap("cpu", 0.0, ts=time.time()))  # no opportunistic CPU: extras shed
+        await client.call(_req(1), 10.0)
+        await client.call(_req(2, extra=50), 10.0)
+    finally:
+        await client.close()
+        await server.stop()
+    text = generate_latest(metrics.registry).decode()
+    assert 'headroom_requests_total{outcome="ok",path="base",region="it-east"} 2.0' in text
+    assert 'headroom_request_latency_seconds_count{path="base",region="it-east"} 2.0' in text
+    assert 'headroom_shed_total{lever="rma",region="it-east",side="server"} 50.0' in text
+    assert 'resource="cpu"} 0.0' in text
