@@ -141,7 +141,7 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="seed of the holdout and routing draws (default: the scenario's, mixed with the pid)",
+        help="seed of the holdout and routing draws (default: the scenario's)",
     )
     _add_run_clock_flags(p)
 

@@ -29,23 +29,28 @@ region, so a region's partitions are shared by that region's clients), and for e
 Windows, value signals and offsets
 ----------------------------------
 Requests are aggregated per SLO window of scenario time, by the time they *ended*
-(:class:`WindowBook`). When a window has ended — and every ``flush_s`` (1 s) for the window still
-open, as a partial line — the client publishes, for that window, one
+(:class:`WindowBook`). When a window has ended, and every ``flush_s`` (1 s), the client publishes
+what it can: a finished request is published only once every older request of its partition is
+finished too (:class:`OffsetTracker`), so what is published is a prefix of the partition. For each
+window with such requests (several lines of one window add up) it publishes one
 ``window`` event (docs/events.md: counts, merged latency sketches, value, per-segment arms and
 exposure, targets in force) and the value signals (``headroom.value``: sums per (segment, lever,
 arm); a treated request counts under the lever it received; the control arm's sums are published
 under each lever, since each lever's estimate needs its control). It waits until the broker has
-acknowledged all of them, and only then commits the consumer offsets of the requests in that window
-(:class:`OffsetTracker`: per partition, the commit is the lowest offset not yet published). So:
+acknowledged all of them, and only then commits, per partition, the end of the published prefix.
+So:
 
 * a client that is killed loses only what it has not published (at most ``flush_s`` of
   requests), whose offsets are uncommitted: the member that takes the partitions over (the same
   client restarted, with static group membership ``instance``, gets them back at once) consumes
   them again: none lost;
-* a published window's requests are committed right after the acknowledgement: none counted twice.
+* what was published is exactly a prefix of each partition and is committed right after the
+  acknowledgement, so a restart re-reads nothing that was published: none counted twice. (Were
+  requests published as they finish, out of order, the commit would have to stop at the oldest one
+  still in flight and a restart would re-read — and count again — the newer ones already out.)
   The one gap is a crash between the acknowledgement and the commit (milliseconds), which would
   re-deliver those requests; every window line carries the offset ranges it covers
-  (``offsets``: ``{partition: [first, last]}``) so such a duplicate is detectable;
+  (``offsets``: ``{partition: [first, last]}``), so such a duplicate is detectable;
 * on a rebalance (a client joins or leaves), the member losing partitions first waits for their
   requests in flight, publishes what it has (partial windows: several lines of one window add up)
   and commits, before the partitions move; a graceful stop does the same.
@@ -60,7 +65,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 from aiokafka import ConsumerRebalanceListener, TopicPartition
@@ -91,6 +96,7 @@ __all__ = [
     "in_flight_limit",
 ]
 
+T = TypeVar("T")
 LEVERS = ("rma", "sbm")
 SKETCH_ALPHA = 0.01
 
@@ -395,11 +401,9 @@ class _Window:
     treated: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LEVERS, 0))
     segments: dict[str, dict[str, Any]] = field(default_factory=dict)
     offsets: dict[int, list[int]] = field(default_factory=dict)
-    members: list[tuple[int, int]] = field(default_factory=list)  # (partition, offset)
 
     def add(self, o: Outcome) -> None:
         self.requests += 1
-        self.members.append((o.partition, o.offset))
         span = self.offsets.get(o.partition)
         if span is None:
             self.offsets[o.partition] = [o.offset, o.offset]
@@ -532,37 +536,46 @@ class WindowBook:
 # ------------------------------------------------------------------------------------------------
 
 
-class OffsetTracker:
-    """Which consumer offsets may be committed: per partition, everything below the lowest offset
-    whose request is not yet in a published window.
+class OffsetTracker(Generic[T]):
+    """Which finished requests may be published, and which offsets may then be committed.
 
-    Offsets of one partition arrive in increasing order (:meth:`received`); requests finish and
-    windows are published in any order (:meth:`published`). :meth:`committable` gives, per
-    partition, the offset to commit (the next one to read after a restart).
+    Offsets of one partition arrive in increasing order (:meth:`received`); requests finish in
+    any order (:meth:`completed`). :meth:`release` hands out the finished requests that form, in
+    each partition, an unbroken run from the oldest received one — never a request while an older
+    one of its partition is still in flight. So what is published is always a *prefix* of every
+    partition, and :meth:`committable` (the first offset not yet released) commits exactly what was
+    published: after a crash the next owner re-reads only what was never published. (Committing
+    the lowest unpublished offset while later ones are already published would count those twice
+    after a restart.)
     """
 
     def __init__(self) -> None:
-        self._pending: dict[int, deque[int]] = {}
-        self._done: dict[int, set[int]] = {}
+        self._pending: dict[int, deque[int]] = {}  # received, not released, in offset order
+        self._done: dict[int, dict[int, T]] = {}  # finished, not released
         self._next: dict[int, int] = {}
         self._committed: dict[int, int] = {}
 
     def received(self, partition: int, offset: int) -> None:
         self._pending.setdefault(partition, deque()).append(offset)
-        self._done.setdefault(partition, set())
+        self._done.setdefault(partition, {})
         self._next[partition] = max(self._next.get(partition, 0), offset + 1)
 
-    def published(self, members: Iterable[tuple[int, int]]) -> None:
-        for partition, offset in members:
-            self._done.setdefault(partition, set()).add(offset)
+    def completed(self, partition: int, offset: int, item: T) -> None:
+        self._done.setdefault(partition, {})[offset] = item
 
-    def committable(self) -> dict[int, int]:
-        """New commit offsets (only partitions whose commit point moved)."""
-        out = {}
+    def release(self) -> list[T]:
+        """The finished requests whose partition has nothing older in flight, oldest first."""
+        out: list[T] = []
         for partition, pending in self._pending.items():
             done = self._done[partition]
             while pending and pending[0] in done:
-                done.discard(pending.popleft())
+                out.append(done.pop(pending.popleft()))
+        return out
+
+    def committable(self) -> dict[int, int]:
+        """Per partition whose point moved, the offset to commit: the first one not released."""
+        out = {}
+        for partition, pending in self._pending.items():
             point = pending[0] if pending else self._next[partition]
             if self._committed.get(partition) != point:
                 out[partition] = point
@@ -572,6 +585,7 @@ class OffsetTracker:
         self._committed.update(offsets)
 
     def pending(self, partition: int) -> int:
+        """Requests received and not yet released (in flight, or finished behind one that is)."""
         return len(self._pending.get(partition, ()))
 
     def forget(self, partitions: Iterable[int]) -> None:
@@ -661,7 +675,7 @@ class RankingClient(Service):
         self.windows = WindowBook(
             config.region, scenario.slo.window_s, [s.name for s in scenario.segments]
         )
-        self.offsets = OffsetTracker()
+        self.offsets: OffsetTracker[Outcome] = OffsetTracker()
         self.ranker = ValueRanker()
         now = self._wall()
         self._servers = [_Server(a, config.shed, now) for a in config.servers]
@@ -672,6 +686,7 @@ class RankingClient(Service):
         self._inflight_zero.set()
         self._finished = asyncio.Condition()  # notified whenever a request finishes
         self._publish_lock = asyncio.Lock()
+        self._last_window = -(1 << 62)
         self._producer: Any = None
         self._consumer: Any = None
         self._loops: list[ConsumerLoop] = []
@@ -713,7 +728,7 @@ class RankingClient(Service):
         for loop in self._loops:
             loop.stop()
         await self._inflight_zero.wait()
-        await self.flush(partial=True)
+        await self.flush()
 
     async def on_stop(self) -> None:
         for loop in self._loops:
@@ -792,7 +807,7 @@ class RankingClient(Service):
             self._loops.append(loop)
             await loop.run()
             await self._inflight_zero.wait()
-            await self.flush(partial=True)
+            await self.flush()
 
     def on_assigned(self, partitions: list[int]) -> None:
         self._assigned.update(partitions)
@@ -821,7 +836,7 @@ class RankingClient(Service):
                     ),
                     wait_s,
                 )
-        await self.flush(partial=True)
+        await self.flush()
         self.offsets.forget(partitions)
         self._assigned.difference_update(partitions)
 
@@ -840,7 +855,7 @@ class RankingClient(Service):
     async def _serve(self, msg: messages.Request, partition: int, offset: int) -> None:
         try:
             outcome = await self.serve_request(msg, partition, offset)
-            self.windows.add(outcome)
+            self.offsets.completed(partition, offset, outcome)
             self.stats["requests"] += 1
         finally:
             self._slots.release()
@@ -1056,23 +1071,23 @@ class RankingClient(Service):
                 if t is not None:
                     lever = "rma" if server.address.pool == "dedicated" else "sbm"
                     self._shedding_event(t, lever, server)
-            if time.monotonic() >= next_flush:
+            window_ended = self.windows.index(self.scenario_time(now)) > self._last_window
+            if time.monotonic() >= next_flush or window_ended:
                 next_flush = time.monotonic() + self.config.flush_s
-                await self.flush(partial=True)
-            elif self.windows.due(self.scenario_time(now)):
-                await self.flush(partial=False)
+                self._last_window = self.windows.index(self.scenario_time(now))
+                await self.flush()
 
-    async def flush(self, *, partial: bool) -> None:
-        """Publish ended windows (all open ones when ``partial``), then commit their offsets."""
+    async def flush(self) -> None:
+        """Publish every finished request that can be (:meth:`OffsetTracker.release`), as one
+        line per window it ended in, wait for the broker's acknowledgement, then commit."""
         async with self._publish_lock:
             now = self._wall()
-            keys = (
-                self.windows.open_windows if partial else self.windows.due(self.scenario_time(now))
-            )
+            for outcome in self.offsets.release():
+                self.windows.add(outcome)
+            keys = self.windows.open_windows
             state = self.targets.state(now)
             targets = {"rma_candidates": state.rma_candidates, "sbm_coverage": state.sbm_coverage}
             futures = []
-            published: list[tuple[int, int]] = []
             for k in keys:
                 w = self.windows.take(k)
                 if w is None or w.requests == 0:
@@ -1087,11 +1102,9 @@ class RankingClient(Service):
                     )
                 fields = self.windows.event_fields(w, targets=targets, source=self.config.name)
                 futures.append(await self._send_event("window", fields, ts))
-                published.extend(w.members)
                 self.stats["published"] += w.requests
             if futures:
                 await asyncio.gather(*futures)  # acknowledged by the broker: now commit
-            self.offsets.published(published)
             await self._commit()
 
     async def _commit(self) -> None:

@@ -284,38 +284,46 @@ def test_value_signals_publish_the_control_arm_under_each_lever() -> None:
 # -- offsets --------------------------------------------------------------------------------------
 
 
-def test_commit_stops_at_the_lowest_unpublished_offset() -> None:
-    t = OffsetTracker()
+def test_requests_are_released_in_offset_order_and_commit_follows_the_release() -> None:
+    t: OffsetTracker[str] = OffsetTracker()
     for o in range(10, 15):
         t.received(0, o)
     t.received(1, 3)
     assert t.committable() == {0: 10, 1: 3}
     t.committed({0: 10, 1: 3})
-    t.published([(0, 11), (0, 12)])  # 10 is still in flight: nothing moves on partition 0
+    t.completed(0, 11, "b")
+    t.completed(0, 12, "c")
+    assert t.release() == []  # 10 is still in flight: 11 and 12 wait behind it
     assert t.committable() == {}
-    t.published([(0, 10), (1, 3)])
+    t.completed(0, 10, "a")
+    t.completed(1, 3, "x")
+    assert sorted(t.release()) == ["a", "b", "c", "x"]
     assert t.committable() == {0: 13, 1: 4}
     t.committed({0: 13, 1: 4})
-    t.published([(0, 13), (0, 14)])
+    t.completed(0, 14, "e")
+    t.completed(0, 13, "d")
+    assert t.release() == ["d", "e"]
     assert t.committable() == {0: 15}
     assert t.pending(0) == 0
 
 
-@given(st.permutations(list(range(30))), st.integers(1, 29))
-def test_a_commit_never_passes_an_unpublished_request(order: list[int], k: int) -> None:
-    t = OffsetTracker()
+@given(st.permutations(list(range(30))), st.integers(0, 30))
+def test_what_is_released_is_exactly_what_the_commit_covers(order: list[int], k: int) -> None:
+    # a restart re-reads from the commit point: it must see every unreleased request (none lost)
+    # and no released one (none counted twice)
+    t: OffsetTracker[int] = OffsetTracker()
     for o in range(30):
         t.received(0, o)
-    done = order[:k]
-    t.published([(0, o) for o in done])
+    for o in order[:k]:
+        t.completed(0, o, o)
+    released = t.release()
     point = t.committable().get(0, 0)
-    # everything below the commit point is published; the point itself is not (or is the end)
-    assert all(o in done for o in range(point))
-    assert point == 30 or point not in done
+    assert released == list(range(point))
+    assert all(o not in released for o in range(point, 30))
 
 
 def test_forgotten_partitions_are_dropped() -> None:
-    t = OffsetTracker()
+    t: OffsetTracker[int] = OffsetTracker()
     t.received(2, 5)
     t.forget([2])
     assert t.committable() == {}
