@@ -484,7 +484,7 @@ class RegionPolicy(Protocol):
 
     def control(self, now: float, obs: RegionObservation, run: RegionRun) -> Issued | None: ...
 
-    def direct_plan(self, now: float, run: RegionRun) -> Plan | None: ...
+    def direct_plan(self, now: float, span: float, run: RegionRun) -> Plan | None: ...
 
     def multipliers(self, now: float) -> tuple[float, float]: ...
 
@@ -783,7 +783,7 @@ class RegionRun:
     def _current_mix(self, now: float, span: float) -> Mix:
         pol = self.policy
         if pol.direct:
-            plan = pol.direct_plan(now, self)
+            plan = pol.direct_plan(now, span, self)
             if plan is None:
                 return self.base_mix
             mix = self._direct_mixes.get(id(plan))
@@ -1084,22 +1084,20 @@ class RegionRun:
             for name, parts in mix.arm_parts.items():
                 if a_sum > 0 and parts.weights.sum() > 0:
                     arm_acc.setdefault(name, []).append((parts, a_pi[parts.row] / a_sum, a_sum))
-        # scale the fluid expectations to the window's realised segment counts
-        with np.errstate(divide="ignore", invalid="ignore"):
-            scale = np.where(s_count > 0, n_seg / s_count, 0.0)
-        value_total_s = s_value * scale
-        value_base_s = s_base * scale
+        # ground truth is the conditional expectation given the window's arrivals (spread over
+        # the cells by their shares): the oracle's bound is computed on exactly the same counts
+        value_total_s = s_value
+        value_base_s = s_base
         total_a = float(arrivals.sum())
-        mean_scale = n_req / total_a if total_a > 0 else 0.0
         # holdout sums and value signals
         pi_ctl = base_pi_num / total_a if total_a > 0 else 1.0
         arms, value_obs = self._arms(n_ctl, n_trt, s_count, pi_ctl, arm_acc)
         strata_all = _concat_strata(all_strata)
         lat, weights, paths = sample_window(strata_all, self.cfg.latency, ctx.timeout_ms, uniforms)
-        self._fold_obs(lat, weights, paths, n_req, n_seg, routed * mean_scale, value_obs)
+        self._fold_obs(lat, weights, paths, n_req, n_seg, routed, value_obs)
         sketch_all, sketch_base = _sketches(lat, weights, paths, n_req)
         tg = self.targets
-        n_timeouts = round(timeouts * mean_scale)
+        n_timeouts = round(timeouts)
         q = self.quotas
         win = self._win
         self.emit(
@@ -1116,19 +1114,19 @@ class RegionRun:
                 "value_total": float(value_total_s.sum()),
                 "value_baseline": float(value_base_s.sum()),
                 "inc": {
-                    "rma": inc["rma"] * mean_scale,
-                    "sbm": inc["sbm"] * mean_scale,
+                    "rma": inc["rma"],
+                    "sbm": inc["sbm"],
                     "precompute": 0.0,
                 },
                 "arms": arms,
                 "eligible_treated": {
-                    "rma": round(treated["rma"] * mean_scale),
-                    "sbm": round(treated["sbm"] * mean_scale),
+                    "rma": round(treated["rma"]),
+                    "sbm": round(treated["sbm"]),
                 },
                 "segments": {
                     seg: {
                         "requests": int(n_seg[si]),
-                        "sbm": round(float(seg_sbm[si] * scale[si])),
+                        "sbm": round(float(seg_sbm[si])),
                         "inc": float(value_total_s[si] - value_base_s[si]),
                     }
                     for si, seg in enumerate(ctx.segment_names)

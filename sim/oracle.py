@@ -27,6 +27,13 @@ strong-capable pools' *loaded* units — a unit counts only if it has been prese
 and ``b_RS = b_R + loaded units of strong-only pools`` (the Hall condition that lets the two
 levers share a pool both can use). Remote pools serve only asynchronous work and are left out.
 
+**Relief.** One effect escapes the LP: a request routed to the strong model no longer uses the
+dedicated accelerators, so when the *baseline itself* overloads its pool (a surge at peak), a
+policy can make base requests time out less than the static configuration does, and that
+counts as incremental value. No policy can win back more than static loses, so the bound adds
+the baseline value static loses to its own queues (:meth:`Oracle.static_losses`, computed with
+the engine's own queue model); it is 0 whenever the dedicated pools keep up.
+
 **Why no policy can exceed it.** In the engine (sim/engine.py) every policy's optional work in a
 stretch is executed only on the opportunistic capacity its lever holds, which is at most the
 pools' levels (the quota model: work beyond a quota is slowed, never run on dedicated capacity),
@@ -38,7 +45,9 @@ fractions per cell are the ``x``), and its credited gain is at most the LP's opt
 stretches gives the bound. The one coupling between stretches, a backlog carried over a
 boundary, lasts less than the timeout (requests older than that are dropped) and only exists
 while a policy's optional work exceeds its quota, which costs it more (time-outs) than the
-carried work could add. ``oracle ≥ every policy`` is checked on every reference scenario by the
+carried work could add. A policy's incremental value splits into its optional gains (at most the
+LP) and the change in its base requests' timeouts against static (at most static's losses:
+the relief term). ``oracle ≥ every policy`` is checked on every reference scenario by the
 simulation tests.
 
 **Computing it exactly and fast.** The LP depends on the stretch only through ``b`` (per-request
@@ -85,6 +94,7 @@ class OracleBound:
     total: float
     by_lever: dict[str, float]
     per_region: tuple[float, ...]
+    relief: float = 0.0  # the static configuration's own timeout losses (module docstring)
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,13 +267,15 @@ class Oracle:
 
     # -- the oracle as a policy -----------------------------------------------------------
 
-    def plan(self, r: int, now: float, _rate: float) -> Plan:
-        """The LP plan in force at ``now`` (the step's arrivals, the stretch's capacity)."""
+    def plan(self, r: int, now: float, span: float = 0.0) -> Plan:
+        """The LP plan for ``[now, now + span)``: the capacity in force at ``now`` (the engine
+        splits at every change) and the busiest step's arrivals, so the plan fits every step."""
         ctx = self.ctx
         tr = ctx.traces
-        i = tr.step_of(now)
-        length = float(tr.step_len[i])
-        lam = float(tr.regions[r].arrivals[i]) / length if length > 0 else 0.0
+        i0 = tr.step_of(now)
+        i1 = tr.step_of(max(now + span - 1e-9, now))
+        arr = tr.regions[r].arrivals[i0 : i1 + 1] / np.maximum(tr.step_len[i0 : i1 + 1], 1e-12)
+        lam = float(arr.max()) if arr.size else 0.0
         key = self._key(self.budgets(self.capacity_at(r, now), lam))
         plan = self._plans.get(key)
         if plan is None:
@@ -284,7 +296,7 @@ class Oracle:
             return self._bound
         ctx = self.ctx
         tr = ctx.traces
-        total_rma = total_sbm = 0.0
+        total_rma = total_sbm = relief_total = 0.0
         per_region = []
         for r in range(len(ctx.regions)):
             times, caps = self._caps[r]
@@ -320,14 +332,71 @@ class Oracle:
                 if primal > 0:
                     total_rma += dual * sol.value_rma / sol.value
                     total_sbm += dual * sol.value_sbm / sol.value
-            per_region.append(region_total)
+            relief = self.static_losses(r)
+            per_region.append(region_total + relief)
+            relief_total += relief
         total = float(sum(per_region))
         self._bound = OracleBound(
             total=total,
             by_lever={"rma": total_rma, "sbm": total_sbm, "precompute": 0.0},
             per_region=tuple(per_region),
+            relief=relief_total,
         )
         return self._bound
+
+    def static_losses(self, r: int) -> float:
+        """Baseline value the static configuration loses to its own queues in region ``r``
+        (requests that time out on dedicated capacity): the most any policy could win back by
+        taking work off the dedicated pool (module docstring, *relief*)."""
+        from sim.engine import baseline_plan, build_mix
+        from sim.latency import StageState, Strata, in_time_probability, wait_params_array
+
+        ctx = self.ctx
+        tr = ctx.traces
+        st = ctx.regions[r]
+        rt = tr.regions[r]
+        bm = build_mix(ctx, baseline_plan(ctx))
+        par = ctx.config.latency.cpu_parallelism
+        lam = rt.rate
+        dt = tr.step_len
+        rho_c = lam * bm.base_cpu / (1000.0 * st.ded_cpu) if st.ded_cpu > 0 else np.zeros_like(lam)
+        rho_a = lam * bm.base_acc / (1000.0 * st.ded_acc) if st.ded_acc > 0 else np.zeros_like(lam)
+        timeout_s = ctx.timeout_ms / 1000.0
+
+        def fluid(rho: FloatArray) -> tuple[FloatArray, FloatArray]:
+            if not (rho > 1.0).any():
+                z = np.zeros_like(rho)
+                return z, z
+            stage = StageState(max_backlog_s=timeout_s)
+            b0 = np.empty_like(rho)
+            b1 = np.empty_like(rho)
+            for j in range(rho.size):
+                b0[j], b1[j] = stage.advance(float(rho[j]), float(dt[j]))
+            return b0, b1
+
+        c0, c1 = fluid(rho_c)
+        a0, a1 = fluid(rho_a)
+        p1, r1 = wait_params_array(
+            rho_c, np.full_like(lam, st.ded_cpu / par), bm.cpu_mean, bm.cpu_cs2
+        )
+        p2, r2 = wait_params_array(rho_a, np.full_like(lam, st.ded_acc), bm.acc_mean, bm.acc_cs2)
+        strata = Strata(
+            count=np.ones_like(lam),
+            service_ms=np.full_like(lam, float(bm.service_ms[0])),
+            penalty_ms=np.zeros_like(lam),
+            fc0=c0,
+            fc1=c1,
+            fa0=a0,
+            fa1=a1,
+            p1=p1,
+            r1=r1,
+            p2=p2,
+            r2=r2,
+            path=np.zeros(lam.size, dtype=np.int64),
+        )
+        pi = in_time_probability(strata, ctx.config.latency, ctx.timeout_ms)
+        per_request = float(bm.base_value.sum())  # E[value × quality] of a baseline request
+        return float((rt.arrivals * (1.0 - pi)).sum()) * per_request
 
 
 def oracle_for(ctx: SimContext) -> Oracle:

@@ -120,7 +120,7 @@ class StaticRegion:
     def control(self, now: float, obs: RegionObservation, run: RegionRun) -> Issued | None:
         return None
 
-    def direct_plan(self, now: float, run: RegionRun) -> Plan | None:
+    def direct_plan(self, now: float, span: float, run: RegionRun) -> Plan | None:
         return None
 
     def multipliers(self, now: float) -> tuple[float, float]:
@@ -316,6 +316,7 @@ class HeadroomRegion(PlaneRegion):
         self.rma_client = ClientShedder()
         self.sbm_client = ClientShedder()
         self._called = False
+        self._admitting = (False, False)
 
     def notices_reclaims(self) -> bool:
         return True
@@ -364,9 +365,7 @@ class HeadroomRegion(PlaneRegion):
             float(n_sbm.sum()) * ctx.n0 * costs.strong_accelerator_ms,
         )
         k = 1.0 - self.margin
-        have = tuple(
-            1000.0 * span * u * k for u in (q.rma_cpu, q.rma_acc, q.sbm_cpu, q.sbm_acc)
-        )
+        have = tuple(1000.0 * span * u * k for u in (q.rma_cpu, q.rma_acc, q.sbm_cpu, q.sbm_acc))
         end = now + span
         self._called = False
 
@@ -416,6 +415,7 @@ class HeadroomRegion(PlaneRegion):
                 )
                 sbm_adm = sbm_req * verdict.strong.reshape(pop.n_cells, SBM_CHUNKS).mean(axis=1)
                 self._called = True
+        self._admitting = (bool(rma_adm.any()), bool(sbm_adm.any()))
         return rma_adm, sbm_adm
 
     def feedback(self, health: Health, run: RegionRun) -> list[tuple[str, dict[str, Any]]]:
@@ -442,8 +442,15 @@ class HeadroomRegion(PlaneRegion):
         return out
 
     def hot(self) -> bool:
-        """A server is overloaded or shedding: decide at ``hot_step_s`` resolution."""
-        return any(s.overloaded or s.shedding for s in (self.rma_server, self.sbm_server))
+        """A server is overloaded or shedding while it still admits some optional work: decide
+        at ``hot_step_s`` resolution (once everything is shed there is nothing to resolve)."""
+        return any(
+            active and (s.overloaded or s.shedding)
+            for s, active in (
+                (self.rma_server, self._admitting[0]),
+                (self.sbm_server, self._admitting[1]),
+            )
+        )
 
     def steady(self) -> bool:
         return (
@@ -519,8 +526,11 @@ class OracleRegion(StaticRegion):
         self.oracle = oracle_for(ctx)
         self.r = r
 
-    def direct_plan(self, now: float, run: RegionRun) -> Plan | None:
-        return self.oracle.plan(self.r, now, run.arrival_rate)
+    def direct_plan(self, now: float, span: float, run: RegionRun) -> Plan | None:
+        return self.oracle.plan(self.r, now, span)
+
+    def steady(self) -> bool:
+        return False  # re-plan every step: each step's arrivals get their own optimum
 
 
 # --------------------------------------------------------------------------------------------

@@ -94,8 +94,9 @@ def run_simulation(
                 "slo": {"p99_ms": scenario.slo.p99_ms, "window_s": scenario.slo.window_s},
                 "segments": list(ctx.segment_names),
                 "regions": [r.name for r in scenario.regions],
+                # the precompute lever is not simulated yet (a later issue): its value stays 0
                 "levers": ["rma", "sbm"],
-                "precompute_enabled": False,
+                "precompute_enabled": bool(scenario.precompute_enabled),
                 "policies": list(policies),
             }
         )
@@ -111,6 +112,7 @@ def run_simulation(
                     "region": None,
                     "oracle_incremental": bound.total,
                     "by_lever": dict(bound.by_lever),
+                    "relief": bound.relief,
                     "by_region": {
                         r.name: v for r, v in zip(scenario.regions, bound.per_region, strict=True)
                     },

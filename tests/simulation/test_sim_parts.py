@@ -1,0 +1,263 @@
+"""The simulator's pure parts: traces, the request population, the latency model, the oracle's LP.
+
+Each test pins down one property the engine relies on, against a closed form or an independent
+computation (Monte Carlo, an exact LP), with fixed seeds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+from scipy.optimize import linprog
+
+from headroom.scenario import (
+    Opportunistic,
+    Scenario,
+    ScenarioEvent,
+    Traffic,
+)
+from headroom.scenario_load import load_scenario_text
+from sim.latency import (
+    LatencyConfig,
+    Strata,
+    in_time_probability,
+    sample_window,
+    sketch_from_keys,
+    wait_params,
+)
+from sim.population import EXACT_BELOW, Population, arm_sums
+from sim.traces import PoolKey, ScenarioTraces
+
+SCENARIO = """
+name: parts
+seed: 3
+duration_s: 600
+slo: {p99_ms: 200, window_s: 10}
+world: {ads: 2000, dim: 16, base_candidates: 400, max_candidates: 1200, holdout: 0.02}
+models:
+  base:   {cpu_ms_per_candidate: 0.1,   accelerator_ms_per_candidate: 0.02,
+           hardware: [gpu-a, gpu-b]}
+  strong: {cpu_ms_per_candidate: 0.005, accelerator_ms_per_candidate: 0.1,
+           hardware: [gpu-b], load_s: 120}
+segments:
+  - {name: premium, share: 0.25, value: {mean: 3.0, sigma: 0.8}, base_error: 0.15,
+     strong_error: 0.1}
+  - {name: casual,  share: 0.75, value: {mean: 0.6, sigma: 0.6}, base_error: 0.5,
+     strong_error: 0.2}
+regions:
+  - name: r1
+    dedicated: {cpu: 24, accelerator: 4, hardware: gpu-a}
+    traffic: {rps: 200, daily_amplitude: 0.5, peak_s: 300, period_s: 1200, noise: 0.0}
+    opportunistic:
+      - {resource: cpu,         hardware: any,   trace: [[0, 8], [100, 4]]}
+      - {resource: accelerator, hardware: gpu-b, trace: [[0, 2]]}
+events:
+  - {at_s: 100, kind: preempt, region: r1, resource: cpu, hardware: any, units: 0}
+  - {at_s: 200, kind: grant,   region: r1, resource: cpu, hardware: any, units: 6}
+  - {at_s: 300, kind: surge,   region: r1, factor: 2.0, duration_s: 60}
+  - {at_s: 400, kind: control_outage, duration_s: 50}
+"""
+
+
+def scenario() -> Scenario:
+    return load_scenario_text(SCENARIO)
+
+
+# --- traces --------------------------------------------------------------------------------------
+
+
+def test_synthetic_rate_follows_the_daily_formula_and_surges_multiply_it() -> None:
+    tr = ScenarioTraces(scenario(), np.random.default_rng(0))
+    rate = tr.regions[0].rate
+    mid = tr.step_edges[:-1] + 0.5
+    expected = 200.0 * (1 + 0.5 * np.cos(2 * np.pi * (mid - 300.0) / 1200.0))
+    expected = np.where((mid >= 300) & (mid < 360), 2.0 * expected, expected)
+    np.testing.assert_allclose(rate, expected, rtol=1e-12)
+
+
+def test_arrivals_are_poisson_around_the_rate_and_fixed_by_the_seed() -> None:
+    a = ScenarioTraces(scenario(), np.random.default_rng(5)).regions[0]
+    b = ScenarioTraces(scenario(), np.random.default_rng(5)).regions[0]
+    c = ScenarioTraces(scenario(), np.random.default_rng(6)).regions[0]
+    np.testing.assert_array_equal(a.arrivals, b.arrivals)
+    assert not np.array_equal(a.arrivals, c.arrivals)
+    z = (a.arrivals.sum() - a.rate.sum()) / math.sqrt(a.rate.sum())
+    assert abs(z) < 4
+
+
+def test_csv_traffic_is_linear_between_rows_and_flat_outside() -> None:
+    s = scenario()
+    region = dataclasses.replace(
+        s.regions[0], traffic=Traffic(trace=((100.0, 10.0), (300.0, 50.0)), csv="x.csv")
+    )
+    s = dataclasses.replace(s, regions=(region,), events=())
+    rate = ScenarioTraces(s, np.random.default_rng(0)).regions[0].rate
+    assert rate[0] == pytest.approx(10.0)
+    assert rate[200] == pytest.approx(10.0 + 40.0 * (200.5 - 100.0) / 200.0)
+    assert rate[500] == pytest.approx(50.0)
+
+
+def test_events_set_levels_on_top_of_traces_in_time_order() -> None:
+    tr = ScenarioTraces(scenario(), np.random.default_rng(0)).regions[0]
+    cpu = tr.pools[tr.pool_index(PoolKey("cpu", "any"))]
+    # trace step to 4 and the preempt to 0 at the same instant: the event wins
+    assert [cpu.level_at(t) for t in (0, 99.9, 100, 199, 200, 599)] == [8, 8, 0, 0, 6, 6]
+    assert cpu.min_over(50, 250) == 0.0
+    reclaims = [c for c in tr.changes if c.is_reclaim]
+    assert [(c.t, c.before, c.after) for c in reclaims] == [(100.0, 8.0, 0.0)]
+    assert tr.in_outage(400)
+    assert tr.in_outage(449.9)
+    assert not tr.in_outage(450)
+
+
+def test_offered_unit_seconds_integrate_the_levels() -> None:
+    tr = ScenarioTraces(scenario(), np.random.default_rng(0))
+    off = tr.offered_unit_s(0, 90, 210)
+    assert off["cpu"] == pytest.approx(8 * 10 + 0 * 100 + 6 * 10)
+    assert off["accelerator"] == pytest.approx(2 * 120)
+
+
+def test_a_pool_that_only_events_name_starts_at_zero() -> None:
+    s = scenario()
+    region = dataclasses.replace(
+        s.regions[0],
+        opportunistic=(Opportunistic("cpu", "any", ((0.0, 8.0),)),),
+    )
+    ev = ScenarioEvent(at_s=50, kind="grant", region="r1", resource="accelerator", hardware="x")
+    s = dataclasses.replace(s, regions=(region,), events=(dataclasses.replace(ev, units=3.0),))
+    tr = ScenarioTraces(s, np.random.default_rng(0)).regions[0]
+    acc = tr.pools[tr.pool_index(PoolKey("accelerator", "x"))]
+    assert acc.level_at(49) == 0.0
+    assert acc.level_at(50) == 3.0
+
+
+# --- population ----------------------------------------------------------------------------------
+
+
+def test_value_bins_reproduce_the_lognormal_moments() -> None:
+    pop = Population.from_scenario(scenario(), bins=8)
+    for s, seg in enumerate(scenario().segments):
+        cells = pop.seg == s
+        mean = pop.v_moments[0, cells].mean()
+        second = pop.v_moments[1, cells].mean()
+        assert mean == pytest.approx(seg.value.mean, rel=1e-9)
+        assert second == pytest.approx(seg.value.mean**2 * math.exp(seg.value.sigma**2), rel=1e-9)
+        assert np.all(np.diff(pop.v_mean[cells]) > 0)
+
+
+def test_keep_top_keeps_exactly_the_requested_share_highest_values_first() -> None:
+    pop = Population.from_scenario(scenario(), bins=8)
+    for share in (0.05, 0.3, 0.77):
+        keep = pop.keep_top(share)
+        assert float(keep @ pop.share) == pytest.approx(share, abs=1e-6)
+        # a kept cell never has a lower value bound than a dropped one's upper bound
+        kept_lo = pop.v_lo[keep > 0].min()
+        dropped_hi = pop.v_hi[keep < 1].max()
+        assert kept_lo <= dropped_hi  # partial cells straddle the threshold
+        assert pop.v_hi[keep == 0].max(initial=0) <= pop.v_lo[keep == 1].min(initial=np.inf)
+
+
+@pytest.mark.parametrize("n", [EXACT_BELOW // 2, 5000])
+def test_arm_sums_have_the_mixture_mean_and_variance(n: int) -> None:
+    pop = Population.from_scenario(scenario(), bins=8)
+    rng = np.random.default_rng(11)
+    q = np.full(pop.n_cells, 0.8)
+    sd = np.full(pop.n_cells, 0.1)
+    pit = np.full(pop.n_cells, 0.9)
+    cells = np.arange(pop.n_cells)
+    n_arr = np.array([n, 0])
+    means, variances = [], []
+    for _ in range(300):
+        s1, s2 = arm_sums(rng, pop, n_arr, pop.share, np.zeros_like(cells), cells, q, sd, pit)
+        means.append(s1[0] / n)
+        variances.append((s2[0] - s1[0] ** 2 / n) / (n - 1))
+        assert s1[1] == 0
+        assert s2[1] == 0
+    ev = float(pop.v_moments[0] @ pop.share)
+    ev2 = float(pop.v_moments[1] @ pop.share)
+    ey = 0.9 * 0.8 * ev
+    ey2 = 0.9 * (0.8**2 + 0.1**2) * ev2
+    var_y = ey2 - ey**2
+    assert np.mean(means) == pytest.approx(ey, rel=4 * math.sqrt(var_y / n / 300) / ey + 0.01)
+    assert np.mean(variances) == pytest.approx(var_y, rel=0.15)
+
+
+# --- latency -------------------------------------------------------------------------------------
+
+
+def _strata(**kw: float) -> Strata:
+    base = {
+        "count": 100.0,
+        "service_ms": 30.0,
+        "penalty_ms": 0.0,
+        "fc0": 0.0,
+        "fc1": 0.0,
+        "fa0": 0.0,
+        "fa1": 0.0,
+        "p1": 0.6,
+        "r1": 0.05,
+        "p2": 0.4,
+        "r2": 0.02,
+        "path": 0,
+    }
+    base.update(kw)
+    return Strata(
+        **{k: np.array([v], dtype=np.int64 if k == "path" else np.float64) for k, v in base.items()}
+    )
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{}, {"fc0": 0.05, "fc1": 0.25}, {"p1": 0.95, "r1": 0.01, "r2": 0.01}, {"service_ms": 200.0}],
+)
+def test_in_time_share_matches_the_sampled_latencies(kw: dict[str, float]) -> None:
+    cfg = LatencyConfig()
+    st = _strata(**kw)
+    p = float(in_time_probability(st, cfg, 400.0)[0])
+    rng = np.random.default_rng(1)
+    lat, _w, _ = sample_window(st, cfg, 1e9, rng.random((4, 200_000)))
+    mc = float((lat <= 400.0).mean())
+    assert p == pytest.approx(mc, abs=0.01)
+
+
+def test_wait_grows_with_utilisation_and_shrinks_with_servers() -> None:
+    waits = [wait_params(r, 4.0, 10.0, 0.1).mean_ms for r in (0.3, 0.6, 0.9, 0.99)]
+    assert waits == sorted(waits)
+    assert waits[-1] > 20 * waits[0]
+    assert wait_params(0.9, 16.0, 10.0, 0.1).mean_ms < wait_params(0.9, 2.0, 10.0, 0.1).mean_ms
+
+
+def test_window_sketch_holds_one_count_per_request() -> None:
+    rng = np.random.default_rng(2)
+    keys = rng.integers(100, 140, size=500)
+    weights = rng.random(500)
+    sk = sketch_from_keys(keys, weights, 1234, 0.01)
+    assert sum(sk["bins"].values()) == 1234  # type: ignore[attr-defined]
+
+
+# --- oracle LP -----------------------------------------------------------------------------------
+
+
+def test_dual_bound_is_valid_and_tight_on_random_budgets() -> None:
+    from sim.engine import SimContext
+    from sim.oracle import Oracle
+    from tests.simulation.test_sim_runs import curves_of
+
+    s = scenario()
+    ctx = SimContext(s, curves_of(s))
+    o = Oracle(ctx)
+    obj, a_ub, bounds = o._build_lp()
+    n_c = o.share.size
+    rng = np.random.default_rng(4)
+    for _ in range(12):
+        b = rng.uniform(0, 120, 4) * rng.integers(0, 2, 4)
+        exact = linprog(obj, A_ub=a_ub, b_ub=np.concatenate([np.ones(n_c), b]), bounds=bounds)
+        key = o._key(b)
+        sol = o._solve(key)
+        dual = float(b @ sol.y + sol.h)
+        assert dual >= -exact.fun - 1e-9  # a valid upper bound at the real budgets
+        assert sol.value <= -exact.fun + 1e-9  # the plan at the rounded-down budgets fits
+        assert dual <= -exact.fun * 1.02 + 1e-6  # and the bound is tight to the grid

@@ -1,0 +1,280 @@
+"""Closed-loop runs of the simulator: determinism, ground truth, bounds, the contract's outputs.
+
+Scenarios are the project's own (``scenarios/``), shortened where a whole day would be too slow
+for a test; the value curves are measured once per scenario and kept for the session.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from analysis.events import EventLog
+from analysis.metrics import compute_metrics
+from headroom.cli import main
+from headroom.scenario import Scenario
+from headroom.scenario_load import load_scenario
+from sim.policies import POLICIES
+from sim.run import RunResult, build_context, run_simulation
+from workers.curves import ValueCurves, measure_curves
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIOS = ROOT / "scenarios"
+# seconds of each reference scenario the closed-loop tests simulate (full length where cheap)
+SHORT = {
+    "quickstart": 3600.0,
+    "preemption-storm": 7200.0,
+    "diurnal-3region": 1800.0,
+    "worldcup98": 1800.0,
+    "precompute-remote": 600.0,
+}
+
+
+def curves_of(scenario: Scenario) -> ValueCurves:
+    """Curves of a scenario's world, measured once per world for the whole session."""
+    key = (scenario.world, scenario.models, scenario.segments, scenario.seed)
+    return _curves_for_key(key, scenario)
+
+
+_CACHE: dict[Any, ValueCurves] = {}
+
+
+def _curves_for_key(key: Any, scenario: Scenario) -> ValueCurves:
+    got = _CACHE.get(key)
+    if got is None:
+        got = _CACHE[key] = measure_curves(scenario)
+    return got
+
+
+def short(name: str) -> Scenario:
+    s = load_scenario(SCENARIOS / f"{name}.yaml")
+    return dataclasses.replace(s, duration_s=min(s.duration_s, SHORT.get(name, 3600.0)))
+
+
+@functools.cache
+def _run(name: str, policies: tuple[str, ...], tmp: str) -> RunResult:
+    s = short(name)
+    return run_simulation(s, list(policies), Path(tmp) / name, curves=curves_of(s), plots=False)
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    base = tmp_path_factory.mktemp("sim")
+
+    def get(name: str, policies: tuple[str, ...] = tuple(POLICIES)) -> RunResult:
+        return _run(name, policies, str(base))
+
+    return get
+
+
+def _events(path: Path) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
+
+
+# --- determinism and the baseline ----------------------------------------------------------------
+
+
+def test_same_seed_gives_the_same_events_byte_for_byte(tmp_path: Path) -> None:
+    s = dataclasses.replace(short("quickstart"), duration_s=900.0)
+    ctx_curves = curves_of(s)
+    a = run_simulation(s, ["headroom", "greedy"], tmp_path / "a", curves=ctx_curves, plots=False)
+    b = run_simulation(s, ["headroom", "greedy"], tmp_path / "b", curves=ctx_curves, plots=False)
+    assert a.events_path.read_bytes() == b.events_path.read_bytes()
+    c = run_simulation(
+        s, ["headroom"], tmp_path / "c", curves=ctx_curves, plots=False, seed=s.seed + 1
+    )
+    assert c.metrics["policies"]["headroom"] != a.metrics["policies"]["headroom"]
+
+
+def test_static_has_exactly_zero_incremental_value_on_every_scenario(runs: Any) -> None:
+    for name in SHORT:
+        m = runs(name).metrics
+        v = m["policies"]["static"]["value"]
+        # the same requests, the same queues: equal up to the rounding of float sums
+        assert v["incremental"] == pytest.approx(0.0, abs=1e-6 * v["baseline"]), name
+        assert v["incremental_rma"] == 0.0, name
+        assert v["incremental_sbm"] == 0.0, name
+        assert m["policies"]["static"]["capacity"]["used_unit_s"] == {
+            "cpu": 0.0,
+            "accelerator": 0.0,
+        }
+
+
+def test_every_policy_sees_the_same_requests(runs: Any) -> None:
+    m = runs("quickstart").metrics["policies"]
+    totals = {p: m[p]["requests"]["total"] for p in POLICIES}
+    assert len(set(totals.values())) == 1, totals
+    segs = {p: tuple(v["requests"] for v in m[p]["segments"].values()) for p in POLICIES}
+    assert len(set(segs.values())) == 1
+
+
+# --- the oracle bound ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(SHORT))
+def test_no_policy_beats_the_oracle_bound(runs: Any, name: str) -> None:
+    m = runs(name).metrics["policies"]
+    bound = m["oracle"]["value"]["oracle_incremental"]
+    assert bound > 0
+    for p in POLICIES:
+        assert m[p]["value"]["oracle_incremental"] == bound  # every policy carries the bound
+        assert m[p]["value"]["incremental"] <= bound + 1e-6 * abs(bound), p
+    # the oracle policy runs the LP part of the bound and realises most of it (where the
+    # dedicated pool itself overloads, its heavier requests time out more: precompute-remote);
+    # the relief part (baseline value static itself loses to timeouts) is a bound only
+    relief = next(
+        e["relief"]
+        for e in EventLog(runs(name).events_path)
+        if e["kind"] == "oracle.bound" and e["policy"] == "oracle"
+    )
+    assert m["oracle"]["value"]["incremental"] >= 0.9 * (bound - relief)
+
+
+# --- capacity ------------------------------------------------------------------------------------
+
+
+def test_headroom_never_asks_for_more_capacity_than_offered(runs: Any) -> None:
+    result = runs("preemption-storm")
+    for e in EventLog(result.events_path):
+        if e["kind"] != "window" or e["policy"] != "headroom":
+            continue
+        for resource in ("cpu", "accelerator"):
+            offered = e["offered_unit_s"][resource]
+            assert e["used_unit_s"][resource] <= offered + 1e-6, e["t_start"]
+            # optional work asked for stays inside the offer too (a reclaim is released in
+            # milliseconds, which is all the slack a window may show)
+            assert e["demand_unit_s"][resource] <= offered * 1.001 + 0.05, e["t_start"]
+
+
+def test_greedy_overruns_the_offer_after_reclaims(runs: Any) -> None:
+    result = runs("preemption-storm")
+    over = [
+        e["t_start"]
+        for e in EventLog(result.events_path)
+        if e["kind"] == "window"
+        and e["policy"] == "greedy"
+        and e["demand_unit_s"]["cpu"] > e["offered_unit_s"]["cpu"] + 0.05
+    ]
+    assert over, "greedy kept its optional work inside the capacity left after every reclaim"
+
+
+def test_greedy_violates_the_slo_on_the_preemption_storm_and_headroom_does_not(
+    runs: Any,
+) -> None:
+    """Greedy runs its opportunistic capacity flat out and reacts only at control steps: it
+    breaks the SLO in a large share of windows. Headroom stays within 1 % of windows (the
+    project's target is static + 0.1 %; the measured figure and why it is missed are in
+    docs/simulator.md §Results)."""
+    m = runs("preemption-storm").metrics["policies"]
+    static = m["static"]["slo"]["violation_fraction"]
+    assert m["greedy"]["slo"]["violation_fraction"] > static + 0.2
+    assert m["headroom"]["slo"]["violation_fraction"] <= static + 0.01
+    assert m["headroom"]["requests"]["errors"] <= m["greedy"]["requests"]["errors"]
+
+
+def test_headroom_releases_reclaimed_capacity_within_milliseconds(runs: Any) -> None:
+    r = runs("preemption-storm").metrics["policies"]
+    assert r["headroom"]["reclaims"]["count"] > 0
+    assert r["headroom"]["reclaims"]["releases"] > 0
+    assert r["headroom"]["reclaims"]["release_ms_max"] < 100.0
+    assert r["central-only"]["reclaims"]["release_ms_p50"] > 1000.0  # waits for a control step
+
+
+# --- outputs -------------------------------------------------------------------------------------
+
+
+def test_analyze_on_the_log_gives_the_same_metrics(runs: Any) -> None:
+    result = runs("quickstart")
+    again = compute_metrics(EventLog(result.events_path))
+    assert again == result.metrics
+    written = orjson.loads(result.metrics_path.read_bytes())
+    assert written == orjson.loads(orjson.dumps(result.metrics))
+
+
+def test_metrics_carry_every_contract_field_for_every_policy(runs: Any) -> None:
+    m = runs("quickstart").metrics
+    assert m["scenario"] == "quickstart"
+    assert m["seed"] == 7
+    for p in POLICIES:
+        pm = m["policies"][p]
+        for path in (
+            ("slo", "violation_fraction"),
+            ("slo", "worst_window_p99_ms"),
+            ("requests", "timeouts"),
+            ("value", "capture_ratio"),
+            ("value", "estimated_ci95"),
+            ("capacity", "offered_unit_s", "cpu"),
+            ("capacity", "used_unit_s", "accelerator"),
+            ("reclaims", "release_ms_p99"),
+            ("shedding", "server_activations"),
+        ):
+            cur: Any = pm
+            for k in path:
+                assert k in cur, (p, path)
+                cur = cur[k]
+        assert set(pm["segments"]) == {"premium", "casual"}
+
+
+def test_control_outage_makes_clients_fall_back(runs: Any) -> None:
+    events = _events(runs("quickstart").events_path)
+    expired = [e for e in events if e["kind"] == "target.expired" and e["policy"] == "headroom"]
+    issued_in_outage = [
+        e
+        for e in events
+        if e["kind"] == "target.issued"
+        and e["policy"] == "headroom"
+        and 3000 <= e["ts"] - e.get("t0", 1_796_000_000.0) < 3400
+    ]
+    assert expired
+    assert not issued_in_outage
+
+
+# --- the command line ----------------------------------------------------------------------------
+
+
+def test_simulate_command_runs_every_policy_and_ends_with_the_report_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The `make run` job (quickstart, every policy, report) through the real command line."""
+    monkeypatch.setenv("HEADROOM_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    code = main(
+        ["simulate", str(SCENARIOS / "quickstart.yaml"), "--out", str(out), "--no-progress"]
+    )
+    assert code == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1] == f"report: {out / 'report.html'}"
+    assert (out / "report.html").stat().st_size > 0
+    metrics = orjson.loads((out / "metrics.json").read_bytes())
+    assert list(metrics["policies"]) == list(POLICIES)
+    assert any(line.startswith("headroom ") for line in lines)
+
+
+def test_simulate_rejects_bad_input_with_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nseed: 1\nduration_s: -5\n")
+    assert main(["simulate", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "duration_s" in err
+    assert "Traceback" not in err
+    good = str(SCENARIOS / "quickstart.yaml")
+    assert main(["simulate", good, "--policy", "static,nope"]) == 2
+    assert "nope" in capsys.readouterr().err
+    assert main(["simulate", good, "--replay", str(bad)]) == 2
+    assert "--replay" in capsys.readouterr().err
+
+
+def test_build_context_honours_the_seed_override() -> None:
+    s = short("quickstart")
+    a = build_context(s, curves=curves_of(s))
+    b = build_context(s, seed=99, curves=curves_of(s))
+    assert a.seed == s.seed
+    assert b.seed == 99
+    assert (a.traces.regions[0].arrivals != b.traces.regions[0].arrivals).any()
