@@ -361,6 +361,9 @@ class Outcome:
     control: bool
     lever: str | None  # the lever it actually received (None: none)
     sbm_served: bool
+    # intent-to-treat group of a treatment request: "sbm" if it was routed to the strong model
+    # (served there or not), else "rma" (it got extras or not); None for the control arm
+    routed: str | None
     value_total: float
     value_baseline: float
     cost_cpu_ms: float = 0.0  # optional work's cost
@@ -398,6 +401,7 @@ class _Window:
     value_baseline: float = 0.0
     inc: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LEVERS, 0.0))
     arms: dict[str, dict[str, _Arm]] = field(default_factory=dict)
+    itt: dict[str, dict[str, _Arm]] = field(default_factory=dict)  # segment -> lever -> sums
     treated: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LEVERS, 0))
     segments: dict[str, dict[str, Any]] = field(default_factory=dict)
     offsets: dict[int, list[int]] = field(default_factory=dict)
@@ -429,10 +433,18 @@ class _Window:
         arms = self.arms.setdefault(o.segment, {})
         if o.control:
             arms.setdefault("control", _Arm()).add(o.value_total)
-        elif o.lever is not None:
+            return
+        # the log's arms: what the request received; "none" for a treatment request that got
+        # no optional work, so that a value-aware choice of the treated requests cannot bias
+        # the holdout estimate (the treatment arms together stay a random sample)
+        arms.setdefault(o.lever or "none", _Arm()).add(
+            o.value_total, o.cost_cpu_ms, o.cost_accelerator_ms
+        )
+        if o.lever is not None:
             self.inc[o.lever] += inc
             self.treated[o.lever] += 1
-            arms.setdefault(o.lever, _Arm()).add(
+        if o.routed is not None:
+            self.itt.setdefault(o.segment, {}).setdefault(o.routed, _Arm()).add(
                 o.value_total, o.cost_cpu_ms, o.cost_accelerator_ms
             )
 
@@ -494,6 +506,11 @@ class WindowBook:
             "value_baseline": w.value_baseline,
             "inc": {**w.inc, "precompute": 0.0},
             "arms": arms,
+            # the intent-to-treat sums behind the value signals (headroom.value), per segment
+            "itt": {
+                seg: {lever: arm.sums() for lever, arm in by.items() if arm.n > 0}
+                for seg, by in w.itt.items()
+            },
             "eligible_treated": dict(w.treated),
             "segments": w.segments,
             "targets": dict(targets),
@@ -502,13 +519,15 @@ class WindowBook:
         }
 
     def value_signals(self, w: _Window, ts: float) -> list[messages.ValueSignal]:
-        """Sums per (segment, lever, arm); the control arm under every lever."""
+        """Sums per (segment, lever, arm) for the control plane: a lever's treatment arm is its
+        intent-to-treat group (requests routed to SBM; the others not held out, for RMA), so the
+        value-ranked choice of who gets extras cannot bias it; the control arm under every lever.
+        """
         out = []
-        for seg in sorted(w.arms):
-            by_arm = w.arms[seg]
-            control = by_arm.get("control")
+        for seg in sorted(set(w.arms) | set(w.itt)):
+            control = w.arms.get(seg, {}).get("control")
             for lever in LEVERS:
-                treated = by_arm.get(lever)
+                treated = w.itt.get(seg, {}).get(lever)
                 for arm_name, arm in (("treatment", treated), ("control", control)):
                     if arm is None or arm.n == 0:
                         continue
@@ -952,6 +971,7 @@ class RankingClient(Service):
             control=plan.control,
             lever=lever,
             sbm_served=sbm_served,
+            routed=None if plan.control else ("sbm" if plan.strong else "rma"),
             value_total=value_total,
             value_baseline=value_baseline,
             cost_cpu_ms=cost_cpu,

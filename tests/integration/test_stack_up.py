@@ -235,27 +235,39 @@ def test_value_signals_add_up_across_a_client_restart(stack_run: StackRun) -> No
     windows = stack_run.client_windows()
     # every request the feed published is in exactly one window line: none lost, none twice
     assert sum(w["requests"] for w in windows) == published
-    # the value topic carries the same sums as the window lines, arm by arm
-    arms: dict[tuple[str, str], list[float]] = {}
+    # the value topic carries the same sums as the window lines: the control arm (published
+    # under each lever) and each lever's intent-to-treat group, segment by segment
+    control: dict[str, list[float]] = {}
+    itt: dict[tuple[str, str], list[float]] = {}
+    treated_n = 0
     for w in windows:
         for segment, by_arm in w["arms"].items():
             for arm, sums in by_arm.items():
-                a = arms.setdefault((segment, arm), [0, 0.0])
-                a[0] += sums["n"]
-                a[1] += sums["value_sum"]
+                if arm == "control":
+                    c = control.setdefault(segment, [0, 0.0])
+                    c[0] += sums["n"]
+                    c[1] += sums["value_sum"]
+                else:
+                    treated_n += sums["n"]
+        for segment, by_lever in w["itt"].items():
+            for lever, sums in by_lever.items():
+                t = itt.setdefault((segment, lever), [0, 0.0])
+                t[0] += sums["n"]
+                t[1] += sums["value_sum"]
+    # every treatment request is in exactly one intent-to-treat group
+    assert treated_n == sum(n for n, _v in itt.values())
     topic: dict[tuple[str, str, str], list[float]] = {}
     for s in stack_run.value_signals:
         t = topic.setdefault((s.segment, s.lever, s.arm), [0, 0.0])
         t[0] += s.n
         t[1] += s.value_sum
-    for (segment, arm), (n, total) in arms.items():
-        if arm == "control":
-            for lever in ("rma", "sbm"):  # published under each lever
-                assert topic[(segment, lever, "control")][0] == n
-                assert math.isclose(topic[(segment, lever, "control")][1], total, rel_tol=1e-9)
-        else:
-            assert topic[(segment, arm, "treatment")][0] == n
-            assert math.isclose(topic[(segment, arm, "treatment")][1], total, rel_tol=1e-9)
+    for segment, (n, total) in control.items():
+        for lever in ("rma", "sbm"):
+            assert topic[(segment, lever, "control")][0] == n
+            assert math.isclose(topic[(segment, lever, "control")][1], total, rel_tol=1e-9)
+    for (segment, lever), (n, total) in itt.items():
+        assert topic[(segment, lever, "treatment")][0] == n
+        assert math.isclose(topic[(segment, lever, "treatment")][1], total, rel_tol=1e-9)
     # and the restart really happened mid-run, with requests on both sides of it
     assert sum(w["requests"] for w in windows if w["t_end"] <= KILL_CLIENT_AT) > 500
     assert sum(w["requests"] for w in windows if w["t_start"] >= KILL_CLIENT_AT + 5) > 500

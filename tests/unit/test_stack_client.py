@@ -229,8 +229,11 @@ def _outcome(offset: int, end_t: float, **kw: object) -> Outcome:
         "sbm_served": False,
         "value_total": 1.0,
         "value_baseline": 1.0,
+        "routed": "rma",
     }
     base.update(kw)
+    if base["control"]:
+        base["routed"] = None
     return Outcome(**base)  # type: ignore[arg-type]
 
 
@@ -238,26 +241,34 @@ def test_a_window_line_adds_up_requests_value_and_arms() -> None:
     book = WindowBook("r", 5.0, ["casual", "premium"])
     book.add(_outcome(0, 1.0, control=True, value_total=2.0, value_baseline=2.0))
     book.add(_outcome(1, 2.0, lever="rma", value_total=3.0, value_baseline=2.5, cost_cpu_ms=8.0))
-    book.add(_outcome(2, 3.0, lever="sbm", sbm_served=True, value_total=1.5, value_baseline=1.0))
+    book.add(
+        _outcome(
+            2, 3.0, lever="sbm", sbm_served=True, routed="sbm", value_total=1.5,
+            value_baseline=1.0,
+        )
+    )  # fmt: skip
     book.add(_outcome(3, 4.0, ok=False, value_total=0.0, value_baseline=0.0, latency_ms=900.0))
+    book.add(_outcome(5, 4.5, value_total=0.5, value_baseline=0.5))  # treated, got nothing
     book.add(_outcome(4, 7.0))  # next window
     assert book.due(5.5) == [0]
     w = book.take(0)
     assert w is not None
     f = book.event_fields(w, targets={"rma_candidates": 200, "sbm_coverage": 0.1}, source="c1")
     assert (f["t_start"], f["t_end"]) == (0.0, 5.0)
-    assert (f["requests"], f["errors"], f["timeouts"]) == (4, 1, 0)
-    assert f["value_total"] == pytest.approx(6.5)
-    assert f["value_baseline"] == pytest.approx(5.5)
+    assert (f["requests"], f["errors"], f["timeouts"]) == (5, 1, 0)
+    assert f["value_total"] == pytest.approx(7.0)
+    assert f["value_baseline"] == pytest.approx(6.0)
     assert f["inc"] == {"rma": pytest.approx(0.5), "sbm": pytest.approx(0.5), "precompute": 0.0}
     assert f["arms"]["casual"]["control"] == {"n": 1, "value_sum": 2.0, "value_sq_sum": 4.0}
     assert f["arms"]["casual"]["rma"]["n"] == 1
+    # a treatment request that got no optional work is in the "none" arm (unbiased estimate)
+    assert f["arms"]["casual"]["none"] == {"n": 1, "value_sum": 0.5, "value_sq_sum": 0.25}
     assert f["eligible_treated"] == {"rma": 1, "sbm": 1}
-    assert f["segments"]["casual"] == {"requests": 4, "sbm": 1, "inc": pytest.approx(1.0)}
-    assert f["offsets"] == {"0": [0, 3]}
-    assert messages.LatencySketch.from_dict(f["sketch"]).count == 4
+    assert f["segments"]["casual"] == {"requests": 5, "sbm": 1, "inc": pytest.approx(1.0)}
+    assert f["offsets"] == {"0": [0, 5]}
+    assert messages.LatencySketch.from_dict(f["sketch"]).count == 5
     # the with/without-optional-work sketch holds the requests that got no lever
-    assert messages.LatencySketch.from_dict(f["sketch_base"]).count == 2
+    assert messages.LatencySketch.from_dict(f["sketch_base"]).count == 3
     assert book.open_windows == [1]
 
 
@@ -268,6 +279,8 @@ def test_value_signals_publish_the_control_arm_under_each_lever() -> None:
     book.add(
         _outcome(3, 1.0, lever="rma", value_total=4.0, cost_cpu_ms=8.0, cost_accelerator_ms=1.0)
     )
+    # in RMA's intent-to-treat group but given no extras (value-ranked): still in its treatment
+    book.add(_outcome(4, 1.0, value_total=1.0))
     w = book.take(0)
     assert w is not None
     signals = {(s.lever, s.arm): s for s in book.value_signals(w, ts=10.0)}
@@ -277,7 +290,7 @@ def test_value_signals_publish_the_control_arm_under_each_lever() -> None:
         assert (c.n, c.value_sum, c.value_sq_sum) == (3, 6.0, 14.0)
         assert c.cost.cpu_ms == 0.0
     t = signals[("rma", "treatment")]
-    assert (t.n, t.value_sum, t.cost.cpu_ms, t.cost.accelerator_ms) == (1, 4.0, 8.0, 1.0)
+    assert (t.n, t.value_sum, t.cost.cpu_ms, t.cost.accelerator_ms) == (2, 5.0, 8.0, 1.0)
     assert all(s.window_s == 5.0 and s.region == "r" for s in signals.values())
 
 
