@@ -65,9 +65,11 @@ from headroom.scenario import Scenario
 from sim.config import SimConfig
 from sim.latency import (
     RHO_FLUID_CAP,
+    LatencyConfig,
     StageState,
     Strata,
     WaitParams,
+    allocate_samples,
     in_time_probability,
     keys_of,
     sample_window,
@@ -592,6 +594,7 @@ class RegionRun:
         self._lost_strong = 0.0  # in-flight strong requests lost to a reclaim, not yet counted
         self._win_reset()
         self._obs_reset()
+        self._pending_windows: list[dict[str, Any]] = []
         bind = getattr(policy, "bind", None)
         if bind is not None:
             bind(self)
@@ -1021,121 +1024,18 @@ class RegionRun:
         self.obs_value: dict[tuple[str, str, str], ArmStats] = {}
 
     def _close_window(self, t0: float, t1: float) -> None:
-        ctx = self.ctx
-        pop = ctx.pop
-        n_seg_names = pop.n_segments
-        blocks = self._blocks
-        self._blocks = []
-        rows = np.vstack([b for _, b in blocks]) if blocks else np.zeros((0, len(_ROW)))
-        mixes = [m for m, b in blocks for _ in range(b.shape[0])]
-        arrivals = rows[:, _R["a"]]
-        n_req = round(float(arrivals.sum()))
-        # the window's requests per segment and arm: integers, the same for every policy
-        n_seg = self.count_rng.multinomial(n_req, pop.seg_share)
-        n_ctl = self.count_rng.binomial(n_seg, ctx.holdout)
-        n_trt = n_seg - n_ctl
-        uniforms = self.lat_rng.random((4, self.cfg.latency.samples_per_window))
-        # group the window's steps by the mix in force
-        groups: dict[int, tuple[Mix, list[int]]] = {}
-        for j, m in enumerate(mixes):
-            groups.setdefault(id(m), (m, []))[1].append(j)
-        all_strata: list[Strata] = []
-        s_count = np.zeros(n_seg_names)
-        s_value = np.zeros(n_seg_names)
-        s_base = np.zeros(n_seg_names)
-        seg_sbm = np.zeros(n_seg_names)
-        inc = {"rma": 0.0, "sbm": 0.0}
-        treated = {"rma": 0.0, "sbm": 0.0}
-        routed = 0.0  # requests clients sent to the strong model (served, downgraded, failed)
-        timeouts = 0.0
-        arm_acc: dict[str, list[tuple[ArmParts, FloatArray, float]]] = {}
-        base_pi_num = 0.0
-        for mix, idx in groups.values():
-            g = rows[idx]
-            a = g[:, _R["a"]]
-            a_sum = float(a.sum())
-            strata, k = _strata(self, g, mix)
-            pi = in_time_probability(strata, self.cfg.latency, ctx.timeout_ms).reshape(-1, k)
-            all_strata.append(strata)
-            shadow = _shadow_strata(self, g)
-            pi_s = in_time_probability(shadow, self.cfg.latency, ctx.timeout_ms)
-            a_pi = a @ pi  # (K,) Σ_steps A·π per class
-            a_pis = float(a @ pi_s)
-            n_levels = len(mix.plan.levels)
-            r_rma = slice(1, 1 + n_levels)
-            r_sbm = slice(1 + n_levels, 4 + n_levels)
-            s_count += a_sum * mix.count.sum(axis=0)
-            s_value += a_pi @ mix.value
-            s_base += a_pis * mix.base_value.sum(axis=0)
-            inc["rma"] += float(a_pi[r_rma] @ mix.value[r_rma].sum(axis=1)) - a_pis * float(
-                mix.base_value[r_rma].sum()
-            )
-            inc["sbm"] += float(a_pi[r_sbm] @ mix.value[r_sbm].sum(axis=1)) - a_pis * float(
-                mix.base_value[r_sbm].sum()
-            )
-            treated["rma"] += a_sum * float(mix.frac[r_rma].sum())
-            treated["sbm"] += a_sum * float(mix.frac[1 + n_levels])
-            routed += a_sum * float(mix.frac[r_sbm].sum())
-            seg_sbm += a_sum * mix.count[1 + n_levels]
-            timeouts += float(a @ ((1.0 - pi) @ mix.frac)) + float(
-                g[:, _R["fail"]] @ (1.0 - pi[:, -1])
-            )
-            base_pi_num += float(a_pi[0]) / float(mix.frac[0]) * float(mix.frac[0])
-            for name, parts in mix.arm_parts.items():
-                if a_sum > 0 and parts.weights.sum() > 0:
-                    arm_acc.setdefault(name, []).append((parts, a_pi[parts.row] / a_sum, a_sum))
-        # ground truth is the conditional expectation given the window's arrivals (spread over
-        # the cells by their shares): the oracle's bound is computed on exactly the same counts
-        value_total_s = s_value
-        value_base_s = s_base
-        total_a = float(arrivals.sum())
-        # holdout sums and value signals
-        pi_ctl = base_pi_num / total_a if total_a > 0 else 1.0
-        arms, value_obs = self._arms(n_ctl, n_trt, s_count, pi_ctl, arm_acc)
-        strata_all = _concat_strata(all_strata)
-        lat, weights, paths = sample_window(strata_all, self.cfg.latency, ctx.timeout_ms, uniforms)
-        self._fold_obs(lat, weights, paths, n_req, n_seg, routed, value_obs)
-        sketch_all, sketch_base = _sketches(lat, weights, paths, n_req)
+        """Keep what the window's event needs; the events of a control interval are computed
+        together (one vectorised pass) when the interval ends."""
         tg = self.targets
-        n_timeouts = round(timeouts)
         q = self.quotas
-        win = self._win
-        self.emit(
-            "window",
-            t0,
+        self._pending_windows.append(
             {
-                "t_start": t0,
-                "t_end": t1,
-                "requests": n_req,
-                "errors": n_timeouts,
-                "timeouts": n_timeouts,
-                "sketch": sketch_all,
-                "sketch_base": sketch_base,
-                "value_total": float(value_total_s.sum()),
-                "value_baseline": float(value_base_s.sum()),
-                "inc": {
-                    "rma": inc["rma"],
-                    "sbm": inc["sbm"],
-                    "precompute": 0.0,
-                },
-                "arms": arms,
-                "eligible_treated": {
-                    "rma": round(treated["rma"]),
-                    "sbm": round(treated["sbm"]),
-                },
-                "segments": {
-                    seg: {
-                        "requests": int(n_seg[si]),
-                        "sbm": round(float(seg_sbm[si])),
-                        "inc": float(value_total_s[si] - value_base_s[si]),
-                    }
-                    for si, seg in enumerate(ctx.segment_names)
-                },
-                "offered_unit_s": ctx.traces.offered_unit_s(self.r, t0, t1),
-                "used_unit_s": {"cpu": win[0], "accelerator": win[1]},
-                "demand_unit_s": {"cpu": win[2], "accelerator": win[3]},
+                "t0": t0,
+                "t1": t1,
+                "blocks": self._blocks,
+                "win": list(self._win),
                 "targets": {
-                    "rma_candidates": tg.rma_candidates if tg is not None else ctx.n0,
+                    "rma_candidates": tg.rma_candidates if tg is not None else self.ctx.n0,
                     "sbm_coverage": tg.sbm_coverage if tg is not None else 0.0,
                 },
                 "capacity": self._capacity_now(),
@@ -1145,9 +1045,170 @@ class RegionRun:
                     "sbm_cpu": q.sbm_cpu,
                     "sbm_accelerator": q.sbm_acc,
                 },
-            },
+            }
         )
+        self._blocks = []
         self._win_reset()
+        if math.floor(t1 / self.interval + 1e-9) > math.floor(t0 / self.interval + 1e-9) or (
+            t1 >= self.ctx.duration_s - _EPS
+        ):
+            self._flush_windows()
+
+    def _flush_windows(self) -> None:
+        """The ``window`` events of the pending windows (module docstring: ground truth, latency
+        sketches, holdout sums), computed in one pass over all their steps."""
+        ctx = self.ctx
+        pop = ctx.pop
+        cfg = self.cfg.latency
+        recs = self._pending_windows
+        self._pending_windows = []
+        n_w = len(recs)
+        n_s = pop.n_segments
+        m_samples = cfg.samples_per_window
+        # per window: its requests per segment and arm (integers, the same for every policy) and
+        # its latency random numbers, drawn in window order from streams every policy shares
+        blocks: list[tuple[Mix, FloatArray, int]] = []
+        n_req = np.zeros(n_w, dtype=np.int64)
+        n_seg = np.zeros((n_w, n_s), dtype=np.int64)
+        n_ctl = np.zeros((n_w, n_s), dtype=np.int64)
+        uniforms = np.empty((4, n_w * m_samples))
+        for w, rec in enumerate(recs):
+            a_sum = sum(float(b[:, _R["a"]].sum()) for _, b in rec["blocks"])
+            n_req[w] = round(a_sum)
+            n_seg[w] = self.count_rng.multinomial(int(n_req[w]), pop.seg_share)
+            n_ctl[w] = self.count_rng.binomial(n_seg[w], ctx.holdout)
+            uniforms[:, w * m_samples : (w + 1) * m_samples] = self.lat_rng.random((4, m_samples))
+            blocks.extend((mix, b, w) for mix, b in rec["blocks"])
+        # group every step of the batch by the mix in force
+        groups: dict[int, tuple[Mix, list[FloatArray], list[FloatArray]]] = {}
+        for mix, b, w in blocks:
+            g = groups.setdefault(id(mix), (mix, [], []))
+            g[1].append(b)
+            g[2].append(np.full(b.shape[0], w, dtype=np.int64))
+        s_value = np.zeros((n_w, n_s))
+        s_base = np.zeros((n_w, n_s))
+        s_count = np.zeros(n_s)
+        seg_sbm = np.zeros((n_w, n_s))
+        inc_rma = np.zeros(n_w)
+        inc_sbm = np.zeros(n_w)
+        treated_rma = np.zeros(n_w)
+        treated_sbm = np.zeros(n_w)
+        routed = 0.0
+        timeouts = np.zeros(n_w)
+        base_pi_num = 0.0
+        total_a = 0.0
+        arm_acc: dict[str, list[tuple[ArmParts, FloatArray, float]]] = {}
+        strata_parts: list[Strata] = []
+        strata_win: list[IntArray] = []
+        for mix, bl, wl in groups.values():
+            g = np.vstack(bl)
+            widx = np.concatenate(wl)
+            a = g[:, _R["a"]]
+            a_sum = float(a.sum())
+            strata, k = _strata(self, g, mix)
+            pi = in_time_probability(strata, cfg, ctx.timeout_ms).reshape(-1, k)
+            pi_s = in_time_probability(_shadow_strata(self, g), cfg, ctx.timeout_ms)
+            strata_parts.append(strata)
+            strata_win.append(np.repeat(widx, k))
+            a_pi_rows = a[:, None] * pi  # (rows, K)
+            a_pis = a * pi_s
+            n_levels = len(mix.plan.levels)
+            r_rma = slice(1, 1 + n_levels)
+            r_sbm = slice(1 + n_levels, 4 + n_levels)
+            _add_rows(s_value, widx, a_pi_rows @ mix.value)
+            _add_rows(s_base, widx, np.outer(a_pis, mix.base_value.sum(axis=0)))
+            s_count += a_sum * mix.count.sum(axis=0)
+            _add_rows(seg_sbm, widx, np.outer(a, mix.count[1 + n_levels]))
+            inc_rma += np.bincount(
+                widx,
+                weights=a_pi_rows[:, r_rma] @ mix.value[r_rma].sum(axis=1)
+                - a_pis * float(mix.base_value[r_rma].sum()),
+                minlength=n_w,
+            )
+            inc_sbm += np.bincount(
+                widx,
+                weights=a_pi_rows[:, r_sbm] @ mix.value[r_sbm].sum(axis=1)
+                - a_pis * float(mix.base_value[r_sbm].sum()),
+                minlength=n_w,
+            )
+            treated_rma += np.bincount(widx, weights=a, minlength=n_w) * float(
+                mix.frac[r_rma].sum()
+            )
+            treated_sbm += np.bincount(widx, weights=a, minlength=n_w) * float(
+                mix.frac[1 + n_levels]
+            )
+            routed += a_sum * float(mix.frac[r_sbm].sum())
+            lost = g[:, _R["fail"]] * (1.0 - pi[:, -1])
+            timeouts += np.bincount(widx, weights=a * ((1.0 - pi) @ mix.frac) + lost, minlength=n_w)
+            base_pi_num += float(a_pi_rows[:, 0].sum())
+            total_a += a_sum
+            if a_sum > 0:
+                a_pi = a_pi_rows.sum(axis=0)
+                for name, parts in mix.arm_parts.items():
+                    if parts.weights.sum() > 0:
+                        arm_acc.setdefault(name, []).append((parts, a_pi[parts.row] / a_sum, a_sum))
+        # holdout sums and value signals, once per control interval (the estimate is the same
+        # as with one draw per window: the sums add up); they ride on the interval's last window
+        pi_ctl = base_pi_num / total_a if total_a > 0 else 1.0
+        arms, value_obs = self._arms(
+            n_ctl.sum(axis=0), (n_seg - n_ctl).sum(axis=0), s_count, pi_ctl, arm_acc
+        )
+        # latency: a stratified sample per window, computed in one pass
+        strata_all = _concat_strata(strata_parts) if strata_parts else None
+        if strata_all is not None and strata_all.size:
+            swin = np.concatenate(strata_win)
+            lat, weights, paths, sample_win = _sample_windows(
+                strata_all, swin, n_w, cfg, ctx.timeout_ms, uniforms, m_samples
+            )
+        else:
+            lat = weights = np.zeros(0)
+            paths = sample_win = np.zeros(0, dtype=np.int64)
+        if getattr(self.policy, "observes", True):
+            self._fold_obs(
+                lat, weights, paths, int(n_req.sum()), n_seg.sum(axis=0), routed, value_obs
+            )
+        sketches = _window_sketches(lat, weights, paths, sample_win, n_req)
+        for w, rec in enumerate(recs):
+            t0, t1 = rec["t0"], rec["t1"]
+            win = rec["win"]
+            n_to = round(float(timeouts[w]))
+            self.emit(
+                "window",
+                t0,
+                {
+                    "t_start": t0,
+                    "t_end": t1,
+                    "requests": int(n_req[w]),
+                    "errors": n_to,
+                    "timeouts": n_to,
+                    "sketch": sketches[w][0],
+                    "sketch_base": sketches[w][1],
+                    # ground truth: the conditional expectation given the window's arrivals
+                    # (spread over the cells by their shares), the counts the bound uses too
+                    "value_total": float(s_value[w].sum()),
+                    "value_baseline": float(s_base[w].sum()),
+                    "inc": {"rma": float(inc_rma[w]), "sbm": float(inc_sbm[w]), "precompute": 0.0},
+                    "arms": arms if w == n_w - 1 else {},
+                    "eligible_treated": {
+                        "rma": round(float(treated_rma[w])),
+                        "sbm": round(float(treated_sbm[w])),
+                    },
+                    "segments": {
+                        seg: {
+                            "requests": int(n_seg[w, si]),
+                            "sbm": round(float(seg_sbm[w, si])),
+                            "inc": float(s_value[w, si] - s_base[w, si]),
+                        }
+                        for si, seg in enumerate(ctx.segment_names)
+                    },
+                    "offered_unit_s": ctx.traces.offered_unit_s(self.r, t0, t1),
+                    "used_unit_s": {"cpu": win[0], "accelerator": win[1]},
+                    "demand_unit_s": {"cpu": win[2], "accelerator": win[3]},
+                    "targets": rec["targets"],
+                    "capacity": rec["capacity"],
+                    "quotas": rec["quotas"],
+                },
+            )
 
     def _arms(
         self,
@@ -1375,22 +1436,27 @@ def _strata(run: RegionRun, g: FloatArray, mix: Mix) -> tuple[Strata, int]:
         g[:, col["rs"]], g[:, col["ns"]], mix.strong_mean, mix.strong_cs2
     )
 
+    sel = np.tile(mix.strong_stage, n)  # step-major flattening: class varies fastest
+
     def wide(x: FloatArray) -> FloatArray:
-        return np.broadcast_to(x[:, None], (n, k))
+        return np.repeat(x, k)
+
+    def pick(strong_x: FloatArray, mixed_x: FloatArray) -> FloatArray:
+        return np.where(sel, np.repeat(strong_x, k), np.repeat(mixed_x, k))
 
     st = Strata(
         count=count.ravel(),
         service_ms=service.ravel(),
         penalty_ms=penalty.ravel(),
-        fc0=wide(g[:, col["c0"]]).ravel(),
-        fc1=wide(g[:, col["c1"]]).ravel(),
-        fa0=np.where(strong, wide(g[:, col["s0"]]), wide(g[:, col["a0"]])).ravel(),
-        fa1=np.where(strong, wide(g[:, col["s1"]]), wide(g[:, col["a1"]])).ravel(),
-        p1=wide(wc_p).ravel(),
-        r1=wide(wc_r).ravel(),
-        p2=np.where(strong, wide(ws_p), wide(wa_p)).ravel(),
-        r2=np.where(strong, wide(ws_r), wide(wa_r)).ravel(),
-        path=np.broadcast_to(mix.path, (n, k)).ravel().astype(np.int64),
+        fc0=wide(g[:, col["c0"]]),
+        fc1=wide(g[:, col["c1"]]),
+        fa0=pick(g[:, col["s0"]], g[:, col["a0"]]),
+        fa1=pick(g[:, col["s1"]], g[:, col["a1"]]),
+        p1=wide(wc_p),
+        r1=wide(wc_r),
+        p2=pick(ws_p, wa_p),
+        r2=pick(ws_r, wa_r),
+        path=np.tile(mix.path, n).astype(np.int64),
     )
     return st, k
 
@@ -1420,6 +1486,86 @@ def _shadow_strata(run: RegionRun, g: FloatArray) -> Strata:
         r2=r2,
         path=np.zeros(n, dtype=np.int64),
     )
+
+
+def _add_rows(out: FloatArray, idx: IntArray, rows: FloatArray) -> None:
+    """``out[idx[i]] += rows[i]`` for every row (per-window sums of per-step rows)."""
+    for col in range(out.shape[1]):
+        out[:, col] += np.bincount(idx, weights=rows[:, col], minlength=out.shape[0])
+
+
+def _sample_windows(
+    st: Strata,
+    win: IntArray,
+    n_w: int,
+    cfg: LatencyConfig,
+    timeout_ms: float,
+    uniforms: FloatArray,
+    m: int,
+) -> tuple[FloatArray, FloatArray, IntArray, IntArray]:
+    """:func:`sample_window` for several windows at once: each window's strata get that
+    window's ``m`` random numbers, allocated by count within the window."""
+    order = np.argsort(win, kind="stable")
+    bounds = np.searchsorted(win[order], np.arange(n_w + 1))
+    take: list[IntArray] = []
+    cols: list[IntArray] = []
+    for w in range(n_w):
+        idx = order[bounds[w] : bounds[w + 1]]
+        if idx.size == 0:
+            continue
+        counts = st.count[idx]
+        if counts.sum() <= 0:
+            continue
+        alloc = allocate_samples(counts, m)
+        rep = np.repeat(idx, alloc)
+        take.append(rep)
+        cols.append(w * m + np.arange(rep.size))
+    if not take:
+        z = np.zeros(0)
+        zi = np.zeros(0, dtype=np.int64)
+        return z, z, zi, zi
+    idx = np.concatenate(take)
+    col = np.concatenate(cols)
+    sub = st.take_index(idx)
+    lat, _, paths = sample_window(sub, cfg, timeout_ms, uniforms[:, col], allocated=True)
+    # each sample stands for count / (samples of its stratum in its window) requests
+    n_alloc = np.bincount(idx, minlength=st.size)
+    weights = st.count[idx] / n_alloc[idx]
+    return lat, weights, paths, win[idx]
+
+
+def _window_sketches(
+    lat: FloatArray, weights: FloatArray, paths: IntArray, win: IntArray, n_req: IntArray
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Per window, the sketch of every request and of the baseline-only ones (integer counts)."""
+    n_w = n_req.size
+    out: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    if lat.size == 0:
+        empty: dict[str, Any] = {"alpha": SKETCH_ALPHA, "bins": {}, "zeros": 0}
+        return [(dict(empty), dict(empty)) for _ in range(n_w)]
+    keys = np.clip(keys_of(lat, SKETCH_ALPHA), 0, _KEY_SPAN - 1)
+    combined = win * _KEY_SPAN + keys
+    uniq, inv = np.unique(combined, return_inverse=True)
+    mass = np.bincount(inv, weights=weights, minlength=uniq.size)
+    base = paths == PATH_BASE
+    mass_base = np.bincount(inv[base], weights=weights[base], minlength=uniq.size)
+    u_win = uniq // _KEY_SPAN
+    u_key = uniq % _KEY_SPAN
+    bounds = np.searchsorted(u_win, np.arange(n_w + 1))
+    for w in range(n_w):
+        sl = slice(bounds[w], bounds[w + 1])
+        k = u_key[sl]
+        m_all = mass[sl]
+        m_base = mass_base[sl]
+        tot = float(m_all.sum())
+        n_base = round(int(n_req[w]) * float(m_base.sum()) / tot) if tot > 0 else 0
+        out.append(
+            (
+                sketch_from_mass(k, m_all, int(n_req[w]), SKETCH_ALPHA),
+                sketch_from_mass(k[m_base > 0], m_base[m_base > 0], n_base, SKETCH_ALPHA),
+            )
+        )
+    return out
 
 
 def _concat_strata(parts: list[Strata]) -> Strata:

@@ -60,6 +60,7 @@ __all__ = [
     "StageState",
     "Strata",
     "WaitParams",
+    "allocate_samples",
     "in_time_probability",
     "sample_window",
     "sketch_from_keys",
@@ -183,6 +184,9 @@ class Strata:
     def take(self, mask: npt.NDArray[np.bool_]) -> Strata:
         return Strata(*(getattr(self, f)[mask] for f in _STRATA_FIELDS))
 
+    def take_index(self, idx: IntArray) -> Strata:
+        return Strata(*(getattr(self, f)[idx] for f in _STRATA_FIELDS))
+
 
 _STRATA_FIELDS = (
     "count", "service_ms", "penalty_ms", "fc0", "fc1", "fa0", "fa1", "p1", "r1", "p2", "r2",
@@ -195,7 +199,12 @@ def _jitter_sigma(cv: float) -> float:
 
 
 def sample_window(
-    st: Strata, cfg: LatencyConfig, timeout_ms: float, uniforms: FloatArray
+    st: Strata,
+    cfg: LatencyConfig,
+    timeout_ms: float,
+    uniforms: FloatArray,
+    *,
+    allocated: bool = False,
 ) -> tuple[FloatArray, FloatArray, IntArray]:
     """Latencies (ms, capped at the timeout), their weights, and their path, for one window.
 
@@ -210,7 +219,8 @@ def sample_window(
     if total <= 0.0:
         empty = np.zeros(0)
         return empty, empty, np.zeros(0, dtype=np.int64)
-    alloc = _allocate(counts, m)
+    # allocated: one sample per stratum entry, the caller allocated them
+    alloc = np.ones(counts.size, dtype=np.int64) if allocated else allocate_samples(counts, m)
     idx = np.repeat(np.arange(counts.size), alloc)
     k = idx.size
     u_pos, u_w1, u_w2, u_j = uniforms[:, :k]
@@ -240,7 +250,7 @@ def _exp_wait(u: FloatArray, p: FloatArray, rate: FloatArray) -> FloatArray:
     return np.asarray(w)
 
 
-def _allocate(counts: FloatArray, m: int) -> IntArray:
+def allocate_samples(counts: FloatArray, m: int) -> IntArray:
     """Integer sample counts ∝ ``counts`` summing to ≤ m, at least 1 per non-empty stratum."""
     nz = counts > 0
     share = counts / counts.sum() * m

@@ -116,6 +116,7 @@ class StaticRegion:
     direct = False
     server_sheds = False
     value_ranked_rma = False
+    observes = False  # builds observations for a central controller
 
     def control(self, now: float, obs: RegionObservation, run: RegionRun) -> Issued | None:
         return None
@@ -217,6 +218,8 @@ def greedy_targets(run: RegionRun, obs: RegionObservation, epoch: int, ttl_s: fl
 
 
 class GreedyRegion(StaticRegion):
+    observes = True
+
     def __init__(self, ttl_s: float) -> None:
         self.ttl_s = ttl_s
         self.epoch = 0
@@ -265,6 +268,7 @@ class PlaneRegion(StaticRegion):
     """
 
     value_ranked_rma = True
+    observes = True
 
     def __init__(self, plane: ControlPlane) -> None:
         self.plane = plane
@@ -325,9 +329,9 @@ class HeadroomRegion(PlaneRegion):
         return self.rma_client.multiplier_at(now), self.sbm_client.multiplier_at(now)
 
     def on_quotas(self, now: float, quotas: Quotas, reduced: bool) -> None:
-        # servers enforce what the allocator budgeted: the quota less the safety margin, so the
-        # margin stays free as queueing headroom instead of being filled by admission
-        k = 1.0 - self.margin
+        # servers admit up to the quota they hold (the plan runs it at most 1 − margin busy;
+        # the margin absorbs the traffic's minute-to-minute noise without shedding)
+        k = 1.0
         self.rma_server.on_capacity(OptionalCapacity(quotas.rma_cpu * k, quotas.rma_acc * k), now)
         self.sbm_server.on_capacity(OptionalCapacity(quotas.sbm_cpu * k, quotas.sbm_acc * k), now)
 
@@ -364,7 +368,7 @@ class HeadroomRegion(PlaneRegion):
             float(n_sbm.sum()) * ctx.n0 * costs.strong_cpu_ms,
             float(n_sbm.sum()) * ctx.n0 * costs.strong_accelerator_ms,
         )
-        k = 1.0 - self.margin
+        k = 1.0
         have = tuple(1000.0 * span * u * k for u in (q.rma_cpu, q.rma_acc, q.sbm_cpu, q.sbm_acc))
         end = now + span
         self._called = False
@@ -442,10 +446,10 @@ class HeadroomRegion(PlaneRegion):
         return out
 
     def hot(self) -> bool:
-        """A server is overloaded or shedding while it still admits some optional work: decide
-        at ``hot_step_s`` resolution (once everything is shed there is nothing to resolve)."""
+        """A server is overloaded (CoDel) while it still admits some optional work: decide at
+        ``hot_step_s`` resolution (once everything is shed there is nothing to resolve)."""
         return any(
-            active and (s.overloaded or s.shedding)
+            active and s.overloaded
             for s, active in (
                 (self.rma_server, self._admitting[0]),
                 (self.sbm_server, self._admitting[1]),
