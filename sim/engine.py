@@ -389,7 +389,7 @@ def build_mix(ctx: SimContext, plan: Plan) -> Mix:
     sd_all = np.vstack(sd_rows)
     cells = np.arange(pop.n_cells)
 
-    def parts(rows: list[int], weights: list[FloatArray]) -> ArmParts:
+    def group(rows: list[int], weights: list[FloatArray]) -> ArmParts:
         if not rows:
             z = np.zeros(0)
             return ArmParts(z, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), z, z)
@@ -407,18 +407,18 @@ def build_mix(ctx: SimContext, plan: Plan) -> Mix:
         # what each request received (the log's arms: docs/events.md), plus "none": treatment
         # requests that got no optional work, so a value-aware selection of the treated cannot
         # bias the holdout estimate (docs/simulator.md §Holdout estimate)
-        "rma": parts(rma_rows, [t * cell_frac[j] * sh for j in range(n_levels)]),
-        "sbm": parts([srow], [t * plan.sbm * sh]),
-        "none": parts(
+        "rma": group(rma_rows, [t * cell_frac[j] * sh for j in range(n_levels)]),
+        "sbm": group([srow], [t * plan.sbm * sh]),
+        "none": group(
             [0, srow + 1, srow + 2],
             [t * treat_base * sh, t * plan.down * sh, t * plan.fail * sh],
         ),
         # intent-to-treat groups the control plane learns from (docs/simulator.md §Value
         # signals): requests not routed to the strong model (RMA's), and routed ones (SBM's)
-        "itt_rma": parts(
+        "itt_rma": group(
             [0, *rma_rows], [t * treat_base * sh] + [t * cell_frac[j] * sh for j in range(n_levels)]
         ),
-        "itt_sbm": parts(
+        "itt_sbm": group(
             [srow, srow + 1, srow + 2], [t * plan.sbm * sh, t * plan.down * sh, t * plan.fail * sh]
         ),
     }
@@ -944,10 +944,9 @@ class RegionRun:
         hot = (rc > 1.0) | (ra > 1.0) | (rs > 1.0)
         if idx.size > 1 and hot.any():
             k = int(np.argmax(hot)) + 1
-            idx, dt, a, lam, rc, ra, rs, src, sra = (
-                x[:k] for x in (idx, dt, a, lam, rc, ra, rs, src, sra)
-            )
-            phi_c, phi_a, phi_s, one, ends = (x[:k] for x in (phi_c, phi_a, phi_s, one, ends))
+            idx, dt, a, lam = idx[:k], dt[:k], a[:k], lam[:k]
+            rc, ra, rs, src, sra = rc[:k], ra[:k], rs[:k], src[:k], sra[:k]
+            phi_c, phi_a, phi_s, one, ends = phi_c[:k], phi_a[:k], phi_s[:k], one[:k], ends[:k]
         c0, c1 = _fluid(self.cpu, rc, dt)
         a0, a1 = _fluid(self.acc, ra, dt)
         s0, s1 = _fluid(self.strong, rs, dt)
@@ -1080,11 +1079,11 @@ class RegionRun:
             uniforms[:, w * m_samples : (w + 1) * m_samples] = self.lat_rng.random((4, m_samples))
             blocks.extend((mix, b, w) for mix, b in rec["blocks"])
         # group every step of the batch by the mix in force
-        groups: dict[int, tuple[Mix, list[FloatArray], list[FloatArray]]] = {}
+        groups: dict[int, tuple[Mix, list[FloatArray], list[IntArray]]] = {}
         for mix, b, w in blocks:
-            g = groups.setdefault(id(mix), (mix, [], []))
-            g[1].append(b)
-            g[2].append(np.full(b.shape[0], w, dtype=np.int64))
+            grp = groups.setdefault(id(mix), (mix, [], []))
+            grp[1].append(b)
+            grp[2].append(np.full(b.shape[0], w, dtype=np.int64))
         s_value = np.zeros((n_w, n_s))
         s_base = np.zeros((n_w, n_s))
         s_count = np.zeros(n_s)
@@ -1102,7 +1101,7 @@ class RegionRun:
         strata_win: list[IntArray] = []
         for mix, bl, wl in groups.values():
             g = np.vstack(bl)
-            widx = np.concatenate(wl)
+            widx: IntArray = np.concatenate(wl)
             a = g[:, _R["a"]]
             a_sum = float(a.sum())
             strata, k = _strata(self, g, mix)
@@ -1546,9 +1545,11 @@ def _window_sketches(
     keys = np.clip(keys_of(lat, SKETCH_ALPHA), 0, _KEY_SPAN - 1)
     combined = win * _KEY_SPAN + keys
     uniq, inv = np.unique(combined, return_inverse=True)
-    mass = np.bincount(inv, weights=weights, minlength=uniq.size)
+    mass = np.asarray(np.bincount(inv, weights=weights, minlength=uniq.size), dtype=np.float64)
     base = paths == PATH_BASE
-    mass_base = np.bincount(inv[base], weights=weights[base], minlength=uniq.size)
+    mass_base = np.asarray(
+        np.bincount(inv[base], weights=weights[base], minlength=uniq.size), dtype=np.float64
+    )
     u_win = uniq // _KEY_SPAN
     u_key = uniq % _KEY_SPAN
     bounds = np.searchsorted(u_win, np.arange(n_w + 1))
@@ -1580,26 +1581,6 @@ def _concat_strata(parts: list[Strata]) -> Strata:
             )
         )
     )  # fmt: skip
-
-
-def _sketches(
-    lat: FloatArray, weights: FloatArray, paths: IntArray, n_req: int
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The window's sketch (every request) and its baseline-only sketch, integer counts."""
-    if lat.size == 0 or n_req <= 0:
-        empty: dict[str, Any] = {"alpha": SKETCH_ALPHA, "bins": {}, "zeros": 0}
-        return empty, dict(empty)
-    keys = keys_of(lat, SKETCH_ALPHA)
-    uniq, inv = np.unique(keys, return_inverse=True)
-    mass = np.bincount(inv, weights=weights, minlength=uniq.size)
-    base = paths == PATH_BASE
-    mass_base = np.bincount(inv[base], weights=weights[base], minlength=uniq.size)
-    total_w = float(mass.sum())
-    n_base = round(n_req * float(mass_base.sum()) / total_w) if total_w > 0 else 0
-    return (
-        sketch_from_mass(uniq, mass, n_req, SKETCH_ALPHA),
-        sketch_from_mass(uniq, mass_base, n_base, SKETCH_ALPHA),
-    )
 
 
 # --------------------------------------------------------------------------------------------

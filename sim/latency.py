@@ -269,7 +269,7 @@ def allocate_samples(counts: FloatArray, m: int) -> IntArray:
             take = min(excess, int(base[i]) - 1)
             base[i] -= take
             excess -= take
-    return base
+    return np.asarray(base, dtype=np.int64)
 
 
 def in_time_probability(st: Strata, cfg: LatencyConfig, timeout_ms: float) -> FloatArray:
@@ -352,7 +352,8 @@ def sketch_from_keys(
     if total <= 0 or keys.size == 0:
         return {"alpha": alpha, "bins": {}, "zeros": 0}
     uniq, inv = np.unique(keys, return_inverse=True)
-    return sketch_from_mass(uniq, np.bincount(inv, weights=weights), total, alpha)
+    mass = np.asarray(np.bincount(inv, weights=weights), dtype=np.float64)
+    return sketch_from_mass(uniq, mass, total, alpha)
 
 
 def sketch_from_mass(

@@ -125,14 +125,14 @@ class Oracle:
             g.append(pop.v_mean * (q - ctx.q_base))
         self.g_rma = np.array(g) if g else np.zeros((0, pop.n_cells))  # (J, C)
         self.g_sbm = pop.v_mean * (ctx.q_strong - ctx.q_base)  # (C,)
-        e = np.array(self.levels, dtype=np.float64)
+        ex = np.array(self.levels, dtype=np.float64)
         # per-request costs (ms) of each option on the four constrained resources
         self.c_rma = np.stack(
             [
-                e * costs.base_cpu_ms,
-                e * costs.base_accelerator_ms,
-                0 * e,
-                e * costs.base_accelerator_ms,
+                ex * costs.base_cpu_ms,
+                ex * costs.base_accelerator_ms,
+                0 * ex,
+                ex * costs.base_accelerator_ms,
             ]
         )  # (4, J)
         self.c_sbm = np.array(
@@ -192,7 +192,7 @@ class Oracle:
     def capacity_at(self, r: int, t: float) -> FloatArray:
         times, caps = self._caps[r]
         j = int(np.searchsorted(times, t, side="right")) - 1
-        return caps[max(j, 0)]
+        return np.asarray(caps[max(j, 0)], dtype=np.float64)
 
     # -- the LP ------------------------------------------------------------------------------
 
