@@ -1,7 +1,8 @@
-"""``headroom simulate SCENARIO [--policy P]… [--seed N] [--out DIR] [--no-progress] [--no-plots]``.
+"""``headroom simulate SCENARIO [--policy P]… [--seed N] [--replay FILE] [--out DIR] …``.
 
 The command-line shell around :func:`sim.run.run_simulation`: it loads and validates the
-scenario (a bad one exits 2 with one line per problem, from the loader), chooses the output
+scenario (a bad one exits 2 with one line per problem, from the loader), with ``--replay``
+derives the run from a recording (:mod:`sim.replay_cli`, docs/replay.md), chooses the output
 directory (default ``runs/<scenario>-<UTC time>/``), shows a progress bar on stderr, prints the
 summary table and, as its last line, the path of the report (``metrics.json`` with
 ``--no-plots``). This shell is the one place of the simulator that reads the wall clock: for

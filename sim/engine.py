@@ -197,6 +197,8 @@ class SimContext:
             )
         self.regions: tuple[RegionStatic, ...] = tuple(regions)
         self.oracle_cache: dict[str, Any] = {}
+        # scenario time 0 on the event log's clock (a replayed run uses its recording's)
+        self.t0 = SIM_EPOCH
 
     def rma_quality(self, extra: int) -> tuple[FloatArray, FloatArray]:
         """Per cell, mean and spread of the quality with ``extra`` extra candidates (base model)."""
@@ -1606,7 +1608,7 @@ def run_policy(
         def emit(kind: str, t: float, fields: dict[str, Any]) -> None:
             ev = {
                 "v": 1,
-                "ts": SIM_EPOCH + t,
+                "ts": ctx.t0 + t,
                 "kind": kind,
                 "source": "sim",
                 "policy": policy_name,

@@ -21,7 +21,7 @@ from analysis.events import EventLog, EventWriter
 from analysis.metrics import compute_metrics
 from headroom.scenario import Scenario
 from sim.config import SimConfig
-from sim.engine import SIM_EPOCH, Curves, SimContext, run_policy
+from sim.engine import Curves, SimContext, run_policy
 from sim.oracle import oracle_for
 from sim.policies import POLICIES, PolicyFactory
 
@@ -82,7 +82,7 @@ def run_simulation(
         writer.write(
             {
                 "v": 1,
-                "ts": SIM_EPOCH,
+                "ts": ctx.t0,
                 "kind": "run.started",
                 "source": "sim",
                 "policy": None,
@@ -90,7 +90,7 @@ def run_simulation(
                 "scenario": scenario.name,
                 "seed": ctx.seed,
                 "duration_s": ctx.duration_s,
-                "t0": SIM_EPOCH,
+                "t0": ctx.t0,
                 "slo": {"p99_ms": scenario.slo.p99_ms, "window_s": scenario.slo.window_s},
                 "segments": list(ctx.segment_names),
                 "regions": [r.name for r in scenario.regions],
@@ -105,7 +105,7 @@ def run_simulation(
             writer.write(
                 {
                     "v": 1,
-                    "ts": SIM_EPOCH,
+                    "ts": ctx.t0,
                     "kind": "oracle.bound",
                     "source": "sim",
                     "policy": name,
@@ -134,7 +134,7 @@ def run_simulation(
             )
             finished: dict[str, Any] = {
                 "v": 1,
-                "ts": SIM_EPOCH + ctx.duration_s,
+                "ts": ctx.t0 + ctx.duration_s,
                 "kind": "run.finished",
                 "source": "sim",
                 "policy": name,

@@ -270,8 +270,8 @@ def test_simulate_rejects_bad_input_with_exit_2(
     good = str(SCENARIOS / "quickstart.yaml")
     assert main(["simulate", good, "--policy", "static,nope"]) == 2
     assert "nope" in capsys.readouterr().err
-    assert main(["simulate", good, "--replay", str(bad)]) == 2
-    assert "--replay" in capsys.readouterr().err
+    assert main(["simulate", good, "--replay", str(tmp_path / "missing.jsonl")]) == 2
+    assert "missing.jsonl" in capsys.readouterr().err
 
 
 def test_build_context_honours_the_seed_override() -> None:
