@@ -695,6 +695,7 @@ class RankingClient(Service):
             config.region, scenario.slo.window_s, [s.name for s in scenario.segments]
         )
         self.offsets: OffsetTracker[Outcome] = OffsetTracker()
+        self._segments = frozenset(seg.name for seg in scenario.segments)
         self.ranker = ValueRanker()
         now = self._wall()
         self._servers = [_Server(a, config.shed, now) for a in config.servers]
@@ -865,6 +866,12 @@ class RankingClient(Service):
             return
         if msg.region != self.config.region:
             return  # another region's request on a shared partition: not ours
+        if msg.segment not in self._segments:
+            # valid by the contract, but not rankable here: the loop dead-letters it with this
+            raise ValueError(
+                f"segment: {msg.segment!r} is not a segment of scenario {self.scenario.name!r} "
+                f"({', '.join(sorted(self._segments))})"
+            )
         await self._slots.acquire()
         self.offsets.received(rec.partition, rec.offset)
         self._inflight[rec.partition] = self._inflight.get(rec.partition, 0) + 1
@@ -873,7 +880,17 @@ class RankingClient(Service):
 
     async def _serve(self, msg: messages.Request, partition: int, offset: int) -> None:
         try:
-            outcome = await self.serve_request(msg, partition, offset)
+            try:
+                outcome = await self.serve_request(msg, partition, offset)
+            except Exception:  # a bug must not stall the partition's commits: count it
+                self.log.exception("client.request.failed", id=msg.id)
+                outcome = Outcome(
+                    partition=partition, offset=offset, segment=msg.segment,
+                    end_t=self.scenario_time(), latency_ms=0.0, ok=False, timeout=False,
+                    control=False, lever=None, sbm_served=False, routed=None,
+                    value_total=0.0, value_baseline=0.0,
+                )  # fmt: skip
+                self.stats["errors"] += 1
             self.offsets.completed(partition, offset, outcome)
             self.stats["requests"] += 1
         finally:

@@ -3,6 +3,8 @@ signals, and the offsets it may commit."""
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -370,3 +372,54 @@ def test_a_client_needs_a_dedicated_server() -> None:
         ClientConfig(region="r", servers=(ServerAddress("opportunistic", "h", 1),), group="g")
     with pytest.raises(ConfigError, match="--speed"):
         ClientConfig(region="r", servers=(ServerAddress("dedicated", "h", 1),), group="g", speed=0)
+
+
+# -- the client's request handling, without Kafka or servers ---------------------------------------
+
+
+async def test_an_unknown_segment_is_refused_for_the_dead_letter_topic() -> None:
+    from pathlib import Path
+
+    from headroom.scenario_load import load_scenario
+    from streams.consume import Received
+    from streams.kafka import KafkaTarget
+    from workers.client import RankingClient
+
+    scenario = load_scenario(
+        Path(__file__).parents[1] / "integration" / "scenarios" / "stack-short.yaml"
+    )
+    client = RankingClient(
+        ClientConfig(
+            region="it-east", servers=(ServerAddress("dedicated", "127.0.0.1", 9),), group="g"
+        ),
+        scenario,
+        KafkaTarget("127.0.0.1:1", "t."),
+    )
+
+    def received(offset: int, segment: str) -> Received:
+        msg = messages.Request(
+            ts=1.0, id=f"q{offset}", region="it-east", segment=segment, value=1.0,
+            eligible=True, user=1,
+        )  # fmt: skip
+        return Received("t.requests", "requests", 0, offset, b"it-east", 0, msg)
+
+    # the consumer loop dead-letters a message whose handler raises: the reason names the field
+    with pytest.raises(ValueError, match="segment: 'whales'"):
+        await client._on_request(received(7, "whales"))
+    assert client.offsets.pending(0) == 0
+
+    async def boom(*_args: object) -> Outcome:
+        raise RuntimeError("a bug")
+
+    client.serve_request = boom  # type: ignore[method-assign]
+    await client._on_request(received(8, "casual"))
+    for _ in range(100):  # the request task runs on the loop
+        await asyncio.sleep(0)
+        if client.stats["requests"]:
+            break
+    # a request that failed is still completed: it is counted as an error and never blocks
+    # the commits of the requests behind it
+    released = client.offsets.release()
+    assert [o.offset for o in released] == [8]
+    assert released[0].ok is False
+    assert client.stats["errors"] == 1
