@@ -632,16 +632,18 @@ class RegionRun:
     def _set_assignment(self, i: int, rma: float, sbm: float, now: float) -> None:
         """Assign units of pool ``i`` within its level.
 
-        A strong replica occupies whole devices, so SBM's share of an accelerator pool is
-        rounded to whole devices (at least one); RMA's quota and CPU quotas may be fractional.
-        When the level cannot hold both, they shrink together.
+        A strong replica needs at least one whole device, so a smaller SBM share of an
+        accelerator pool is raised to one device (within the level); above one, device
+        equivalents may be fractional, as may RMA's and CPU quotas. When the level cannot hold
+        both, they shrink together.
         """
         rma = max(rma, 0.0)
         sbm = max(sbm, 0.0)
         level = self.level[i]
         if self.static.pools[i].resource == "accelerator" and sbm > 1e-6:
-            sbm = max(1.0, float(round(sbm)))
-            sbm = min(sbm, float(math.floor(level + 1e-9))) if level >= 1.0 else level
+            # a strong replica needs at least one whole device; above that, device equivalents
+            # (CONTRACT §2 units) may be fractional (slices), so RMA keeps its share of the rest
+            sbm = min(max(1.0, sbm), level)
             rma = max(0.0, min(rma, level - sbm))
         if rma + sbm > level + _EPS:
             k = level / (rma + sbm) if rma + sbm > 0 else 0.0
