@@ -1192,6 +1192,8 @@ class RegionRun:
                     "value_baseline": float(s_base[w].sum()),
                     "inc": {"rma": float(inc_rma[w]), "sbm": float(inc_sbm[w]), "precompute": 0.0},
                     "arms": arms if w == n_w - 1 else {},
+                    # the intent-to-treat sums the control plane learned from (docs/events.md)
+                    "itt": _itt_of(value_obs) if w == n_w - 1 else {},
                     "eligible_treated": {
                         "rma": round(float(treated_rma[w])),
                         "sbm": round(float(treated_sbm[w])),
@@ -1379,6 +1381,19 @@ def _rho(offered_ms_per_s: float, units: float) -> float:
     if units <= 0.0:
         return RHO_FLUID_CAP
     return offered_ms_per_s / (1000.0 * units)
+
+
+def _itt_of(value_obs: Mapping[tuple[str, str, str], ArmStats]) -> dict[str, Any]:
+    """``{SEG: {LEVER: {n, value_sum, value_sq_sum}}}`` of the treatment groups."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for (seg, lever, arm), st in value_obs.items():
+        if arm == "treatment":
+            out.setdefault(seg, {})[lever] = {
+                "n": st.n,
+                "value_sum": st.value_sum,
+                "value_sq_sum": st.value_sq_sum,
+            }
+    return out
 
 
 def _rho_arr(offered_ms_per_s: FloatArray, units: float) -> FloatArray:
