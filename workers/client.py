@@ -26,6 +26,29 @@ region, so a region's partitions are shared by that region's clients), and for e
    ranked first; the baseline's value is the same for the ad the baseline ranks first (the server
    returns it); the difference is the lever's incremental value.
 
+Precomputed results (the precompute lever, when the scenario enables it)
+-----------------------------------------------------------------------
+Between the plan and the live call, the client looks the request's user up in its
+:class:`workers.precompute_lookup.PrecomputeCache` (a consumer of ``headroom.precompute``,
+:class:`PrecomputePath`). The holdout draw of the plan decides for precompute too:
+
+* **HIT** — an unexpired result ranked for this user and segment exists and the request is not in
+  the holdout: it is served from the result, at the cost of the look-up (no server call). Its
+  delivered value is ``value × quality`` at *visit* time of the ad the stored ranking puts first
+  (staleness costs value for real); its baseline value is that of the ad a live base ranking
+  (base model, base candidates) would put first now, computed by the client for the ground truth
+  only. It counts under lever ``precompute``, arm ``treatment``.
+* **HELD_OUT** — a result exists but the request is in the holdout: it is ranked live with no
+  optional work, as every holdout request, and is the ``control`` arm of lever ``precompute``.
+* **MISS** — no usable result: the plan goes on as above (RMA, SBM or the holdout).
+
+One draw for everything keeps the holdout a uniform random sample of all requests (the
+analyzer's ``arms`` stay unbiased). The value signals compare like with like: ``precompute``
+treatment (hits) against ``precompute`` control (held out), both requests that found a result;
+``rma`` and ``sbm`` treatment (their intent-to-treat groups, requests without a result) against
+the holdout requests that found none. A result past its ``expires_at`` is never served, whether
+or not its tombstone has arrived.
+
 Windows, value signals and offsets
 ----------------------------------
 Requests are aggregated per SLO window of scenario time, by the time they *ended*
@@ -65,18 +88,25 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 
-from headroom.errors import ConfigError
+from headroom.errors import ConfigError, HeadroomError
 from headroom.scenario import Scenario
 from streams import messages
 from streams.consume import ConsumerLoop, LoopConfig, Received
 from streams.kafka import KafkaTarget, make_consumer, make_producer, started
 from streams.sketch import LatencySketch
 from workers.metrics import Metrics
+from workers.precompute_store import (
+    STALENESS_SAMPLES,
+    Expired,
+    Visit,
+    VisitOutcome,
+    quantile_samples,
+)
 from workers.service import Service
 from workers.shedding import ClientShedConfig, ClientShedder, ShedTransition, ValueRanker
 from workers.wire import RankRequest, RankResponse, ServerUnavailable, WireClient
@@ -87,6 +117,8 @@ __all__ = [
     "OffsetTracker",
     "Outcome",
     "Plan",
+    "PrecomputeLookup",
+    "PrecomputePath",
     "RankingClient",
     "Router",
     "ServerAddress",
@@ -97,7 +129,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-LEVERS = ("rma", "sbm")
+LEVERS = ("rma", "sbm")  # the live-path levers (the Router's)
+ALL_LEVERS = ("rma", "sbm", "precompute")
 SKETCH_ALPHA = 0.01
 
 
@@ -161,6 +194,10 @@ class ClientConfig:
     flush_s: float = 1.0
     reconnect_s: float = 0.5  # wait between connection attempts to a lost server
     shed: ClientShedConfig = field(default_factory=ClientShedConfig)
+    # look precomputed results up before ranking live, when the scenario enables precompute
+    # (False: never, e.g. to compare a run without the lever's serving side)
+    precompute: bool = True
+    precompute_ready_s: float = 60.0  # how long start-up waits for the cache to catch up
 
     def __post_init__(self) -> None:
         problems = []
@@ -174,6 +211,8 @@ class ClientConfig:
             problems.append(f"--t0: must be a time >= 0, got {self.t0}")
         if self.max_in_flight < 1:
             problems.append(f"max_in_flight: must be >= 1, got {self.max_in_flight}")
+        if not self.precompute_ready_s > 0.0:
+            problems.append(f"precompute_ready_s: must be > 0, got {self.precompute_ready_s}")
         for name in ("sbm_budget_share", "base_timeout_share", "timeout_share"):
             if not getattr(self, name) > 0.0:
                 problems.append(f"{name}: must be > 0, got {getattr(self, name)}")
@@ -343,6 +382,95 @@ class Router:
 
 
 # ------------------------------------------------------------------------------------------------
+# Precomputed results (pure; the cache and the world are injected)
+# ------------------------------------------------------------------------------------------------
+
+
+class PrecomputeLookup(Protocol):
+    """What the client needs of a precompute cache: :class:`workers.precompute_lookup.
+    PrecomputeCache`, or an in-memory stand-in in tests."""
+
+    def visit(
+        self, user: int, now: float, *, hold_out: bool = False, segment: str | None = None
+    ) -> Visit: ...
+
+    def expire(self, now: float) -> Expired: ...
+
+    def take_window(self) -> dict[str, Any]: ...
+
+
+class GroundTruth(Protocol):
+    """The ranking world's ground truth, as the client measures a hit against it."""
+
+    def ad_quality(self, user: int, segment: str, ads: Any, t_s: float = 0.0) -> Any: ...
+
+    def rank(self, user: int, segment: str, n: int, model: Any, t_s: float = 0.0) -> Any: ...
+
+
+class PrecomputePath:
+    """The look-up before live ranking and the measurement of a hit (module docstring).
+
+    :meth:`look` asks the cache, with the request's holdout draw: a result is never served past
+    its ``expires_at`` (the store's rule) nor to a request of another segment. :meth:`hit`
+    turns a HIT into the request's :class:`Outcome`: delivered value ``value × quality`` at visit
+    time ``t_s`` of the stored ranking's first ad; baseline value the same for the first ad of a
+    live base ranking (``base_candidates``, base model) at ``t_s``; lever ``precompute``; cost
+    the look-up only. Times: ``wall`` is event time (the cache's clock), ``t_s`` scenario time;
+    staleness and remaining life are reported in scenario seconds (``× speed``).
+    """
+
+    def __init__(self, cache: PrecomputeLookup, base_candidates: int, speed: float = 1.0) -> None:
+        if not speed > 0.0:
+            raise ConfigError(f"--speed: must be > 0, got {speed}")
+        self.cache = cache
+        self.base = base_candidates
+        self.speed = speed
+
+    def look(self, user: int, segment: str, wall: float, *, control: bool) -> Visit:
+        return self.cache.visit(user, wall, hold_out=control, segment=segment)
+
+    def hit(
+        self,
+        msg: messages.Request,
+        visit: Visit,
+        world: GroundTruth,
+        *,
+        wall: float,
+        t_s: float,
+        partition: int,
+        offset: int,
+        lookup_ms: float,
+        end_t: float | None = None,
+    ) -> Outcome:
+        result = visit.result
+        if visit.outcome is not VisitOutcome.HIT or result is None or not result.ranking:
+            raise ValueError(f"not a servable hit: {visit.outcome.value}")
+        if result.expires_at < wall:  # the cache's rule, re-checked where it is served
+            raise ValueError(f"result of user {msg.user} expired at {result.expires_at} < {wall}")
+        base_top = int(world.rank(msg.user, msg.segment, self.base, "base", t_s).top_ad)
+        q = world.ad_quality(msg.user, msg.segment, [int(result.ranking[0]), base_top], t_s)
+        return Outcome(
+            partition=partition,
+            offset=offset,
+            segment=msg.segment,
+            end_t=t_s if end_t is None else end_t,
+            latency_ms=lookup_ms,
+            ok=True,
+            timeout=False,
+            control=False,
+            lever="precompute",
+            sbm_served=False,
+            routed="precompute",
+            value_total=msg.value * float(q[0]),
+            value_baseline=msg.value * float(q[1]),
+            cost_cpu_ms=lookup_ms,
+            precompute=VisitOutcome.HIT.value,
+            staleness_s=(visit.staleness_s or 0.0) * self.speed,
+            remaining_s=(result.expires_at - wall) * self.speed,
+        )
+
+
+# ------------------------------------------------------------------------------------------------
 # Windows (pure)
 # ------------------------------------------------------------------------------------------------
 
@@ -368,6 +496,10 @@ class Outcome:
     value_baseline: float
     cost_cpu_ms: float = 0.0  # optional work's cost
     cost_accelerator_ms: float = 0.0
+    # the precompute look-up: "hit", "held_out", "miss"; None when precompute is off
+    precompute: str | None = None
+    staleness_s: float | None = None  # a hit: age of the result served (scenario seconds)
+    remaining_s: float | None = None  # a hit: its life left, expires_at - visit (scenario s)
 
 
 @dataclass
@@ -399,12 +531,19 @@ class _Window:
     sketch_base: LatencySketch = field(default_factory=lambda: LatencySketch(SKETCH_ALPHA))
     value_total: float = 0.0
     value_baseline: float = 0.0
-    inc: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LEVERS, 0.0))
+    inc: dict[str, float] = field(default_factory=lambda: dict.fromkeys(ALL_LEVERS, 0.0))
     arms: dict[str, dict[str, _Arm]] = field(default_factory=dict)
     itt: dict[str, dict[str, _Arm]] = field(default_factory=dict)  # segment -> lever -> sums
+    # the holdout split for the value signals: segment -> "live" (found no stored result: the
+    # control of rma and sbm) | "precompute" (found one: the control of precompute)
+    controls: dict[str, dict[str, _Arm]] = field(default_factory=dict)
     treated: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LEVERS, 0))
     segments: dict[str, dict[str, Any]] = field(default_factory=dict)
     offsets: dict[int, list[int]] = field(default_factory=dict)
+    # precompute look-ups of the requests of this window (None: precompute off)
+    pre: dict[str, int] | None = None
+    staleness: list[float] = field(default_factory=list)
+    remaining_min: float | None = None
 
     def add(self, o: Outcome) -> None:
         self.requests += 1
@@ -426,6 +565,8 @@ class _Window:
         seg = self.segments.setdefault(o.segment, {"requests": 0, "sbm": 0, "inc": 0.0})
         seg["requests"] += 1
         seg["sbm"] += int(o.sbm_served)
+        if o.precompute is not None:
+            self._add_lookup(o)
         if not o.ok:
             return
         inc = o.value_total - o.value_baseline
@@ -433,6 +574,8 @@ class _Window:
         arms = self.arms.setdefault(o.segment, {})
         if o.control:
             arms.setdefault("control", _Arm()).add(o.value_total)
+            split = "precompute" if o.precompute == VisitOutcome.HELD_OUT.value else "live"
+            self.controls.setdefault(o.segment, {}).setdefault(split, _Arm()).add(o.value_total)
             return
         # the log's arms: what the request received; "none" for a treatment request that got
         # no optional work, so that a value-aware choice of the treated requests cannot bias
@@ -442,11 +585,26 @@ class _Window:
         )
         if o.lever is not None:
             self.inc[o.lever] += inc
-            self.treated[o.lever] += 1
+            self.treated[o.lever] = self.treated.get(o.lever, 0) + 1
         if o.routed is not None:
             self.itt.setdefault(o.segment, {}).setdefault(o.routed, _Arm()).add(
                 o.value_total, o.cost_cpu_ms, o.cost_accelerator_ms
             )
+
+    def _add_lookup(self, o: Outcome) -> None:
+        pre = self.pre
+        if pre is None:
+            pre = self.pre = {"visits": 0, "hits": 0, "held_out": 0}
+        pre["visits"] += 1
+        if o.precompute == VisitOutcome.HIT.value:
+            pre["hits"] += 1
+            if o.staleness_s is not None:
+                self.staleness.append(o.staleness_s)
+            if o.remaining_s is not None:
+                low = self.remaining_min
+                self.remaining_min = o.remaining_s if low is None else min(low, o.remaining_s)
+        elif o.precompute == VisitOutcome.HELD_OUT.value:
+            pre["held_out"] += 1
 
 
 class WindowBook:
@@ -504,7 +662,7 @@ class WindowBook:
             "sketch_base": w.sketch_base.to_dict(),
             "value_total": w.value_total,
             "value_baseline": w.value_baseline,
-            "inc": {**w.inc, "precompute": 0.0},
+            "inc": dict(w.inc),
             "arms": arms,
             # the intent-to-treat sums behind the value signals (headroom.value), per segment
             "itt": {
@@ -516,17 +674,35 @@ class WindowBook:
             "targets": dict(targets),
             "offsets": {str(p): span for p, span in sorted(w.offsets.items())},
             "client": source,
+            **({} if w.pre is None else {"precompute": self.precompute_fields(w)}),
         }
+
+    @staticmethod
+    def precompute_fields(w: _Window) -> dict[str, Any]:
+        """The look-ups of the window's requests (docs/events.md ``precompute``): ``visits``,
+        ``hits``, ``held_out``, ``staleness_s`` (≤ 32 samples at evenly spaced quantiles) and
+        ``remaining_s_min`` (the least life a served result had left; never negative)."""
+        pre = dict(w.pre or {"visits": 0, "hits": 0, "held_out": 0})
+        out: dict[str, Any] = {
+            **pre,
+            "staleness_s": list(quantile_samples(sorted(w.staleness), STALENESS_SAMPLES)),
+        }
+        if w.remaining_min is not None:
+            out["remaining_s_min"] = w.remaining_min
+        return out
 
     def value_signals(self, w: _Window, ts: float) -> list[messages.ValueSignal]:
         """Sums per (segment, lever, arm) for the control plane: a lever's treatment arm is its
-        intent-to-treat group (requests routed to SBM; the others not held out, for RMA), so the
-        value-ranked choice of who gets extras cannot bias it; the control arm under every lever.
+        intent-to-treat group (requests routed to SBM; the others not held out, for RMA; hits,
+        for precompute), so the value-ranked choice of who gets extras cannot bias it. Control:
+        for ``rma`` and ``sbm`` the holdout requests that found no stored result, for
+        ``precompute`` those that found one (module docstring: like with like).
         """
         out = []
         for seg in sorted(set(w.arms) | set(w.itt)):
-            control = w.arms.get(seg, {}).get("control")
-            for lever in LEVERS:
+            controls = w.controls.get(seg, {})
+            for lever in ALL_LEVERS:
+                control = controls.get("precompute" if lever == "precompute" else "live")
                 treated = w.itt.get(seg, {}).get(lever)
                 for arm_name, arm in (("treatment", treated), ("control", control)):
                     if arm is None or arm.n == 0:
@@ -666,7 +842,11 @@ class RankingClient(Service):
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.time,
         world: RankingWorld | None = None,
+        cache: PrecomputeLookup | None = None,
     ) -> None:
+        """``cache``: where precomputed results are looked up (default, when the scenario enables
+        precompute and ``config.precompute``: a :class:`PrecomputeCache` on ``headroom.precompute``
+        that this client starts and stops). A cache given here is used as it is."""
         super().__init__()
         self.config = config
         self.scenario = scenario
@@ -719,6 +899,18 @@ class RankingClient(Service):
         self._timeout_ms = slo * config.timeout_share
         self._optional_budget_ms = slo * config.optional_budget_share
         self._costs = scenario.models
+        self._own_cache: Service | None = None  # a cache this client starts and stops
+        self.precompute: PrecomputePath | None = None
+        if cache is None and config.precompute and scenario.precompute_enabled:
+            from workers.precompute_lookup import PrecomputeCache
+
+            own = PrecomputeCache(config.region, kafka, speed=config.speed, clock=clock)
+            self._own_cache = own
+            cache = own
+        if cache is not None:
+            self.precompute = PrecomputePath(cache, w.base_candidates, config.speed)
+        # used / expired_unused counted by the cache, not yet on a window line
+        self._pre_pending: dict[str, int] = {"used": 0, "expired_unused": 0}
 
     # -- time --------------------------------------------------------------------------------------
 
@@ -731,6 +923,8 @@ class RankingClient(Service):
     async def on_start(self) -> None:
         if self.world is None:
             self.world = RankingWorld.from_scenario(self.scenario)
+        if self._own_cache is not None:
+            await self._start_cache(self._own_cache)
         for server in self._servers:
             await self._connect(server)
         self._producer = make_producer(self.kafka.bootstrap, linger_ms=2)
@@ -750,9 +944,25 @@ class RankingClient(Service):
         await self._inflight_zero.wait()
         await self.flush()
 
+    async def _start_cache(self, cache: Service) -> None:
+        """Start the precompute cache and wait until it has read the topic to its end, so the
+        first requests already find the results stored before this client started."""
+        await cache.start()
+        ready: asyncio.Event = cache.ready  # type: ignore[attr-defined]
+        try:
+            await asyncio.wait_for(ready.wait(), self.config.precompute_ready_s)
+        except TimeoutError:
+            raise HeadroomError(
+                f"the precompute cache did not catch up with {self.kafka.topic('precompute')} "
+                f"within {self.config.precompute_ready_s:.0f} s"
+            ) from None
+        self.log.info("client.precompute.ready", results=len(cache))  # type: ignore[arg-type]
+
     async def on_stop(self) -> None:
         for loop in self._loops:
             loop.stop()
+        if self._own_cache is not None:
+            await self._own_cache.stop()
         for server in self._servers:
             await server.wire.close()
         if self._producer is not None:
@@ -936,6 +1146,14 @@ class RankingClient(Service):
             sbm_available=strong is not None,
             value_rank=rank,
         )
+        looked: str | None = None
+        if self.precompute is not None:
+            t_look = time.perf_counter()
+            visit = self.precompute.look(msg.user, msg.segment, wall, control=plan.control)
+            lookup_ms = (time.perf_counter() - t_look) * 1000.0
+            looked = visit.outcome.value
+            if visit.outcome is VisitOutcome.HIT:
+                return self._serve_hit(msg, visit, wall, now_t, partition, offset, lookup_ms)
         start = time.monotonic()
         response: RankResponse | None = None
         sbm_served = False
@@ -993,7 +1211,32 @@ class RankingClient(Service):
             value_baseline=value_baseline,
             cost_cpu_ms=cost_cpu,
             cost_accelerator_ms=cost_acc,
+            precompute=looked,
         )
+
+    def _serve_hit(
+        self,
+        msg: messages.Request,
+        visit: Visit,
+        wall: float,
+        now_t: float,
+        partition: int,
+        offset: int,
+        lookup_ms: float,
+    ) -> Outcome:
+        """A request served from its stored result: no server call (:class:`PrecomputePath`)."""
+        assert self.precompute is not None
+        assert self.world is not None
+        outcome = self.precompute.hit(
+            msg, visit, self.world, wall=wall, t_s=now_t, partition=partition, offset=offset,
+            lookup_ms=lookup_ms, end_t=self.scenario_time(),
+        )  # fmt: skip
+        if self.metrics is not None:
+            self.metrics.requests.labels(self.config.region, "precompute", "ok").inc()
+            self.metrics.latency.labels(self.config.region, "precompute").observe(
+                lookup_ms / 1000.0
+            )
+        return outcome
 
     def _request(self, msg: messages.Request, t_s: float, extra: int, model: str) -> RankRequest:
         self._ids += 1
@@ -1124,6 +1367,7 @@ class RankingClient(Service):
             keys = self.windows.open_windows
             state = self.targets.state(now)
             targets = {"rma_candidates": state.rma_candidates, "sbm_coverage": state.sbm_coverage}
+            self._collect_cache_counts(now)
             futures = []
             for k in keys:
                 w = self.windows.take(k)
@@ -1138,11 +1382,45 @@ class RankingClient(Service):
                         )
                     )
                 fields = self.windows.event_fields(w, targets=targets, source=self.config.name)
+                self._attach_cache_counts(fields)
                 futures.append(await self._send_event("window", fields, ts))
                 self.stats["published"] += w.requests
+            if any(self._pre_pending.values()):
+                # results that expired unused while no request was published: a line of their own
+                k = self.windows.index(self.scenario_time(now))
+                fields = {
+                    "t_start": k * self.windows.window_s,
+                    "t_end": (k + 1) * self.windows.window_s,
+                    "requests": 0,
+                    "client": self.config.name,
+                }
+                self._attach_cache_counts(fields)
+                futures.append(await self._send_event("window", fields, now))
             if futures:
                 await asyncio.gather(*futures)  # acknowledged by the broker: now commit
             await self._commit()
+
+    def _collect_cache_counts(self, now: float) -> None:
+        """Expire the cache's results (so unused ones are counted when they expire, not when
+        next looked up) and take what only the cache knows: results used for the first time and
+        results that expired unused. Visits and hits come from the published requests instead,
+        so they add up with the arms and the value signals exactly."""
+        if self.precompute is None:
+            return
+        cache = self.precompute.cache
+        cache.expire(now)
+        counts = cache.take_window()
+        for key in self._pre_pending:
+            self._pre_pending[key] += int(counts.get(key, 0))
+
+    def _attach_cache_counts(self, fields: dict[str, Any]) -> None:
+        if self.precompute is None:
+            return
+        pre = fields.setdefault(
+            "precompute", {"visits": 0, "hits": 0, "held_out": 0, "staleness_s": []}
+        )
+        pre.update(self._pre_pending)
+        self._pre_pending = dict.fromkeys(self._pre_pending, 0)
 
     async def _commit(self) -> None:
         points = self.offsets.committable()
