@@ -92,7 +92,7 @@ def _client(
     return client
 
 
-# -- the look-up before live ranking ----------------------------------------------------------------
+# -- the look-up before live ranking --------------------------------------------------------------
 
 
 async def test_a_hit_is_served_from_the_stored_ranking_without_a_server_call(
@@ -202,7 +202,7 @@ def test_only_an_unexpired_hit_can_be_turned_into_a_served_request(world: Rankin
         path.hit(_request(1), Visit(VisitOutcome.HIT, stored, 11.0), world, **late)  # type: ignore[arg-type]
 
 
-# -- windows and value signals ----------------------------------------------------------------------
+# -- windows and value signals --------------------------------------------------------------------
 
 
 def _outcome(offset: int, kind: str, *, value: float = 1.0, ok: bool = True) -> Outcome:
