@@ -13,12 +13,17 @@ a user would run them on several machines, and wires them together:
    the port it listens on;
 4. per region, one **client** with every server of its region (``--server POOL=HOST:PORT``) and a
    consumer group of its own for this run; it prints ``ready`` once it owns its partitions;
-5. the **feed**, with the run's ``t0`` (the wall-clock time of scenario time 0, agreed by every
+5. per region, when the scenario enables precompute (CONTRACT §3 optional fields), one
+   **precompute worker** (``headroom precompute --region R``) on the same clock; it prints
+   ``precompute worker ready (region R)`` once it has joined its requests group, and the clients
+   look its results up before ranking live;
+6. the **feed**, with the run's ``t0`` (the wall-clock time of scenario time 0, agreed by every
    process so their SLO windows line up) and ``--speed``; scenario ``control_outage`` events pause
    the controller process (SIGSTOP … SIGCONT) over their span: the control plane goes silent.
 
-When the feed has played the scenario, the clients and servers are stopped with SIGTERM (they
-drain: requests in flight finish, last windows are published and committed), then the controller;
+When the feed has played the scenario, the clients, precompute workers and servers are stopped
+with SIGTERM (they drain: requests in flight finish, running jobs are published, last windows are
+published and committed), then the controller;
 the collector reads until the topic is quiet; the oracle bound is added (the simulator's oracle on
 the same scenario, when the simulator is installed); and the event log is analysed exactly as
 ``headroom analyze`` does: ``DIR/metrics.json`` (policy ``headroom``), the table, the report.
@@ -351,6 +356,14 @@ class Stack:
             line = await proc.wait_line(lambda s: s.startswith("listening on "), READY_TIMEOUT_S)
             address = line.removeprefix("listening on ").strip()
             self.server_addresses.setdefault(region_name, []).append((pool, address))
+        if self.scenario.precompute_enabled:
+            workers = [self.precompute_proc(region.name) for region in self.scenario.regions]
+            for proc in workers:
+                await proc.start()
+            for region, proc in zip(self.scenario.regions, workers, strict=True):
+                await proc.wait_line(
+                    f"precompute worker ready (region {region.name})".__eq__, READY_TIMEOUT_S
+                )
         for region in self.scenario.regions:
             await self.start_client(region.name)
         for region in self.scenario.regions:
@@ -384,6 +397,18 @@ class Stack:
                 if line.startswith("metrics on "):
                     out[name] = line.removeprefix("metrics on ").strip()
         return out
+
+    def precompute_proc(self, region: str) -> Proc:
+        """The precompute worker of ``region`` (``headroom precompute``), on the run's clock."""
+        assert self.t0 is not None
+        return self._proc(
+            f"precompute-{region}",
+            self._cmd(
+                "precompute", "--region", region,
+                "--t0", f"{self.t0:.6f}", "--speed", repr(self.config.speed),
+                "--scenario", str(self.config.scenario_path), "--metrics-port", "0",
+            ),
+        )  # fmt: skip
 
     def client_argv(self, region: str) -> list[str]:
         assert self.t0 is not None
@@ -451,7 +476,7 @@ class Stack:
         """Stop every process this stack started (clients and servers drain first)."""
         for task in self._outage_tasks:
             task.cancel()
-        order = ["feed", "client", "server", "controller"]
+        order = ["feed", "client", "precompute", "server", "controller"]
         for prefix in order:
             group = [p for name, p in self.procs.items() if name.startswith(prefix)]
             await asyncio.gather(*(p.stop(self.config.drain_s) for p in group))

@@ -75,3 +75,23 @@ def test_up_with_a_bad_scenario_exits_2(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 2
     assert "duration_s" in proc.stderr
+
+
+def test_a_precompute_scenario_gets_a_precompute_worker_per_region_on_the_runs_clock(
+    tmp_path: Path,
+) -> None:
+    from headroom.cli import build_parser
+    from workers.up import Stack
+
+    path = REPO / "tests" / "integration" / "scenarios" / "precompute-short.yaml"
+    scenario = load_scenario(path)
+    assert scenario.precompute_enabled
+    stack = Stack(StackConfig(path, tmp_path, KafkaTarget("x:1", "t."), speed=10.0), scenario)
+    stack.t0 = 1_800_000_000.5
+    proc = stack.precompute_proc("it-pre")
+    assert proc.name == "precompute-it-pre"
+    cli = proc.argv[proc.argv.index("headroom.cli") + 1 :]
+    args = build_parser().parse_args(cli)  # every flag is one the command declares
+    assert (args.command, args.region) == ("precompute", "it-pre")
+    assert (args.t0, args.speed) == (1_800_000_000.5, 10.0)
+    assert (args.bootstrap, args.prefix, args.scenario) == ("x:1", "t.", str(path))
