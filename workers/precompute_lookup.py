@@ -150,6 +150,9 @@ class PrecomputeCache(Service):
                 return False
             self.counts.records += 1
             self.counts.tombstones += 1
+            # the worker tombstones a result once it has expired: end expired ones as such
+            # first, so a result that expired unused is counted in expired_unused, not deleted
+            self.store.expire(now)
             self.store.remove(region, user)
             return True
         if key is not None and key != precompute_key(message.region, message.user):

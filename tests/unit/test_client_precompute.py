@@ -326,3 +326,15 @@ def test_a_seeded_client_draws_the_same_holdout_for_precompute_and_live_levers(
     assert all(o.control and o.lever is None for o in held)
     assert all(o.precompute in ("hit", "held_out") for o in outs)
     assert 0.14 < len(held) / len(outs) < 0.26  # binomial(400, 0.2): ±3 standard deviations
+
+
+def test_a_tombstone_for_a_result_that_expired_unused_counts_it_as_expired_unused() -> None:
+    cache = PrecomputeCache(REGION)
+    cache.apply(None, _result(1, ts=T0, life_s=10.0), T0)
+    cache.apply(None, _result(2, ts=T0, life_s=100.0), T0)
+    key = messages.precompute_key(REGION, 1)
+    cache.apply(key, None, T0 + 10.5)  # the worker's tombstone, after the expiry
+    cache.apply(messages.precompute_key(REGION, 2), None, T0 + 11.0)  # deleted while valid
+    window = cache.take_window()
+    assert window["expired_unused"] == 1
+    assert cache.store.counts.deleted_unused == 1
