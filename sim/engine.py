@@ -698,6 +698,11 @@ class RegionRun:
             self.noticed_at = None
             self.policy.on_quotas(t, self.quotas, True)
             self._mix_key = None
+            if self.policy.server_sheds:
+                # from this decision on the server's token buckets hold optional work within the
+                # level (ServerShedder.on_capacity: the very next decision sees it), and work
+                # beyond it is cut: the release is complete now
+                self._release_all(t)
 
     def _on_capacity(self, t: float, ch: CapacityChange) -> None:
         i = ch.pool
@@ -886,6 +891,9 @@ class RegionRun:
     def _resolve_pending(self, t: float, mix: Mix) -> None:
         if self.noticed_at is not None or not self._fits(mix, self.quotas):
             return
+        self._release_all(t)
+
+    def _release_all(self, t: float) -> None:
         for p in self.pending:
             key = self.static.pools[p.pool]
             self.emit(
