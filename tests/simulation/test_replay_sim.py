@@ -118,7 +118,10 @@ def test_closed_loop_value_agrees_within_the_stated_tolerance(runs: dict[str, An
     a, b = _policy(runs["replay"], "headroom"), _policy(runs["derived"], "headroom")
     assert a["value"]["incremental"] > 0
     assert a["value"]["incremental"] == pytest.approx(b["value"]["incremental"], rel=0.25)
-    assert abs(a["slo"]["violation_fraction"] - b["slo"]["violation_fraction"]) <= 0.05
+    # 60 SLO windows per run: at a violation rate near 0.15 each fraction has a binomial standard
+    # deviation of about 0.046, so two independent resamplings differ by up to ~0.13 (2 sd) by
+    # chance alone; closed-loop feedback makes violations bursty, which widens that further.
+    assert abs(a["slo"]["violation_fraction"] - b["slo"]["violation_fraction"]) <= 0.15
     for p in ("static",):
         assert _policy(runs["replay"], p)["value"]["incremental"] == 0
         assert _policy(runs["derived"], p)["value"]["incremental"] == 0
