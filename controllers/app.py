@@ -114,33 +114,10 @@ def targets_message(t: RegionTargets) -> messages.Target:
     )
 
 
-def target_event(t: RegionTargets, inputs: dict[str, Any]) -> messages.Event:
+def region_event(ts: float, region: str, kind: str, fields: dict[str, Any]) -> messages.Event:
+    """One controller event for ``headroom.events`` (docs/events.md), policy ``headroom``."""
     return messages.Event(
-        ts=t.ts,
-        kind="target.issued",
-        source="controller",
-        region=t.region,
-        extra={
-            "policy": "headroom",
-            "epoch": t.epoch,
-            "rma_candidates": t.rma_candidates,
-            "sbm_coverage": t.sbm_coverage,
-            "segments": dict(t.sbm_segments),
-            "budget": {"cpu": t.budget_cpu, "accelerator": t.budget_accelerator},
-            "reason": t.reason,
-            "fallback": t.fallback,
-            "allocation": [
-                {
-                    "lever": s.lever,
-                    "cpu": s.cpu,
-                    "accelerator": s.accelerator,
-                    "hardware": s.hardware,
-                    "value_per_unit_lcb": s.value_per_unit_lcb,
-                }
-                for s in t.allocation
-            ],
-            "inputs": inputs,
-        },
+        ts=ts, kind=kind, source="controller", region=region, extra={"policy": "headroom", **fields}
     )
 
 
@@ -292,25 +269,26 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
             t = ctl.plane.step(obs)
             ctl.last_targets[region] = t
             issued.append(t)
-            inputs = {
+            decision = ctl.plane.decision(region)
+            assert decision is not None  # step() just made it
+            fields = decision.event_fields()
+            fields["inputs"] = {
+                **fields.get("inputs", {}),
                 "p99_ms": dict(obs.p99_ms),
                 "request_rps": obs.request_rps,
                 "window_s": obs.window_s,
                 "observed_coverage": obs.observed_coverage,
-                "capacity": [
-                    {
-                        "resource": c.resource,
-                        "hardware": c.hardware,
-                        "pool": c.pool,
-                        "units": c.units,
-                    }
-                    for c in obs.capacity
-                ],
             }
             key = region.encode()
             await targets_topic.send(key=key, value=messages.encode(targets_message(t)))
-            ev = target_event(t, inputs)
-            await events_topic.send(key=key, value=messages.encode(ev))
+            events = [("target.issued", fields), *decision.allocator_events()]
+            for kind, extra in events:
+                try:
+                    ev = region_event(t.ts, region, kind, extra)
+                except ValidationError as exc:  # e.g. an infinite input: log it, never stop
+                    log.warning("controller.event.invalid", kind=kind, error=str(exc))
+                    continue
+                await events_topic.send(key=key, value=messages.encode(ev))
             log.info(
                 "controller.target.issued",
                 region=region,

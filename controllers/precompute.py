@@ -98,6 +98,7 @@ import numpy as np
 import numpy.typing as npt
 
 from controllers.allocator import Pool, pools_from_capacity
+from controllers.jsonstate import decode_big_ints, encode_big_ints
 from controllers.levers import CapacityUse, CostModel, ResourceCost
 from controllers.types import CapacityLevel
 from headroom.errors import ConfigError
@@ -718,32 +719,13 @@ class PrecomputePlanner:
     def snapshot(self) -> dict[str, Any]:
         return {
             "users": self.users.snapshot(),
-            "rng": _encode_big_ints(self.rng.bit_generator.state),
+            "rng": encode_big_ints(self.rng.bit_generator.state),
         }
 
     def restore(self, data: Mapping[str, Any]) -> None:
         """Restore the book and the generator's state (config and uplift are given anew)."""
         self.users = UserBook.restore(data["users"])
-        self.rng.bit_generator.state = _decode_big_ints(data["rng"])
-
-
-def _encode_big_ints(obj: Any) -> Any:
-    """Generator states hold 128-bit integers, which orjson refuses: write them as strings."""
-    if isinstance(obj, bool):
-        return obj
-    if isinstance(obj, int):
-        return f"int:{obj}"
-    if isinstance(obj, Mapping):
-        return {k: _encode_big_ints(v) for k, v in obj.items()}
-    return obj
-
-
-def _decode_big_ints(obj: Any) -> Any:
-    if isinstance(obj, str) and obj.startswith("int:"):
-        return int(obj[4:])
-    if isinstance(obj, Mapping):
-        return {k: _decode_big_ints(v) for k, v in obj.items()}
-    return obj
+        self.rng.bit_generator.state = decode_big_ints(data["rng"])
 
 
 # -- budget --------------------------------------------------------------------------------------

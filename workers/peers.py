@@ -91,6 +91,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
+from controllers.jsonstate import decode_big_ints, encode_big_ints
 from headroom.errors import ConfigError
 
 __all__ = [
@@ -454,7 +455,7 @@ class EnvoyGradientLimit:
             "next_min_rtt": plain(self._next_min_rtt),
             "consecutive_min": self._consecutive_min,
             "last_sample_rtt": self._last_sample_rtt,
-            "rng": _encode_big_ints(self._rng.bit_generator.state),
+            "rng": encode_big_ints(self._rng.bit_generator.state),
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
@@ -469,26 +470,7 @@ class EnvoyGradientLimit:
         self._consecutive_min = int(state["consecutive_min"])
         ls = state["last_sample_rtt"]
         self._last_sample_rtt = None if ls is None else float(ls)
-        self._rng.bit_generator.state = _decode_big_ints(state["rng"])
-
-
-def _encode_big_ints(obj: Any) -> Any:
-    """Generator states hold 128-bit integers, which JSON codecs (orjson) refuse: use strings."""
-    if isinstance(obj, bool):
-        return obj
-    if isinstance(obj, int):
-        return f"int:{obj}"
-    if isinstance(obj, Mapping):
-        return {k: _encode_big_ints(v) for k, v in obj.items()}
-    return obj
-
-
-def _decode_big_ints(obj: Any) -> Any:
-    if isinstance(obj, str) and obj.startswith("int:"):
-        return int(obj[4:])
-    if isinstance(obj, Mapping):
-        return {k: _decode_big_ints(v) for k, v in obj.items()}
-    return obj
+        self._rng.bit_generator.state = decode_big_ints(state["rng"])
 
 
 class Budget(NamedTuple):
