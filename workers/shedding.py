@@ -35,7 +35,11 @@ Three mechanisms decide, in this order:
      ``interval_ms`` (defaults 5 ms and 100 ms, CoDel's published constants). While overloaded,
      τ rises by ``shed_step`` at CoDel's control law times ``interval / sqrt(count)``; once the
      delay falls below the target it decays linearly at ``recovery_per_s`` (hysteresis, so the
-     threshold does not whipsaw).
+     threshold does not whipsaw). The drop times are ``t_c = t_1 + interval·(H(c) − 1)`` with
+     ``H(c) = Σ_{k≤c} k^(−1/2)``, so under sustained overload their count grows with the square of
+     the time spent dropping; :func:`codel_catch_up` finds the next one in closed form (the
+     Euler–Maclaurin expansion of ``H``) instead of stepping through every one in between, so an
+     :meth:`~ServerShedder.observe` call costs O(1) however long the overload lasts.
    * τ_budget = max_r (1 − capacity_r / demand_r): the share of offered optional work that cannot
      fit the opportunistic level, from a time-decayed rate of offered optional cost per resource.
 3. **Token bucket per resource.** The opportunistic level (units: cores or device equivalents =
@@ -84,6 +88,7 @@ __all__ = [
     "BatchVerdict",
     "ClientShedConfig",
     "ClientShedder",
+    "CodelCatchUp",
     "DecayedLogHistogram",
     "Decision",
     "InflightCut",
@@ -98,6 +103,8 @@ __all__ = [
     "ShedTransition",
     "ValueRanker",
     "Verdict",
+    "codel_catch_up",
+    "codel_catch_up_stepping",
 ]
 
 FloatArray = npt.NDArray[np.float64]
@@ -565,6 +572,7 @@ class ServerShedder:
         self._exh_cpu = False
         self._exh_acc = False
         self._reported_overload = False
+        self._codel_steps = 0  # loop iterations spent on CoDel drop times (cost, not state)
         # τ_overload and the cached threshold θ.
         self._tau_over = 0.0
         self._hist = DecayedLogHistogram(cfg.histogram)
@@ -680,11 +688,8 @@ class ServerShedder:
                 self._count = 1
                 self._raise_tau()
                 self._drop_next = now + cfg.interval_ms / 1000.0
-        else:
-            while now >= self._drop_next:  # CoDel control law: interval / sqrt(count)
-                self._count += 1
-                self._raise_tau()
-                self._drop_next += cfg.interval_ms / 1000.0 / math.sqrt(self._count)
+        elif now >= self._drop_next:
+            self._pass_drop_times(now)
         if free_slots is not None:
             for key, free in free_slots.items():
                 if key == "cpu":
@@ -706,6 +711,43 @@ class ServerShedder:
         cfg = self.config
         self._tau_over = min(cfg.max_shed_quantile, self._tau_over + cfg.shed_step)
         self._dirty = True
+
+    def _pass_drop_times(self, now: float) -> None:
+        """Every CoDel drop time ``≤ now`` raises τ_overload by one step (CoDel's control law).
+
+        The first :data:`_CODEL_STEPS` drop times are stepped through one at a time (bit for bit
+        the textbook loop); beyond that the count is found in closed form, and τ is raised only
+        until it stops moving (at ``max_shed_quantile``), so the work is bounded per call.
+        """
+        interval = self.config.interval_ms / 1000.0
+        count = self._count
+        drop_next = self._drop_next
+        steps = 0
+        while now >= drop_next and steps < _CODEL_STEPS:
+            count += 1
+            drop_next += interval / math.sqrt(count)
+            steps += 1
+        if now >= drop_next:
+            jump = codel_catch_up(count, drop_next, now, interval)
+            count, drop_next = jump.drops, jump.drop_next
+            steps += jump.steps
+        passed = count - self._count
+        self._count = count
+        self._drop_next = drop_next
+        if passed > 0:
+            # Raising τ repeatedly is a no-op once it reaches its ceiling: stop there.
+            cap = self.config.max_shed_quantile
+            step = self.config.shed_step
+            tau = self._tau_over
+            for _ in range(passed):
+                raised = min(cap, tau + step)
+                steps += 1
+                if raised == tau:
+                    break
+                tau = raised
+            self._tau_over = tau
+            self._dirty = True
+        self._codel_steps += steps
 
     # -- the threshold --------------------------------------------------------------------
 
@@ -1030,6 +1072,12 @@ class ServerShedder:
         return self._shedding
 
     @property
+    def codel_steps(self) -> int:
+        """Loop iterations spent passing CoDel drop times since construction: a cost counter
+        (bounded per :meth:`observe` call), not part of the snapshot."""
+        return self._codel_steps
+
+    @property
     def threshold(self) -> float:
         """Current value-per-cost threshold θ (0 = everything passes)."""
         return self._current_threshold()
@@ -1079,6 +1127,88 @@ class ServerShedder:
             setattr(self, k, float(v) if isinstance(v, str) else v)
         self._n = [int(x) for x in state["n"]]
         self._hist.restore(state["hist"])
+
+
+# --------------------------------------------------------------------------------------------
+# CoDel drop times in closed form
+# --------------------------------------------------------------------------------------------
+
+_CODEL_STEPS = 4  # drop times stepped one by one per observe() before the closed form takes over
+_ZETA_HALF = -1.4603545088095868  # ζ(1/2), the constant of the Euler–Maclaurin expansion of H
+_H_TABLE_SIZE = 64  # H(c) tabulated below this; the expansion is exact to float precision above
+
+
+def _h_table(size: int) -> list[float]:
+    table = [0.0]
+    for k in range(1, size):
+        table.append(table[-1] + 1.0 / math.sqrt(k))
+    return table
+
+
+_H_TABLE = _h_table(_H_TABLE_SIZE)
+
+
+def _h(c: int) -> float:
+    """``H(c) = Σ_{k=1..c} k^(−1/2)``: a table for small ``c``, else the Euler–Maclaurin expansion
+    ``ζ(1/2) + 2√c + 1/(2√c) − 1/(24 c^{3/2}) + 1/(384 c^{7/2}) − 1/(1024 c^{11/2})`` (Bernoulli
+    terms B₂, B₄, B₆; the next term is below 10⁻¹⁸ at c = 64)."""
+    if c < _H_TABLE_SIZE:
+        return _H_TABLE[c]
+    r = math.sqrt(c)
+    inv = 1.0 / c
+    return (
+        _ZETA_HALF + 2.0 * r + 0.5 / r
+        - inv / (24.0 * r) + inv**3 / (384.0 * r) - inv**5 / (1024.0 * r)
+    )  # fmt: skip
+
+
+class CodelCatchUp(NamedTuple):
+    """Where the CoDel control law stands after passing every drop time ``≤ now``."""
+
+    drops: int  # drops so far in this dropping episode (the shedder's CoDel count)
+    drop_next: float  # the next drop time, > now
+    steps: int  # loop iterations this took (a cost counter; bounded by a small constant)
+
+
+def codel_catch_up(count: int, drop_next: float, now: float, interval_s: float) -> CodelCatchUp:
+    """Pass every CoDel drop time ``≤ now`` in O(1), from state ``(count, drop_next)``.
+
+    CoDel's control law schedules drop ``c + 1`` at ``interval / √(c + 1)`` after drop ``c``, so
+    ``drop_next`` after ``c′`` drops is ``drop_next + interval·(H(c′) − H(count))``. The answer is
+    the smallest ``c′ > count`` that puts it after ``now`` (or ``count`` itself when
+    ``now < drop_next``). Inverting ``H(c) ≈ ζ(1/2) + 2u + 1/(2u)``, ``u = √c``, gives ``c′`` to
+    within one; a few exact comparisons settle it. Equal to :func:`codel_catch_up_stepping` up to
+    floating-point rounding (the stepping loop accumulates one rounding error per drop time).
+    """
+    if not now >= drop_next:
+        return CodelCatchUp(count, drop_next, 0)
+    h0 = _h(count)
+    y = h0 + (now - drop_next) / interval_s  # find the smallest c′ > count with H(c′) > y
+    a = y - _ZETA_HALF
+    u = (a + math.sqrt(max(a * a - 4.0, 0.0))) / 4.0  # 2u + 1/(2u) = a
+    guess = int(u * u) if u * u < 9.0e18 else 9 * 10**18
+    c = max(count + 1, guess)
+    steps = 1
+    while _h(c) <= y:
+        c += 1
+        steps += 1
+    while c - 1 > count and _h(c - 1) > y:
+        c -= 1
+        steps += 1
+    return CodelCatchUp(c, drop_next + interval_s * (_h(c) - h0), steps)
+
+
+def codel_catch_up_stepping(
+    count: int, drop_next: float, now: float, interval_s: float
+) -> CodelCatchUp:
+    """The textbook loop :func:`codel_catch_up` replaces: one iteration per drop time (its cost
+    grows with the square of the time spent dropping). Kept as the reference for tests."""
+    steps = 0
+    while now >= drop_next:
+        count += 1
+        drop_next += interval_s / math.sqrt(count)
+        steps += 1
+    return CodelCatchUp(count, drop_next, steps)
 
 
 _ADMIT_NOTHING = Verdict(Decision.ADMIT, 0, False)

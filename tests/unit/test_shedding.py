@@ -24,6 +24,8 @@ from workers.shedding import (
     ServerShedder,
     ShedEvent,
     ValueRanker,
+    codel_catch_up,
+    codel_catch_up_stepping,
 )
 
 # Costs of one extra candidate (ms), the quickstart scenario's base model.
@@ -355,6 +357,92 @@ def test_the_shed_quantile_rises_while_overloaded_and_decays_after() -> None:
     s.observe(t, 0.0)
     s.observe(t + 0.5, 0.0)
     assert s.shed_quantile == pytest.approx(max(0.0, late - 0.5 * 0.5), abs=1e-9)
+
+
+# -- CoDel drop times: closed form, bounded work ---------------------------------------------
+
+
+class SteppingShedder(ServerShedder):
+    """Reference: the textbook CoDel loop, one iteration (and one τ raise) per drop time."""
+
+    loops = 0
+
+    def _pass_drop_times(self, now: float) -> None:
+        while now >= self._drop_next:
+            self.loops += 1
+            self._count += 1
+            self._raise_tau()
+            self._drop_next += self.config.interval_ms / 1000.0 / math.sqrt(self._count)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    count=st.integers(0, 5000),
+    drop_next=st.floats(0.0, 1e4),
+    ahead=st.floats(0.0, 2.0),
+    interval_s=st.floats(0.01, 1.0),
+)
+def test_the_closed_form_passes_the_same_drop_times_as_stepping(
+    count: int, drop_next: float, ahead: float, interval_s: float
+) -> None:
+    now = drop_next + ahead
+    ref = codel_catch_up_stepping(count, drop_next, now, interval_s)
+    got = codel_catch_up(count, drop_next, now, interval_s)
+    if ref.drops > count:  # the stepping's float sum may straddle `now` by a rounding error
+        previous = ref.drop_next - interval_s / math.sqrt(ref.drops)
+        slack = 1e-9 * (1.0 + abs(now))
+        if min(ref.drop_next - now, now - previous) < slack:
+            assert abs(got.drops - ref.drops) <= 1
+            return
+    assert got.drops == ref.drops
+    assert got.drop_next > now
+    assert got.drop_next == pytest.approx(ref.drop_next, rel=1e-12, abs=1e-9)
+    assert got.steps <= 4  # one estimate, then at most a few exact comparisons
+
+
+def test_a_time_before_the_next_drop_passes_nothing() -> None:
+    assert codel_catch_up(7, 3.5, 3.4999, 0.1) == (7, 3.5, 0)
+    assert codel_catch_up(7, 3.5, 3.5, 0.1).drops == 8  # `now >= drop_next` drops, as in CoDel
+
+
+def test_the_shedder_decides_exactly_like_the_stepping_loop() -> None:
+    """Two overload episodes, long enough for the closed form to take over, with decisions and
+    recoveries in between: same verdicts, τ, CoDel count and threshold at every step."""
+    rng = np.random.default_rng(7)
+    cap = OptionalCapacity(cpu=4.0, accelerator=1.0)
+    fast, slow = ServerShedder(capacity=cap), SteppingShedder(capacity=cap)
+    t = 0.0
+    for seconds_over, seconds_ok in ((120.0, 3.0), (30.0, 1.0)):
+        for phase_s, queue_ms in ((seconds_over, 30.0), (seconds_ok, 1.0)):
+            for _ in range(int(phase_s * 100)):
+                t += 0.01
+                assert fast.observe(t, queue_ms) == slow.observe(t, queue_ms)
+                w = rma(float(rng.lognormal(0.0, 1.0)), int(rng.integers(1, 400)))
+                assert fast.decide(t, w) == slow.decide(t, w)
+                assert fast.shed_quantile == slow.shed_quantile
+                assert fast.threshold == slow.threshold
+                assert fast._count == slow._count
+                assert fast._drop_next == pytest.approx(slow._drop_next, rel=1e-12)
+    assert fast.stats == slow.stats
+    assert fast.codel_steps < slow.loops / 3  # the closed form took over
+
+
+def test_an_hour_of_overload_keeps_the_codel_work_per_reading_bounded() -> None:
+    """One reading every 10 ms for an hour, all over target: the stepping loop would pass
+    ≈ (3600 s / 2·100 ms)² ≈ 3.2·10⁸ drop times; the shedder's work stays a few steps a reading."""
+    s = ServerShedder()
+    readings = 360_000
+    worst = 0
+    for i in range(1, readings + 1):
+        before = s.codel_steps
+        s.observe(i * 0.01, 50.0)
+        worst = max(worst, s.codel_steps - before)
+    assert s.overloaded
+    assert s.shed_quantile == 1.0
+    expected_drops = ((readings * 0.01 - 0.1) / (2 * 0.1)) ** 2  # H(c) ≈ 2√c
+    assert s._count == pytest.approx(expected_drops, rel=1e-3)
+    assert worst <= 10  # 4 stepped drop times + the closed form; τ raises stop at the ceiling
+    assert s.codel_steps <= 8 * readings
 
 
 def test_exhausted_slots_stop_optional_work_on_that_resource_only() -> None:
