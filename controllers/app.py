@@ -78,8 +78,7 @@ class Controller:
         self.rng = np.random.default_rng(settings.seed)
         self.plane = ControlPlane(config, self.rng)
         self.restored = False
-        self.deadlettered = 0
-        self.last_targets: dict[str, RegionTargets] = {}
+        self.deadlettered = 0  # messages this worker sent to the dead-letter topic
 
     def restore_from(self, snapshot: dict[str, Any] | None) -> None:
         if snapshot:
@@ -196,6 +195,7 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
         ctl.deadlettered += 1
         log.warning(
             "controller.message.deadlettered",
+            total=ctl.deadlettered,
             topic=msg.topic,
             partition=msg.partition,
             offset=msg.offset,
@@ -250,7 +250,7 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
             return
         await run_tick(time.time())
 
-    async def run_tick(now: float) -> list[RegionTargets]:
+    async def run_tick(now: float) -> None:
         if not ctl.restored:
             raw = state_table.get("plane")
             ctl.restore_from(loads(raw) if raw else None)
@@ -263,12 +263,9 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
                 except ValidationError:
                     continue
                 ctl.aggregator.add_capacity(msg.region, capacity_level(msg))
-        issued = []
         for region in ctl.aggregator.regions:
             obs = ctl.aggregator.observe(region, now)
             t = ctl.plane.step(obs)
-            ctl.last_targets[region] = t
-            issued.append(t)
             decision = ctl.plane.decision(region)
             assert decision is not None  # step() just made it
             fields = decision.event_fields()
@@ -300,9 +297,5 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
                 p99_ms=obs.p99_ms.get("all"),
             )
         state_table["plane"] = dumps(ctl.plane.snapshot())
-        return issued
 
-    app.headroom_controller = ctl  # type: ignore[attr-defined]
-    app.headroom_tick = run_tick  # type: ignore[attr-defined]
-    _ = (latency_agent, capacity_agent, value_agent, control_tick)
     return app, ctl
