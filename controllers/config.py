@@ -96,8 +96,14 @@ class PidSettings:
     # A p99 far above the setpoint says one thing: cut. Beyond this multiple the normalised
     # error is clipped, so a garbage reading (1e9 ms) cannot blow up the integral or derivative.
     max_overload_ratio: float = 5.0
+    # RMA's extra work shares the mixed replicas' queues with baseline work, so their servers
+    # admit it only up to the utilisation whose mean queueing wait (controllers/queueing.py) is
+    # this share of the setpoint: a token bucket filled to 100 % of the quota would queue every
+    # request of the stage behind it.
+    wait_budget_share: float = 0.1
 
     def validate(self, c: _Checker) -> None:
+        c.between("wait_budget_share", self.wait_budget_share, 0.0, 1.0, lo_open=True)
         c.at_least("kp", self.kp, 0.0)
         c.at_least("ki", self.ki, 0.0)
         c.at_least("kd", self.kd, 0.0)
@@ -120,9 +126,16 @@ class CoverageSettings:
     # of a persistent gap each interval: fast enough to follow a daily mix shift, slow enough
     # not to chase one noisy window.
     calibration_ki: float = 0.5
+    # Coverage is sized to what the strong replicas can serve *in time*: the budget's devices
+    # run no busier than the utilisation whose mean queueing wait is this share of the setpoint
+    # (controllers/queueing.py). One device with 40 ms requests runs ≤ ~46 % busy at 0.2 of a
+    # 170 ms setpoint; two ≤ ~67 %; sixteen ≤ ~95 %. The servers admit strong work by the same
+    # rule, so what is routed beyond it is downgraded at once instead of queueing.
+    wait_budget_share: float = 0.2
 
     def validate(self, c: _Checker) -> None:
         c.between("max_coverage", self.max_coverage, 0.0, 1.0)
+        c.between("wait_budget_share", self.wait_budget_share, 0.0, 1.0, lo_open=True)
         c.at_least("kp", self.kp, 0.0)
         c.at_least("ki", self.ki, 0.0)
         c.between("calibration_ki", self.calibration_ki, 0.0, 1.0)

@@ -6,8 +6,13 @@ One loop per region, stepped once per control interval after the allocator has s
 
 1. **Budget.** What the budget pays for::
 
-       c_budget = min( accelerator_budget / (eligible_rps · accelerator_s per strong request),
-                       cpu_budget         / (eligible_rps · cpu_s per strong request) )
+       c_budget = min( u* · accelerator_budget / (eligible_rps · accelerator_s per strong request),
+                       cpu_budget               / (eligible_rps · cpu_s per strong request) )
+
+   where ``u*`` = :func:`controllers.queueing.admissible_utilization` of the budget's devices for
+   the strong request's accelerator time and a mean-wait budget of ``wait_budget_share`` × the
+   setpoint: the share of the devices the strong replicas can keep busy without their queue
+   eating the latency budget (about half of one device, three quarters of two).
 
    clamped to [0, max_coverage]; per-request costs come from :class:`controllers.levers.CostModel`
    (``sbm_per_request``). No eligible traffic or no budget means 0.
@@ -42,6 +47,7 @@ from typing import Any
 
 from controllers.config import CoverageSettings
 from controllers.levers import CostModel
+from controllers.queueing import admissible_utilization
 
 __all__ = ["CoverageController", "CoverageLimit", "CoverageResult"]
 
@@ -97,10 +103,20 @@ class CoverageController:
         c = self.settings.max_coverage
         # divide in this order so a vanishing rate overflows to inf instead of dividing by 0
         if unit.accelerator_s > 0.0:
-            c = min(c, max(budget_accelerator, 0.0) / unit.accelerator_s / eligible_rps)
+            units = max(budget_accelerator, 0.0)
+            busy = self.admissible(units)
+            c = min(c, units * busy / unit.accelerator_s / eligible_rps)
         if unit.cpu_s > 0.0:
             c = min(c, max(budget_cpu, 0.0) / unit.cpu_s / eligible_rps)
         return max(c, 0.0)
+
+    def admissible(self, units: float) -> float:
+        """How busy ``units`` strong devices may run (module docstring, step 1)."""
+        return admissible_utilization(
+            units,
+            self.costs.sbm_per_request.accelerator_s * 1000.0,
+            self.settings.wait_budget_share * self.setpoint_ms,
+        )
 
     def track(self, coverage: float) -> None:
         """Bumpless hand-over: the coverage in force is ``coverage`` (e.g. 0 after clients fell

@@ -54,7 +54,14 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from controllers.types import LEVER_PRECOMPUTE, LEVER_RMA, LEVER_SBM, ArmStats, ValueKey
+from controllers.types import (
+    LEVER_PRECOMPUTE,
+    LEVER_RMA,
+    LEVER_SBM,
+    ArmStats,
+    ValueKey,
+    segment_of,
+)
 
 if TYPE_CHECKING:
     from headroom.scenario import Models
@@ -244,11 +251,23 @@ class ValueBook:
                 a[2] += max(st.value_sq_sum, 0.0)
 
     def segments(self, lever: str) -> list[str]:
-        return sorted({k[0] for k in self._sums if k[1] == lever})
+        """The segments ``lever`` has sums for (strata folded into their segment)."""
+        return sorted({segment_of(k[0]) for k in self._sums if k[1] == lever})
+
+    def _strata(self, lever: str, segment: str | None) -> list[str]:
+        keys = {k[0] for k in self._sums if k[1] == lever}
+        if segment is not None:
+            keys = {k for k in keys if segment_of(k) == segment}
+        return sorted(keys)
 
     def uplift(self, lever: str, segment: str | None = None) -> Uplift:
-        """Stratified uplift of ``lever`` per treated request (one segment, or all pooled)."""
-        segs = [segment] if segment is not None else self.segments(lever)
+        """Stratified uplift of ``lever`` per treated request (one segment, or all pooled).
+
+        Strata are the book's keys: segments, or (segment, value bin) strata where the value
+        signals carry them — each stratum's difference of means weighted by its treated count
+        (post-stratification: the between-strata spread of request values leaves the variance).
+        """
+        segs = self._strata(lever, segment)
         parts: list[tuple[float, float, float]] = []  # (n_t, d, v)
         n_t_total = 0.0
         n_c_total = 0.0

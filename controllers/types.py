@@ -55,8 +55,23 @@ class ArmStats:
         )
 
 
-# (segment, lever, arm) -> sums received since the previous control step
+# (segment, lever, arm) -> sums received since the previous control step. The segment part may
+# name a *stratum* of a segment, ``"premium#3"`` (:func:`stratum_key`): value signals reported
+# per (segment, value bin) let the holdout estimator post-stratify on the request's value
+# signal, which is known before ranking in both arms (docs/controllers.md, "Value book").
 ValueKey = tuple[str, str, str]
+
+STRATUM_SEP = "#"
+
+
+def stratum_key(segment: str, stratum: int | None) -> str:
+    """The value-book segment key of ``segment``'s stratum (the segment itself if None)."""
+    return segment if stratum is None else f"{segment}{STRATUM_SEP}{int(stratum)}"
+
+
+def segment_of(key: str) -> str:
+    """The segment a value-book key belongs to (inverse of :func:`stratum_key`)."""
+    return key.split(STRATUM_SEP, 1)[0]
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,7 +60,7 @@ import numpy as np
 import numpy.typing as npt
 
 from controllers.levers import CostModel
-from controllers.types import ArmStats, CapacityLevel, RegionObservation
+from controllers.types import ArmStats, CapacityLevel, RegionObservation, segment_of, stratum_key
 from headroom.scenario import Scenario
 from sim.config import SimConfig
 from sim.latency import (
@@ -1231,43 +1231,55 @@ class RegionRun:
         pi_ctl: float,
         arm_acc: Mapping[str, list[tuple[ArmParts, FloatArray, float]]],
     ) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[tuple[str, str, str], ArmStats]]:
-        """Observed sums of the control arm and of every treatment group, per segment, drawn
-        in one batch (group g, segment s → virtual group ``g·S + s``)."""
+        """Observed sums of the control arm and of every treatment group, per population cell
+        (segment × value bin), drawn in one batch (group g, cell c → virtual group ``g·C + c``).
+
+        The control plane gets them per (segment, value bin) stratum
+        (:func:`controllers.types.stratum_key`): a client knows a request's value signal before
+        ranking in either arm, so it reports its sums per value bin and the estimator
+        post-stratifies on it. The window line's ``arms`` stay per segment (their sums)."""
         ctx = self.ctx
         pop = ctx.pop
         n_s = pop.n_segments
+        n_c = pop.n_cells
+        k_bins = pop.bins
         names = ctx.segment_names
         groups = ["control"] + [g for g in _ARM_GROUPS if arm_acc.get(g)]
-        n_all = np.zeros(len(groups) * n_s, dtype=np.int64)
-        n_all[:n_s] = n_ctl
+        n_all = np.zeros(len(groups) * n_c, dtype=np.int64)
+        # the control arm's requests fall in a segment's value bins with equal probability
+        for si in range(n_s):
+            if n_ctl[si] > 0:
+                n_all[si * k_bins : (si + 1) * k_bins] = self.arm_rng.multinomial(
+                    int(n_ctl[si]), np.full(k_bins, 1.0 / k_bins)
+                )
         w_l = [pop.share]
-        cell_l = [np.arange(pop.n_cells)]
+        cell_l = [np.arange(n_c)]
         q_l = [ctx.q_base]
         sd_l = [ctx.sd_base]
-        pi_l = [np.full(pop.n_cells, pi_ctl)]
-        vseg_l = [pop.seg]
+        pi_l = [np.full(n_c, pi_ctl)]
+        vgrp_l = [np.arange(n_c)]
         trt_fluid = s_count * ctx.treat
         for gi, name in enumerate(groups[1:], start=1):
             got = arm_acc[name]
             w = np.concatenate([p.weights * a for p, _, a in got])
             cell = np.concatenate([p.cell for p, _, _ in got])
-            seg_of = pop.seg[cell]
-            fluid = np.bincount(seg_of, weights=w, minlength=n_s)
+            fluid = np.bincount(cell, weights=w, minlength=n_c)
+            seg_fluid = trt_fluid[pop.seg]
             with np.errstate(divide="ignore", invalid="ignore"):
-                n_arm = np.where(trt_fluid > 0, np.round(fluid / trt_fluid * n_trt), 0)
-            n_all[gi * n_s : (gi + 1) * n_s] = np.minimum(n_arm, n_trt).astype(np.int64)
+                n_arm = np.where(seg_fluid > 0, np.round(fluid / seg_fluid * n_trt[pop.seg]), 0)
+            n_all[gi * n_c : (gi + 1) * n_c] = np.minimum(n_arm, n_trt[pop.seg]).astype(np.int64)
             w_l.append(w)
             cell_l.append(cell)
             q_l.append(np.concatenate([p.q for p, _, _ in got]))
             sd_l.append(np.concatenate([p.sd for p, _, _ in got]))
             pi_l.append(np.concatenate([pi for _, pi, _ in got]))
-            vseg_l.append(gi * n_s + seg_of)
+            vgrp_l.append(gi * n_c + cell)
         s1, s2 = arm_sums(
             self.arm_rng,
             pop,
             n_all,
             np.concatenate(w_l),
-            np.concatenate(vseg_l),
+            np.concatenate(vgrp_l),
             np.concatenate(cell_l),
             np.concatenate(q_l),
             np.concatenate(sd_l),
@@ -1276,23 +1288,33 @@ class RegionRun:
         arms: dict[str, dict[str, dict[str, Any]]] = {}
         value_obs: dict[tuple[str, str, str], ArmStats] = {}
         for gi, name in enumerate(groups):
+            lo = gi * n_c
             for si, seg in enumerate(names):
-                v = gi * n_s + si
-                n = int(n_all[v])
+                cells = range(si * k_bins, (si + 1) * k_bins)
+                n = int(n_all[lo + cells.start : lo + cells.stop].sum())
                 if n <= 0:
                     continue
-                sums = {"n": n, "value_sum": float(s1[v]), "value_sq_sum": float(s2[v])}
+                sums = {
+                    "n": n,
+                    "value_sum": float(s1[lo + cells.start : lo + cells.stop].sum()),
+                    "value_sq_sum": float(s2[lo + cells.start : lo + cells.stop].sum()),
+                }
+                if name != "control" and not name.startswith("itt_"):
+                    arms.setdefault(seg, {})[name] = sums
+                    continue
                 if name == "control":
                     arms.setdefault(seg, {})["control"] = sums
-                    st = ArmStats(n, sums["value_sum"], sums["value_sq_sum"])
-                    value_obs[(seg, "rma", "control")] = st
-                    value_obs[(seg, "sbm", "control")] = st
-                elif name.startswith("itt_"):
-                    value_obs[(seg, name[4:], "treatment")] = ArmStats(
-                        n, sums["value_sum"], sums["value_sq_sum"]
-                    )
-                else:
-                    arms.setdefault(seg, {})[name] = sums
+                for c in cells:
+                    nc = int(n_all[lo + c])
+                    if nc <= 0:
+                        continue
+                    st = ArmStats(nc, float(s1[lo + c]), float(s2[lo + c]))
+                    key = stratum_key(seg, c - cells.start)
+                    if name == "control":
+                        value_obs[(key, "rma", "control")] = st
+                        value_obs[(key, "sbm", "control")] = st
+                    else:
+                        value_obs[(key, name[4:], "treatment")] = st
         return arms, value_obs
 
     def _capacity_now(self) -> dict[str, float]:
@@ -1394,13 +1416,14 @@ def _rho(offered_ms_per_s: float, units: float) -> float:
 def _itt_of(value_obs: Mapping[tuple[str, str, str], ArmStats]) -> dict[str, Any]:
     """``{SEG: {LEVER: {n, value_sum, value_sq_sum}}}`` of the treatment groups."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
-    for (seg, lever, arm), st in value_obs.items():
+    for (key, lever, arm), st in value_obs.items():
         if arm == "treatment":
-            out.setdefault(seg, {})[lever] = {
-                "n": st.n,
-                "value_sum": st.value_sum,
-                "value_sq_sum": st.value_sq_sum,
-            }
+            sums = out.setdefault(segment_of(key), {}).setdefault(
+                lever, {"n": 0, "value_sum": 0.0, "value_sq_sum": 0.0}
+            )
+            sums["n"] += st.n
+            sums["value_sum"] += st.value_sum
+            sums["value_sq_sum"] += st.value_sq_sum
     return out
 
 

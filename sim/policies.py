@@ -54,7 +54,9 @@ from typing import Any
 import numpy as np
 
 from controllers.config import ControlConfig
+from controllers.coverage import CoverageController
 from controllers.plane import ControlPlane
+from controllers.queueing import admissible_utilization
 from controllers.types import LEVER_RMA, LEVER_SBM, RegionObservation, RegionTargets
 from headroom.errors import ConfigError
 from sim.engine import Health, Issued, Plan, Quotas, RegionPolicy, RegionRun, SimContext, Targets
@@ -236,7 +238,10 @@ def _assignment_from(
 
     The allocator budgets ``(1 − safety_margin)`` of each announced pool; the replicas hold the
     lever's whole share of the pool, so the margin is slack *inside* each lever's quota (the
-    plan runs its quota at most ``1 − margin`` busy) rather than capacity nobody holds.
+    plan runs its quota at most ``1 − margin`` busy) rather than capacity nobody holds. What no
+    lever's share covers (a lever's demand is capped: RMA one rate-limit step above the
+    candidates in force) is slack too, for the levers already on the pool: idle opportunistic
+    units serve nothing, while on a lever's replicas they keep its queues short.
     """
     scale = 1.0 / (1.0 - margin) if margin < 1.0 else 1.0
     st = run.static
@@ -255,6 +260,21 @@ def _assignment_from(
                 if k.resource == "accelerator" and not k.remote and k.hardware == share.hardware:
                     out[i][col] += share.accelerator * scale
                     break
+    # the rest of each live pool is slack for the levers already on it (in proportion to their
+    # shares; RMA's mixed replicas when neither is), so optional work runs its quota less busy
+    for i, k in enumerate(st.pools):
+        if k.remote:
+            continue
+        a = out[i]
+        left = run.level[i] - a[0] - a[1]
+        if left <= 1e-9:
+            continue
+        held = a[0] + a[1]
+        if held > 1e-9:
+            a[0] += left * a[0] / held
+            a[1] += left * a[1] / held
+        elif k.resource == "cpu" or st.base_ok[i]:
+            a[0] += left
     return {i: (a[0], a[1]) for i, a in out.items()}
 
 
@@ -321,6 +341,11 @@ class HeadroomRegion(PlaneRegion):
         self.sbm_client = ClientShedder()
         self._called = False
         self._admitting = (False, False)
+        self.rma_busy = 1.0 - self.margin
+        self._run: RegionRun | None = None
+        # a throwaway controller for its admissible-utilisation rule (same settings as the plane's)
+        cfg = plane.config
+        self.plane_coverage = CoverageController(cfg.coverage, cfg.setpoint_ms, cfg.costs)
 
     def notices_reclaims(self) -> bool:
         return True
@@ -329,11 +354,39 @@ class HeadroomRegion(PlaneRegion):
         return self.rma_client.multiplier_at(now), self.sbm_client.multiplier_at(now)
 
     def on_quotas(self, now: float, quotas: Quotas, reduced: bool) -> None:
-        # servers admit up to the quota they hold (the plan runs it at most 1 − margin busy;
-        # the margin absorbs the traffic's minute-to-minute noise without shedding)
-        k = 1.0
-        self.rma_server.on_capacity(OptionalCapacity(quotas.rma_cpu * k, quotas.rma_acc * k), now)
-        self.sbm_server.on_capacity(OptionalCapacity(quotas.sbm_cpu * k, quotas.sbm_acc * k), now)
+        # servers admit optional work up to the share of their quota that a queue tolerates:
+        # RMA's mixed replicas 1 − margin (the plan's own ceiling: a surge beyond it is shed,
+        # not queued in front of baseline work), the strong replicas the utilisation the
+        # coverage controller sized coverage for (few devices queue long: controllers/queueing.py)
+        k_c, k_a = self._mixed_busy(quotas)
+        k_s = self.plane_coverage.admissible(quotas.sbm_acc)
+        self.rma_server.on_capacity(
+            OptionalCapacity(quotas.rma_cpu * k_c, quotas.rma_acc * k_a), now
+        )
+        self.sbm_server.on_capacity(
+            OptionalCapacity(quotas.sbm_cpu * k_c, quotas.sbm_acc * k_s), now
+        )
+
+    def bind(self, run: RegionRun) -> None:
+        self._run = run
+
+    def _mixed_busy(self, q: Quotas) -> tuple[float, float]:
+        """How busy optional work may keep the mixed replicas' CPU and accelerator stages: the
+        admissible utilisation of the whole stage (dedicated + quota) for a baseline request's
+        service time and RMA's wait budget, never above ``1 − margin``."""
+        run = self._run
+        if run is None:
+            return self.rma_busy, self.rma_busy
+        cfg = self.plane.config
+        budget = cfg.pid.wait_budget_share * cfg.setpoint_ms
+        st = run.static
+        bm = run.base_mix
+        par = run.cfg.latency.cpu_parallelism
+        k_c = admissible_utilization(
+            (st.ded_cpu + q.rma_cpu + q.sbm_cpu) / par, bm.cpu_mean, budget
+        )
+        k_a = admissible_utilization(st.ded_acc + q.rma_acc, bm.acc_mean, budget)
+        return min(k_c, self.rma_busy), min(k_a, self.rma_busy)
 
     def admit(
         self, now: float, span: float, rma_req: Any, sbm_req: Any, run: RegionRun
@@ -368,8 +421,15 @@ class HeadroomRegion(PlaneRegion):
             float(n_sbm.sum()) * ctx.n0 * costs.strong_cpu_ms,
             float(n_sbm.sum()) * ctx.n0 * costs.strong_accelerator_ms,
         )
-        k = 1.0
-        have = tuple(1000.0 * span * u * k for u in (q.rma_cpu, q.rma_acc, q.sbm_cpu, q.sbm_acc))
+        # what the servers' buckets hold: the quotas scaled as in :meth:`on_quotas`
+        k_c, k_a = self._mixed_busy(q)
+        k_s = self.plane_coverage.admissible(q.sbm_acc)
+        have = tuple(
+            1000.0 * span * u * k
+            for u, k in zip(
+                (q.rma_cpu, q.rma_acc, q.sbm_cpu, q.sbm_acc), (k_c, k_a, k_c, k_s), strict=True
+            )
+        )
         end = now + span
         self._called = False
 

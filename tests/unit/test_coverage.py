@@ -30,14 +30,25 @@ def run(c: CoverageController, history) -> None:
         c.settle(r.command, r.command, r.intended)
 
 
-def test_coverage_is_the_accelerator_budget_over_eligible_strong_work() -> None:
+def test_coverage_is_the_servable_accelerator_budget_over_eligible_strong_work() -> None:
     c = controller()
     r = c.step(100.0, None, 300.0, 100.0, 2.0, 1.0)
-    assert r.intended == pytest.approx(2.0 / (300.0 * ACC_PER_REQUEST))
+    busy = c.admissible(2.0)
+    # two devices of 40 ms strong requests run ~67 % busy within a 34 ms mean wait (0.2 × 170)
+    assert 0.6 < busy < 0.72
+    assert r.intended == pytest.approx(2.0 * busy / (300.0 * ACC_PER_REQUEST))
     assert r.limit is CoverageLimit.BUDGET
     # CPU can bind too: 0.1 cores pay for 50 requests/s
     r = controller().step(100.0, None, 300.0, 0.1, 100.0, 1.0)
     assert r.intended == pytest.approx(0.1 / (300.0 * CPU_PER_REQUEST))
+
+
+def test_more_devices_run_busier_and_the_wait_budget_bounds_them() -> None:
+    c = controller()
+    busy = [c.admissible(u) for u in (1.0, 2.0, 4.0, 16.0)]
+    assert busy == sorted(busy) and busy[0] < 0.5 and busy[-1] > 0.85
+    loose = controller(wait_budget_share=0.5)
+    assert all(loose.admissible(u) > b for u, b in zip((1.0, 2.0, 4.0, 16.0), busy, strict=True))
 
 
 def test_no_traffic_or_no_budget_means_no_coverage() -> None:
@@ -81,10 +92,11 @@ def test_calibration_closes_a_persistent_gap_between_intended_and_observed() -> 
         r = c.step(100.0, observed, 300.0, 10.0, 1.2, 1.0)
         reported = c.settle(r.command, r.command, r.intended)
         observed = 0.8 * r.command
-    assert r.intended == pytest.approx(0.1)
-    assert reported == pytest.approx(0.1, rel=1e-3)
+    want = 1.2 * c.admissible(1.2) / (300.0 * ACC_PER_REQUEST)
+    assert r.intended == pytest.approx(want)
+    assert reported == pytest.approx(want, rel=1e-3)
     assert observed == pytest.approx(r.intended, rel=1e-3)  # the gap is closed
-    assert r.command == pytest.approx(0.125, rel=1e-3)
+    assert r.command == pytest.approx(want / 0.8, rel=1e-3)
 
 
 def test_calibration_does_not_wind_up_when_the_router_cannot_deliver() -> None:

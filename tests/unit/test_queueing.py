@@ -1,0 +1,52 @@
+"""Admissible utilisation of an M/G/c stage (controllers/queueing.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from controllers.queueing import admissible_utilization, mean_wait_ms
+
+
+def test_one_server_is_the_mm1_formula() -> None:
+    # M/M/1: W = S·ρ/(1−ρ); Sakasegawa's exponent √(2·2) − 1 = 1 makes it exact
+    assert mean_wait_ms(0.5, 1.0, 40.0) == pytest.approx(40.0)
+    assert admissible_utilization(1.0, 40.0, 40.0) == pytest.approx(0.5, abs=1e-9)
+
+
+def test_a_slice_of_a_device_is_one_slower_server() -> None:
+    assert mean_wait_ms(0.5, 0.5, 40.0) == pytest.approx(mean_wait_ms(0.5, 1.0, 80.0))
+
+
+@given(
+    servers=st.floats(0.05, 500.0),
+    service=st.floats(0.01, 1000.0),
+    budget=st.floats(0.001, 1e4),
+    cs2=st.floats(0.0, 4.0),
+)
+def test_the_admissible_utilisation_meets_its_budget(servers, service, budget, cs2) -> None:
+    u = admissible_utilization(servers, service, budget, cs2)
+    assert 0.0 <= u < 1.0
+    assert mean_wait_ms(u, servers, service, cs2) <= budget * (1 + 1e-9)
+    # and it is the highest such utilisation (to the bisection's resolution)
+    if u < 1.0 - 1e-6:
+        assert mean_wait_ms(min(u + 1e-6, 0.999999), servers, service, cs2) > budget * (1 - 1e-6)
+
+
+@given(servers=st.floats(0.5, 100.0), budget=st.floats(0.1, 100.0))
+def test_monotone_in_servers_and_budget(servers, budget) -> None:
+    u = admissible_utilization(servers, 40.0, budget)
+    assert admissible_utilization(servers * 2, 40.0, budget) >= u
+    assert admissible_utilization(servers, 40.0, budget * 2) >= u
+
+
+def test_degenerate_inputs_never_raise() -> None:
+    assert admissible_utilization(0.0, 40.0, 10.0) == 1.0
+    assert admissible_utilization(2.0, 0.0, 10.0) == 1.0
+    assert admissible_utilization(2.0, 40.0, 0.0) == 0.0
+    assert admissible_utilization(2.0, 40.0, math.nan) == 0.0
+    assert admissible_utilization(2.0, 40.0, math.inf) == 1.0
+    assert mean_wait_ms(1.0, 2.0, 40.0) == math.inf
