@@ -39,7 +39,8 @@ def mean_wait_ms(rho: float, servers: float, service_ms: float, cs2: float = 1.0
         return math.inf
     c = max(servers, 1.0)
     s = service_ms / min(servers, 1.0)
-    return s * rho ** (math.sqrt(2.0 * (c + 1.0)) - 1.0) / (c * (1.0 - rho)) * (1.0 + cs2) / 2.0
+    p_wait = float(rho) ** (math.sqrt(2.0 * (c + 1.0)) - 1.0)
+    return float(s * p_wait / (c * (1.0 - rho)) * (1.0 + cs2) / 2.0)
 
 
 def admissible_utilization(
