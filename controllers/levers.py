@@ -221,13 +221,20 @@ def _arm_moments(a: list[float]) -> tuple[float, float, float]:
     return n, mean, var
 
 
+_UNITS_ARM = "units"  # snapshot rows of the units book (no real arm is called that)
+
+
 class ValueBook:
     """Discounted holdout sums per (segment, lever, arm); see the module docstring."""
 
-    __slots__ = ("_sums",)
+    __slots__ = ("_sums", "_units")
 
     def __init__(self) -> None:
         self._sums: dict[ValueKey, list[float]] = {}
+        # per lever: discounted [treated requests, units of work behind them], so value per
+        # unit divides the book's uplift by the units *the book's requests* received, not by
+        # the units in force now (RMA's extra candidates change every interval)
+        self._units: dict[str, list[float]] = {}
 
     def decay(self, factor: float) -> None:
         """Multiply every sum by ``factor`` in [0, 1] (call once per window before adding)."""
@@ -237,6 +244,29 @@ class ValueBook:
             a[0] *= factor
             a[1] *= factor
             a[2] *= factor
+        for u in self._units.values():
+            u[0] *= factor
+            u[1] *= factor
+
+    def add_units(self, lever: str, treated: float, units_per_treated: float) -> None:
+        """Record that ``treated`` treatment requests of ``lever`` each got
+        ``units_per_treated`` units of work (the targets in force over the window)."""
+        if not (treated > 0.0 and math.isfinite(units_per_treated) and units_per_treated >= 0.0):
+            return
+        u = self._units.setdefault(lever, [0.0, 0.0])
+        u[0] += treated
+        u[1] += treated * units_per_treated
+
+    def mean_units(self, lever: str) -> float | None:
+        """Units of work per treated request over the book's (discounted) memory, or None."""
+        u = self._units.get(lever)
+        if u is None or u[0] <= 0.0:
+            return None
+        return u[1] / u[0]
+
+    def treated(self, value: Mapping[ValueKey, ArmStats], lever: str) -> float:
+        """Treatment requests of ``lever`` in one window's sums."""
+        return float(sum(st.n for k, st in value.items() if k[1] == lever and k[2] == "treatment"))
 
     def add(self, value: Mapping[ValueKey, ArmStats]) -> None:
         for key, st in value.items():
@@ -309,13 +339,20 @@ class ValueBook:
         return math.sqrt(max(q / n - mean * mean, 0.0))
 
     def snapshot(self) -> list[list[Any]]:
-        return [[k[0], k[1], k[2], a[0], a[1], a[2]] for k, a in sorted(self._sums.items())]
+        rows = [[k[0], k[1], k[2], a[0], a[1], a[2]] for k, a in sorted(self._sums.items())]
+        rows += [
+            ["", lever, _UNITS_ARM, u[0], u[1], 0.0] for lever, u in sorted(self._units.items())
+        ]
+        return rows
 
     @classmethod
     def restore(cls, data: Iterable[Iterable[Any]]) -> ValueBook:
         book = cls()
         for row in data:
             seg, lever, arm, n, s, q = row
+            if arm == _UNITS_ARM:
+                book._units[str(lever)] = [float(n), float(s)]
+                continue
             book._sums[(str(seg), str(lever), str(arm))] = [float(n), float(s), float(q)]
         return book
 
@@ -352,7 +389,8 @@ class Lever(ABC):
         up = book.uplift(self.name)
         if up.n_treatment < min_samples or up.n_control < min_samples or not math.isfinite(up.se):
             return ValueEstimate.unknown(up.n_treatment, up.n_control)
-        units = max(self.units_per_treated(ctx), 1e-12)
+        book_units = book.mean_units(self.name)
+        units = max(book_units if book_units is not None else self.units_per_treated(ctx), 1e-12)
         mean = up.mean / units
         se = up.se / units
         return ValueEstimate(

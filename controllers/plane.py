@@ -238,17 +238,21 @@ class ControlPlane:
         request_rps = _finite_nonneg(obs.request_rps)
         eligible_rps = min(_finite_nonneg(obs.eligible_rps), request_rps)
 
-        # 1. value book
-        st.book.decay(0.5 ** (window_s / cfg.value.half_life_s))
-        st.book.add(obs.value)
-
-        # 2. allocator
+        # 1. value book (the window's sums came from the targets in force: this context's)
         ctx = LeverContext(
             request_rps=request_rps,
             eligible_rps=eligible_rps,
             rma_extra_candidates=float(st.rma.candidates - cfg.base_candidates),
             precompute_jobs_per_s=st.precompute_rate,
         )
+        st.book.decay(0.5 ** (window_s / cfg.value.half_life_s))
+        st.book.add(obs.value)
+        for lever in self.levers:
+            st.book.add_units(
+                lever.name, st.book.treated(obs.value, lever.name), lever.units_per_treated(ctx)
+            )
+
+        # 2. allocator
         value_age = obs.value_age_s
         if value_age is not None and not math.isfinite(value_age):
             value_age = math.inf

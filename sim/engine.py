@@ -816,7 +816,11 @@ class RegionRun:
         pop = ctx.pop
         extra = max(0, min(tg.rma_candidates, ctx.nmax) - ctx.n0)
         r_seg = np.array([tg.sbm_segments.get(s, 0.0) for s in ctx.segment_names])
-        routed = ctx.eligible * np.clip(r_seg, 0.0, 1.0)[pop.seg]
+        if getattr(pol, "value_ranked_sbm", False):
+            # each segment's routing probability is spent on its highest-value requests
+            routed = ctx.eligible * pop.top_in_segment(r_seg)
+        else:
+            routed = ctx.eligible * np.clip(r_seg, 0.0, 1.0)[pop.seg]
         sbm_req = routed * pop.keep_top(m_sbm)
         if extra > 0 and pol.value_ranked_rma:
             # the target's extra candidates are a budget spent highest value first: the top

@@ -288,6 +288,7 @@ class PlaneRegion(StaticRegion):
     """
 
     value_ranked_rma = True
+    value_ranked_sbm = True
     observes = True
 
     def __init__(self, plane: ControlPlane) -> None:

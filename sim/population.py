@@ -190,6 +190,15 @@ class Population:
                 self._keep_cache[key] = got
         return got
 
+    def top_in_segment(self, share: FloatArray) -> FloatArray:
+        """Per cell, the share of its requests among the top ``share[s]`` of *its segment's*
+        requests by value (bins are equal-probability, so bin ``k`` of ``K`` holds the value
+        ranks ``[k/K, (k+1)/K)`` within the segment): the value-ranked SBM routing rule."""
+        p = np.clip(np.asarray(share, dtype=np.float64), 0.0, 1.0)[self.seg]
+        k = (np.arange(self.n_cells) % self.bins).astype(np.float64)
+        lo = 1.0 - p  # ranks at or above this are routed
+        return np.clip((k + 1.0) - lo * self.bins, 0.0, 1.0)
+
     def sample_values(self, cells: IntArray, u: FloatArray) -> FloatArray:
         """Values of requests of the given cells; ``u`` (uniform in [0, 1)) places each in a bin."""
         k = cells % self.bins
