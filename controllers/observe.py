@@ -21,16 +21,28 @@ Rules:
 * **Capacity**: levels, not deltas (CONTRACT §2): the newest ``ts`` per (resource, hardware,
   pool, remote) wins, so a repeated or reordered message cannot corrupt state. An opportunistic
   level whose announced expiry has passed counts as zero.
-* **Value**: sums per (segment, lever, arm) since the previous tick; they add exactly.
+* **Value**: sums per (segment, lever, arm) since the previous tick; they add exactly. A value
+  signal that names a ``stratum`` (a value bin of its segment) is kept under
+  ``stratum_key(segment, stratum)`` (``"casual#3"``), so the value book post-stratifies on it
+  (:meth:`RegionAggregator.add_value_signal`); one without is kept under its segment.
   Segment request rates come from the value signals' counts (their *shares*, scaled to the
-  latency-derived total rate, so the way clients split arms cannot skew the rate).
+  latency-derived total rate, so the way clients split arms cannot skew the rate), strata
+  folded into their segment.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from controllers.types import ArmStats, CapacityLevel, RegionObservation, ValueKey
+from controllers.types import (
+    ArmStats,
+    CapacityLevel,
+    RegionObservation,
+    ValueKey,
+    segment_of,
+    stratum_key,
+)
+from streams.messages import ValueSignal
 from streams.sketch import LatencySketch
 
 PATHS = ("base", "rma", "sbm")
@@ -123,6 +135,18 @@ class RegionAggregator:
         w.value[key] = w.value.get(key, ArmStats()) + stats
         self._last_value_ts[region] = max(ts, self._last_value_ts.get(region, ts))
 
+    def add_value_signal(self, msg: ValueSignal) -> None:
+        """Fold one ``headroom.value`` message in, keyed by its stratum where it names one."""
+        stats = ArmStats(
+            n=msg.n,
+            value_sum=msg.value_sum,
+            value_sq_sum=msg.value_sq_sum,
+            cpu_ms=msg.cost.cpu_ms,
+            accelerator_ms=msg.cost.accelerator_ms,
+        )
+        key = (stratum_key(msg.segment, msg.stratum), msg.lever, msg.arm)
+        self.add_value(msg.region, msg.ts, key, stats)
+
     # --- observe ----------------------------------------------------------------------------
     def capacity(self, region: str, now: float) -> tuple[CapacityLevel, ...]:
         out = []
@@ -158,7 +182,8 @@ class RegionAggregator:
             span = max(min_window_s, w.last_ts - w.first_ts + w.msg_window_s)
         request_rps = w.requests / span
         seg_counts: dict[str, int] = {}
-        for (segment, _lever, _arm), stats in w.value.items():
+        for (key, _lever, _arm), stats in w.value.items():
+            segment = segment_of(key)  # a stratum's requests count for its segment
             seg_counts[segment] = seg_counts.get(segment, 0) + stats.n
         total = sum(seg_counts.values())
         segment_rps = {s: request_rps * n / total for s, n in seg_counts.items()} if total else {}

@@ -53,6 +53,7 @@ __all__ = [
     "MAX_DEADLETTER_PAYLOAD_BYTES",
     "MAX_LIST_ITEMS",
     "MAX_MESSAGE_BYTES",
+    "MAX_STRATUM",
     "PATH_VALUES",
     "POOL_VALUES",
     "RESOURCE_VALUES",
@@ -87,6 +88,7 @@ __all__ = [
 ]
 
 SCHEMA_VERSION: Final = 1
+MAX_STRATUM: Final = 63  # ValueSignal.stratum lies in [0, MAX_STRATUM] (value bins of a segment)
 
 Resource: TypeAlias = Literal["cpu", "accelerator"]
 Pool: TypeAlias = Literal["opportunistic", "dedicated"]
@@ -856,7 +858,13 @@ class Target:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ValueSignal:
     """``headroom.value``: sums of observed request value for one (region, segment, lever, arm)
-    over a window; sums, not means, so windows and workers add up exactly."""
+    over a window; sums, not means, so windows and workers add up exactly.
+
+    Extension (written only when set): ``stratum``, an integer in ``[0, MAX_STRATUM]`` naming the
+    value bin of the segment the sums cover (a request's value rank within its segment, in
+    equal-probability bins), so the estimator can post-stratify on the value signal. Absent:
+    the sums cover the whole segment, as CONTRACT §2 defines them.
+    """
 
     KIND: ClassVar[str] = "value"
 
@@ -870,6 +878,7 @@ class ValueSignal:
     value_sq_sum: float
     window_s: float
     cost: Cost
+    stratum: int | None = None
     v: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -877,6 +886,8 @@ class ValueSignal:
         _set(self, "ts", _ts(self.ts))
         _name(self.region, "region")
         _name(self.segment, "segment")
+        if self.stratum is not None:
+            _set(self, "stratum", _int(self.stratum, "stratum", 0, MAX_STRATUM))
         _set(self, "lever", _enum(self.lever, "lever", LEVER_VALUES))
         _set(self, "arm", _enum(self.arm, "arm", ARM_VALUES))
         _set(self, "n", _int(self.n, "n"))
@@ -902,12 +913,14 @@ class ValueSignal:
             "value_sq_sum": self.value_sq_sum,
             "window_s": self.window_s,
             "cost": self.cost.to_dict(),
+            **({} if self.stratum is None else {"stratum": self.stratum}),
         }
 
     @classmethod
     def from_dict(cls, d: object) -> ValueSignal:
         d = _envelope(d)
         return cls(
+            stratum=d.get("stratum"),
             v=_req(d, "v"),
             ts=_req(d, "ts"),
             region=_req(d, "region"),

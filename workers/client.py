@@ -8,14 +8,17 @@ region, so a region's partitions are shared by that region's clients), and for e
    baseline (base candidates, no SBM) and says so once (``target.expired``); a newer target ends the
    fallback (``target.applied``).
 2. **Plan** (:class:`Router`) — the holdout arm first: a ``world.holdout`` share of requests gets no
-   optional work at all (the control arm of every lever's estimate). Then SBM: an eligible request
-   goes to the strong model with its segment's routing probability ``sbm.segments[seg]``, if the
-   client-side multiplier of the strong replica keeps a request of its value rank (lowest value
-   dropped first). Otherwise RMA: ``m × (rma.candidates − base)`` extra candidates per request on
-   average, ``m`` the client-side multiplier of the dedicated replica it picked (AIMD on the health
-   in every response, :class:`workers.shedding.ClientShedder`), spent highest value first: the
-   requests in the top ``m × (candidates − base) / (max − base)`` share by value get ``max − base``
-   extras, the others none (the simulator's ``headroom`` clients do the same).
+   optional work at all (the control arm of every lever's estimate). Then SBM: the segment's
+   routing probability ``p = sbm.segments[seg]`` is spent on its highest-value requests (the
+   simulator's ``headroom`` clients do the same): an eligible request goes to the strong model iff
+   its value rank *within its segment* is ≥ 1 − p, and the client-side multiplier of the strong
+   replica keeps a request of its value rank (lowest value dropped first);
+   ``value_ranked_sbm=False`` routes a uniform random share p instead. Otherwise RMA:
+   ``m × (rma.candidates − base)`` extra candidates per request on average, ``m`` the client-side
+   multiplier of the dedicated replica it picked (AIMD on the health in every response,
+   :class:`workers.shedding.ClientShedder`), spent highest value first: the requests in the top
+   ``m × (candidates − base) / (max − base)`` share by value (among all requests) get
+   ``max − base`` extras, the others none (the simulator's ``headroom`` clients do the same).
 3. **Serve** — over real loopback connections (:mod:`workers.wire`). An SBM request goes to a
    strong-model replica; if that replica refuses it (``downgraded``), is unreachable, dies or is
    preempted mid-request, or does not answer within its budget, the request returns to the base
@@ -57,9 +60,12 @@ what it can: a finished request is published only once every older request of it
 finished too (:class:`OffsetTracker`), so what is published is a prefix of the partition. For each
 window with such requests (several lines of one window add up) it publishes one
 ``window`` event (docs/events.md: counts, merged latency sketches, value, per-segment arms and
-exposure, targets in force) and the value signals (``headroom.value``: sums per (segment, lever,
-arm); a treated request counts under the lever it received; the control arm's sums are published
-under each lever, since each lever's estimate needs its control). It waits until the broker has
+exposure, targets in force) and the value signals (``headroom.value``: sums per (segment, value
+bin, lever, arm); the control arm's sums are published under each lever, since each lever's
+estimate needs its control). The value bin (``stratum``, :data:`VALUE_BINS` equal-probability
+bins of the request's value rank within its segment, known before the plan in either arm) lets
+the controller post-stratify on the value signal (docs/controllers.md); the window line stays
+per segment. It waits until the broker has
 acknowledged all of them, and only then commits, per partition, the end of the published prefix.
 So:
 
@@ -126,12 +132,23 @@ __all__ = [
     "TargetState",
     "WindowBook",
     "in_flight_limit",
+    "value_stratum",
 ]
 
 T = TypeVar("T")
 LEVERS = ("rma", "sbm")  # the live-path levers (the Router's)
 ALL_LEVERS = ("rma", "sbm", "precompute")
 SKETCH_ALPHA = 0.01
+# Value bins per segment of the value signals (``ValueSignal.stratum``): the simulator's default
+# ``value_bins``, so both engines hand the control plane the same strata.
+VALUE_BINS = 8
+
+
+def value_stratum(segment_rank: float, bins: int = VALUE_BINS) -> int:
+    """The value bin of a request whose value rank within its segment is ``segment_rank``:
+    ``min(bins − 1, floor(bins · rank))`` (a rank outside [0, 1] or NaN is clamped)."""
+    r = segment_rank if segment_rank == segment_rank else 0.0  # NaN -> the lowest bin
+    return min(bins - 1, max(0, math.floor(bins * min(max(r, 0.0), 1.0))))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -180,6 +197,7 @@ class ClientConfig:
     policy: str = "headroom"
     instance: str | None = None  # static group membership: a restart keeps the partitions
     value_ranked_rma: bool = True  # RMA extras spent highest value first (see Router)
+    value_ranked_sbm: bool = True  # SBM routing spent on each segment's highest values (Router)
     # Requests being served at once: back-pressure on the consumer, and a bound on the burst a
     # restarted client sends its servers while it catches up with the requests that queued up
     # (in_flight_limit sizes it from the scenario's traffic).
@@ -327,6 +345,11 @@ class Plan:
 class Router:
     """Holdout arm, SBM routing by segment probability, RMA extra candidates (module docstring).
 
+    SBM, ``value_ranked_sbm`` (the default, as the simulator's ``headroom`` policy): a segment's
+    routing probability ``p`` goes to its highest-value requests — an eligible request is routed
+    iff ``p > 0`` and its ``segment_rank`` (its value's CDF among recent requests *of its
+    segment*) is ≥ 1 − p. Otherwise (``value_ranked_sbm=False``) a uniform draw ``u_sbm < p``.
+
     RMA, ``value_ranked`` (the default, as the simulator's ``headroom`` policy): the target's
     ``m × (candidates − base)`` extra candidates per request are a *mean* spent highest value
     first — a request whose value rank (its CDF among recent requests) is in the top
@@ -334,7 +357,8 @@ class Router:
     (the same work, on the requests where a better ad is worth most). ``uniform``: every
     treatment request gets ``round(m × (candidates − base))``.
 
-    ``rng`` is the only source of randomness (one uniform draw for the arm, one for SBM).
+    ``rng`` is the only source of randomness (one uniform draw for the arm, one for SBM; both
+    are drawn whatever the rule, so the stream is the same under either).
     """
 
     def __init__(
@@ -345,6 +369,7 @@ class Router:
         *,
         max_candidates: int,
         value_ranked: bool = True,
+        value_ranked_sbm: bool = True,
     ) -> None:
         if not 0.0 <= holdout < 1.0:
             raise ConfigError(f"world.holdout: must lie in [0, 1), got {holdout}")
@@ -352,6 +377,7 @@ class Router:
         self.base = base_candidates
         self.max = max(base_candidates, max_candidates)
         self.value_ranked = value_ranked
+        self.value_ranked_sbm = value_ranked_sbm
         self.rng = rng
 
     def plan(
@@ -364,12 +390,17 @@ class Router:
         sbm_keeps: bool,
         sbm_available: bool,
         value_rank: float = 1.0,
+        segment_rank: float = 1.0,
     ) -> Plan:
+        """``value_rank``: the request's value rank among all recent requests (RMA's order);
+        ``segment_rank``: among its segment's (value-ranked SBM's order)."""
         u_arm, u_sbm = self.rng.random(2)
         if u_arm < self.holdout:
             return Plan(control=True, strong=False, extra=0)
         p = float(target.sbm_segments.get(segment, 0.0)) if target.sbm_coverage > 0.0 else 0.0
-        if eligible and sbm_available and u_sbm < p and sbm_keeps:
+        # value-ranked: the top p of the segment by value; else a uniform share p
+        routed = (p > 0.0 and segment_rank >= 1.0 - p) if self.value_ranked_sbm else u_sbm < p
+        if eligible and sbm_available and routed and sbm_keeps:
             return Plan(control=False, strong=True, extra=0)
         m = min(1.0, max(0.0, rma_multiplier))
         wanted = max(0, min(target.rma_candidates, self.max) - self.base)
@@ -441,6 +472,7 @@ class PrecomputePath:
         offset: int,
         lookup_ms: float,
         end_t: float | None = None,
+        stratum: int | None = None,
     ) -> Outcome:
         result = visit.result
         if visit.outcome is not VisitOutcome.HIT or result is None or not result.ranking:
@@ -467,6 +499,7 @@ class PrecomputePath:
             precompute=VisitOutcome.HIT.value,
             staleness_s=(visit.staleness_s or 0.0) * self.speed,
             remaining_s=(result.expires_at - wall) * self.speed,
+            stratum=stratum,
         )
 
 
@@ -500,6 +533,9 @@ class Outcome:
     precompute: str | None = None
     staleness_s: float | None = None  # a hit: age of the result served (scenario seconds)
     remaining_s: float | None = None  # a hit: its life left, expires_at - visit (scenario s)
+    # value bin of the request within its segment (value_stratum); None: not known (the value
+    # signals then cover the whole segment)
+    stratum: int | None = None
 
 
 @dataclass
@@ -534,9 +570,11 @@ class _Window:
     inc: dict[str, float] = field(default_factory=lambda: dict.fromkeys(ALL_LEVERS, 0.0))
     arms: dict[str, dict[str, _Arm]] = field(default_factory=dict)
     itt: dict[str, dict[str, _Arm]] = field(default_factory=dict)  # segment -> lever -> sums
-    # the holdout split for the value signals: segment -> "live" (found no stored result: the
-    # control of rma and sbm) | "precompute" (found one: the control of precompute)
-    controls: dict[str, dict[str, _Arm]] = field(default_factory=dict)
+    # the value signals' sums, per (segment, stratum): the intent-to-treat groups (lever ->
+    # sums), and the holdout split: "live" (found no stored result: the control of rma and sbm)
+    # | "precompute" (found one: the control of precompute)
+    strata_itt: dict[tuple[str, int | None], dict[str, _Arm]] = field(default_factory=dict)
+    controls: dict[tuple[str, int | None], dict[str, _Arm]] = field(default_factory=dict)
     treated: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LEVERS, 0))
     segments: dict[str, dict[str, Any]] = field(default_factory=dict)
     offsets: dict[int, list[int]] = field(default_factory=dict)
@@ -575,7 +613,8 @@ class _Window:
         if o.control:
             arms.setdefault("control", _Arm()).add(o.value_total)
             split = "precompute" if o.precompute == VisitOutcome.HELD_OUT.value else "live"
-            self.controls.setdefault(o.segment, {}).setdefault(split, _Arm()).add(o.value_total)
+            key = (o.segment, o.stratum)
+            self.controls.setdefault(key, {}).setdefault(split, _Arm()).add(o.value_total)
             return
         # the log's arms: what the request received; "none" for a treatment request that got
         # no optional work, so that a value-aware choice of the treated requests cannot bias
@@ -588,6 +627,10 @@ class _Window:
             self.treated[o.lever] = self.treated.get(o.lever, 0) + 1
         if o.routed is not None:
             self.itt.setdefault(o.segment, {}).setdefault(o.routed, _Arm()).add(
+                o.value_total, o.cost_cpu_ms, o.cost_accelerator_ms
+            )
+            by_lever = self.strata_itt.setdefault((o.segment, o.stratum), {})
+            by_lever.setdefault(o.routed, _Arm()).add(
                 o.value_total, o.cost_cpu_ms, o.cost_accelerator_ms
             )
 
@@ -692,18 +735,22 @@ class WindowBook:
         return out
 
     def value_signals(self, w: _Window, ts: float) -> list[messages.ValueSignal]:
-        """Sums per (segment, lever, arm) for the control plane: a lever's treatment arm is its
-        intent-to-treat group (requests routed to SBM; the others not held out, for RMA; hits,
-        for precompute), so the value-ranked choice of who gets extras cannot bias it. Control:
-        for ``rma`` and ``sbm`` the holdout requests that found no stored result, for
-        ``precompute`` those that found one (module docstring: like with like).
+        """Sums per (segment, stratum, lever, arm) for the control plane: a lever's treatment
+        arm is its intent-to-treat group (requests routed to SBM; the others not held out, for
+        RMA; hits, for precompute), so the value-ranked choice of who gets extras cannot bias
+        it. Control: for ``rma`` and ``sbm`` the holdout requests that found no stored result,
+        for ``precompute`` those that found one (module docstring: like with like). ``stratum``
+        is the requests' value bin within their segment (None for requests without one); the
+        strata of a segment add up to its sums.
         """
         out = []
-        for seg in sorted(set(w.arms) | set(w.itt)):
-            controls = w.controls.get(seg, {})
+        keys = set(w.controls) | set(w.strata_itt)
+        for key in sorted(keys, key=lambda k: (k[0], -1 if k[1] is None else k[1])):
+            seg, stratum = key
+            controls = w.controls.get(key, {})
             for lever in ALL_LEVERS:
                 control = controls.get("precompute" if lever == "precompute" else "live")
-                treated = w.itt.get(seg, {}).get(lever)
+                treated = w.strata_itt.get(key, {}).get(lever)
                 for arm_name, arm in (("treatment", treated), ("control", control)):
                     if arm is None or arm.n == 0:
                         continue
@@ -721,6 +768,7 @@ class WindowBook:
                             cost=messages.Cost(
                                 cpu_ms=arm.cpu_ms, accelerator_ms=arm.accelerator_ms
                             ),
+                            stratum=stratum,
                         )
                     )
         return out
@@ -870,13 +918,16 @@ class RankingClient(Service):
             np.random.default_rng(config.seed),
             max_candidates=w.max_candidates,
             value_ranked=config.value_ranked_rma,
+            value_ranked_sbm=config.value_ranked_sbm,
         )
         self.windows = WindowBook(
             config.region, scenario.slo.window_s, [s.name for s in scenario.segments]
         )
         self.offsets: OffsetTracker[Outcome] = OffsetTracker()
         self._segments = frozenset(seg.name for seg in scenario.segments)
-        self.ranker = ValueRanker()
+        self.ranker = ValueRanker()  # value rank among all requests: RMA and shedding order
+        # value rank within each segment: value-ranked SBM and the value signals' strata
+        self.segment_rankers = {seg: ValueRanker() for seg in sorted(self._segments)}
         now = self._wall()
         self._servers = [_Server(a, config.shed, now) for a in config.servers]
         self._ids = 0
@@ -1133,6 +1184,12 @@ class RankingClient(Service):
         target = self.targets.state(wall)
         self.ranker.observe(msg.value)
         rank = self.ranker.rank(msg.value)
+        seg_ranker = self.segment_rankers.get(msg.segment)
+        if seg_ranker is None:
+            seg_ranker = self.segment_rankers[msg.segment] = ValueRanker()
+        seg_ranker.observe(msg.value)
+        seg_rank = seg_ranker.rank(msg.value)
+        stratum = value_stratum(seg_rank)
         dedicated = self._dedicated()
         strong = self._strong()
         m = dedicated.shedder.multiplier_at(wall) if dedicated is not None else 0.0
@@ -1145,6 +1202,7 @@ class RankingClient(Service):
             sbm_keeps=keeps,
             sbm_available=strong is not None,
             value_rank=rank,
+            segment_rank=seg_rank,
         )
         looked: str | None = None
         if self.precompute is not None:
@@ -1153,7 +1211,9 @@ class RankingClient(Service):
             lookup_ms = (time.perf_counter() - t_look) * 1000.0
             looked = visit.outcome.value
             if visit.outcome is VisitOutcome.HIT:
-                return self._serve_hit(msg, visit, wall, now_t, partition, offset, lookup_ms)
+                return self._serve_hit(
+                    msg, visit, wall, now_t, partition, offset, lookup_ms, stratum
+                )
         start = time.monotonic()
         response: RankResponse | None = None
         sbm_served = False
@@ -1212,6 +1272,7 @@ class RankingClient(Service):
             cost_cpu_ms=cost_cpu,
             cost_accelerator_ms=cost_acc,
             precompute=looked,
+            stratum=stratum,
         )
 
     def _serve_hit(
@@ -1223,13 +1284,14 @@ class RankingClient(Service):
         partition: int,
         offset: int,
         lookup_ms: float,
+        stratum: int | None = None,
     ) -> Outcome:
         """A request served from its stored result: no server call (:class:`PrecomputePath`)."""
         assert self.precompute is not None
         assert self.world is not None
         outcome = self.precompute.hit(
             msg, visit, self.world, wall=wall, t_s=now_t, partition=partition, offset=offset,
-            lookup_ms=lookup_ms, end_t=self.scenario_time(),
+            lookup_ms=lookup_ms, end_t=self.scenario_time(), stratum=stratum,
         )  # fmt: skip
         if self.metrics is not None:
             self.metrics.requests.labels(self.config.region, "precompute", "ok").inc()

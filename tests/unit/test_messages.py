@@ -329,6 +329,7 @@ _messages: dict[str, st.SearchStrategy[Any]] = {
         value_sq_sum=_nonneg,
         window_s=_positive,
         cost=_costs,
+        stratum=st.none() | st.integers(0, 63),
     ),
     "events": st.builds(
         Event,

@@ -126,8 +126,8 @@ def test_the_holdout_share_gets_no_optional_work() -> None:
     assert all(p.lever == "sbm" for p in plans if not p.control)  # p = 1: every other goes SBM
 
 
-def test_sbm_routes_by_segment_probability_only_for_eligible_requests() -> None:
-    router = Router(0.0, BASE, np.random.default_rng(2), max_candidates=300)
+def test_uniform_sbm_routes_by_segment_probability_only_for_eligible_requests() -> None:
+    router = Router(0.0, BASE, np.random.default_rng(2), max_candidates=300, value_ranked_sbm=False)
     target = TargetState(1, 300, 0.3, {"casual": 0.25, "premium": 0.0}, False)
 
     def share(segment: str, eligible: bool = True, keeps: bool = True) -> float:

@@ -1,0 +1,345 @@
+"""Value signals per (segment, value bin) stratum and value-ranked SBM routing in the streaming
+client: the ``ValueSignal.stratum`` extension, the client's per-segment value ranks, the strata
+adding up to the per-segment sums (the window line unchanged), and the controller's keys."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controllers.observe import RegionAggregator
+from controllers.types import ArmStats, stratum_key
+from headroom.scenario_load import load_scenario
+from sim.config import SimConfig
+from streams import messages
+from streams.kafka import KafkaTarget
+from workers.client import (
+    VALUE_BINS,
+    ClientConfig,
+    Outcome,
+    RankingClient,
+    Router,
+    ServerAddress,
+    TargetState,
+    WindowBook,
+    value_stratum,
+)
+
+BASE = 100
+REPO = Path(__file__).parents[2]
+SCENARIO = REPO / "tests" / "integration" / "scenarios" / "precompute-short.yaml"  # it-pre
+T0 = 1_800_000_000.0
+
+
+def _signal(**kw: Any) -> messages.ValueSignal:
+    base: dict[str, Any] = {
+        "ts": 10.0,
+        "region": "r",
+        "segment": "casual",
+        "lever": "sbm",
+        "arm": "treatment",
+        "n": 4,
+        "value_sum": 6.0,
+        "value_sq_sum": 11.0,
+        "window_s": 10.0,
+        "cost": messages.Cost(cpu_ms=1.0, accelerator_ms=2.0),
+    }
+    base.update(kw)
+    return messages.ValueSignal(**base)
+
+
+# -- the message extension ------------------------------------------------------------------------
+
+
+def test_stratum_round_trips_and_is_absent_on_the_wire_when_none() -> None:
+    plain = _signal()
+    assert plain.stratum is None
+    assert "stratum" not in plain.to_dict()
+    assert b"stratum" not in messages.encode(plain)
+    assert messages.decode("value", messages.encode(plain)) == plain
+    for k in (0, 3, messages.MAX_STRATUM):
+        s = _signal(stratum=k)
+        assert s.to_dict()["stratum"] == k
+        back = messages.decode("value", messages.encode(s))
+        assert back == s
+        assert back.stratum == k
+
+
+def test_a_message_without_stratum_still_decodes_and_an_unknown_consumer_ignores_it() -> None:
+    wire = _signal(stratum=5).to_dict()
+    old = {k: v for k, v in wire.items() if k != "stratum"}
+    decoded = messages.decode("value", orjson.dumps(old))
+    assert isinstance(decoded, messages.ValueSignal)
+    assert decoded.stratum is None
+    # everything but the extension is the CONTRACT §2 message, field for field
+    assert decoded.to_dict() == old
+
+
+@pytest.mark.parametrize("bad", [-1, 64, 1000, 1.5, 3.0, True, "3", [1]])
+def test_an_invalid_stratum_is_refused_naming_the_field(bad: object) -> None:
+    d = {**_signal().to_dict(), "stratum": bad}
+    with pytest.raises(messages.ValidationError) as err:
+        messages.decode("value", orjson.dumps(d))
+    assert err.value.field == "stratum"
+    with pytest.raises(messages.ValidationError) as err:
+        _signal(stratum=bad)
+    assert err.value.field == "stratum"
+
+
+def test_a_null_stratum_reads_as_absent() -> None:
+    d = {**_signal().to_dict(), "stratum": None}
+    decoded = messages.decode("value", orjson.dumps(d))
+    assert isinstance(decoded, messages.ValueSignal)
+    assert decoded.stratum is None
+
+
+# -- strata ---------------------------------------------------------------------------------------
+
+
+def test_value_stratum_is_the_equal_probability_bin_of_the_segment_rank() -> None:
+    assert SimConfig().value_bins == VALUE_BINS  # both engines hand the plane the same strata
+    assert VALUE_BINS - 1 <= messages.MAX_STRATUM
+    assert [value_stratum(r) for r in (0.0, 0.124, 0.125, 0.5, 0.874, 0.875, 0.999, 1.0)] == [
+        0,
+        0,
+        1,
+        4,
+        6,
+        7,
+        7,
+        7,
+    ]
+    assert value_stratum(-0.5) == 0
+    assert value_stratum(1.5) == 7
+    assert value_stratum(math.nan) == 0
+    ranks = np.linspace(0.0, 1.0, 8000, endpoint=False)
+    counts = np.bincount([value_stratum(float(r)) for r in ranks], minlength=VALUE_BINS)
+    assert counts.tolist() == [1000] * VALUE_BINS
+
+
+# -- value-ranked SBM routing ---------------------------------------------------------------------
+
+
+def _plan(router: Router, *, p: float, segment_rank: float, **kw: Any) -> Any:
+    args: dict[str, Any] = {
+        "segment": "casual",
+        "eligible": True,
+        "target": TargetState(1, BASE, 0.3, {"casual": p, "premium": 0.0}, False),
+        "rma_multiplier": 1.0,
+        "sbm_keeps": True,
+        "sbm_available": True,
+        "value_rank": 0.5,
+        "segment_rank": segment_rank,
+    }
+    args.update(kw)
+    return router.plan(**args)
+
+
+def test_value_ranked_sbm_routes_the_segments_highest_values_first() -> None:
+    router = Router(0.0, BASE, np.random.default_rng(7), max_candidates=300)
+    ranks = np.linspace(0.0, 1.0, 2000, endpoint=False)
+    for p in (0.0, 0.05, 0.25, 0.6, 1.0):
+        strong = np.array([_plan(router, p=p, segment_rank=float(r)).strong for r in ranks])
+        assert strong.mean() == pytest.approx(p, abs=1e-3)  # the same share as the uniform rule
+        # exactly the top p by value within the segment: a routed request outranks every other
+        if strong.any() and not strong.all():
+            assert ranks[strong].min() > ranks[~strong].max()
+    # at the same p, a high-value request goes before a low-value one
+    assert _plan(router, p=0.25, segment_rank=0.9).strong
+    assert not _plan(router, p=0.25, segment_rank=0.6).strong
+    # p = 0 routes nothing, even the highest value; the global rank plays no part
+    assert not _plan(router, p=0.0, segment_rank=1.0).strong
+    assert _plan(router, p=0.25, segment_rank=0.9, value_rank=0.0).strong
+    assert not _plan(router, p=0.25, segment_rank=0.6, value_rank=1.0).strong
+    # the other gates still apply
+    for gate in ({"eligible": False}, {"sbm_keeps": False}, {"sbm_available": False}):
+        assert not _plan(router, p=1.0, segment_rank=1.0, **gate).strong
+    assert not _plan(router, p=1.0, segment_rank=1.0, segment="premium").strong
+
+
+def test_value_ranked_and_uniform_sbm_draw_the_same_random_stream() -> None:
+    a = Router(0.1, BASE, np.random.default_rng(11), max_candidates=300)
+    b = Router(0.1, BASE, np.random.default_rng(11), max_candidates=300, value_ranked_sbm=False)
+    ranks = np.random.default_rng(3).random(500)
+    plans_a = [_plan(a, p=0.3, segment_rank=float(r)) for r in ranks]
+    plans_b = [_plan(b, p=0.3, segment_rank=float(r)) for r in ranks]
+    assert [x.control for x in plans_a] == [x.control for x in plans_b]  # the same holdout
+    assert a.rng.random() == b.rng.random()  # and the generators are in the same state
+    # the uniform rule ignores the rank: its routed share does not depend on it
+    routed_b = np.array([x.strong for x in plans_b])
+    assert 0.2 < routed_b.mean() < 0.4
+    assert routed_b[ranks < 0.7].any()  # low-value requests are routed too
+
+
+# -- per-stratum value signals --------------------------------------------------------------------
+
+_outcomes = st.lists(
+    st.tuples(
+        st.sampled_from(["casual", "premium"]),
+        st.integers(0, VALUE_BINS - 1),
+        st.sampled_from(["control", "rma", "sbm", "precompute", "none"]),
+        st.sampled_from([None, "hit", "held_out", "miss"]),
+        st.floats(0.0, 50.0, allow_nan=False),
+        st.booleans(),  # ok
+        st.floats(0.0, 10.0, allow_nan=False),  # cost
+    ),
+    max_size=60,
+)
+
+
+def _outcome(i: int, t: tuple[Any, ...], stratum: int | None) -> Outcome:
+    seg, _k, kind, looked, value, ok, cost = t
+    control = kind == "control"
+    routed = None if control else ("rma" if kind == "none" else kind)
+    lever = None if control or kind == "none" else kind
+    if kind == "precompute":
+        looked = "hit"
+    elif looked == "hit":
+        looked = "miss"
+    return Outcome(
+        partition=0, offset=i, segment=seg, end_t=1.0, latency_ms=10.0, ok=ok, timeout=False,
+        control=control, lever=lever, sbm_served=kind == "sbm", routed=routed,
+        value_total=value, value_baseline=value * 0.9, cost_cpu_ms=cost,
+        cost_accelerator_ms=2.0 * cost, precompute=looked, stratum=stratum,
+    )  # fmt: skip
+
+
+def _book_window(outcomes: list[Outcome]) -> tuple[WindowBook, Any]:
+    book = WindowBook("r", 5.0, ["casual", "premium"])
+    for o in outcomes:
+        book.add(o)
+    w = book.take(0)
+    return book, w
+
+
+@settings(max_examples=80, deadline=None)
+@given(parts=_outcomes)
+def test_per_stratum_value_signals_add_up_to_the_per_segment_ones(
+    parts: list[tuple[Any, ...]],
+) -> None:
+    strata = [_outcome(i, t, t[1]) for i, t in enumerate(parts)]
+    plain = [_outcome(i, t, None) for i, t in enumerate(parts)]
+    book_s, w_s = _book_window(strata)
+    book_p, w_p = _book_window(plain)
+    if w_s is None:
+        assert w_p is None
+        return
+    signals_s = book_s.value_signals(w_s, ts=5.0)
+    signals_p = book_p.value_signals(w_p, ts=5.0)
+    assert all(s.stratum is not None for s in signals_s)
+    assert all(s.stratum is None for s in signals_p)
+    # one message per (segment, stratum, lever, arm)
+    keys = [(s.segment, s.stratum, s.lever, s.arm) for s in signals_s]
+    assert len(keys) == len(set(keys))
+    summed: dict[tuple[str, str, str], list[float]] = {}
+    for s in signals_s:
+        acc = summed.setdefault((s.segment, s.lever, s.arm), [0, 0.0, 0.0, 0.0, 0.0])
+        acc[0] += s.n
+        acc[1] += s.value_sum
+        acc[2] += s.value_sq_sum
+        acc[3] += s.cost.cpu_ms
+        acc[4] += s.cost.accelerator_ms
+    expect = {
+        (s.segment, s.lever, s.arm): [
+            s.n, s.value_sum, s.value_sq_sum, s.cost.cpu_ms, s.cost.accelerator_ms
+        ]
+        for s in signals_p
+    }  # fmt: skip
+    assert set(summed) == set(expect)
+    for key, got in summed.items():
+        want = expect[key]
+        assert got[0] == want[0]
+        assert got[1:] == pytest.approx(want[1:], rel=1e-9, abs=1e-9)
+    # the window line stays per segment, exactly as without strata
+    fields_s = book_s.event_fields(w_s, targets={}, source="c")
+    fields_p = book_p.event_fields(w_p, targets={}, source="c")
+    assert fields_s == fields_p
+
+
+def test_each_stratum_gets_its_own_control_under_every_lever() -> None:
+    outs = [
+        Outcome(
+            partition=0, offset=i, segment="premium", end_t=1.0, latency_ms=5.0, ok=True,
+            timeout=False, control=ctl, lever=None if ctl else "sbm", sbm_served=not ctl,
+            routed=None if ctl else "sbm", value_total=float(k + 1), value_baseline=1.0,
+            stratum=k,
+        )
+        for i, (k, ctl) in enumerate([(7, True), (7, False), (7, False), (2, True), (2, True)])
+    ]  # fmt: skip
+    book, w = _book_window(outs)
+    got = {(s.stratum, s.lever, s.arm): s.n for s in book.value_signals(w, ts=5.0)}
+    assert got == {
+        (2, "rma", "control"): 2,
+        (2, "sbm", "control"): 2,
+        (7, "sbm", "treatment"): 2,
+        (7, "rma", "control"): 1,
+        (7, "sbm", "control"): 1,
+    }
+
+
+# -- the client: strata from the value rank within the segment -------------------------------------
+
+
+async def test_the_client_bins_a_request_by_its_value_rank_within_its_segment() -> None:
+    scenario = load_scenario(SCENARIO)
+    config = ClientConfig(
+        region="it-pre",
+        servers=(ServerAddress("dedicated", "127.0.0.1", 9),),  # never connected: ok is False
+        group="g",
+        t0=T0,
+        precompute=False,
+    )
+    client = RankingClient(config, scenario, KafkaTarget("127.0.0.1:9", "t."), clock=lambda: T0)
+    assert set(client.segment_rankers) == {"casual", "premium"}
+    rng = np.random.default_rng(0)
+
+    def request(i: int, segment: str, value: float) -> messages.Request:
+        return messages.Request(
+            ts=T0, id=f"q{i}", region="it-pre", segment=segment, value=value, eligible=True, user=i
+        )
+
+    # premium values far above casual ones: a casual request's global rank is low
+    for i, v in enumerate(rng.uniform(10.0, 20.0, 400)):
+        await client.serve_request(request(i, "premium", float(v)), 0, i)
+    for i, v in enumerate(rng.uniform(0.1, 1.0, 400), start=400):
+        await client.serve_request(request(i, "casual", float(v)), 0, i)
+    top_casual = await client.serve_request(request(900, "casual", 0.99), 0, 900)
+    low_casual = await client.serve_request(request(901, "casual", 0.12), 0, 901)
+    low_premium = await client.serve_request(request(902, "premium", 10.1), 0, 902)
+    assert client.ranker.rank(0.99) < 0.6  # globally it is in the lower half...
+    assert top_casual.stratum == VALUE_BINS - 1  # ...but the top bin of its segment
+    assert low_casual.stratum == 0
+    assert low_premium.stratum == 0
+
+
+# -- the controller's keys ------------------------------------------------------------------------
+
+
+def test_the_aggregator_keys_value_signals_by_stratum_and_rates_by_segment() -> None:
+    agg = RegionAggregator()
+    agg.add_value_signal(_signal(segment="casual", stratum=3, n=4, value_sum=6.0))
+    agg.add_value_signal(_signal(segment="casual", stratum=3, n=1, value_sum=1.0))
+    agg.add_value_signal(_signal(segment="casual", stratum=7, n=5, value_sum=20.0))
+    agg.add_value_signal(_signal(segment="premium", n=10, value_sum=30.0, arm="control"))
+    agg.add_latency("r", 10.0, "base", 20, None, (10.0,) * 20, window_s=10.0)
+    obs = agg.observe("r", 20.0)
+    assert set(obs.value) == {
+        (stratum_key("casual", 3), "sbm", "treatment"),
+        (stratum_key("casual", 7), "sbm", "treatment"),
+        ("premium", "sbm", "control"),
+    }
+    assert obs.value[("casual#3", "sbm", "treatment")] == ArmStats(
+        5, 7.0, 22.0, cpu_ms=2.0, accelerator_ms=4.0
+    )
+    assert obs.value[("casual#7", "sbm", "treatment")].n == 5
+    # the request rate per segment folds the strata back into their segment
+    assert set(obs.segment_rps) == {"casual", "premium"}
+    assert obs.segment_rps["casual"] == pytest.approx(obs.segment_rps["premium"])
+    assert obs.value_age_s == pytest.approx(10.0)
