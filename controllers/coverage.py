@@ -17,7 +17,8 @@ One loop per region, stepped once per control interval after the allocator has s
    clamped to [0, max_coverage]; per-request costs come from :class:`controllers.levers.CostModel`
    (``sbm_per_request``). No eligible traffic or no budget means 0.
 2. **Latency correction.** The strong replicas have their own p99 (``obs.p99_ms["sbm"]``). A PI
-   term on the normalised error ``e = 1 - p99_sbm / setpoint`` (clipped like the RMA loop) gives a
+   term on the normalised error ``e = 1 - p99_sbm / target`` (clipped like the RMA loop; ``target``
+   = ``strong_p99_margin`` × the SLO when the plane passes the SLO, else the setpoint) gives a
    scale ``s = clamp(1 + kp·e + I, 0, 1)`` with ``I += ki·e·dt`` and back-calculation
    (``I = s - 1 - kp·e`` whenever the clamp acts). It can only *reduce* the budget's coverage —
    a fast strong pool does not make the budget any larger. ``intended = s · c_budget``.
@@ -82,11 +83,20 @@ class CoverageController:
         "scale",
         "setpoint_ms",
         "settings",
+        "target_ms",
     )
 
-    def __init__(self, settings: CoverageSettings, setpoint_ms: float, costs: CostModel) -> None:
+    def __init__(
+        self,
+        settings: CoverageSettings,
+        setpoint_ms: float,
+        costs: CostModel,
+        slo_ms: float | None = None,
+    ) -> None:
         self.settings = settings
         self.setpoint_ms = setpoint_ms
+        # the strong replicas' own p99 target (module docstring, step 2)
+        self.target_ms = settings.strong_p99_margin * slo_ms if slo_ms is not None else setpoint_ms
         self.costs = costs
         self.integral = 0.0
         self.scale = 1.0
@@ -140,7 +150,7 @@ class CoverageController:
 
         # 2. latency PI on the strong replicas
         if p99_sbm_ms is not None and math.isfinite(p99_sbm_ms) and p99_sbm_ms >= 0.0:
-            ratio = min(p99_sbm_ms / self.setpoint_ms, 5.0)
+            ratio = min(p99_sbm_ms / self.target_ms, 5.0)
             e = 1.0 - ratio
             integral = self.integral + s.ki * e * dt
             raw = 1.0 + s.kp * e + integral

@@ -136,7 +136,9 @@ class _Region:
         self.rma = RmaController(
             cfg.pid, cfg.setpoint_ms, cfg.base_candidates, cfg.max_candidates, cfg.costs
         )
-        self.coverage = CoverageController(cfg.coverage, cfg.setpoint_ms, cfg.costs)
+        self.coverage = CoverageController(
+            cfg.coverage, cfg.setpoint_ms, cfg.costs, slo_ms=cfg.slo_p99_ms
+        )
         self.book = ValueBook()
         self.epoch = 0
         self.last_now: float | None = None

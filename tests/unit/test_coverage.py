@@ -122,3 +122,15 @@ def test_snapshot_then_restore_gives_identical_next_outputs(history, future) -> 
         assert a.step(p99, observed, rps, cpu, acc, 1.0) == b.step(
             p99, observed, rps, cpu, acc, 1.0
         )
+
+
+def test_the_strong_latency_loop_targets_the_slo_when_given_it() -> None:
+    # setpoint 170, SLO 200: a strong p99 of 185 is over the setpoint but within the SLO
+    at_setpoint = controller()
+    at_slo = CoverageController(CoverageSettings(), SETPOINT, COSTS, slo_ms=200.0)
+    assert at_slo.target_ms == pytest.approx(200.0)
+    for _ in range(5):
+        a = at_setpoint.step(185.0, None, 300.0, 10.0, 2.0, 1.0)
+        b = at_slo.step(185.0, None, 300.0, 10.0, 2.0, 1.0)
+    assert a.intended < b.intended
+    assert b.limit is CoverageLimit.BUDGET
