@@ -19,7 +19,10 @@ The plots (each explained under its image in the report):
   shedding activations over time;
 * segment exposure — SBM share and incremental value per request, per segment and policy;
 * allocator decisions — the allocator's split of opportunistic capacity between levers over time,
-  fallbacks and cap hits.
+  fallbacks and cap hits;
+* precompute — only when some window line carries ``precompute`` sums: per policy, hit rate,
+  staleness of the results served, jobs and wasted jobs (stopped mid-way, expired or superseded
+  unserved) over time.
 """
 
 from __future__ import annotations
@@ -60,6 +63,10 @@ _POLICY_COLOURS = {
     "oracle": "#2ca02c",
 }
 _EXTRA_COLOURS = ["#17becf", "#bcbd22", "#e377c2", "#393b79", "#637939", "#843c39"]
+# the precompute counters of window lines the report plots (docs/events.md)
+_PRECOMPUTE_SERIES = (
+    "visits", "hits", "jobs", "wasted_partial", "expired_unused", "dropped_unused",
+)  # fmt: skip
 _LEVER_COLOURS = {"rma": "#1f77b4", "sbm": "#ff7f0e", "precompute": "#2ca02c"}
 
 
@@ -194,6 +201,7 @@ class ReportData:
     shedding: dict[str, _Binned] = field(default_factory=dict)  # policy -> server/client
     allocation: dict[tuple[str, str], _Binned] = field(default_factory=dict)  # (policy, region)
     fallbacks: dict[str, _Binned] = field(default_factory=dict)  # policy -> reason counts
+    precompute: dict[str, _Binned] = field(default_factory=dict)  # policy -> precompute sums
     sketches: dict[tuple[str, str], _SketchSum] = field(default_factory=dict)  # (policy, all|base)
     release_ms: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     reclaims: dict[tuple[str, str], list[float]] = field(default_factory=lambda: defaultdict(list))
@@ -306,6 +314,17 @@ def collect(
                     x = _num(v)
                     if math.isfinite(x):
                         vb.add(str(lever), b, x)
+            pre = e.get("precompute")
+            if isinstance(pre, dict):
+                pb = data.binned(data.precompute, policy)
+                pb.add("_span", b, length)  # seconds of windows in the bucket
+                for name in _PRECOMPUTE_SERIES:
+                    x = _num(pre.get(name))
+                    if math.isfinite(x):
+                        pb.add(name, b, x)
+                samples = [x for x in (pre.get("staleness_s") or []) if math.isfinite(_num(x))]
+                if samples:  # the window's median age at use, averaged per bucket
+                    pb.add("staleness_p50", b, float(np.median(np.asarray(samples, float))))
             for which, key in (("all", "sketch"), ("base", "sketch_base")):
                 sk = e.get(key)
                 if sk is not None:
@@ -742,6 +761,43 @@ def plot_allocator(
     _save(fig, path)
 
 
+def plot_precompute(data: ReportData, path: Path) -> None:
+    """Hit rate, staleness at use, jobs and wasted jobs over time, per precompute policy."""
+    fig = _figure(11, 6.4)
+    (ax1, ax2), (ax3, ax4) = fig.subplots(2, 2, sharex=True)
+    tx, label = _time_axis(data)
+    pols = [p for p in data.policies if p in data.precompute]
+    for p in pols:
+        pb = data.precompute[p]
+        c = policy_colour(p, data.policies)
+        visits = pb.total("visits")
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ax1.plot(tx, np.where(visits > 0, pb.total("hits") / visits, np.nan), color=c, label=p)
+        ax2.plot(tx, pb.mean("staleness_p50") / 60.0, color=c, label=p)
+        span = pb.total("_span")
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ax3.plot(tx, np.where(span > 0, pb.total("jobs") / span, np.nan), color=c, label=p)
+        ax4.plot(tx, np.cumsum(pb.total("wasted_partial")), color=c, ls="-", label=f"{p}: stopped")
+        ax4.plot(tx, np.cumsum(pb.total("expired_unused")), color=c, ls="--", label=f"{p}: expired")
+        ax4.plot(
+            tx, np.cumsum(pb.total("dropped_unused")), color=c, ls=":", label=f"{p}: superseded"
+        )
+    ax1.set_ylabel("hit rate (hits / visits)")
+    ax1.set_ylim(0, 1)
+    ax1.set_title("visits served from a stored result")
+    ax2.set_ylabel("minutes")
+    ax2.set_title("staleness at use (median per window)")
+    ax3.set_ylabel("jobs / s")
+    ax3.set_title("results computed")
+    ax4.set_ylabel("jobs (cumulative)")
+    ax4.set_title("wasted jobs: stopped mid-way, expired or superseded unserved")
+    for ax in (ax1, ax2, ax3, ax4):
+        _legend(ax, fontsize=7)
+    for ax in (ax3, ax4):
+        ax.set_xlabel(label)
+    _save(fig, path)
+
+
 def _carry_forward(sums: np.ndarray, steps: np.ndarray) -> np.ndarray:
     """Per bucket: the mean of the values issued in it, else the last bucket's (0 before any)."""
     present = steps > 0
@@ -842,6 +898,20 @@ def render_plots(metrics: Mapping[str, Any], data: ReportData, plot_dir: Path) -
             lambda p: plot_allocator(metrics, data, featured, p),
         ),
     ]
+    if any(pb.sums.get("visits") for pb in data.precompute.values()):
+        specs.append(
+            (
+                "precompute",
+                "Precompute: hits, staleness and waste",
+                "For each policy that ran precompute jobs: the share of visits served from a "
+                "stored result; the median age of the results served (a stored ranking loses "
+                "value as the world drifts: docs/precompute.md); results computed per second; "
+                "and wasted jobs, cumulative — stopped mid-way by a reclaim (nothing delivered), "
+                "expired before any visit, or superseded by a newer result before any visit. "
+                "Precompute's value over time is in the value-by-lever plot above.",
+                lambda p: plot_precompute(data, p),
+            )
+        )
     plots: list[Plot] = []
     for name, title, caption, draw in specs:
         path = plot_dir / f"{name}.png"

@@ -79,6 +79,7 @@ from sim.latency import (
     wait_params_array,
 )
 from sim.population import Population, arm_sums
+from sim.precompute_sim import PrecomputeRegion, precompute_region
 from sim.traces import CapacityChange, PoolKey, ScenarioTraces
 from streams.sketch import bin_values
 
@@ -238,6 +239,8 @@ class Targets:
     # pool index -> (units assigned to RMA, units assigned to SBM)
     assignment: Mapping[int, tuple[float, float]] = field(default_factory=dict)
     sbm_coverage: float = 0.0
+    # precompute jobs per second (of PrecomputeLever's size) the control plane grants
+    precompute_jobs_per_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -549,9 +552,11 @@ class RegionRun:
         policy: RegionPolicy,
         emit: EmitFn,
         control_interval_s: float,
+        precompute: PrecomputeRegion | None = None,
     ) -> None:
         self.ctx = ctx
         self.r = r
+        self.precompute = precompute  # the precompute lever (sim/precompute_sim.py), if any
         self.static = ctx.regions[r]
         self.traces = ctx.traces.regions[r]
         self.policy = policy
@@ -1043,6 +1048,11 @@ class RegionRun:
         together (one vectorised pass) when the interval ends."""
         tg = self.targets
         q = self.quotas
+        if self.precompute is not None:
+            a_w = sum(float(b[:, _R["a"]].sum()) for _, b in self._blocks)
+            used_cpu, used_acc = self.precompute.advance(t0, t1, self, a_w)
+            self._win[0] += used_cpu
+            self._win[1] += used_acc
         self._pending_windows.append(
             {
                 "t0": t0,
@@ -1087,8 +1097,10 @@ class RegionRun:
         n_seg = np.zeros((n_w, n_s), dtype=np.int64)
         n_ctl = np.zeros((n_w, n_s), dtype=np.int64)
         uniforms = np.empty((4, n_w * m_samples))
+        a_win = np.zeros(n_w)
         for w, rec in enumerate(recs):
             a_sum = sum(float(b[:, _R["a"]].sum()) for _, b in rec["blocks"])
+            a_win[w] = a_sum
             n_req[w] = round(a_sum)
             n_seg[w] = self.count_rng.multinomial(int(n_req[w]), pop.seg_share)
             n_ctl[w] = self.count_rng.binomial(n_seg[w], ctx.holdout)
@@ -1168,6 +1180,12 @@ class RegionRun:
         arms, value_obs = self._arms(
             n_ctl.sum(axis=0), (n_seg - n_ctl).sum(axis=0), s_count, pi_ctl, arm_acc
         )
+        pre = None
+        if self.precompute is not None:
+            # hits replace the live outcome of their requests (sim/precompute_sim.py)
+            pre = self.precompute.flush(a_win, s_value, pi_ctl)
+            s_value = s_value + pre.inc_seg
+            value_obs.update(pre.value_obs)
         # latency: a stratified sample per window, computed in one pass
         strata_all = _concat_strata(strata_parts) if strata_parts else None
         if strata_all is not None and strata_all.size:
@@ -1202,7 +1220,11 @@ class RegionRun:
                     # (spread over the cells by their shares), the counts the bound uses too
                     "value_total": float(s_value[w].sum()),
                     "value_baseline": float(s_base[w].sum()),
-                    "inc": {"rma": float(inc_rma[w]), "sbm": float(inc_sbm[w]), "precompute": 0.0},
+                    "inc": {
+                        "rma": float(inc_rma[w]),
+                        "sbm": float(inc_sbm[w]),
+                        "precompute": float(pre.inc[w]) if pre is not None else 0.0,
+                    },
                     "arms": arms if w == n_w - 1 else {},
                     # the intent-to-treat sums the control plane learned from (docs/events.md)
                     "itt": _itt_of(value_obs) if w == n_w - 1 else {},
@@ -1224,6 +1246,7 @@ class RegionRun:
                     "targets": rec["targets"],
                     "capacity": rec["capacity"],
                     "quotas": rec["quotas"],
+                    **({"precompute": pre.fields[w]} if pre is not None else {}),
                 },
             )
 
@@ -1673,7 +1696,12 @@ def run_policy(
 
     runs = [
         RegionRun(
-            ctx, r, make_region_policy(ctx, r), emitter(ctx.regions[r].name), control_interval_s
+            ctx,
+            r,
+            make_region_policy(ctx, r),
+            emitter(ctx.regions[r].name),
+            control_interval_s,
+            precompute_region(ctx, r, policy_name),
         )
         for r in range(len(ctx.regions))
     ]

@@ -75,6 +75,7 @@ import numpy.typing as npt
 from scipy.optimize import linprog
 
 from sim.engine import Plan, SimContext
+from sim.precompute_sim import precompute_bound
 
 __all__ = ["GRID_RATIO", "Oracle", "OracleBound", "oracle_for"]
 
@@ -296,7 +297,7 @@ class Oracle:
             return self._bound
         ctx = self.ctx
         tr = ctx.traces
-        total_rma = total_sbm = relief_total = 0.0
+        total_rma = total_sbm = relief_total = total_pre = 0.0
         per_region = []
         for r in range(len(ctx.regions)):
             times, caps = self._caps[r]
@@ -333,12 +334,14 @@ class Oracle:
                     total_rma += dual * sol.value_rma / sol.value
                     total_sbm += dual * sol.value_sbm / sol.value
             relief = self.static_losses(r)
-            per_region.append(region_total + relief)
+            pre = precompute_bound(ctx, r)
+            per_region.append(region_total + relief + pre)
             relief_total += relief
+            total_pre += pre
         total = float(sum(per_region))
         self._bound = OracleBound(
             total=total,
-            by_lever={"rma": total_rma, "sbm": total_sbm, "precompute": 0.0},
+            by_lever={"rma": total_rma, "sbm": total_sbm, "precompute": total_pre},
             per_region=tuple(per_region),
             relief=relief_total,
         )

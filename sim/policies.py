@@ -308,6 +308,7 @@ class PlaneRegion(StaticRegion):
             sbm_segments=dict(rt.sbm_segments),
             assignment=_assignment_from(rt, run, self.margin),
             sbm_coverage=rt.sbm_coverage,
+            precompute_jobs_per_s=rt.precompute_jobs_per_s,
         )
         return Issued(tg, fields, extra)
 

@@ -94,8 +94,10 @@ def run_simulation(
                 "slo": {"p99_ms": scenario.slo.p99_ms, "window_s": scenario.slo.window_s},
                 "segments": list(ctx.segment_names),
                 "regions": [r.name for r in scenario.regions],
-                # the precompute lever is not simulated yet (a later issue): its value stays 0
-                "levers": ["rma", "sbm"],
+                # precompute only where the scenario has its fields (sim/precompute_sim.py)
+                "levers": ["rma", "sbm", "precompute"]
+                if scenario.precompute_enabled
+                else ["rma", "sbm"],
                 "precompute_enabled": bool(scenario.precompute_enabled),
                 "policies": list(policies),
             }

@@ -28,6 +28,8 @@ PLOTS = (
     "segment_exposure",
     "allocator",
 )
+# drawn only when some window line carries precompute sums (the module's run_log does)
+PRECOMPUTE_PLOT = "precompute"
 
 
 @pytest.fixture(scope="module")
@@ -83,10 +85,10 @@ def test_report_is_self_contained_with_every_plot_inlined(analyzed: tuple[Path, 
     out, _, _ = analyzed
     page = (out / "report.html").read_text(encoding="utf-8")
     images = re.findall(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", page)
-    assert len(images) == len(PLOTS)
+    assert len(images) == len(PLOTS) + 1
     for encoded in images:
         assert base64.b64decode(encoded).startswith(PNG_MAGIC)
-    for name in PLOTS:
+    for name in (*PLOTS, PRECOMPUTE_PLOT):
         assert (out / "plots" / f"{name}.png").read_bytes().startswith(PNG_MAGIC)
         assert f"id='{name}'" in page
     # nothing loaded from elsewhere: no external scripts, stylesheets or images

@@ -1,0 +1,734 @@
+"""The precompute lever in virtual time: returning users, a result store with expiry, jobs on
+asynchronous capacity, driven by the pure policy core (:mod:`controllers.precompute`).
+
+Pure: no clock, no global random state. Every draw comes from generators derived from the run's
+seed per (region, purpose) (:meth:`sim.engine.SimContext.rng`), so every policy that precomputes
+sees the same users visit at the same instants (common random numbers). docs/precompute.md
+(*In the simulator*) and docs/simulator.md describe the model; this header is the summary.
+
+Which policies precompute
+-------------------------
+``headroom`` (the job rate its control plane grants, ``RegionTargets.precompute_jobs_per_s``,
+converted to this job's size with :func:`controllers.precompute.own_rate`; the worker's default
+rate before the first target, nothing once a target has expired) and ``oracle`` (no rate limit:
+whatever its pools hold). ``static`` is the baseline; ``greedy``, ``central-only``, ``aimd`` and
+``gradient`` are live-path policies: none of them has a precompute worker, so they run no job.
+
+Users and visits (per-user, vectorised)
+---------------------------------------
+``world.users`` are split between the segments that have a ``return_rate_per_h`` so that at the
+region's mean traffic a user of segment ``s`` returns at ``r_s`` (``N_s ∝ share_s / r_s``). Each
+request of a window is one visit: the window's request count is split by segment (multinomial) and
+into the holdout (binomial), and every visit goes to a user drawn uniformly among the segment's
+``N_s`` at a uniform instant of the window — so each user visits as a Poisson process at the
+segment's traffic over ``N_s``. A user enters the policy's :class:`UserBook` at its first visit
+(the planner knows only users it has seen, as the worker does). Users are per-user state in the
+book's columns (about 110,000 on the reference scenario), all updates vectorised.
+
+The store. A user has at most one result: ranked at ``as_of``, ``expires_at = as_of + L_s``
+(:meth:`PrecomputePlanner.expires_at`). A treatment visit at ``t`` with
+``as_of ≤ t ≤ expires_at`` is a hit, served at age ``t − as_of``; a holdout visit that finds one is
+``held_out`` (the control arm of the precompute value signals). A result past its expiry is never
+served. Each result ends exactly once: expired (``expired_unused`` if never served), superseded
+by a newer result or still stored at the end, so over a run
+
+    jobs = used + expired_unused + dropped_unused + stored_unused
+
+(``dropped_unused``: superseded before any visit; ``stored_unused``: live and unserved at the end,
+written on the run's last window line).
+
+Whom and when. Every ``plan_s`` seconds the planner picks up to the jobs the next round can run
+(:func:`select_slots`: exactly :meth:`PrecomputePlanner.select`'s choice, without building one
+``Pick`` per job); they are marked in flight and started in that order; picks left at the end of a
+round go back.
+
+Jobs (fluid throughput, the core's job book at every change)
+------------------------------------------------------------
+A window is cut at every capacity change of the region's pools. Over a piece ``[a, b)`` the
+pools precompute may use are fixed: every ``remote`` pool at its level, plus (headroom) what of
+each local pool the live levers are not assigned (``level − rma − sbm``); the oracle policy uses
+the remote pools only (its live plan may use every local unit). They pass through
+:func:`controllers.precompute.usable_pools` (accelerators only of the strong model's types,
+safety margin, a pool must outlive one job). Jobs run at ``X = min(rate, C / d)`` per second,
+``C`` the jobs that fit at once (:meth:`JobBook.capacity` on empty pools), ``d`` the batch time:
+the ones that end inside the piece complete at their end; the ones still running at ``b`` are
+put in the core's :class:`JobBook`, so that at the next piece :meth:`JobBook.set_pools` stops
+those on units that are gone — at once, newest first, counted as ``wasted_partial``, their
+users' work lost. Results become visible from the next window on (at most one window late: a
+conservative stand-in for the topic's delivery delay); their age counts from completion.
+
+Value (ground truth, against the live path)
+-------------------------------------------
+A hit delivers ``v̄_s · Q_s(a)``: the segment's mean request value (a request's value does not
+depend on whether its user has a result) times the measured quality, at visit time, of a strong
+ranking ``a`` seconds old, ``Q_s(a) = Q_s^strong(n) · P_s(a) / P_s(0)`` (:mod:`workers.curves`,
+the same stale-ranking curves the core's expiry uses). Like the engine's ground truth, window
+sums are expectations over the window's arrivals: with ``N_s`` the fluid treatment requests of
+the segment in the window and ``h_s`` the drawn share of its treatment visits that hit, the
+precompute increment is
+
+    inc_precompute = Σ_s N_s · h_s · (v̄_s · Q̄_s − live_s)
+
+with ``Q̄_s`` the mean quality over the window's hits and ``live_s`` what the live path delivered
+per request of the segment in that window (the engine's value, timeouts included): a hit
+replaces the live outcome of its request, so ``value_total`` rises by the same amount and
+``incremental = Σ inc`` still holds. The live path's load is left as it was (a hit would
+spare the live ranking: conservative).
+
+Value signals. Per segment, treatment = hits (look-ups never time out), control = held-out visits
+that found a result, drawn like the engine's arms (:func:`sim.population.arm_sums`); they reach
+the control plane as ``(segment, "precompute", arm)`` sums, so its allocator learns what a
+precompute job is worth.
+
+The oracle's bound (:func:`precompute_bound`) is ``Σ_s Δ*_s · V_s``: ``V_s`` the treatment requests
+of the segment over the run, ``Δ*_s = v̄_s · max_a (Q_s(a) − B_s)⁺`` the best a stored result can
+ever add to one visit over the base ranking — every visit served by a result at its best age,
+with unlimited capacity (module docstring of :mod:`sim.oracle` explains why it bounds every
+policy).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from controllers.levers import CapacityUse, ResourceCost
+from controllers.precompute import (
+    JobBook,
+    PrecomputeConfig,
+    PrecomputePlanner,
+    UpliftModel,
+    UserBook,
+    own_rate,
+    usable_pools,
+)
+from controllers.types import LEVER_PRECOMPUTE, ArmStats, CapacityLevel
+from sim.population import arm_sums
+
+if TYPE_CHECKING:
+    from sim.engine import RegionRun, SimContext
+
+__all__ = [
+    "PRECOMPUTE_POLICIES",
+    "PrecomputeRegion",
+    "PrecomputeStatic",
+    "PrecomputeWindows",
+    "precompute_bound",
+    "precompute_region",
+    "precompute_static",
+    "select_slots",
+]
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+# policy -> how it precomputes ("targets": the control plane's rate; "foresight": no rate limit)
+PRECOMPUTE_POLICIES: dict[str, str] = {"headroom": "targets", "oracle": "foresight"}
+PLAN_S = 60.0  # a planning round: the planner scores every user once per round
+STALENESS_SAMPLES = 32  # per window line (docs/events.md)
+# generator purposes (SimContext.rng): visits, value signals, the planner's tie-breaks
+_RNG_VISITS, _RNG_SIGNALS, _RNG_PLANNER = 30, 31, 32
+_EPS = 1e-9
+
+
+# --------------------------------------------------------------------------------------------
+# What every policy of a run shares
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class PrecomputeStatic:
+    """The precompute world of one :class:`SimContext`: policy settings, users, value tables."""
+
+    config: PrecomputeConfig
+    uplift: UpliftModel
+    lever_job: ResourceCost  # what the control plane's rate is counted in (PrecomputeLever)
+    job: ResourceCost
+    hardware: tuple[str, ...]  # the strong model's accelerator types
+    users: IntArray  # (S,) users per segment (0: segment without a return rate)
+    offset: IntArray  # (S,) first user id of each segment
+    v_mean: FloatArray  # (S,) mean request value
+    q_fresh: FloatArray  # (S,) Q_s^strong(n) of a job's ranking
+    q_base: FloatArray  # (S,) B_s
+    best_gain: FloatArray  # (S,) Δ*_s: the most a stored result adds to one visit
+    ages: FloatArray  # decay grid (A,)
+    decay: FloatArray  # (S, A) P_s(a) / P_s(0)
+
+    def quality(self, seg: IntArray, age: FloatArray) -> FloatArray:
+        """``Q_s(a)``: quality at visit time of a result ``age`` seconds old."""
+        out = np.empty(age.size)
+        for s in np.unique(seg).tolist():
+            m = seg == s
+            out[m] = self.q_fresh[s] * np.interp(age[m], self.ages, self.decay[s])
+        return out
+
+
+def precompute_static(ctx: SimContext) -> PrecomputeStatic | None:
+    """The run's precompute world (built once per context); None when the scenario has no
+    precompute fields (CONTRACT §3) — then nothing here ever runs."""
+    sc = ctx.scenario
+    if not sc.precompute_enabled:
+        return None
+    got = ctx.oracle_cache.get("precompute")
+    if got is not None:
+        assert isinstance(got, PrecomputeStatic)
+        return got
+    curves: Any = ctx.curves
+    n_users = int(sc.world.users or 0)
+    n_seg = len(sc.segments)
+    share = np.array([s.share for s in sc.segments], dtype=np.float64)
+    share = share / share.sum()
+    rates = np.array([s.return_rate_per_h or 0.0 for s in sc.segments], dtype=np.float64)
+    rated = rates > 0.0
+    weight = np.where(rated, share / np.where(rated, rates, 1.0), 0.0)
+    users = np.zeros(n_seg, dtype=np.int64)
+    if weight.sum() > 0:
+        users = np.where(rated, np.maximum(1, np.round(n_users * weight / weight.sum())), 0)
+    users = users.astype(np.int64)
+    offset = np.concatenate([[0], np.cumsum(users)[:-1]]).astype(np.int64)
+    # the book remembers every user (no eviction: the store of a region is not that small)
+    config = PrecomputeConfig.from_scenario(sc, max_users=max(int(users.sum()), 1))
+    uplift = UpliftModel.from_curves(curves, config)
+    seg_idx = np.arange(n_seg)
+    q_fresh = np.asarray(curves.mean_quality(seg_idx, 1, config.candidates), dtype=np.float64)
+    q_base = np.asarray(curves.baseline_quality(seg_idx), dtype=np.float64)
+    ages = np.asarray(curves.age_grid_s, dtype=np.float64)
+    p = np.asarray(curves.precompute_mean, dtype=np.float64)
+    p0 = p[:, :1]
+    decay = np.where(p0 > 0, p / np.where(p0 > 0, p0, 1.0), 0.0)
+    v_mean = np.array([s.value.mean for s in sc.segments], dtype=np.float64)
+    best_q = q_fresh * decay.max(axis=1)
+    best_gain = np.where(rated, v_mean * np.maximum(best_q - q_base, 0.0), 0.0)
+    static = PrecomputeStatic(
+        config=config,
+        uplift=uplift,
+        lever_job=ctx.costs.precompute_per_job,
+        job=config.job_cost,
+        hardware=tuple(sc.models.strong.hardware),
+        users=users,
+        offset=offset,
+        v_mean=v_mean,
+        q_fresh=q_fresh,
+        q_base=q_base,
+        best_gain=best_gain,
+        ages=ages,
+        decay=decay,
+    )
+    ctx.oracle_cache["precompute"] = static
+    return static
+
+
+def precompute_region(ctx: SimContext, r: int, policy: str) -> PrecomputeRegion | None:
+    """The precompute model of region ``r`` under ``policy``, or None (no precompute fields, or
+    a policy that does not precompute: module docstring)."""
+    mode = PRECOMPUTE_POLICIES.get(policy)
+    if mode is None:
+        return None
+    static = precompute_static(ctx)
+    if static is None:
+        return None
+    return PrecomputeRegion(ctx, r, mode, static)
+
+
+def precompute_bound(ctx: SimContext, r: int) -> float:
+    """Upper bound on the precompute value of region ``r`` (module docstring): every treatment
+    request of a returning segment served by a stored result at its best age. 0 without
+    precompute fields or without any opportunistic accelerator of the strong model's types."""
+    static = precompute_static(ctx)
+    if static is None:
+        return 0.0
+    st = ctx.regions[r]
+    rt = ctx.traces.regions[r]
+    capable = any(
+        k.resource == "accelerator"
+        and k.hardware in static.hardware
+        and float(p.levels.max(initial=0.0)) > 0.0
+        for k, p in zip(st.pools, rt.pools, strict=True)
+    )
+    if not capable:
+        return 0.0
+    arrivals = float(rt.arrivals.sum())
+    per_request = float((ctx.pop.seg_share * static.best_gain).sum())
+    return arrivals * ctx.treat * per_request
+
+
+def select_slots(planner: PrecomputePlanner, now: float, k: int) -> IntArray:
+    """Book slots of the users :meth:`PrecomputePlanner.select` picks (the same users in the
+    same order, the same draws from its generator), without building a ``Pick`` per user."""
+    book = planner.users
+    if k <= 0 or len(book) == 0:
+        return np.zeros(0, dtype=np.int64)
+    if planner.config.explore_share > 0.0:
+        picks = planner.select(now, k)
+        return np.array([book.slot(p.user) for p in picks], dtype=np.int64)
+    gain, eligible, _ = planner.gains(now)
+    idx = np.flatnonzero(eligible)
+    if len(idx) == 0:
+        return np.zeros(0, dtype=np.int64)
+    idx = idx[planner.rng.permutation(len(idx))]
+    n_best = min(k, len(idx))
+    best = idx[np.argpartition(-gain[idx], n_best - 1)[:n_best]] if n_best < len(idx) else idx
+    return np.asarray(best[np.argsort(-gain[best], kind="stable")], dtype=np.int64)
+
+
+# --------------------------------------------------------------------------------------------
+# One region under one policy
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Window:
+    """What one window's simulation leaves for its ``window`` line."""
+
+    t0: float
+    t1: float
+    visits: IntArray  # (S,) treatment visits
+    held: IntArray  # (S,) holdout visits
+    hits: IntArray  # (S,)
+    held_out: IntArray  # (S,) holdout visits that found a result
+    q_sum: FloatArray  # (S,) Σ quality over hits
+    staleness: list[float]
+    jobs: int
+    used: int
+    expired_unused: int
+    dropped_unused: int
+    wasted_partial: int
+    rate: float  # jobs/s the policy allowed (inf: no limit)
+    stored_unused: int | None = None
+
+
+@dataclass(slots=True)
+class PrecomputeWindows:
+    """A batch of window lines' precompute parts (:meth:`PrecomputeRegion.flush`)."""
+
+    inc: FloatArray  # (W,) precompute increment per window
+    inc_seg: FloatArray  # (W, S)
+    fields: list[dict[str, Any]]
+    value_obs: dict[tuple[str, str, str], ArmStats] = field(default_factory=dict)
+
+
+class PrecomputeRegion:
+    """State of the precompute lever of one region for one policy run (module docstring)."""
+
+    def __init__(self, ctx: SimContext, r: int, mode: str, static: PrecomputeStatic) -> None:
+        self.ctx = ctx
+        self.r = r
+        self.mode = mode
+        self.s = static
+        cfg = static.config
+        self.book = UserBook(cfg.max_users, initial=min(cfg.max_users, 4096))
+        self.planner = PrecomputePlanner(
+            cfg, static.uplift, ctx.rng(r, _RNG_PLANNER), users=self.book
+        )
+        self.jobs = JobBook(static.job, cfg.job_duration_s)
+        self.visit_rng = ctx.rng(r, _RNG_VISITS)
+        self.signal_rng = ctx.rng(r, _RNG_SIGNALS)
+        self.known = np.zeros(0, dtype=np.int64)  # user ids seen, ascending
+        self.known_slot = np.zeros(0, dtype=np.int64)  # their book slots
+        self.served = np.zeros(len(self.book.ids), dtype=bool)  # current result served once
+        self.queue = np.zeros(0, dtype=np.int64)  # picked slots not started yet
+        self.next_plan = -math.inf
+        self.last_plan = -math.inf
+        self.carry = 0.0
+        self.evicted = 0
+        self.pending: list[_Window] = []
+        self.totals = {"jobs": 0, "used": 0, "expired_unused": 0, "dropped_unused": 0}
+        st = ctx.regions[r]
+        self.pool_keys = st.pools
+        self.pool_traces = ctx.traces.regions[r].pools
+        self.change_times = np.unique(
+            np.concatenate([p.times for p in self.pool_traces] or [np.zeros(0)])
+        )
+
+    # -- the rate and the pools --------------------------------------------------------------
+
+    def rate(self, run: RegionRun) -> float:
+        """Jobs per second (of this job's size) the policy allows now."""
+        if self.mode == "foresight":
+            return math.inf
+        tg = run.targets
+        if tg is None:
+            # no target yet: the worker's default; an expired one stops new jobs
+            return self.s.config.default_jobs_per_s if run.epoch_in_force == 0 else 0.0
+        budget = float(getattr(tg, "precompute_jobs_per_s", 0.0))
+        return own_rate(budget, self.s.lever_job, self.s.job)
+
+    def levels(self, run: RegionRun, t: float) -> list[CapacityLevel]:
+        """The capacity precompute may use at ``t``: remote pools at their level; local ones
+        (headroom) what the live levers are not assigned."""
+        out = []
+        for i, (key, tr) in enumerate(zip(self.pool_keys, self.pool_traces, strict=True)):
+            units = tr.level_at(t)
+            if not key.remote:
+                if self.mode == "foresight":
+                    continue
+                units = max(units - run.asg_rma[i] - run.asg_sbm[i], 0.0)
+            out.append(
+                CapacityLevel(
+                    resource=key.resource,  # type: ignore[arg-type]  # "cpu" | "accelerator"
+                    hardware=key.hardware,
+                    pool="opportunistic",
+                    units=units,
+                    expires_in_s=tr.expires_in_s,
+                    remote=key.remote,
+                    ts=t,
+                )
+            )
+        return out
+
+    # -- users -------------------------------------------------------------------------------
+
+    def _slots(self, ids: IntArray) -> IntArray:
+        pos = np.searchsorted(self.known, ids)
+        pos = np.minimum(pos, max(self.known.size - 1, 0))
+        if self.known.size == 0:
+            return np.full(ids.size, -1, dtype=np.int64)
+        found = self.known[pos] == ids
+        return np.where(found, self.known_slot[pos], -1)
+
+    def _observe(self, ids: IntArray, seg: IntArray, times: FloatArray) -> IntArray:
+        """Visits of ``ids`` at ``times``: new users enter the book; returns every visit's slot."""
+        book = self.book
+        slots = self._slots(ids)
+        new = slots < 0
+        if new.any():
+            order = np.argsort(times[new], kind="stable")
+            n_ids, n_seg, n_t = ids[new][order], seg[new][order], times[new][order]
+            uniq, first = np.unique(n_ids, return_index=True)
+            for u, j in zip(uniq.tolist(), first.tolist(), strict=True):
+                book.observe(int(u), int(n_seg[j]), float(n_t[j]))
+            if book.evicted != self.evicted:
+                self._rebuild()
+            else:
+                new_slots = np.array([book.slot(int(u)) for u in uniq.tolist()], dtype=np.int64)
+                at = np.searchsorted(self.known, uniq)
+                self.known = np.insert(self.known, at, uniq)
+                self.known_slot = np.insert(self.known_slot, at, new_slots)
+            if len(book.ids) > self.served.size:
+                grown = np.zeros(len(book.ids), dtype=bool)
+                grown[: self.served.size] = self.served
+                self.served = grown
+            slots = self._slots(ids)
+            # observe() counted the first visit of each new user; count the others here
+            again = np.ones(ids.size, dtype=bool)
+            idx_new = np.flatnonzero(new)[order][first]
+            again[idx_new] = False
+            returning = slots[again]
+            t_ret = times[again]
+        else:
+            returning, t_ret = slots, times
+        if returning.size:
+            np.add.at(book.visits, returning, 1)
+            np.maximum.at(book.last, returning, t_ret)
+        return slots
+
+    def _rebuild(self) -> None:
+        """The book evicted users: map ids to slots anew (an evicted user's result is lost)."""
+        book = self.book
+        n = book.size
+        live = np.flatnonzero(book.active[:n])
+        ids = book.ids[live]
+        order = np.argsort(ids)
+        self.known = ids[order]
+        self.known_slot = live[order]
+        gone = ~book.active[:n]
+        self.served[:n][gone] = False
+        self.evicted = book.evicted
+
+    # -- one window ----------------------------------------------------------------------------
+
+    def advance(self, t0: float, t1: float, run: RegionRun, arrivals: float) -> tuple[float, float]:
+        """Simulate ``[t0, t1)``: visits, expiry, jobs. Returns the (cpu, accelerator)
+        unit-seconds the jobs used (counted in the window in which they end or stop)."""
+        ctx = self.ctx
+        s = self.s
+        n_seg_all = ctx.pop.n_segments
+        # visits: the same draws whatever the policy does
+        n = max(round(arrivals), 0)
+        n_seg = self.visit_rng.multinomial(n, ctx.pop.seg_share)
+        n_ctl = self.visit_rng.binomial(n_seg, ctx.holdout)
+        visits = (n_seg - n_ctl).astype(np.int64)
+        held = n_ctl.astype(np.int64)
+        hits = np.zeros(n_seg_all, dtype=np.int64)
+        held_out = np.zeros(n_seg_all, dtype=np.int64)
+        q_sum: FloatArray = np.zeros(n_seg_all)
+        staleness: list[FloatArray] = []
+        used = 0
+        ids_l, seg_l, t_l, ctl_l = [], [], [], []
+        for si in range(n_seg_all):
+            m = int(n_seg[si])
+            if m == 0 or s.users[si] <= 0:
+                continue
+            ids_l.append(s.offset[si] + self.visit_rng.integers(0, s.users[si], m))
+            t_l.append(t0 + self.visit_rng.random(m) * (t1 - t0))
+            seg_l.append(np.full(m, si, dtype=np.int64))
+            ctl = np.zeros(m, dtype=bool)
+            ctl[: int(n_ctl[si])] = True  # users are drawn at random: the first are as good
+            ctl_l.append(ctl)
+        book = self.book
+        if ids_l:
+            ids = np.concatenate(ids_l).astype(np.int64)
+            seg = np.concatenate(seg_l)
+            tv = np.concatenate(t_l)
+            ctl = np.concatenate(ctl_l)
+            slots = self._observe(ids, seg, tv)
+            live = (book.cov_until[slots] >= tv) & (book.cov_at[slots] <= tv)
+            hit = live & ~ctl
+            hits = np.bincount(seg[hit], minlength=n_seg_all).astype(np.int64)
+            held_out = np.bincount(seg[live & ctl], minlength=n_seg_all).astype(np.int64)
+            if hit.any():
+                hs = slots[hit]
+                age = tv[hit] - book.cov_at[hs]
+                q_sum = np.asarray(
+                    np.bincount(seg[hit], weights=s.quality(seg[hit], age), minlength=n_seg_all),
+                    dtype=np.float64,
+                )
+                staleness.append(age)
+                first = np.unique(hs[~self.served[hs]])
+                used = int(first.size)
+                self.served[hs] = True
+        # expiry: results that expired in the window end now
+        nb = book.size
+        ended = np.flatnonzero(~np.isnan(book.cov_at[:nb]) & (book.cov_until[:nb] < t1))
+        expired_unused = int((~self.served[ended]).sum())
+        self._clear(ended)
+        # jobs
+        cpu_s, acc_s, done, wasted, rate = self._run_jobs(t0, t1, run)
+        dropped = self._store(done)
+        tot = self.totals
+        tot["jobs"] += len(done[0])
+        tot["used"] += used
+        tot["expired_unused"] += expired_unused
+        tot["dropped_unused"] += dropped
+        age_all = np.concatenate(staleness) if staleness else np.zeros(0)
+        if age_all.size > STALENESS_SAMPLES:
+            q = (np.arange(STALENESS_SAMPLES) + 0.5) / STALENESS_SAMPLES
+            age_all = np.quantile(age_all, q)
+        rec = _Window(
+            t0=t0,
+            t1=t1,
+            visits=visits,
+            held=held,
+            hits=hits,
+            held_out=held_out,
+            q_sum=q_sum,
+            staleness=[float(x) for x in age_all.tolist()],
+            jobs=len(done[0]),
+            used=used,
+            expired_unused=expired_unused,
+            dropped_unused=dropped,
+            wasted_partial=wasted,
+            rate=rate,
+        )
+        if t1 >= ctx.duration_s - _EPS:
+            live_now = ~np.isnan(book.cov_at[: book.size]) & book.active[: book.size]
+            rec.stored_unused = int((live_now & ~self.served[: book.size]).sum())
+        self.pending.append(rec)
+        return cpu_s, acc_s
+
+    def _clear(self, slots: IntArray) -> None:
+        book = self.book
+        book.cov_at[slots] = np.nan
+        book.cov_until[slots] = -np.inf
+        self.served[slots] = False
+
+    def _store(self, done: tuple[IntArray, FloatArray]) -> int:
+        """Completed jobs' results (slot, as_of) go into the store; returns how many live,
+        never-served results they superseded."""
+        slots, as_of = done
+        book = self.book
+        if slots.size == 0:
+            return 0
+        order = np.argsort(as_of, kind="stable")
+        slots, as_of = slots[order], as_of[order]
+        # a user with two results in one batch keeps the newer (the older is superseded)
+        _, last = np.unique(slots[::-1], return_index=True)
+        keep = slots.size - 1 - last
+        dup_dropped = slots.size - keep.size  # superseded before anyone could see them
+        slots, as_of = slots[keep], as_of[keep]
+        had = ~np.isnan(book.cov_at[slots]) & (book.cov_until[slots] >= as_of)
+        dropped = int((had & ~self.served[slots]).sum()) + dup_dropped
+        life = self.s.uplift.lifetimes_s[book.seg[slots]]
+        book.cov_at[slots] = as_of
+        book.cov_until[slots] = as_of + life
+        book.inflight[slots] = False
+        self.served[slots] = False
+        return dropped
+
+    # -- jobs ----------------------------------------------------------------------------------
+
+    def _plan(self, now: float, k: int) -> None:
+        book = self.book
+        if self.queue.size:
+            book.inflight[self.queue] = False
+        picked = select_slots(self.planner, now, k)
+        book.inflight[picked] = True
+        self.queue = picked
+
+    def _take(self, n: int, now: float, x: float) -> IntArray:
+        """The next ``n`` picks: a new planning round when the round is over, or early (at most
+        every ``PLAN_S / 2``) when it ran dry."""
+        due = now >= self.next_plan - _EPS
+        dry = self.queue.size < n and now >= self.last_plan + PLAN_S / 2 - _EPS
+        if due or dry:
+            self.last_plan = now
+            self.next_plan = now + PLAN_S
+            self._plan(now, math.ceil(min(x, 1e6) * PLAN_S * 1.1) + n + 16)
+        got, self.queue = self.queue[:n], self.queue[n:]
+        return got
+
+    def _run_jobs(
+        self, t0: float, t1: float, run: RegionRun
+    ) -> tuple[float, float, tuple[IntArray, FloatArray], int, float]:
+        cfg = self.s.config
+        d = cfg.job_duration_s
+        cost = self.s.job
+        rate = self.rate(run)
+        inner = self.change_times[(self.change_times > t0 + _EPS) & (self.change_times < t1 - _EPS)]
+        cuts = [t0, *inner.tolist(), t1]
+        done_slots: list[IntArray] = []
+        done_at: list[FloatArray] = []
+        wasted = 0
+        st0 = self.jobs.stats
+        unit_cpu0, unit_acc0 = st0.cpu_unit_s, st0.accelerator_unit_s
+        fluid_jobs = 0
+        for a, b in itertools.pairwise(cuts):
+            pools = usable_pools(
+                self.levels(run, a),
+                a,
+                use=CapacityUse.ASYNC,
+                hardware=self.s.hardware,
+                min_lifetime_s=d,
+                safety_margin=cfg.safety_margin,
+            )
+            stopped = self.jobs.set_pools(pools, a)
+            wasted += len(stopped)
+            for j in stopped:  # a stopped job delivers nothing: its user may be picked again
+                slot = self.book.slot(j.user)
+                if slot is not None:
+                    self.book.inflight[slot] = False
+            for j in self.jobs.due(b):
+                slot = self.book.slot(j.user)
+                if slot is not None:
+                    done_slots.append(np.array([slot], dtype=np.int64))
+                    done_at.append(np.array([j.ends_at]))
+            empty = JobBook(cost, d)
+            empty.set_pools(pools, a)
+            x = min(rate, empty.capacity() / d)
+            if not (x > 0.0) or b - a <= _EPS:
+                continue
+            want = self.carry + x * (b - a)
+            n = int(want)
+            self.carry = want - n
+            if n == 0:
+                continue
+            picks = self._take(n, a, x)
+            n = picks.size
+            if n == 0:
+                self.carry = 0.0
+                continue
+            starts = a + (np.arange(n) + 0.5) * (b - a) / n
+            inside = starts + d <= b + _EPS
+            if inside.any():
+                done_slots.append(picks[inside])
+                done_at.append(starts[inside] + d)
+                fluid_jobs += int(inside.sum())
+            tail = picks[~inside]
+            if tail.size:
+                t_mid = float(starts[~inside].mean())
+                users = self.book.ids[tail]
+                segs = self.book.seg[tail]
+                started = self.jobs.start(
+                    t_mid, list(zip(users.tolist(), segs.tolist(), strict=True))
+                )
+                if len(started) < tail.size:  # did not fit: back to the pool of users
+                    self.book.inflight[tail[len(started) :]] = False
+        st = self.jobs.stats
+        cpu_s = st.cpu_unit_s - unit_cpu0 + fluid_jobs * cost.cpu_s
+        acc_s = st.accelerator_unit_s - unit_acc0 + fluid_jobs * cost.accelerator_s
+        slots = np.concatenate(done_slots) if done_slots else np.zeros(0, dtype=np.int64)
+        at = np.concatenate(done_at) if done_at else np.zeros(0)
+        return cpu_s, acc_s, (slots, at), wasted, rate
+
+    # -- window lines --------------------------------------------------------------------------
+
+    def flush(self, arrivals: FloatArray, s_value: FloatArray, pi_ctl: float) -> PrecomputeWindows:
+        """The precompute parts of the pending windows' lines: ``arrivals`` (W,) the windows'
+        fluid arrivals, ``s_value`` (W, S) the live path's delivered value (module docstring)."""
+        ctx = self.ctx
+        s = self.s
+        pop = ctx.pop
+        recs = self.pending
+        self.pending = []
+        n_w = len(recs)
+        n_s = pop.n_segments
+        inc_seg = np.zeros((n_w, n_s))
+        fields: list[dict[str, Any]] = []
+        for w, rec in enumerate(recs):
+            count = arrivals[w] * pop.seg_share  # fluid requests per segment
+            with np.errstate(divide="ignore", invalid="ignore"):
+                h = np.where(rec.visits > 0, rec.hits / np.maximum(rec.visits, 1), 0.0)
+                q_bar = np.where(rec.hits > 0, rec.q_sum / np.maximum(rec.hits, 1), 0.0)
+                live = np.where(count > 0, s_value[w] / np.where(count > 0, count, 1.0), 0.0)
+            inc_seg[w] = count * ctx.treat * h * (s.v_mean * q_bar - live)
+            f: dict[str, Any] = {
+                "jobs": rec.jobs,
+                "used": rec.used,
+                "expired_unused": rec.expired_unused,
+                "visits": int(rec.visits.sum() + rec.held.sum()),
+                "hits": int(rec.hits.sum()),
+                "wasted_partial": rec.wasted_partial,
+                "staleness_s": rec.staleness,
+                "held_out": int(rec.held_out.sum()),
+                "dropped_unused": rec.dropped_unused,
+                "jobs_per_s": rec.rate if math.isfinite(rec.rate) else None,
+            }
+            if rec.stored_unused is not None:
+                f["stored_unused"] = rec.stored_unused
+            fields.append(f)
+        return PrecomputeWindows(
+            inc=inc_seg.sum(axis=1),
+            inc_seg=inc_seg,
+            fields=fields,
+            value_obs=self._signals(recs, pi_ctl),
+        )
+
+    def _signals(self, recs: list[_Window], pi_ctl: float) -> dict[tuple[str, str, str], ArmStats]:
+        """Observed value sums of lever precompute per segment: treatment = hits, control =
+        held-out visits that found a result (drawn like the engine's arms)."""
+        ctx = self.ctx
+        pop = ctx.pop
+        n_s = pop.n_segments
+        hits = np.sum([r.hits for r in recs], axis=0) if recs else np.zeros(n_s, np.int64)
+        held = np.sum([r.held_out for r in recs], axis=0) if recs else np.zeros(n_s, np.int64)
+        q_sum = np.sum([r.q_sum for r in recs], axis=0) if recs else np.zeros(n_s)
+        if not (hits.sum() > 0 or held.sum() > 0):
+            return {}
+        q_bar = np.where(hits > 0, q_sum / np.maximum(hits, 1), 0.0)
+        cells = np.arange(pop.n_cells)
+        seg = pop.seg
+        n_all = np.concatenate([hits, held]).astype(np.int64)
+        s1, s2 = arm_sums(
+            self.signal_rng,
+            pop,
+            n_all,
+            np.concatenate([pop.share, pop.share]),
+            np.concatenate([seg, n_s + seg]),
+            np.concatenate([cells, cells]),
+            np.concatenate([q_bar[seg], ctx.q_base]),
+            np.concatenate([ctx.sd_strong, ctx.sd_base]),
+            np.concatenate([np.ones(pop.n_cells), np.full(pop.n_cells, pi_ctl)]),
+        )
+        out: dict[tuple[str, str, str], ArmStats] = {}
+        for si, name in enumerate(ctx.segment_names):
+            for gi, arm in ((si, "treatment"), (n_s + si, "control")):
+                if n_all[gi] > 0:
+                    out[(name, LEVER_PRECOMPUTE, arm)] = ArmStats(
+                        int(n_all[gi]), float(s1[gi]), float(s2[gi])
+                    )
+        return out

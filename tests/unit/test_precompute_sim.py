@@ -1,0 +1,261 @@
+"""The simulator's precompute model (sim/precompute_sim.py): the store's expiry, where jobs may
+run, reclaims, the planner's choice, and the accounting identity — on synthetic value curves."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from controllers.precompute import PrecomputeConfig, PrecomputePlanner, UpliftModel
+from headroom.scenario import Opportunistic, Scenario
+from headroom.scenario_load import load_scenario
+from sim.engine import SimContext
+from sim.precompute_sim import (
+    PrecomputeRegion,
+    PrecomputeStatic,
+    precompute_bound,
+    precompute_region,
+    precompute_static,
+    select_slots,
+)
+from workers.curves import ValueCurves
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def fake_curves(segments: tuple[str, ...]) -> ValueCurves:
+    """Strong better than base; a stored strong ranking loses quality linearly with age."""
+    s = len(segments)
+    n_grid = np.array([400, 800, 1200])
+    mean = np.empty((2, s, 3))
+    mean[0] = [0.60, 0.62, 0.63]
+    mean[1] = [0.70, 0.72, 0.73]
+    ages = np.array([0.0, 1800.0, 3600.0, 14400.0])
+    pre = np.tile(np.array([0.72, 0.62, 0.55, 0.40]), (s, 1))
+    return ValueCurves(
+        segments=segments,
+        n_grid=n_grid,
+        mean=mean,
+        std=np.full((2, s, 3), 0.1),
+        age_grid_s=ages,
+        precompute_mean=pre,
+        precompute_std=np.full((s, 4), 0.1),
+        precompute_n=1200,
+        samples_per_segment=10,
+    )
+
+
+def scenario(pools: list[Opportunistic] | None = None, duration: float = 1200.0) -> Scenario:
+    s = load_scenario(ROOT / "scenarios" / "precompute-remote.yaml")
+    s = dataclasses.replace(s, duration_s=duration, events=())
+    if pools is not None:
+        s = dataclasses.replace(
+            s, regions=(dataclasses.replace(s.regions[0], opportunistic=tuple(pools)),)
+        )
+    return s
+
+
+def pool(resource: str, hardware: str, trace: list[list[float]], remote: bool) -> Opportunistic:
+    return Opportunistic(resource=resource, hardware=hardware, trace=trace, remote=remote)  # type: ignore[arg-type]
+
+
+def context(s: Scenario) -> SimContext:
+    return SimContext(s, fake_curves(tuple(x.name for x in s.segments)))
+
+
+def stub_run(n_pools: int) -> Any:
+    """What the model reads of a RegionRun: targets, and the live levers' assignments."""
+    return SimpleNamespace(
+        targets=None, epoch_in_force=1, asg_rma=[0.0] * n_pools, asg_sbm=[0.0] * n_pools
+    )
+
+
+def drive(model: PrecomputeRegion, ctx: SimContext, until: float) -> list[dict[str, Any]]:
+    """Advance window by window (100 requests/s), flushing each window's line parts."""
+    run = stub_run(len(ctx.regions[0].pools))
+    fields = []
+    w = ctx.window_s
+    t = 0.0
+    while t < until - 1e-9:
+        model.advance(t, t + w, run, 100.0 * w)
+        out = model.flush(np.array([100.0 * w]), np.full((1, ctx.pop.n_segments), 1.0), 1.0)
+        fields.extend(out.fields)
+        t += w
+    return fields
+
+
+def test_the_model_runs_only_for_precompute_policies_and_scenarios() -> None:
+    ctx = context(scenario())
+    assert precompute_region(ctx, 0, "static") is None
+    assert precompute_region(ctx, 0, "greedy") is None
+    assert precompute_region(ctx, 0, "central-only") is None
+    assert isinstance(precompute_region(ctx, 0, "headroom"), PrecomputeRegion)
+    assert isinstance(precompute_region(ctx, 0, "oracle"), PrecomputeRegion)
+    quick = load_scenario(ROOT / "scenarios" / "quickstart.yaml")
+    qctx = SimContext(quick, fake_curves(tuple(x.name for x in quick.segments)))
+    assert precompute_static(qctx) is None
+    assert precompute_region(qctx, 0, "headroom") is None
+    assert precompute_bound(qctx, 0) == 0.0
+
+
+def test_users_are_split_so_each_segment_returns_at_its_rate() -> None:
+    st = precompute_static(context(scenario()))
+    assert isinstance(st, PrecomputeStatic)
+    # the scenario's own calibration: 9,000 premium and 102,000 casual users
+    assert st.users.tolist() == [9000, 102000]
+
+
+def test_select_slots_is_the_planners_choice() -> None:
+    s = scenario()
+    ctx = context(s)
+    st = precompute_static(ctx)
+    assert st is not None
+    a = PrecomputePlanner(st.config, st.uplift, np.random.default_rng(5))
+    b = PrecomputePlanner(st.config, st.uplift, np.random.default_rng(5))
+    rng = np.random.default_rng(1)
+    for u in rng.choice(100_000, 5000, replace=False).tolist():
+        seg = int(u % 2)
+        a.users.observe(u, seg, 0.0)
+        b.users.observe(u, seg, 0.0)
+    for i, u in enumerate(a.users.ids[:300].tolist()):  # some users hold results of some age
+        a.users.set_stored(u, -60.0 * i, -60.0 * i + 600.0)
+        b.users.set_stored(u, -60.0 * i, -60.0 * i + 600.0)
+    for k in (1, 50, 4000, 10_000):
+        picks = a.select(100.0, k)
+        slots = select_slots(b, 100.0, k)
+        assert [p.user for p in picks] == b.users.ids[slots].tolist()
+
+
+def test_a_result_past_its_expiry_is_never_served(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = scenario(duration=3600.0)
+    ctx = context(s)
+    model = precompute_region(ctx, 0, "oracle")
+    assert model is not None
+    life = model.s.uplift.lifetimes_s
+    assert 0 < life.min() < 3000  # some results expire within the run
+    served: list[tuple[np.ndarray, np.ndarray]] = []
+    real = PrecomputeStatic.quality
+
+    def spy(self: PrecomputeStatic, seg: np.ndarray, age: np.ndarray) -> np.ndarray:
+        served.append((seg.copy(), age.copy()))
+        return real(self, seg, age)
+
+    monkeypatch.setattr(PrecomputeStatic, "quality", spy)
+    fields = drive(model, ctx, 3600.0)
+    seg = np.concatenate([x for x, _ in served])
+    age = np.concatenate([a for _, a in served])
+    assert seg.size > 1000  # plenty of hits
+    assert (age >= 0).all()
+    assert (age <= life[seg] + 1e-9).all()
+    assert sum(f["expired_unused"] for f in fields) > 0  # and some results did expire
+
+
+def test_no_job_runs_where_the_strong_model_cannot() -> None:
+    # remote gpu-a accelerators and CPU: the strong model runs on gpu-b only
+    s = scenario([pool("accelerator", "gpu-a", [[0, 4]], True), pool("cpu", "any", [[0, 8]], True)])
+    ctx = context(s)
+    model = precompute_region(ctx, 0, "oracle")
+    assert model is not None
+    fields = drive(model, ctx, 600.0)
+    assert sum(f["jobs"] for f in fields) == 0
+    assert not model.jobs.stats.started
+    assert precompute_bound(ctx, 0) == 0.0
+    # the same capacity on gpu-b runs jobs
+    s2 = scenario(
+        [pool("accelerator", "gpu-b", [[0, 4]], True), pool("cpu", "any", [[0, 8]], True)]
+    )
+    ctx2 = context(s2)
+    model2 = precompute_region(ctx2, 0, "oracle")
+    assert model2 is not None
+    assert sum(f["jobs"] for f in drive(model2, ctx2, 600.0)) > 0
+    assert precompute_bound(ctx2, 0) > 0.0
+
+
+def test_the_oracle_policy_uses_remote_pools_only_and_headroom_what_live_levers_leave() -> None:
+    s = scenario(
+        [pool("accelerator", "gpu-b", [[0, 2]], False), pool("cpu", "any", [[0, 8]], False)]
+    )
+    ctx = context(s)
+    oracle = precompute_region(ctx, 0, "oracle")
+    assert oracle is not None
+    assert sum(f["jobs"] for f in drive(oracle, ctx, 300.0)) == 0
+    head = precompute_region(ctx, 0, "headroom")
+    assert head is not None
+    run = stub_run(2)
+    run.epoch_in_force = 0  # no target yet: the worker's default rate
+    run.asg_sbm = [2.0, 0.0]  # SBM holds every local device: nothing left
+    head.advance(0.0, 60.0, run, 6000.0)
+    assert head.pending[-1].jobs == 0
+    run.asg_sbm = [1.0, 0.0]  # one device left
+    head.advance(60.0, 120.0, run, 6000.0)
+    head.advance(120.0, 180.0, run, 6000.0)
+    assert head.pending[-1].jobs > 0
+    levels = head.levels(run, 150.0)
+    assert [lv.units for lv in levels] == [1.0, 8.0]
+    run.epoch_in_force = 3  # a target was in force and expired: no new job
+    head.advance(180.0, 240.0, run, 6000.0)
+    head.advance(240.0, 300.0, run, 6000.0)
+    assert head.pending[-1].jobs == 0
+    assert head.pending[-1].rate == 0.0
+
+
+def test_a_reclaim_stops_running_jobs_at_once_and_counts_them() -> None:
+    # one remote gpu-b pool taken away at t = 305 s, inside a window
+    s = scenario(
+        [pool("accelerator", "gpu-b", [[0, 2], [305, 0]], True), pool("cpu", "any", [[0, 8]], True)]
+    )
+    ctx = context(s)
+    model = precompute_region(ctx, 0, "oracle")
+    assert model is not None
+    fields = drive(model, ctx, 600.0)
+    d = model.s.config.job_duration_s
+    cost = model.s.job
+    in_flight = int(2 * 0.9 / (cost.accelerator_s / d))  # jobs running at once before
+    wasted = sum(f["wasted_partial"] for f in fields)
+    assert 0 < wasted <= in_flight
+    assert model.jobs.stats.stopped == wasted
+    assert not model.jobs.jobs  # nothing runs on the lost units
+    # no job completes after the reclaim (except those that ended before it)
+    after = [f["jobs"] for f, t in zip(fields, range(0, 600, 10), strict=True) if t >= 310]
+    assert sum(after) == 0
+
+
+def test_every_job_is_accounted_for() -> None:
+    s = scenario(duration=3600.0)
+    ctx = context(s)
+    model = precompute_region(ctx, 0, "headroom")
+    assert model is not None
+    run = stub_run(len(ctx.regions[0].pools))
+    run.epoch_in_force = 0  # no target yet: the worker's default rate
+    fields = []
+    for w in range(360):
+        model.advance(10.0 * w, 10.0 * w + 10.0, run, 1000.0)
+        fields.extend(model.flush(np.array([1000.0]), np.ones((1, 2)), 1.0).fields)
+    total = {k: sum(f[k] for f in fields) for k in ("jobs", "used", "expired_unused")}
+    dropped = sum(f["dropped_unused"] for f in fields)
+    stored_unused = fields[-1]["stored_unused"]
+    assert total["jobs"] > 0
+    assert total["used"] > 0
+    assert total["jobs"] == total["used"] + total["expired_unused"] + dropped + stored_unused
+    # the default rate: 20 jobs/s
+    assert total["jobs"] <= 20 * 3600
+    assert sum(f["hits"] for f in fields) <= sum(f["visits"] for f in fields)
+
+
+def test_the_bound_covers_every_treatment_visit_at_the_best_gain() -> None:
+    ctx = context(scenario())
+    st = precompute_static(ctx)
+    assert st is not None
+    arrivals = float(ctx.traces.regions[0].arrivals.sum())
+    want = arrivals * ctx.treat * float((ctx.pop.seg_share * st.best_gain).sum())
+    assert precompute_bound(ctx, 0) == pytest.approx(want)
+    assert (st.best_gain >= 0).all()
+    cfg = PrecomputeConfig.from_scenario(ctx.scenario)
+    up = UpliftModel.from_curves(fake_curves(st.config.segment_names), cfg)
+    # the best gain is at least the core's uplift of a fresh result
+    assert (st.best_gain >= up.delta[:, 0] - 1e-12).all()
