@@ -210,8 +210,8 @@ class ValueEstimate:
 
 
 def _arm_moments(a: list[float]) -> tuple[float, float, float]:
-    """(n, mean, variance of one observation) from discounted sums [n, s, q]."""
-    n, s, q = a
+    """(n, mean, variance of one observation) from discounted sums [n, s, q, cpu, acc]."""
+    n, s, q = a[0], a[1], a[2]
     if n <= 0.0:
         return 0.0, 0.0, 0.0
     mean = s / n
@@ -241,9 +241,8 @@ class ValueBook:
         if factor >= 1.0:
             return
         for a in self._sums.values():
-            a[0] *= factor
-            a[1] *= factor
-            a[2] *= factor
+            for i in range(5):
+                a[i] *= factor
         for u in self._units.values():
             u[0] *= factor
             u[1] *= factor
@@ -272,13 +271,21 @@ class ValueBook:
         for key, st in value.items():
             if st.n <= 0 or not (math.isfinite(st.value_sum) and math.isfinite(st.value_sq_sum)):
                 continue
+            cpu = st.cpu_ms if math.isfinite(st.cpu_ms) and st.cpu_ms > 0.0 else 0.0
+            acc = (
+                st.accelerator_ms
+                if math.isfinite(st.accelerator_ms) and st.accelerator_ms > 0.0
+                else 0.0
+            )
             a = self._sums.get(key)
             if a is None:
-                self._sums[key] = [float(st.n), st.value_sum, max(st.value_sq_sum, 0.0)]
+                self._sums[key] = [float(st.n), st.value_sum, max(st.value_sq_sum, 0.0), cpu, acc]
             else:
                 a[0] += st.n
                 a[1] += st.value_sum
                 a[2] += max(st.value_sq_sum, 0.0)
+                a[3] += cpu
+                a[4] += acc
 
     def segments(self, lever: str) -> list[str]:
         """The segments ``lever`` has sums for (strata folded into their segment)."""
@@ -326,6 +333,59 @@ class ValueBook:
             return Uplift(0.0, math.inf, n_t_total, n_c_total)
         return Uplift(mean, math.sqrt(var), n_t_total, n_c_total)
 
+    def per_unit(self, lever: str, unit: ResourceCost) -> Uplift | None:
+        """Value per unit of work over the strata where ``lever`` did work, or None when its
+        treatment sums carry no cost (then :meth:`uplift` and the units book serve).
+
+        The value signals' ``cost`` says how much work the treatment requests of a stratum
+        received. A stratum where the lever did nothing (no cost) differs from its control by
+        noise only — with value-ranked levers that is most strata — so it is left out::
+
+            value per unit = Σ_s n_t,s · d_s / Σ_s u_s,   se² = Σ_s n_t,s² · v_s / (Σ_s u_s)²
+
+        over strata ``s`` with work, ``u_s`` = the stratum's work in units (its cost on the
+        lever's dominant resource over that resource's cost per unit). ``n_treatment`` of the
+        result is the treated requests of those strata.
+        """
+        if unit.cpu_s >= unit.accelerator_s and unit.cpu_s > 0.0:
+            col, per_unit_ms = 3, unit.cpu_s * 1000.0
+        elif unit.accelerator_s > 0.0:
+            col, per_unit_ms = 4, unit.accelerator_s * 1000.0
+        else:
+            return None
+        total_units = 0.0
+        num = 0.0
+        var = 0.0
+        n_t_total = 0.0
+        n_c_total = 0.0
+        seen_cost = False
+        for seg in self._strata(lever, None):
+            t = self._sums.get((seg, lever, "treatment"))
+            if t is None or t[col] <= 0.0:
+                continue
+            seen_cost = True
+            c = self._sums.get((seg, lever, "control"))
+            if c is None:
+                continue
+            n_t, m_t, v_t = _arm_moments(t)
+            n_c, m_c, v_c = _arm_moments(c)
+            if n_t < 2.0 or n_c < 2.0:
+                continue
+            u = t[col] / per_unit_ms
+            v = n_t * n_t * (v_t / n_t + v_c / n_c) / (u * u)
+            if not (v > 0.0 and math.isfinite(v)):
+                continue
+            num += (n_t * (m_t - m_c) / u) / v
+            var += 1.0 / v
+            total_units += u
+            n_t_total += n_t
+            n_c_total += n_c
+        if not seen_cost:
+            return None
+        if total_units <= 0.0 or var <= 0.0 or not math.isfinite(num):
+            return Uplift(0.0, math.inf, n_t_total, n_c_total)
+        return Uplift(num / var, math.sqrt(1.0 / var), n_t_total, n_c_total)
+
     def pooled_sd(self) -> float:
         """Standard deviation of one request's value over everything seen (0 if nothing)."""
         n = s = q = 0.0
@@ -339,7 +399,7 @@ class ValueBook:
         return math.sqrt(max(q / n - mean * mean, 0.0))
 
     def snapshot(self) -> list[list[Any]]:
-        rows = [[k[0], k[1], k[2], a[0], a[1], a[2]] for k, a in sorted(self._sums.items())]
+        rows = [[k[0], k[1], k[2], *a] for k, a in sorted(self._sums.items())]
         rows += [
             ["", lever, _UNITS_ARM, u[0], u[1], 0.0] for lever, u in sorted(self._units.items())
         ]
@@ -349,11 +409,18 @@ class ValueBook:
     def restore(cls, data: Iterable[Iterable[Any]]) -> ValueBook:
         book = cls()
         for row in data:
-            seg, lever, arm, n, s, q = row
+            seg, lever, arm, n, s, q, *cost = row  # older snapshots have no cost columns
             if arm == _UNITS_ARM:
                 book._units[str(lever)] = [float(n), float(s)]
                 continue
-            book._sums[(str(seg), str(lever), str(arm))] = [float(n), float(s), float(q)]
+            cpu, acc = (float(cost[0]), float(cost[1])) if len(cost) >= 2 else (0.0, 0.0)
+            book._sums[(str(seg), str(lever), str(arm))] = [
+                float(n),
+                float(s),
+                float(q),
+                cpu,
+                acc,
+            ]
         return book
 
 
@@ -386,11 +453,17 @@ class Lever(ABC):
         self, book: ValueBook, ctx: LeverContext, z: float, min_samples: float
     ) -> ValueEstimate:
         """Value per unit of work from the book (see the module docstring)."""
-        up = book.uplift(self.name)
+        direct = book.per_unit(self.name, self.unit_cost())
+        if direct is not None:
+            up = direct
+            units = 1.0  # already per unit of work
+        else:
+            up = book.uplift(self.name)
+            book_units = book.mean_units(self.name)
+            units = book_units if book_units is not None else self.units_per_treated(ctx)
+            units = max(units, 1e-12)
         if up.n_treatment < min_samples or up.n_control < min_samples or not math.isfinite(up.se):
             return ValueEstimate.unknown(up.n_treatment, up.n_control)
-        book_units = book.mean_units(self.name)
-        units = max(book_units if book_units is not None else self.units_per_treated(ctx), 1e-12)
         mean = up.mean / units
         se = up.se / units
         return ValueEstimate(

@@ -278,6 +278,9 @@ class ArmParts:
     row: IntArray
     q: FloatArray
     sd: FloatArray
+    # optional work one request of the part received (ms): the value signals' ``cost``
+    cpu_ms: FloatArray
+    acc_ms: FloatArray
 
 
 @dataclass(slots=True)
@@ -394,16 +397,28 @@ def build_mix(ctx: SimContext, plan: Plan) -> Mix:
     sd_all = np.vstack(sd_rows)
     cells = np.arange(pop.n_cells)
 
+    # optional work per request of each class: RMA's extra candidates, the strong ranking
+    opt_cpu_row = np.zeros(k)
+    opt_acc_row = np.zeros(k)
+    opt_cpu_row[1 : 1 + n_levels] = levels * costs.base_cpu_ms
+    opt_acc_row[1 : 1 + n_levels] = levels * costs.base_accelerator_ms
+    opt_cpu_row[1 + n_levels] = n0 * costs.strong_cpu_ms
+    opt_acc_row[1 + n_levels] = n0 * costs.strong_accelerator_ms
+
     def group(rows: list[int], weights: list[FloatArray]) -> ArmParts:
         if not rows:
             z = np.zeros(0)
-            return ArmParts(z, np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), z, z)
+            e = np.zeros(0, dtype=np.int64)
+            return ArmParts(z, e, e, z, z, z, z)
+        row = np.repeat(np.array(rows, dtype=np.int64), pop.n_cells)
         return ArmParts(
             weights=np.concatenate(weights),
             cell=np.tile(cells, len(rows)),
-            row=np.repeat(np.array(rows, dtype=np.int64), pop.n_cells),
+            row=row,
             q=np.concatenate([qk[r] for r in rows]),
             sd=np.concatenate([sd_all[r] for r in rows]),
+            cpu_ms=opt_cpu_row[row],
+            acc_ms=opt_acc_row[row],
         )
 
     srow = 1 + n_levels
@@ -1286,11 +1301,19 @@ class RegionRun:
         pi_l = [np.full(n_c, pi_ctl)]
         vgrp_l = [np.arange(n_c)]
         trt_fluid = s_count * ctx.treat
+        # work per request of each (group, cell): the treatment sums' ``cost``
+        cpu_per = np.zeros(len(groups) * n_c)
+        acc_per = np.zeros(len(groups) * n_c)
         for gi, name in enumerate(groups[1:], start=1):
             got = arm_acc[name]
             w = np.concatenate([p.weights * a for p, _, a in got])
             cell = np.concatenate([p.cell for p, _, _ in got])
             fluid = np.bincount(cell, weights=w, minlength=n_c)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                for per, attr in ((cpu_per, "cpu_ms"), (acc_per, "acc_ms")):
+                    work = np.concatenate([getattr(p, attr) for p, _, _ in got])
+                    tot = np.bincount(cell, weights=w * work, minlength=n_c)
+                    per[gi * n_c : (gi + 1) * n_c] = np.where(fluid > 0, tot / fluid, 0.0)
             seg_fluid = trt_fluid[pop.seg]
             with np.errstate(divide="ignore", invalid="ignore"):
                 n_arm = np.where(seg_fluid > 0, np.round(fluid / seg_fluid * n_trt[pop.seg]), 0)
@@ -1335,7 +1358,13 @@ class RegionRun:
                     nc = int(n_all[lo + c])
                     if nc <= 0:
                         continue
-                    st = ArmStats(nc, float(s1[lo + c]), float(s2[lo + c]))
+                    st = ArmStats(
+                        nc,
+                        float(s1[lo + c]),
+                        float(s2[lo + c]),
+                        nc * float(cpu_per[lo + c]),
+                        nc * float(acc_per[lo + c]),
+                    )
                     key = stratum_key(seg, c - cells.start)
                     if name == "control":
                         value_obs[(key, "rma", "control")] = st

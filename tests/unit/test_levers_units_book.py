@@ -43,3 +43,44 @@ def test_strata_fold_into_their_segment() -> None:
     assert up.n_treatment == 160
     assert up.mean == pytest.approx(1.1)  # every stratum's difference of means is 1.1
     assert book.uplift("sbm") == up
+
+
+def test_per_unit_value_uses_only_strata_where_the_lever_did_work() -> None:
+    from controllers.levers import ResourceCost
+
+    unit = ResourceCost(cpu_s=0.0001, accelerator_s=0.00002)  # one RMA candidate
+    book = ValueBook()
+    assert book.per_unit("rma", unit) is None  # nothing yet
+    # a stratum without work: pure noise, a large spurious difference
+    book.add({("casual#0", "rma", "treatment"): ArmStats(1000, 900.0, 1000.0)})
+    book.add({("casual#0", "rma", "control"): ArmStats(100, 50.0, 60.0)})
+    assert book.per_unit("rma", unit) is None  # no cost anywhere: the other estimate serves
+    # a stratum where 1000 requests got 100 extra candidates each (10 ms CPU apiece)
+    book.add({("casual#7", "rma", "treatment"): ArmStats(1000, 1100.0, 1400.0, 10_000.0, 2_000.0)})
+    book.add({("casual#7", "rma", "control"): ArmStats(100, 100.0, 120.0)})
+    est = book.per_unit("rma", unit)
+    assert est is not None
+    # d = 1.1 − 1.0 per treated request over 100 candidates each: 0.001 per candidate
+    assert est.mean == pytest.approx(0.001)
+    assert est.n_treatment == 1000  # the stratum without work is left out
+    assert 0.0 < est.se < 0.01
+
+
+def test_per_unit_weights_strata_by_precision() -> None:
+    from controllers.levers import ResourceCost
+
+    unit = ResourceCost(cpu_s=0.0001, accelerator_s=0.0)
+    book = ValueBook()
+    # two strata, the same per-unit value 0.001; one far noisier (larger value spread)
+    for key, q_t, q_c in (("a#1", 1300.0, 110.0), ("a#2", 200_000.0, 20_000.0)):
+        book.add({(key, "rma", "treatment"): ArmStats(1000, 1100.0, q_t, 10_000.0, 0.0)})
+        book.add({(key, "rma", "control"): ArmStats(100, 100.0, q_c)})
+    est = book.per_unit("rma", unit)
+    assert est is not None
+    assert est.mean == pytest.approx(0.001)
+    quiet = ValueBook()
+    quiet.add({("a#1", "rma", "treatment"): ArmStats(1000, 1100.0, 1300.0, 10_000.0, 0.0)})
+    quiet.add({("a#1", "rma", "control"): ArmStats(100, 100.0, 110.0)})
+    alone = quiet.per_unit("rma", unit)
+    assert alone is not None
+    assert est.se <= alone.se  # a noisy stratum never makes the estimate less precise
