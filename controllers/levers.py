@@ -446,6 +446,13 @@ class Lever(ABC):
         unit of work. Default: one."""
         return 1.0
 
+    def work_in_window(self, ctx: LeverContext, window_s: float, treated: float) -> float:
+        """Units of work done over a window whose value signals counted ``treated`` treatment
+        requests, with ``ctx`` in force (the units book's input). Default: ``treated`` ×
+        :meth:`units_per_treated`; a lever whose work is not done per treated request
+        (precompute: jobs run whether or not a visit finds their result) overrides it."""
+        return treated * self.units_per_treated(ctx)
+
     def can_use_accelerator(self, hardware: str) -> bool:
         return self.hardware is None or hardware in self.hardware
 
@@ -560,6 +567,12 @@ class PrecomputeLever(Lever):
         if ctx.request_rps <= 0.0 or ctx.precompute_jobs_per_s <= 0.0:
             return 1.0
         return ctx.precompute_jobs_per_s / ctx.request_rps
+
+    def work_in_window(self, ctx: LeverContext, window_s: float, treated: float) -> float:
+        # the jobs run in the window, served or not: a hit's value pays for every job, so
+        # value per job = uplift per hit × hits / jobs (not per request: that would overstate
+        # it by 1 / hit rate)
+        return max(ctx.precompute_jobs_per_s, 0.0) * max(window_s, 0.0)
 
 
 class LeverRegistry:

@@ -250,9 +250,10 @@ class ControlPlane:
         st.book.decay(0.5 ** (window_s / cfg.value.half_life_s))
         st.book.add(obs.value)
         for lever in self.levers:
-            st.book.add_units(
-                lever.name, st.book.treated(obs.value, lever.name), lever.units_per_treated(ctx)
-            )
+            treated = st.book.treated(obs.value, lever.name)
+            if treated > 0.0:
+                work = lever.work_in_window(ctx, window_s, treated)
+                st.book.add_units(lever.name, treated, work / treated)
 
         # 2. allocator
         value_age = obs.value_age_s

@@ -84,3 +84,15 @@ def test_per_unit_weights_strata_by_precision() -> None:
     alone = quiet.per_unit("rma", unit)
     assert alone is not None
     assert est.se <= alone.se  # a noisy stratum never makes the estimate less precise
+
+
+def test_precompute_value_per_job_counts_every_job_run_not_one_per_request() -> None:
+    from controllers.levers import CostModel, LeverContext, PrecomputeLever, RmaLever
+
+    costs = CostModel(0.1, 0.02, 0.005, 0.1, 400, ("gpu-a", "gpu-b"), ("gpu-b",), 120.0)
+    ctx = LeverContext(100.0, 100.0, rma_extra_candidates=50.0, precompute_jobs_per_s=10.0)
+    pre = PrecomputeLever(costs)
+    # 300 hits in a minute while 10 jobs/s ran: 600 jobs behind them, 2 per hit
+    assert pre.work_in_window(ctx, 60.0, 300.0) == pytest.approx(600.0)
+    rma = RmaLever(costs, 400, 1200)
+    assert rma.work_in_window(ctx, 60.0, 300.0) == pytest.approx(300.0 * 50.0)
