@@ -18,6 +18,7 @@ from controllers.observe import RegionAggregator
 from controllers.types import ArmStats, stratum_key
 from headroom.scenario_load import load_scenario
 from sim.config import SimConfig
+from sim.population import Population
 from streams import messages
 from streams.kafka import KafkaTarget
 from workers.client import (
@@ -29,6 +30,7 @@ from workers.client import (
     ServerAddress,
     TargetState,
     WindowBook,
+    sbm_bin_share,
     value_stratum,
 )
 
@@ -142,15 +144,39 @@ def _plan(router: Router, *, p: float, segment_rank: float, **kw: Any) -> Any:
     return router.plan(**args)
 
 
-def test_value_ranked_sbm_routes_the_segments_highest_values_first() -> None:
+def test_sbm_bin_share_is_the_simulators_top_in_segment() -> None:
+    assert [sbm_bin_share(k, 0.25) for k in range(VALUE_BINS)] == [0.0] * 6 + [1.0, 1.0]
+    assert [sbm_bin_share(k, 0.05) for k in range(VALUE_BINS)] == pytest.approx([0.0] * 7 + [0.4])
+    assert [sbm_bin_share(k, 0.0) for k in range(VALUE_BINS)] == [0.0] * VALUE_BINS
+    assert [sbm_bin_share(k, 1.0) for k in range(VALUE_BINS)] == [1.0] * VALUE_BINS
+    for p in (0.0, 0.03, 0.2, 0.5, 0.77, 1.0):
+        mean = np.mean([sbm_bin_share(k, p) for k in range(VALUE_BINS)])
+        assert mean == pytest.approx(p)  # a share p of the segment, as the uniform rule
+    # the simulator's population cells route the same shares (one segment's cells, in order)
+    pop = Population.from_scenario(load_scenario(SCENARIO), VALUE_BINS)
+    for p in (0.03, 0.3, 0.9):
+        share = np.full(pop.n_segments, p)
+        sim = pop.top_in_segment(share)[:VALUE_BINS]
+        assert sim == pytest.approx([sbm_bin_share(k, p) for k in range(VALUE_BINS)])
+
+
+def test_value_ranked_sbm_routes_the_segments_highest_value_bins_first() -> None:
     router = Router(0.0, BASE, np.random.default_rng(7), max_candidates=300)
-    ranks = np.linspace(0.0, 1.0, 2000, endpoint=False)
+    ranks = np.random.default_rng(8).random(40_000)
+    bins = np.array([value_stratum(float(r)) for r in ranks])
     for p in (0.0, 0.05, 0.25, 0.6, 1.0):
         strong = np.array([_plan(router, p=p, segment_rank=float(r)).strong for r in ranks])
-        assert strong.mean() == pytest.approx(p, abs=1e-3)  # the same share as the uniform rule
-        # exactly the top p by value within the segment: a routed request outranks every other
-        if strong.any() and not strong.all():
-            assert ranks[strong].min() > ranks[~strong].max()
+        assert abs(strong.mean() - p) < 0.01  # the same share as the uniform rule
+        for k in range(VALUE_BINS):
+            want = sbm_bin_share(k, p)
+            got = strong[bins == k].mean()
+            if want in (0.0, 1.0):
+                assert got == want  # bins above 1 - p all routed, bins below none
+            else:  # the boundary bin: a random part of it, not its highest ranks
+                assert abs(got - want) < 0.05
+                inside = ranks[bins == k]
+                routed = strong[bins == k]
+                assert abs(inside[routed].mean() - inside[~routed].mean()) < 0.005
     # at the same p, a high-value request goes before a low-value one
     assert _plan(router, p=0.25, segment_rank=0.9).strong
     assert not _plan(router, p=0.25, segment_rank=0.6).strong
