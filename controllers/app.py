@@ -40,7 +40,7 @@ import numpy as np
 from controllers.config import ControlConfig
 from controllers.observe import RegionAggregator
 from controllers.plane import ControlPlane
-from controllers.types import ArmStats, CapacityLevel, RegionTargets
+from controllers.types import CapacityLevel, RegionTargets
 from headroom.logs import get_logger
 from headroom.scenario import Scenario
 from streams import messages
@@ -232,14 +232,7 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
     @app.agent(value_topic)
     async def value_agent(stream: Any) -> None:
         async for _event, msg in decoded(stream, "value"):
-            stats = ArmStats(
-                n=msg.n,
-                value_sum=msg.value_sum,
-                value_sq_sum=msg.value_sq_sum,
-                cpu_ms=msg.cost.cpu_ms,
-                accelerator_ms=msg.cost.accelerator_ms,
-            )
-            ctl.aggregator.add_value(msg.region, msg.ts, (msg.segment, msg.lever, msg.arm), stats)
+            ctl.aggregator.add_value_signal(msg)  # keyed by (segment, value bin) where it has one
 
     @app.timer(interval=settings.interval_s)  # type: ignore[untyped-decorator]
     async def control_tick() -> None:
