@@ -843,14 +843,16 @@ class RegionRun:
             routed = ctx.eligible * np.clip(r_seg, 0.0, 1.0)[pop.seg]
         sbm_req = routed * pop.keep_top(m_sbm)
         if extra > 0 and pol.value_ranked_rma:
-            # the target's extra candidates are a budget spent highest value first: the top
-            # share of requests by value gets the maximum, the rest none (same mean work)
+            # the target's extra candidates are a budget spent highest value first on the
+            # requests the strong model did not take: the top share of those by value gets
+            # the maximum, the rest none (the same mean work per request)
             span_max = ctx.nmax - ctx.n0
-            keep_rma = pop.keep_top(m_rma * extra / span_max)
+            rma_req = pop.keep_top_among(m_rma * extra / span_max, 1.0 - routed)
             extra = span_max
+        elif extra > 0:
+            rma_req = (1.0 - routed) * pop.keep_top(m_rma)
         else:
-            keep_rma = pop.keep_top(m_rma)
-        rma_req = (1.0 - routed) * keep_rma if extra > 0 else np.zeros(pop.n_cells)
+            rma_req = np.zeros(pop.n_cells)
         adm = pol.admit(now, span, rma_req, sbm_req, self) if sheds else None
         if adm is None:
             rma_adm, sbm_adm = rma_req, sbm_req

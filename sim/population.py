@@ -65,6 +65,7 @@ class Population:
     sigma: FloatArray
     seg_share: FloatArray  # (S,)
     _keep_cache: dict[float, FloatArray] = field(default_factory=dict, repr=False)
+    _among_cache: dict[tuple[float, bytes], FloatArray] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         for arr in (self.seg, self.share, self.v_mean, self.v_moments, self.v_lo, self.v_hi):
@@ -188,6 +189,37 @@ class Population:
             got.setflags(write=False)
             if len(self._keep_cache) < 20_000:
                 self._keep_cache[key] = got
+        return got
+
+    def keep_top_among(self, share: float, avail: FloatArray) -> FloatArray:
+        """Per cell, the share of its requests that get a budget of ``share`` (of all requests)
+        spent highest value first on the *available* requests only: ``avail[c]`` of cell ``c``'s
+        requests are available, spread evenly over its values (the bin's routing to the strong
+        model is random within the bin). The threshold ``θ`` solves
+        ``Σ_c share_c · avail_c · P(V ≥ θ | c) = share``; every available request when the
+        budget exceeds them. Cached by the rounded inputs."""
+        avail = np.clip(np.asarray(avail, dtype=np.float64), 0.0, 1.0)
+        if share <= 0.0:
+            return self._zeros
+        key = (round(share, 4), np.round(avail, 6).tobytes())
+        got = self._among_cache.get(key)
+        if got is not None:
+            return got
+        if float((self.share * avail).sum()) <= share:
+            got = avail.copy()
+        else:
+            lo = float((self.mu - 8.0 * self.sigma - 1.0).min())
+            hi = float((self.mu + 8.0 * self.sigma + 1.0).max())
+            for _ in range(50):
+                mid = 0.5 * (lo + hi)
+                if float((self.share * avail * self.share_above(math.exp(mid))).sum()) > share:
+                    lo = mid
+                else:
+                    hi = mid
+            got = avail * self.share_above(math.exp(hi))
+        got.setflags(write=False)
+        if len(self._among_cache) < 20_000:
+            self._among_cache[key] = got
         return got
 
     def top_in_segment(self, share: FloatArray) -> FloatArray:

@@ -261,3 +261,22 @@ def test_dual_bound_is_valid_and_tight_on_random_budgets() -> None:
         assert dual >= -exact.fun - 1e-9  # a valid upper bound at the real budgets
         assert sol.value <= -exact.fun + 1e-9  # the plan at the rounded-down budgets fits
         assert dual <= -exact.fun * 1.02 + 1e-6  # and the bound is tight to the grid
+
+
+def test_rma_budget_goes_to_the_highest_value_requests_the_strong_model_left() -> None:
+    pop = Population.from_scenario(scenario(), bins=8)
+    routed = pop.top_in_segment(np.array([0.25] * pop.n_segments))  # top two bins of each
+    avail = 1.0 - routed
+    got = pop.keep_top_among(0.2, avail)
+    # the same mean work: a fifth of all requests get the extras, none of them routed
+    assert float((pop.share * got).sum()) == pytest.approx(0.2, rel=1e-6)
+    assert np.all(got <= avail + 1e-12)
+    assert np.all(got[routed >= 1.0] == 0.0)
+    # highest value first: a cell gets extras only if every more valuable available cell does
+    order = np.argsort(-pop.v_mean)
+    partial = [c for c in order if 1e-9 < got[c] < avail[c] - 1e-9]
+    assert len(partial) <= pop.n_segments  # the threshold cuts at most one bin per segment
+    # without routing it is the plain top share; a budget beyond the available is all of it
+    assert np.allclose(pop.keep_top_among(0.2, np.ones(pop.n_cells)), pop.keep_top(0.2), atol=1e-6)
+    assert np.allclose(pop.keep_top_among(0.9, avail), avail)
+    assert not pop.keep_top_among(0.0, avail).any()
