@@ -18,9 +18,12 @@ region, so a region's partitions are shared by that region's clients), and for e
    uniform random share p instead. Otherwise RMA:
    ``m × (rma.candidates − base)`` extra candidates per request on average, ``m`` the client-side
    multiplier of the dedicated replica it picked (AIMD on the health in every response,
-   :class:`workers.shedding.ClientShedder`), spent highest value first: the requests in the top
-   ``m × (candidates − base) / (max − base)`` share by value (among all requests) get
-   ``max − base`` extras, the others none (the simulator's ``headroom`` clients do the same).
+   :class:`workers.shedding.ClientShedder`), spent highest value first on the requests the
+   strong model did not take: with ``s = m × (candidates − base) / (max − base)`` and ``r̂`` the
+   recent share of treatment requests routed to SBM, the non-routed requests in the top
+   ``min(1, s / (1 − r̂))`` share by value *among non-routed treatment requests* get
+   ``max − base`` extras, the others none — a share ``s`` of all treatment requests, the same
+   mean work (the simulator's ``headroom`` clients do the same, ``keep_top_among``).
 3. **Serve** — over real loopback connections (:mod:`workers.wire`). An SBM request goes to a
    strong-model replica; if that replica refuses it (``downgraded``), is unreachable, dies or is
    preempted mid-request, or does not answer within its budget, the request returns to the base
@@ -116,7 +119,13 @@ from workers.precompute_store import (
     quantile_samples,
 )
 from workers.service import Service
-from workers.shedding import ClientShedConfig, ClientShedder, ShedTransition, ValueRanker
+from workers.shedding import (
+    ClientShedConfig,
+    ClientShedder,
+    HistogramConfig,
+    ShedTransition,
+    ValueRanker,
+)
 from workers.wire import RankRequest, RankResponse, ServerUnavailable, WireClient
 from workers.world import RankingWorld
 
@@ -128,6 +137,7 @@ __all__ = [
     "PrecomputeLookup",
     "PrecomputePath",
     "RankingClient",
+    "RoutedShare",
     "Router",
     "ServerAddress",
     "TargetBook",
@@ -372,11 +382,18 @@ class Router:
     ``u_sbm < p``.
 
     RMA, ``value_ranked`` (the default, as the simulator's ``headroom`` policy): the target's
-    ``m × (candidates − base)`` extra candidates per request are a *mean* spent highest value
-    first — a request whose value rank (its CDF among recent requests) is in the top
-    ``m × (candidates − base) / (max − base)`` share gets ``max − base`` extras, the others none
-    (the same work, on the requests where a better ad is worth most). ``uniform``: every
-    treatment request gets ``round(m × (candidates − base))``.
+    ``m × (candidates − base)`` extra candidates per *treatment* request are a mean spent highest
+    value first on the requests the strong model did not take (a routed request gets no extras):
+    ``s = m × (candidates − base) / (max − base)`` is the share of treatment requests the budget
+    gives ``max − base`` extras; with ``r̂`` the recent share of treatment requests routed to
+    the strong model (:class:`RoutedShare`), a non-routed request gets them iff its value rank
+    *among recent non-routed treatment requests* (:attr:`rma_ranker`, which observes each one
+    before ranking it) is ≥ ``1 − min(1, s / (1 − r̂))``, the others none — the same mean work
+    per treatment request, on the requests where a better ad is worth most (the simulator's
+    ``Population.keep_top_among``). Ranking among *all* requests instead would leave the share
+    ``≈ r`` of the budget that falls on requests SBM took unspent. ``uniform``
+    (``value_ranked=False``): every non-routed treatment request gets
+    ``round(m × (candidates − base))``.
 
     ``rng`` is the only source of randomness (one uniform draw for the arm, one for SBM; both
     are drawn whatever the rule, so the stream is the same under either).
@@ -391,6 +408,7 @@ class Router:
         max_candidates: int,
         value_ranked: bool = True,
         value_ranked_sbm: bool = True,
+        histogram: HistogramConfig | None = None,
     ) -> None:
         if not 0.0 <= holdout < 1.0:
             raise ConfigError(f"world.holdout: must lie in [0, 1), got {holdout}")
@@ -400,6 +418,10 @@ class Router:
         self.value_ranked = value_ranked
         self.value_ranked_sbm = value_ranked_sbm
         self.rng = rng
+        # value-ranked RMA's order: values of recent non-routed treatment requests, and the
+        # recent share of treatment requests routed to the strong model (the same horizon)
+        self.rma_ranker = ValueRanker(histogram)
+        self.routed_share = RoutedShare((histogram or HistogramConfig()).half_life)
 
     def plan(
         self,
@@ -410,11 +432,12 @@ class Router:
         rma_multiplier: float,
         sbm_keeps: bool,
         sbm_available: bool,
-        value_rank: float = 1.0,
+        value: float | None = None,
         segment_rank: float = 1.0,
     ) -> Plan:
-        """``value_rank``: the request's value rank among all recent requests (RMA's order);
-        ``segment_rank``: among its segment's (value-ranked SBM's order)."""
+        """``value``: the request's value (value-ranked RMA ranks it among the non-routed
+        treatment requests; None, in tests only: not observed, ranked at the top);
+        ``segment_rank``: its value rank among its segment's (value-ranked SBM's order)."""
         u_arm, u_sbm = self.rng.random(2)
         if u_arm < self.holdout:
             return Plan(control=True, strong=False, extra=0)
@@ -422,16 +445,50 @@ class Router:
         # value-ranked: the top p of the segment by value bin; else a uniform share p
         share = sbm_bin_share(value_stratum(segment_rank), p) if self.value_ranked_sbm else p
         routed = bool(u_sbm < share)
-        if eligible and sbm_available and routed and sbm_keeps:
+        strong = eligible and sbm_available and routed and sbm_keeps
+        r_hat = self.routed_share.add(strong)
+        if strong:
             return Plan(control=False, strong=True, extra=0)
+        rank = 1.0
+        if value is not None:
+            self.rma_ranker.observe(value)
+            rank = self.rma_ranker.rank(value)
         m = min(1.0, max(0.0, rma_multiplier))
         wanted = max(0, min(target.rma_candidates, self.max) - self.base)
         span = self.max - self.base
         if not self.value_ranked or span <= 0 or wanted <= 0:
             return Plan(control=False, strong=False, extra=round(m * wanted))
-        share = m * wanted / span
-        extra = span if share > 0.0 and value_rank >= 1.0 - share else 0
+        # the budget, a share of treatment requests, spent on the non-routed ones only
+        budget = m * wanted / span
+        left = 1.0 - r_hat
+        among = 1.0 if left <= budget else budget / left
+        extra = span if among > 0.0 and rank >= 1.0 - among else 0
         return Plan(control=False, strong=False, extra=extra)
+
+
+class RoutedShare:
+    """The recent share of treatment requests routed to the strong model, ``r̂``: a mean of
+    the 0/1 routing outcomes weighted ``2^(−age / half_life)``, age in treatment requests (the
+    :class:`ValueRanker`'s horizon, ``HistogramConfig.half_life``). Normalised by the decayed
+    count, so it has no start-up bias (0.0 before any request)."""
+
+    def __init__(self, half_life: float = HistogramConfig().half_life) -> None:
+        if not (math.isfinite(half_life) and half_life > 0.0):
+            raise ConfigError(f"half_life: must be > 0, got {half_life}")
+        self.half_life = half_life
+        self._decay = 2.0 ** (-1.0 / half_life)
+        self._routed = 0.0
+        self._count = 0.0
+
+    def add(self, routed: bool) -> float:
+        """Count one treatment request; return the share with it counted."""
+        self._routed = self._routed * self._decay + (1.0 if routed else 0.0)
+        self._count = self._count * self._decay + 1.0
+        return self.value
+
+    @property
+    def value(self) -> float:
+        return self._routed / self._count if self._count > 0.0 else 0.0
 
 
 # ------------------------------------------------------------------------------------------------
@@ -947,7 +1004,7 @@ class RankingClient(Service):
         )
         self.offsets: OffsetTracker[Outcome] = OffsetTracker()
         self._segments = frozenset(seg.name for seg in scenario.segments)
-        self.ranker = ValueRanker()  # value rank among all requests: RMA and shedding order
+        self.ranker = ValueRanker()  # value rank among all requests: the strong shedder's order
         # value rank within each segment: value-ranked SBM and the value signals' strata
         self.segment_rankers = {seg: ValueRanker() for seg in sorted(self._segments)}
         now = self._wall()
@@ -1223,7 +1280,7 @@ class RankingClient(Service):
             rma_multiplier=m,
             sbm_keeps=keeps,
             sbm_available=strong is not None,
-            value_rank=rank,
+            value=msg.value,
             segment_rank=seg_rank,
         )
         looked: str | None = None

@@ -137,7 +137,7 @@ def _plan(router: Router, *, p: float, segment_rank: float, **kw: Any) -> Any:
         "rma_multiplier": 1.0,
         "sbm_keeps": True,
         "sbm_available": True,
-        "value_rank": 0.5,
+        "value": 3.0,
         "segment_rank": segment_rank,
     }
     args.update(kw)
@@ -180,10 +180,10 @@ def test_value_ranked_sbm_routes_the_segments_highest_value_bins_first() -> None
     # at the same p, a high-value request goes before a low-value one
     assert _plan(router, p=0.25, segment_rank=0.9).strong
     assert not _plan(router, p=0.25, segment_rank=0.6).strong
-    # p = 0 routes nothing, even the highest value; the global rank plays no part
+    # p = 0 routes nothing, even the highest value; the value itself (RMA's order) plays no part
     assert not _plan(router, p=0.0, segment_rank=1.0).strong
-    assert _plan(router, p=0.25, segment_rank=0.9, value_rank=0.0).strong
-    assert not _plan(router, p=0.25, segment_rank=0.6, value_rank=1.0).strong
+    assert _plan(router, p=0.25, segment_rank=0.9, value=1e-3).strong
+    assert not _plan(router, p=0.25, segment_rank=0.6, value=1e3).strong
     # the other gates still apply
     for gate in ({"eligible": False}, {"sbm_keeps": False}, {"sbm_available": False}):
         assert not _plan(router, p=1.0, segment_rank=1.0, **gate).strong
