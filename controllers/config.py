@@ -100,7 +100,7 @@ class PidSettings:
     # admit it only up to the utilisation whose mean queueing wait (controllers/queueing.py) is
     # this share of the setpoint: a token bucket filled to 100 % of the quota would queue every
     # request of the stage behind it.
-    wait_budget_share: float = 0.1
+    wait_budget_share: float = 0.05
 
     def validate(self, c: _Checker) -> None:
         c.between("wait_budget_share", self.wait_budget_share, 0.0, 1.0, lo_open=True)
