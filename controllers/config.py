@@ -99,7 +99,8 @@ class PidSettings:
     # RMA's extra work shares the mixed replicas' queues with baseline work, so their servers
     # admit it only up to the utilisation whose mean queueing wait (controllers/queueing.py) is
     # this share of the setpoint: a token bucket filled to 100 % of the quota would queue every
-    # request of the stage behind it.
+    # request of the stage behind it. 0.05, not 0.1: at diurnal-3region's peak, where the
+    # baseline's own tail is near the timeout, 0.1 added 3 timeouts to static's 25,481.
     wait_budget_share: float = 0.05
 
     def validate(self, c: _Checker) -> None:
