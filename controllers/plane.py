@@ -267,6 +267,22 @@ class ControlPlane:
 
         # 4. SBM coverage, 5. router
         sbm_cpu, sbm_acc = alloc.budget(LEVER_SBM)
+        if 0.0 < sbm_acc < 1.0:
+            # a strong replica holds a whole device however small SBM's share: the replicas
+            # get one (engines and fleets alike), so coverage is sized to what it serves
+            whole = max(
+                (
+                    c.units
+                    for c in obs.capacity
+                    if c.pool == "opportunistic"
+                    and c.resource == "accelerator"
+                    and not c.remote
+                    and c.hardware in cfg.costs.strong_hardware
+                ),
+                default=0.0,
+            )
+            raised = max(sbm_acc, min(1.0, _finite_nonneg(whole)))
+            sbm_acc = raised
         cov = st.coverage.step(
             obs.p99_ms.get("sbm"), obs.observed_coverage, eligible_rps, sbm_cpu, sbm_acc, dt
         )

@@ -980,8 +980,17 @@ class RegionRun:
         sra = _rho_arr(lam * bm.base_acc, st.ded_acc)
         # a block that is about to build a queue stops after that step (policies react to it)
         hot = (rc > 1.0) | (ra > 1.0) | (rs > 1.0)
+        k = idx.size
         if idx.size > 1 and hot.any():
             k = int(np.argmax(hot)) + 1
+        if self.policy.server_sheds and idx.size > 1:
+            # servers' token buckets act per request: a block whose traffic rises well above
+            # the rate its admission was decided for ends before that step, so the servers
+            # decide again for the new rate (a surge is not admitted at the old one)
+            jump = lam > lam[0] * _RATE_JUMP
+            if jump.any():
+                k = min(k, max(1, int(np.argmax(jump))))
+        if k < idx.size:
             idx, dt, a, lam = idx[:k], dt[:k], a[:k], lam[:k]
             rc, ra, rs, src, sra = rc[:k], ra[:k], rs[:k], src[:k], sra[:k]
             phi_c, phi_a, phi_s, one, ends = phi_c[:k], phi_a[:k], phi_s[:k], one[:k], ends[:k]
@@ -1460,6 +1469,9 @@ class RegionRun:
         )
         self._obs_reset()
         return obs
+
+
+_RATE_JUMP = 1.05  # traffic this much above a block's first step re-decides admission
 
 
 def _rho(offered_ms_per_s: float, units: float) -> float:

@@ -137,6 +137,25 @@ def check_bounds(cfg: ControlConfig, obs: RegionObservation, t, plane: ControlPl
     assert extra * rps * cfg.costs.rma_per_candidate.cpu_s <= rma_cpu * (1 + 1e-9) + 1e-12
     assert extra * rps * cfg.costs.rma_per_candidate.accelerator_s <= rma_acc * (1 + 1e-9) + 1e-12
     sbm_acc = sum(s.accelerator for s in t.allocation if s.lever == "sbm")
+    if 0.0 < sbm_acc < 1.0:  # a strong replica holds a whole device of the largest strong pool
+        whole = max(
+            (
+                c.units
+                for c in obs.capacity
+                if c.pool == "opportunistic"
+                and c.resource == "accelerator"
+                and not c.remote
+                and c.hardware in cfg.costs.strong_hardware
+                and c.units == c.units
+            ),
+            default=0.0,
+        )
+        sbm_cpu = sum(s.cpu for s in t.allocation if s.lever == "sbm")
+        raised = max(sbm_acc, min(1.0, whole))
+        assert t.sbm_coverage * elig * cfg.costs.sbm_per_request.cpu_s <= (
+            sbm_cpu * raised / sbm_acc * (1 + 1e-9) + 1e-12
+        )
+        sbm_acc = raised
     assert t.sbm_coverage * elig * cfg.costs.sbm_per_request.accelerator_s <= (
         sbm_acc * (1 + 1e-9) + 1e-12
     )
@@ -392,3 +411,37 @@ def test_config_rejects_unknown_settings() -> None:
         ControlConfig.from_scenario(scenario(), speed=2)
     with pytest.raises(ConfigError, match=r"control\.ttl_s"):
         ControlConfig.from_scenario(scenario(), interval_s=60.0, ttl_s=30.0)
+
+
+def test_coverage_is_sized_to_the_whole_device_a_small_sbm_share_gets() -> None:
+    from controllers.allocator import Allocation
+    from controllers.types import LeverShare
+
+    def fixed(share_acc: float) -> Allocation:
+        return Allocation(
+            shares=(LeverShare("sbm", 1.0, share_acc, "gpu-b"),),
+            rates={},
+            budgets={"sbm": (1.0, share_acc)},
+            estimates={},
+            fallback=None,
+            cap_bound=(),
+            explored=(),
+            safe_cpu=7.2,
+            safe_accelerator=1.8,
+        )
+
+    def coverage(share_acc: float, pool_units: float) -> float:
+        class Fixed:  # an allocator that always decides ``share_acc`` devices for SBM
+            def allocate(self, *args: object, **kwargs: object) -> Allocation:
+                return fixed(share_acc)
+
+        plane = ControlPlane(CFG, np.random.default_rng(0))
+        plane.allocator = Fixed()  # type: ignore[assignment]
+        cap = capacity(cpu=8.0, accelerator=pool_units, expires_in_s=900.0)
+        return plane.step(observation(60.0, capacity=cap)).sbm_coverage
+
+    small = coverage(0.3, 2.0)
+    one = coverage(1.0, 2.0)
+    assert small == pytest.approx(one)  # a 0.3 share is served by the replica's whole device
+    assert coverage(0.3, 0.5) < small  # a pool of half a device holds no more than that
+    assert coverage(1.5, 2.0) > one  # above one device, the share decides again
