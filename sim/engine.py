@@ -763,7 +763,9 @@ class RegionRun:
         self.pending.append(_Pending(t, i, ch.before, ch.after))
         self.quotas = q_new  # the capacity is gone now; servers learn it at their next turn
         if self.policy.notices_reclaims():
-            rate = max(self.arrival_rate, 1e-3) * self.cfg.server_turns_per_request
+            # the traffic at the reclaim itself (``arrival_rate`` may still be a step behind)
+            now_rate = float(self.traces.rate[self.ctx.traces.step_of(t)])
+            rate = max(now_rate, 1e-3) * self.cfg.server_turns_per_request
             delay = -math.log(max(1.0 - notice_u, 1e-300)) / rate
             self.noticed_at = t + delay
             self._push(t + delay, _EV_NOTICE, None)
