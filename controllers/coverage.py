@@ -12,7 +12,7 @@ One loop per region, stepped once per control interval after the allocator has s
    where ``u*`` = :func:`controllers.queueing.admissible_utilization` of the budget's devices for
    the strong request's accelerator time and a mean-wait budget of ``wait_budget_share`` × the
    setpoint: the share of the devices the strong replicas can keep busy without their queue
-   eating the latency budget (about half of one device, three quarters of two).
+   eating the latency budget (about half of one device, two thirds of two).
 
    clamped to [0, max_coverage]; per-request costs come from :class:`controllers.levers.CostModel`
    (``sbm_per_request``). No eligible traffic or no budget means 0.

@@ -41,6 +41,13 @@ precompute the jobs run per request), that is the value per unit of work, and
 ``lcb = mean - z·se`` (``z`` = 1.645, one-sided 95 %). Below ``min_samples`` effective samples in
 either arm there is no estimate.
 
+Two refinements (docs/controllers.md, "Value estimates"): the book's keys may be strata of a
+segment (``"casual#3"``, a value bin), and where the value signals carry the ``cost`` of the work
+their treatment requests received, value per unit comes from the strata where the lever worked
+only, ``r_s = n_t,s·d_s / u_s``, combined by inverse variance (:meth:`ValueBook.per_unit`);
+otherwise the uplift is divided by the units the book's own requests received (a discounted
+units book, :meth:`ValueBook.mean_units`), not by the units in force now.
+
 Adding a lever: subclass :class:`Lever`, give it a name, costs and a demand, and register it in
 a :class:`LeverRegistry` passed to the control plane (docs/controllers.md has a worked example).
 """
@@ -259,8 +266,8 @@ class ValueBook:
     def mean_units(self, lever: str) -> float | None:
         """Units of work per treated request over the book's (discounted) memory, or None."""
         u = self._units.get(lever)
-        if u is None or u[0] <= 0.0:
-            return None
+        if u is None or u[0] <= 0.0 or u[1] <= 0.0:
+            return None  # no work on record: a ratio near 0 would inflate value per unit
         return u[1] / u[0]
 
     def treated(self, value: Mapping[ValueKey, ArmStats], lever: str) -> float:

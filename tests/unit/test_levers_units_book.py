@@ -96,3 +96,9 @@ def test_precompute_value_per_job_counts_every_job_run_not_one_per_request() -> 
     assert pre.work_in_window(ctx, 60.0, 300.0) == pytest.approx(600.0)
     rma = RmaLever(costs, 400, 1200)
     assert rma.work_in_window(ctx, 60.0, 300.0) == pytest.approx(300.0 * 50.0)
+
+
+def test_no_work_on_record_gives_no_units() -> None:
+    book = ValueBook()
+    book.add_units("precompute", 100.0, 0.0)  # hits while no job ran in the window
+    assert book.mean_units("precompute") is None
