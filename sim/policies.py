@@ -356,12 +356,7 @@ class HeadroomRegion(PlaneRegion):
         return self.rma_client.multiplier_at(now), self.sbm_client.multiplier_at(now)
 
     def on_quotas(self, now: float, quotas: Quotas, reduced: bool) -> None:
-        # servers admit optional work up to the share of their quota that a queue tolerates:
-        # RMA's mixed replicas 1 − margin (the plan's own ceiling: a surge beyond it is shed,
-        # not queued in front of baseline work), the strong replicas the utilisation the
-        # coverage controller sized coverage for (few devices queue long: controllers/queueing.py)
-        k_c, k_a = self._mixed_busy(quotas)
-        k_s = self.plane_coverage.admissible(quotas.sbm_acc)
+        k_c, k_a, k_s = self._admission(quotas)
         self.rma_server.on_capacity(
             OptionalCapacity(quotas.rma_cpu * k_c, quotas.rma_acc * k_a), now
         )
@@ -372,13 +367,17 @@ class HeadroomRegion(PlaneRegion):
     def bind(self, run: RegionRun) -> None:
         self._run = run
 
-    def _mixed_busy(self, q: Quotas) -> tuple[float, float]:
-        """How busy optional work may keep the mixed replicas' CPU and accelerator stages: the
-        admissible utilisation of the whole stage (dedicated + quota) for a baseline request's
-        service time and RMA's wait budget, never above ``1 − margin``."""
+    def _admission(self, q: Quotas) -> tuple[float, float, float]:
+        """The share of each quota the servers admit optional work up to — what a queue
+        tolerates (controllers/queueing.py): on the mixed replicas' CPU and accelerator stages
+        the admissible utilisation of the whole stage (dedicated + quota) for a baseline
+        request's service time and RMA's wait budget, never above ``1 − margin`` (a surge
+        beyond it is shed, not queued in front of baseline work); on the strong replicas the
+        utilisation the coverage controller sized coverage for (few devices queue long)."""
+        k_s = self.plane_coverage.admissible(q.sbm_acc)
         run = self._run
         if run is None:
-            return self.rma_busy, self.rma_busy
+            return self.rma_busy, self.rma_busy, k_s
         cfg = self.plane.config
         budget = cfg.pid.wait_budget_share * cfg.setpoint_ms
         st = run.static
@@ -388,7 +387,7 @@ class HeadroomRegion(PlaneRegion):
             (st.ded_cpu + q.rma_cpu + q.sbm_cpu) / par, bm.cpu_mean, budget
         )
         k_a = admissible_utilization(st.ded_acc + q.rma_acc, bm.acc_mean, budget)
-        return min(k_c, self.rma_busy), min(k_a, self.rma_busy)
+        return min(k_c, self.rma_busy), min(k_a, self.rma_busy), k_s
 
     def admit(
         self, now: float, span: float, rma_req: Any, sbm_req: Any, run: RegionRun
@@ -424,8 +423,7 @@ class HeadroomRegion(PlaneRegion):
             float(n_sbm.sum()) * ctx.n0 * costs.strong_accelerator_ms,
         )
         # what the servers' buckets hold: the quotas scaled as in :meth:`on_quotas`
-        k_c, k_a = self._mixed_busy(q)
-        k_s = self.plane_coverage.admissible(q.sbm_acc)
+        k_c, k_a, k_s = self._admission(q)
         have = tuple(
             1000.0 * span * u * k
             for u, k in zip(
