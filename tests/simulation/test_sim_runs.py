@@ -169,17 +169,16 @@ def test_greedy_violates_the_slo_on_the_preemption_storm_and_headroom_does_not(
     runs: Any,
 ) -> None:
     """Greedy runs its opportunistic capacity flat out and reacts only at control steps: it
-    breaks the SLO in most windows. Headroom stays within 2 % of windows and a tenth of
-    greedy's (the project's target is static + 0.1 %; the measured figure, and why it is
-    missed, are in docs/simulator.md §Results)."""
+    breaks the SLO in most windows. Headroom keeps the baseline promise: no more violated
+    windows than static + 0.1 % (the project's target) and no more errors than static."""
     m = runs("preemption-storm").metrics["policies"]
     static = m["static"]["slo"]["violation_fraction"]
     greedy = m["greedy"]["slo"]["violation_fraction"]
     headroom = m["headroom"]["slo"]["violation_fraction"]
     assert greedy > static + 0.2
-    assert headroom <= static + 0.02
-    assert headroom < greedy / 10
-    assert m["headroom"]["requests"]["errors"] <= m["greedy"]["requests"]["errors"]
+    assert headroom <= static + 0.001
+    assert m["headroom"]["requests"]["errors"] <= m["static"]["requests"]["errors"]
+    assert m["headroom"]["value"]["incremental"] > 0
 
 
 def test_headroom_releases_reclaimed_capacity_within_milliseconds(runs: Any) -> None:
