@@ -181,6 +181,18 @@ def test_greedy_violates_the_slo_on_the_preemption_storm_and_headroom_does_not(
     assert m["headroom"]["value"]["incremental"] > 0
 
 
+def test_headroom_keeps_the_baseline_promise_on_quickstart(runs: Any) -> None:
+    """Capacity steps, a preemption, a surge and a control outage: optional work never costs
+    the baseline a violated window or an error, and still earns value."""
+    m = runs("quickstart").metrics["policies"]
+    assert (
+        m["headroom"]["slo"]["violation_fraction"]
+        <= m["static"]["slo"]["violation_fraction"] + 0.001
+    )
+    assert m["headroom"]["requests"]["errors"] <= m["static"]["requests"]["errors"]
+    assert m["headroom"]["value"]["incremental"] > 0
+
+
 def test_headroom_releases_reclaimed_capacity_within_milliseconds(runs: Any) -> None:
     r = runs("preemption-storm").metrics["policies"]
     assert r["headroom"]["reclaims"]["count"] > 0
