@@ -168,7 +168,7 @@ class PrecomputeConfig:
     expiry_margin: float = 0.0  # quality a stored result must keep above the live baseline
     visit_model: VisitModel = VisitModel.POISSON
     rate_shape: float = 1.0  # κ of GAMMA_POISSON: 1 = exponentially distributed user rates
-    refresh_after: float = 0.15  # recompute a live result only once this share of L_s has passed
+    refresh_after: float = 0.5  # recompute a live result only once this share of L_s has passed
     min_gain: float = 0.0  # expected value a job must add (value units)
     explore_share: float = 0.0  # share of picks drawn uniformly among eligible users
     # Rate when no target carries a precompute budget: conservative, 20 jobs of 400 candidates
