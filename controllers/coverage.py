@@ -50,7 +50,7 @@ from controllers.config import CoverageSettings
 from controllers.levers import CostModel
 from controllers.queueing import admissible_utilization
 
-__all__ = ["CoverageController", "CoverageLimit", "CoverageResult"]
+__all__ = ["CoverageController", "CoverageLimit", "CoverageResult", "strong_admissible"]
 
 
 class CoverageLimit(Enum):
@@ -71,6 +71,19 @@ class CoverageResult:
     latency_scale: float
     calibration: float
     limit: CoverageLimit
+
+
+def strong_admissible(
+    settings: CoverageSettings, setpoint_ms: float, costs: CostModel, units: float
+) -> float:
+    """How busy ``units`` strong devices may run: the admissible utilisation for one strong
+    request's accelerator time and a mean wait of ``wait_budget_share`` × the setpoint. The
+    coverage controller sizes coverage by it and the strong servers admit by it."""
+    return admissible_utilization(
+        units,
+        costs.sbm_per_request.accelerator_s * 1000.0,
+        settings.wait_budget_share * setpoint_ms,
+    )
 
 
 class CoverageController:
@@ -122,11 +135,7 @@ class CoverageController:
 
     def admissible(self, units: float) -> float:
         """How busy ``units`` strong devices may run (module docstring, step 1)."""
-        return admissible_utilization(
-            units,
-            self.costs.sbm_per_request.accelerator_s * 1000.0,
-            self.settings.wait_budget_share * self.setpoint_ms,
-        )
+        return strong_admissible(self.settings, self.setpoint_ms, self.costs, units)
 
     def track(self, coverage: float) -> None:
         """Bumpless hand-over: the coverage in force is ``coverage`` (e.g. 0 after clients fell

@@ -270,7 +270,8 @@ class ValueBook:
             return None  # no work on record: a ratio near 0 would inflate value per unit
         return u[1] / u[0]
 
-    def treated(self, value: Mapping[ValueKey, ArmStats], lever: str) -> float:
+    @staticmethod
+    def treated(value: Mapping[ValueKey, ArmStats], lever: str) -> float:
         """Treatment requests of ``lever`` in one window's sums."""
         return float(sum(st.n for k, st in value.items() if k[1] == lever and k[2] == "treatment"))
 

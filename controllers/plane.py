@@ -34,7 +34,7 @@ to the value they last issued.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,12 +50,13 @@ from controllers.types import (
     LEVER_PRECOMPUTE,
     LEVER_RMA,
     LEVER_SBM,
+    CapacityLevel,
     RegionObservation,
     RegionTargets,
 )
 from headroom.errors import HeadroomError
 
-__all__ = ["ControlConfig", "ControlPlane", "Decision", "SnapshotError"]
+__all__ = ["ControlConfig", "ControlPlane", "Decision", "SnapshotError", "strong_replica_units"]
 
 SNAPSHOT_VERSION = 1
 
@@ -68,6 +69,30 @@ def _finite_nonneg(x: float | None) -> float:
     if x is None or not isinstance(x, int | float) or not math.isfinite(x) or x < 0.0:
         return 0.0
     return float(x)
+
+
+def strong_replica_units(
+    sbm_accelerator: float, capacity: Iterable[CapacityLevel], strong_hardware: Iterable[str]
+) -> float:
+    """The devices SBM's strong replicas hold for an accelerator share: a share below one device
+    still gets a whole device of the largest live strong-capable pool (a replica needs one,
+    in both engines and in a fleet), so coverage is sized to what that device serves."""
+    if not 0.0 < sbm_accelerator < 1.0:
+        return sbm_accelerator
+    hardware = set(strong_hardware)
+    whole = max(
+        (
+            c.units
+            for c in capacity
+            if c.pool == "opportunistic"
+            and c.resource == "accelerator"
+            and not c.remote
+            and c.hardware in hardware
+            and math.isfinite(c.units)
+        ),
+        default=0.0,
+    )
+    return max(sbm_accelerator, min(1.0, max(whole, 0.0)))
 
 
 def _finite_or_none(x: float | None) -> float | None:
@@ -267,22 +292,7 @@ class ControlPlane:
 
         # 4. SBM coverage, 5. router
         sbm_cpu, sbm_acc = alloc.budget(LEVER_SBM)
-        if 0.0 < sbm_acc < 1.0:
-            # a strong replica holds a whole device however small SBM's share: the replicas
-            # get one (engines and fleets alike), so coverage is sized to what it serves
-            whole = max(
-                (
-                    c.units
-                    for c in obs.capacity
-                    if c.pool == "opportunistic"
-                    and c.resource == "accelerator"
-                    and not c.remote
-                    and c.hardware in cfg.costs.strong_hardware
-                ),
-                default=0.0,
-            )
-            raised = max(sbm_acc, min(1.0, _finite_nonneg(whole)))
-            sbm_acc = raised
+        sbm_acc = strong_replica_units(sbm_acc, obs.capacity, cfg.costs.strong_hardware)
         cov = st.coverage.step(
             obs.p99_ms.get("sbm"), obs.observed_coverage, eligible_rps, sbm_cpu, sbm_acc, dt
         )

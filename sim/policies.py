@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from controllers.config import ControlConfig
-from controllers.coverage import CoverageController
+from controllers.coverage import strong_admissible
 from controllers.plane import ControlPlane
 from controllers.queueing import admissible_utilization
 from controllers.types import LEVER_RMA, LEVER_SBM, RegionObservation, RegionTargets
@@ -345,9 +345,6 @@ class HeadroomRegion(PlaneRegion):
         self._admitting = (False, False)
         self.rma_busy = 1.0 - self.margin
         self._run: RegionRun | None = None
-        # a throwaway controller for its admissible-utilisation rule (same settings as the plane's)
-        cfg = plane.config
-        self.plane_coverage = CoverageController(cfg.coverage, cfg.setpoint_ms, cfg.costs)
 
     def notices_reclaims(self) -> bool:
         return True
@@ -374,11 +371,11 @@ class HeadroomRegion(PlaneRegion):
         request's service time and RMA's wait budget, never above ``1 − margin`` (a surge
         beyond it is shed, not queued in front of baseline work); on the strong replicas the
         utilisation the coverage controller sized coverage for (few devices queue long)."""
-        k_s = self.plane_coverage.admissible(q.sbm_acc)
+        cfg = self.plane.config
+        k_s = strong_admissible(cfg.coverage, cfg.setpoint_ms, cfg.costs, q.sbm_acc)
         run = self._run
         if run is None:
             return self.rma_busy, self.rma_busy, k_s
-        cfg = self.plane.config
         budget = cfg.pid.wait_budget_share * cfg.setpoint_ms
         st = run.static
         bm = run.base_mix

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controllers.config import ControlConfig, PidSettings
-from controllers.plane import ControlPlane, SnapshotError
+from controllers.plane import ControlPlane, SnapshotError, strong_replica_units
 from controllers.testing import arm_stats, capacity, observation
 from controllers.types import ArmStats, CapacityLevel, RegionObservation
 from headroom.errors import ConfigError
@@ -137,21 +137,9 @@ def check_bounds(cfg: ControlConfig, obs: RegionObservation, t, plane: ControlPl
     assert extra * rps * cfg.costs.rma_per_candidate.cpu_s <= rma_cpu * (1 + 1e-9) + 1e-12
     assert extra * rps * cfg.costs.rma_per_candidate.accelerator_s <= rma_acc * (1 + 1e-9) + 1e-12
     sbm_acc = sum(s.accelerator for s in t.allocation if s.lever == "sbm")
-    if 0.0 < sbm_acc < 1.0:  # a strong replica holds a whole device of the largest strong pool
-        whole = max(
-            (
-                c.units
-                for c in obs.capacity
-                if c.pool == "opportunistic"
-                and c.resource == "accelerator"
-                and not c.remote
-                and c.hardware in cfg.costs.strong_hardware
-                and c.units == c.units
-            ),
-            default=0.0,
-        )
+    raised = strong_replica_units(sbm_acc, obs.capacity, cfg.costs.strong_hardware)
+    if raised > sbm_acc:  # a strong replica holds a whole device of the largest strong pool
         sbm_cpu = sum(s.cpu for s in t.allocation if s.lever == "sbm")
-        raised = max(sbm_acc, min(1.0, whole))
         assert t.sbm_coverage * elig * cfg.costs.sbm_per_request.cpu_s <= (
             sbm_cpu * raised / sbm_acc * (1 + 1e-9) + 1e-12
         )
