@@ -1077,8 +1077,7 @@ class RegionRun:
         tg = self.targets
         q = self.quotas
         if self.precompute is not None:
-            a_w = sum(float(b[:, _R["a"]].sum()) for _, b in self._blocks)
-            used_cpu, used_acc = self.precompute.advance(t0, t1, self, a_w)
+            used_cpu, used_acc = self.precompute.advance(t0, t1, self)
             self._win[0] += used_cpu
             self._win[1] += used_acc
         self._pending_windows.append(

@@ -80,11 +80,16 @@ that found a result, drawn like the engine's arms (:func:`sim.population.arm_sum
 the control plane as ``(segment, "precompute", arm)`` sums, so its allocator learns what a
 precompute job is worth.
 
-The oracle's bound (:func:`precompute_bound`) is ``Σ_s Δ*_s · V_s``: ``V_s`` the treatment requests
-of the segment over the run, ``Δ*_s = v̄_s · max_a (Q_s(a) − B_s)⁺`` the best a stored result can
-ever add to one visit over the base ranking — every visit served by a result at its best age,
-with unlimited capacity (module docstring of :mod:`sim.oracle` explains why it bounds every
-policy).
+The oracle's bound. A hit replaces its request's live outcome, so a treatment request gets *one*
+option: the baseline, a live lever, or a stored result. :mod:`sim.oracle` adds the stored result
+as a third option to its per-stretch LP, worth ``Δ*_s = v̄_s · max_a (Q_s(a) − B_s)⁺`` (the most a
+stored result can ever add to one visit over the base ranking), costing no live capacity, and
+open to at most ``ρ_{w,s}`` of the segment's requests in window ``w``:
+:func:`returning_share` replays the visits (:func:`draw_visits`, the same draws every policy
+sees) and counts the treatment visits whose user had already visited in an *earlier* window. No
+policy can serve more of them: the planner knows a user only from a visit, a job starts after it
+and its result is stored after the window's visits, so it is visible from the next window on.
+Capacity, ageing and the remote pools' reclaims are left out (the bound stays loose there).
 """
 
 from __future__ import annotations
@@ -118,10 +123,13 @@ __all__ = [
     "PrecomputeRegion",
     "PrecomputeStatic",
     "PrecomputeWindows",
-    "precompute_bound",
+    "draw_visits",
+    "precompute_capable",
     "precompute_region",
     "precompute_static",
+    "returning_share",
     "select_slots",
+    "trace_arrivals",
 ]
 
 FloatArray = npt.NDArray[np.float64]
@@ -235,26 +243,109 @@ def precompute_region(ctx: SimContext, r: int, policy: str) -> PrecomputeRegion 
     return PrecomputeRegion(ctx, r, mode, static)
 
 
-def precompute_bound(ctx: SimContext, r: int) -> float:
-    """Upper bound on the precompute value of region ``r`` (module docstring): every treatment
-    request of a returning segment served by a stored result at its best age. 0 without
-    precompute fields or without any opportunistic accelerator of the strong model's types."""
+def precompute_capable(ctx: SimContext, r: int) -> bool:
+    """Whether region ``r`` can precompute at all: the scenario has the precompute fields and the
+    region announces some opportunistic accelerator of the strong model's types."""
     static = precompute_static(ctx)
     if static is None:
-        return 0.0
+        return False
     st = ctx.regions[r]
     rt = ctx.traces.regions[r]
-    capable = any(
+    return any(
         k.resource == "accelerator"
         and k.hardware in static.hardware
         and float(p.levels.max(initial=0.0)) > 0.0
         for k, p in zip(st.pools, rt.pools, strict=True)
     )
-    if not capable:
-        return 0.0
-    arrivals = float(rt.arrivals.sum())
-    per_request = float((ctx.pop.seg_share * static.best_gain).sum())
-    return arrivals * ctx.treat * per_request
+
+
+def trace_arrivals(ctx: SimContext, r: int, t0: float, t1: float) -> float:
+    """Requests of region ``r`` in ``[t0, t1)`` (fluid, from the traffic trace): the count a
+    window's visits are drawn from — the same for every policy and for the oracle's replay
+    (:func:`returning_share`), whatever steps the engine cut the window into."""
+    tr = ctx.traces
+    arr = tr.regions[r].arrivals
+
+    def before(t: float) -> float:
+        i = min(max(int(np.searchsorted(tr.step_edges, t, side="right")) - 1, 0), tr.n_steps - 1)
+        length = float(tr.step_len[i])
+        into = min(max(t - float(tr.step_edges[i]), 0.0), length)
+        part = float(arr[i]) * into / length if length > 0 else 0.0
+        return float(arr[:i].sum()) + part
+
+    return max(before(t1) - before(t0), 0.0)
+
+
+def draw_visits(
+    rng: np.random.Generator,
+    ctx: SimContext,
+    s: PrecomputeStatic,
+    arrivals: float,
+    t0: float,
+    t1: float,
+) -> tuple[IntArray, IntArray, IntArray, IntArray, FloatArray, npt.NDArray[np.bool_]]:
+    """One window's visits: ``(n_seg, n_ctl, ids, seg, times, control)`` — requests split by
+    segment (multinomial) and into the holdout (binomial), each a visit of a uniform user of its
+    segment at a uniform instant. One code path for the policies and the oracle's replay, so
+    both see the same users at the same instants."""
+    n = max(round(arrivals), 0)
+    n_seg = rng.multinomial(n, ctx.pop.seg_share)
+    n_ctl = rng.binomial(n_seg, ctx.holdout)
+    ids_l, seg_l, t_l, ctl_l = [], [], [], []
+    for si in range(ctx.pop.n_segments):
+        m = int(n_seg[si])
+        if m == 0 or s.users[si] <= 0:
+            continue
+        ids_l.append(s.offset[si] + rng.integers(0, s.users[si], m))
+        t_l.append(t0 + rng.random(m) * (t1 - t0))
+        seg_l.append(np.full(m, si, dtype=np.int64))
+        ctl = np.zeros(m, dtype=bool)
+        ctl[: int(n_ctl[si])] = True  # users are drawn at random: the first are as good
+        ctl_l.append(ctl)
+    if not ids_l:
+        z = np.zeros(0, dtype=np.int64)
+        return n_seg, n_ctl, z, z, np.zeros(0), np.zeros(0, dtype=bool)
+    return (
+        n_seg,
+        n_ctl,
+        np.concatenate(ids_l).astype(np.int64),
+        np.concatenate(seg_l),
+        np.concatenate(t_l),
+        np.concatenate(ctl_l),
+    )
+
+
+def returning_share(ctx: SimContext, r: int) -> FloatArray | None:
+    """``ρ[w, s]``: the share of window ``w``'s treatment visits of segment ``s`` whose user had
+    already visited in an earlier window — the most of them any policy can serve from a stored
+    result (module docstring, *The oracle's bound*). None without precompute fields."""
+    static = precompute_static(ctx)
+    if static is None:
+        return None
+    key = f"returning-{r}"
+    got = ctx.oracle_cache.get(key)
+    if got is not None:
+        return np.asarray(got, dtype=np.float64)
+    rng = ctx.rng(r, _RNG_VISITS)
+    n_s = ctx.pop.n_segments
+    first = np.full(int(static.users.sum()), -1, dtype=np.int64)
+    out = np.zeros((ctx.n_windows, n_s))
+    for w in range(ctx.n_windows):
+        t0 = w * ctx.window_s  # the engine's window bounds, computed the same way
+        t1 = min(t0 + ctx.window_s, ctx.duration_s)
+        arrivals = trace_arrivals(ctx, r, t0, t1)
+        _, _, ids, seg, _, ctl = draw_visits(rng, ctx, static, arrivals, t0, t1)
+        if ids.size == 0:
+            continue
+        seen = first[ids] >= 0  # first visit in an earlier window
+        treat = ~ctl
+        num = np.bincount(seg[treat & seen], minlength=n_s)
+        den = np.bincount(seg[treat], minlength=n_s)
+        out[w] = np.where(den > 0, num / np.maximum(den, 1), 0.0)
+        new = ids[~seen]
+        first[new] = w
+    ctx.oracle_cache[key] = out
+    return out
 
 
 def select_slots(planner: PrecomputePlanner, now: float, k: int) -> IntArray:
@@ -442,16 +533,17 @@ class PrecomputeRegion:
 
     # -- one window ----------------------------------------------------------------------------
 
-    def advance(self, t0: float, t1: float, run: RegionRun, arrivals: float) -> tuple[float, float]:
-        """Simulate ``[t0, t1)``: visits, expiry, jobs. Returns the (cpu, accelerator)
+    def advance(self, t0: float, t1: float, run: RegionRun) -> tuple[float, float]:
+        """Simulate the window ``[t0, t1)``: visits, expiry, jobs. Returns the (cpu, accelerator)
         unit-seconds the jobs used (counted in the window in which they end or stop)."""
         ctx = self.ctx
         s = self.s
         n_seg_all = ctx.pop.n_segments
-        # visits: the same draws whatever the policy does
-        n = max(round(arrivals), 0)
-        n_seg = self.visit_rng.multinomial(n, ctx.pop.seg_share)
-        n_ctl = self.visit_rng.binomial(n_seg, ctx.holdout)
+        # visits: the same draws whatever the policy does (and the oracle's bound replays them),
+        # from the window's requests in the traffic trace
+        n_seg, n_ctl, ids, seg, tv, ctl = draw_visits(
+            self.visit_rng, ctx, s, trace_arrivals(ctx, self.r, t0, t1), t0, t1
+        )
         visits = (n_seg - n_ctl).astype(np.int64)
         held = n_ctl.astype(np.int64)
         hits = np.zeros(n_seg_all, dtype=np.int64)
@@ -459,23 +551,8 @@ class PrecomputeRegion:
         q_sum: FloatArray = np.zeros(n_seg_all)
         staleness: list[FloatArray] = []
         used = 0
-        ids_l, seg_l, t_l, ctl_l = [], [], [], []
-        for si in range(n_seg_all):
-            m = int(n_seg[si])
-            if m == 0 or s.users[si] <= 0:
-                continue
-            ids_l.append(s.offset[si] + self.visit_rng.integers(0, s.users[si], m))
-            t_l.append(t0 + self.visit_rng.random(m) * (t1 - t0))
-            seg_l.append(np.full(m, si, dtype=np.int64))
-            ctl = np.zeros(m, dtype=bool)
-            ctl[: int(n_ctl[si])] = True  # users are drawn at random: the first are as good
-            ctl_l.append(ctl)
         book = self.book
-        if ids_l:
-            ids = np.concatenate(ids_l).astype(np.int64)
-            seg = np.concatenate(seg_l)
-            tv = np.concatenate(t_l)
-            ctl = np.concatenate(ctl_l)
+        if ids.size:
             slots = self._observe(ids, seg, tv)
             live = (book.cov_until[slots] >= tv) & (book.cov_at[slots] <= tv)
             hit = live & ~ctl

@@ -18,10 +18,12 @@ from sim.engine import SimContext
 from sim.precompute_sim import (
     PrecomputeRegion,
     PrecomputeStatic,
-    precompute_bound,
+    precompute_capable,
     precompute_region,
     precompute_static,
+    returning_share,
     select_slots,
+    trace_arrivals,
 )
 from workers.curves import ValueCurves
 
@@ -76,13 +78,14 @@ def stub_run(n_pools: int) -> Any:
 
 
 def drive(model: PrecomputeRegion, ctx: SimContext, until: float) -> list[dict[str, Any]]:
-    """Advance window by window (100 requests/s), flushing each window's line parts."""
+    """Advance window by window (visits from the scenario's traffic, 100 requests/s), flushing
+    each window's line parts."""
     run = stub_run(len(ctx.regions[0].pools))
     fields = []
     w = ctx.window_s
     t = 0.0
     while t < until - 1e-9:
-        model.advance(t, t + w, run, 100.0 * w)
+        model.advance(t, t + w, run)
         out = model.flush(np.array([100.0 * w]), np.full((1, ctx.pop.n_segments), 1.0), 1.0)
         fields.extend(out.fields)
         t += w
@@ -100,7 +103,8 @@ def test_the_model_runs_only_for_precompute_policies_and_scenarios() -> None:
     qctx = SimContext(quick, fake_curves(tuple(x.name for x in quick.segments)))
     assert precompute_static(qctx) is None
     assert precompute_region(qctx, 0, "headroom") is None
-    assert precompute_bound(qctx, 0) == 0.0
+    assert not precompute_capable(qctx, 0)
+    assert returning_share(qctx, 0) is None
 
 
 def test_users_are_split_so_each_segment_returns_at_its_rate() -> None:
@@ -164,7 +168,7 @@ def test_no_job_runs_where_the_strong_model_cannot() -> None:
     fields = drive(model, ctx, 600.0)
     assert sum(f["jobs"] for f in fields) == 0
     assert not model.jobs.stats.started
-    assert precompute_bound(ctx, 0) == 0.0
+    assert not precompute_capable(ctx, 0)
     # the same capacity on gpu-b runs jobs
     s2 = scenario(
         [pool("accelerator", "gpu-b", [[0, 4]], True), pool("cpu", "any", [[0, 8]], True)]
@@ -173,7 +177,7 @@ def test_no_job_runs_where_the_strong_model_cannot() -> None:
     model2 = precompute_region(ctx2, 0, "oracle")
     assert model2 is not None
     assert sum(f["jobs"] for f in drive(model2, ctx2, 600.0)) > 0
-    assert precompute_bound(ctx2, 0) > 0.0
+    assert precompute_capable(ctx2, 0)
 
 
 def test_the_oracle_policy_uses_remote_pools_only_and_headroom_what_live_levers_leave() -> None:
@@ -189,17 +193,17 @@ def test_the_oracle_policy_uses_remote_pools_only_and_headroom_what_live_levers_
     run = stub_run(2)
     run.epoch_in_force = 0  # no target yet: the worker's default rate
     run.asg_sbm = [2.0, 0.0]  # SBM holds every local device: nothing left
-    head.advance(0.0, 60.0, run, 6000.0)
+    head.advance(0.0, 60.0, run)
     assert head.pending[-1].jobs == 0
     run.asg_sbm = [1.0, 0.0]  # one device left
-    head.advance(60.0, 120.0, run, 6000.0)
-    head.advance(120.0, 180.0, run, 6000.0)
+    head.advance(60.0, 120.0, run)
+    head.advance(120.0, 180.0, run)
     assert head.pending[-1].jobs > 0
     levels = head.levels(run, 150.0)
     assert [lv.units for lv in levels] == [1.0, 8.0]
     run.epoch_in_force = 3  # a target was in force and expired: no new job
-    head.advance(180.0, 240.0, run, 6000.0)
-    head.advance(240.0, 300.0, run, 6000.0)
+    head.advance(180.0, 240.0, run)
+    head.advance(240.0, 300.0, run)
     assert head.pending[-1].jobs == 0
     assert head.pending[-1].rate == 0.0
 
@@ -234,7 +238,7 @@ def test_every_job_is_accounted_for() -> None:
     run.epoch_in_force = 0  # no target yet: the worker's default rate
     fields = []
     for w in range(360):
-        model.advance(10.0 * w, 10.0 * w + 10.0, run, 1000.0)
+        model.advance(10.0 * w, 10.0 * w + 10.0, run)
         fields.extend(model.flush(np.array([1000.0]), np.ones((1, 2)), 1.0).fields)
     total = {k: sum(f[k] for f in fields) for k in ("jobs", "used", "expired_unused")}
     dropped = sum(f["dropped_unused"] for f in fields)
@@ -247,13 +251,82 @@ def test_every_job_is_accounted_for() -> None:
     assert sum(f["hits"] for f in fields) <= sum(f["visits"] for f in fields)
 
 
-def test_the_bound_covers_every_treatment_visit_at_the_best_gain() -> None:
+def test_no_policy_serves_a_user_before_a_window_after_its_first_visit() -> None:
+    # ample remote capacity and no rate limit: the oracle policy stores a result for every user
+    # it knows; still only visits of users seen in an earlier window can hit (the bound's ρ)
+    ctx = context(scenario(duration=1200.0))
+    rho = returning_share(ctx, 0)
+    assert rho is not None
+    assert rho.shape == (ctx.n_windows, ctx.pop.n_segments)
+    assert (rho[0] == 0.0).all()  # nobody was seen before the first window
+    assert ((rho >= 0.0) & (rho <= 1.0)).all()
+    assert rho[-10:].mean() > rho[1:11].mean()  # users become known as they visit
+    model2 = precompute_region(ctx, 0, "oracle")
+    assert model2 is not None
+    run = stub_run(len(ctx.regions[0].pools))
+    hit_any = False
+    for w in range(ctx.n_windows):
+        t0 = w * ctx.window_s
+        model2.advance(t0, min(t0 + ctx.window_s, ctx.duration_s), run)
+        rec = model2.pending[-1]
+        # same draws as the replay: the hits never exceed the returning visits
+        assert (rec.hits <= np.round(rho[w] * rec.visits) + 1e-9).all(), w
+        hit_any = hit_any or rec.hits.sum() > 0
+    assert hit_any
+
+
+def test_the_visits_come_from_the_trace_whatever_the_window_is_cut_into() -> None:
+    ctx = context(scenario())
+    whole = trace_arrivals(ctx, 0, 0.0, 600.0)
+    parts = sum(trace_arrivals(ctx, 0, 10.0 * w, 10.0 * w + 10.0) for w in range(60))
+    assert whole == pytest.approx(parts)
+    assert whole == pytest.approx(
+        float(ctx.traces.regions[0].arrivals.sum()) * 600.0 / 1200.0, rel=0.1
+    )
+
+
+def test_the_oracle_bound_counts_each_returning_visit_once_at_the_best_gain() -> None:
+    from sim.oracle import Oracle
+
+    # no local capacity: the live levers can do nothing; the bound is exactly every returning
+    # treatment visit at the best gain (plus static's own losses, the relief term)
+    remote = [pool("accelerator", "gpu-b", [[0, 2]], True), pool("cpu", "any", [[0, 8]], True)]
+    ctx = context(scenario(remote))
+    st = precompute_static(ctx)
+    rho = returning_share(ctx, 0)
+    assert st is not None
+    assert rho is not None
+    bound = Oracle(ctx).bound()
+    want = 0.0
+    for w in range(ctx.n_windows):
+        t0 = w * ctx.window_s
+        n = trace_arrivals(ctx, 0, t0, min(t0 + ctx.window_s, ctx.duration_s)) * ctx.treat
+        want += n * float((ctx.pop.seg_share * rho[w] * st.best_gain).sum())
+    assert bound.by_lever["rma"] == 0.0
+    assert bound.by_lever["sbm"] == 0.0
+    assert bound.total - bound.relief == pytest.approx(want, rel=1e-6)
+    assert bound.by_lever["precompute"] == pytest.approx(want, rel=1e-6)
+    # with live capacity too: more than without it, but a request still gets one option, so
+    # less than the live part plus every visit at the best gain (the old, additive bound)
+    local = [
+        *remote,
+        pool("accelerator", "gpu-b", [[0, 1]], False),
+        pool("cpu", "any", [[0, 4]], False),
+    ]
+    ctx2 = context(scenario(local))
+    joint = Oracle(ctx2).bound()
+    arrivals = float(ctx2.traces.regions[0].arrivals.sum()) * ctx2.treat
+    every_visit = arrivals * float((ctx2.pop.seg_share * st.best_gain).sum())
+    live = joint.by_lever["rma"] + joint.by_lever["sbm"]
+    assert live > 0.0
+    assert joint.total > bound.total
+    assert joint.total - joint.relief < live + every_visit
+
+
+def test_the_best_gain_is_never_negative_nor_below_a_fresh_result() -> None:
     ctx = context(scenario())
     st = precompute_static(ctx)
     assert st is not None
-    arrivals = float(ctx.traces.regions[0].arrivals.sum())
-    want = arrivals * ctx.treat * float((ctx.pop.seg_share * st.best_gain).sum())
-    assert precompute_bound(ctx, 0) == pytest.approx(want)
     assert (st.best_gain >= 0).all()
     cfg = PrecomputeConfig.from_scenario(ctx.scenario)
     up = UpliftModel.from_curves(fake_curves(st.config.segment_names), cfg)
