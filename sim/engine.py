@@ -60,7 +60,14 @@ import numpy as np
 import numpy.typing as npt
 
 from controllers.levers import CostModel
-from controllers.types import ArmStats, CapacityLevel, RegionObservation, segment_of, stratum_key
+from controllers.types import (
+    LEVER_PRECOMPUTE,
+    ArmStats,
+    CapacityLevel,
+    RegionObservation,
+    segment_of,
+    stratum_key,
+)
 from headroom.scenario import Scenario
 from sim.config import SimConfig
 from sim.latency import (
@@ -79,7 +86,7 @@ from sim.latency import (
     wait_params_array,
 )
 from sim.population import Population, arm_sums
-from sim.precompute_sim import PrecomputeRegion, precompute_region
+from sim.precompute_sim import PrecomputeRegion, PrecomputeWindows, precompute_region
 from sim.traces import CapacityChange, PoolKey, ScenarioTraces
 from streams.sketch import bin_values
 
@@ -1213,6 +1220,7 @@ class RegionRun:
             pre = self.precompute.flush(a_win, s_value, pi_ctl)
             s_value = s_value + pre.inc_seg
             value_obs.update(pre.value_obs)
+            _add_precompute_arm(arms, pre)
         # latency: a stratified sample per window, computed in one pass
         strata_all = _concat_strata(strata_parts) if strata_parts else None
         if strata_all is not None and strata_all.size:
@@ -1652,6 +1660,33 @@ def _sample_windows(
     n_alloc = np.bincount(idx, minlength=st.size)
     weights = st.count[idx] / n_alloc[idx]
     return lat, weights, paths, win[idx]
+
+
+def _add_precompute_arm(arms: dict[str, dict[str, dict[str, Any]]], pre: PrecomputeWindows) -> None:
+    """Put the interval's hits in the window line's ``arms`` as their own group, ``precompute``
+    (what the requests received, as the streaming client reports them), so the holdout estimate
+    counts precompute: a hit's request was served from the store, not by the live path, so each
+    live treatment group of the segment keeps ``1 − h_s`` of its requests (its sums scaled
+    alike: the same mean and spread), ``h_s`` the interval's share of treatment visits that hit."""
+    for seg, share in pre.hit_share.items():
+        hits = pre.value_obs.get((seg, LEVER_PRECOMPUTE, "treatment"))
+        if hits is None or hits.n <= 0:
+            continue
+        by = arms.setdefault(seg, {})
+        for name, sums in by.items():
+            if name == "control":
+                continue
+            n = int(sums["n"])
+            kept = round(n * (1.0 - share))
+            k = kept / n if n > 0 else 0.0
+            sums["n"] = kept
+            sums["value_sum"] = float(sums["value_sum"]) * k
+            sums["value_sq_sum"] = float(sums["value_sq_sum"]) * k
+        by[LEVER_PRECOMPUTE] = {
+            "n": hits.n,
+            "value_sum": hits.value_sum,
+            "value_sq_sum": hits.value_sq_sum,
+        }
 
 
 def _window_sketches(

@@ -401,6 +401,7 @@ class PrecomputeWindows:
     inc_seg: FloatArray  # (W, S)
     fields: list[dict[str, Any]]
     value_obs: dict[tuple[str, str, str], ArmStats] = field(default_factory=dict)
+    hit_share: dict[str, float] = field(default_factory=dict)  # segment -> hits / visits
 
 
 class PrecomputeRegion:
@@ -768,11 +769,18 @@ class PrecomputeRegion:
             if rec.stored_unused is not None:
                 f["stored_unused"] = rec.stored_unused
             fields.append(f)
+        hits = np.sum([r.hits for r in recs], axis=0) if recs else np.zeros(n_s)
+        visits = np.sum([r.visits for r in recs], axis=0) if recs else np.zeros(n_s)
         return PrecomputeWindows(
             inc=inc_seg.sum(axis=1),
             inc_seg=inc_seg,
             fields=fields,
             value_obs=self._signals(recs, pi_ctl),
+            hit_share={
+                name: float(hits[i] / visits[i])
+                for i, name in enumerate(ctx.segment_names)
+                if visits[i] > 0
+            },
         )
 
     def _signals(self, recs: list[_Window], pi_ctl: float) -> dict[tuple[str, str, str], ArmStats]:
