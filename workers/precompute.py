@@ -6,9 +6,15 @@ and the store (:mod:`workers.precompute_store`):
 * **reads** ``capacity`` (compacted, from the beginning: the region's opportunistic levels,
   ``remote`` pools included) and ``targets`` (the newest epoch of the region; a precompute budget
   in the optional ``precompute.jobs_per_s`` field, else ``default_jobs_per_s``; an *expired*
-  target stops new jobs, as it stops every other optional work), and ``requests`` as a consumer
+  target stops new jobs, as it stops every other optional work), ``requests`` as a consumer
   of its own group ``<prefix>precompute.<region>`` (at-least-once, :mod:`streams.consume`): the
-  users and segments it may precompute for;
+  users and segments it may precompute for, and ``value`` in the group
+  ``<prefix>precompute-value.<region>``: the region's value signals of lever ``precompute``
+  (treatment = hits, control = held-out visits that found a result);
+* **calibrates** the planner's uplift model once per SLO window from those measured values
+  (:mod:`controllers.precompute_value`): a segment whose measured uplift per served visit is
+  precise enough is rescaled to it, or switched off when it is at or below zero; the staleness of
+  the measured visits is read off the requests that find a live result in the worker's own store;
 * **decides** each round (every ``tick_s``, or sooner when a job ends): jobs allowed by the token
   bucket and by what fits on the usable pools, users picked by expected gain
   (:class:`controllers.precompute.PrecomputePlanner`);
@@ -24,8 +30,9 @@ and the store (:mod:`workers.precompute_store`):
   expired`` (results tombstoned), ``window`` lines whose ``precompute`` field carries ``jobs`` and
   ``wasted_partial`` and whose ``used_unit_s`` carries the resources its jobs used (clients'
   window lines carry visits, hits, used and expired-unused results: see
-  :mod:`workers.precompute_lookup`), and ``optional.released`` when a reclaim stopped jobs (with
-  ``release_ms`` from the capacity message's ``ts`` to the stop).
+  :mod:`workers.precompute_lookup`), ``optional.released`` when a reclaim stopped jobs (with
+  ``release_ms`` from the capacity message's ``ts`` to the stop), and
+  ``precompute.uplift.rescaled`` when a segment's measured scale changes.
 
 Time: messages carry wall-clock ``ts``; the core runs on *scenario time* ``t = (wall − t0) ×
 speed`` (the world's drift clock and the scenario's rates and lifetimes), so a run fed faster
@@ -33,7 +40,9 @@ than real time (``headroom feed --speed X``) keeps its meaning. A result ranked 
 ``t`` carries ``ts = t0 + t / speed`` and ``expires_at = t0 + (t + L_s) / speed``.
 
 On start it reads its region's results back from the compacted topic, so results published before
-a restart are still tombstoned when they expire.
+a restart are still tombstoned when they expire. The measured values are not restored: a new or
+restarted worker joins ``value`` at the end (or its group's committed offset) and plans with the
+curves until enough new signals have arrived.
 """
 
 from __future__ import annotations
@@ -63,6 +72,7 @@ from controllers.precompute import (
     own_rate,
     usable_pools,
 )
+from controllers.precompute_value import CalibrationSettings, SegmentCalibration, UpliftCalibrator
 from controllers.types import CapacityLevel
 from headroom.errors import ConfigError
 from headroom.scenario import Scenario
@@ -101,6 +111,7 @@ class WorkerSettings:
     policy: str = "headroom"  # policy name written on events
     seed: int = 0  # the planner's generator (tie-breaking, exploration)
     group_id: str | None = None  # requests consumer group; default <prefix>precompute.<region>
+    value_group_id: str | None = None  # value group; default <prefix>precompute-value.<region>
     restore_results: bool = True  # read the region's results back from the topic on start
 
     def __post_init__(self) -> None:
@@ -130,7 +141,10 @@ class WorkerStats:
     wasted_partial: int = 0  # jobs stopped by a reclaim before they finished
     published: int = 0  # results written to the precompute topic
     tombstoned: int = 0  # expired results deleted from the topic
-    deadlettered: int = 0  # bad capacity / targets records (requests: see the loop's stats)
+    deadlettered: int = 0  # bad capacity / targets / requests / value records
+    value_signals: int = 0  # value signals of this region's precompute lever folded in
+    value_ignored: int = 0  # value signals of other regions, levers or unknown segments
+    rescaled: int = 0  # precompute.uplift.rescaled events written
     targets: int = 0  # targets of this region applied
     releases_ms: list[float] = field(default_factory=list)  # reclaim → jobs stopped
 
@@ -261,6 +275,7 @@ class PrecomputeWorker(Service):
         world: RankingWorld | None = None,
         curves: ValueCurves | None = None,
         metrics: PrecomputeMetrics | None = None,
+        calibration: CalibrationSettings | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__()
@@ -302,6 +317,15 @@ class PrecomputeWorker(Service):
         self._outbox: list[messages.Event] = []
         self.events: deque[messages.Event] = deque(maxlen=10_000)  # the latest events emitted
         self._seg_names = cfg.segment_names
+        self.calibrator = UpliftCalibrator(
+            self.region, cfg.segment_names, self._window_s, cfg.max_ttl_s, calibration
+        )
+        self._curves_uplift: UpliftModel | None = None  # the curves' model (k_s = 1): the base
+        self._calibrated_window: int | None = None
+        self.calibration: dict[int, SegmentCalibration] = {}  # in force, by segment index
+        self._reported: dict[int, SegmentCalibration] = {}  # as last reported in an event
+        self._values: Any = None
+        self._value_loop: ConsumerLoop | None = None
 
     # -- time -------------------------------------------------------------------------------------
 
@@ -324,6 +348,7 @@ class PrecomputeWorker(Service):
 
             self._curves = curves_for(self.scenario)
         uplift = UpliftModel.from_curves(self._curves, self.config)
+        self._curves_uplift = uplift
         rng = np.random.default_rng(self.settings.seed)
         self.planner = PrecomputePlanner(self.config, uplift, rng)
         lifetimes = {name: round(uplift.lifetime(i), 1) for i, name in enumerate(self._seg_names)}
@@ -349,8 +374,10 @@ class PrecomputeWorker(Service):
         )
         group = self.settings.group_id or f"{k.prefix}precompute.{self.region}"
         self._requests = make_consumer(k.bootstrap, k.topic("requests"), group_id=group)
+        value_group = self.settings.value_group_id or f"{k.prefix}precompute-value.{self.region}"
+        self._values = make_consumer(k.bootstrap, k.topic("value"), group_id=value_group)
         try:
-            for client in (self._producer, self._control, self._requests):
+            for client in (self._producer, self._control, self._requests, self._values):
                 await client.start()
         except (KafkaConnectionError, OSError) as exc:
             raise KafkaUnavailable(f"cannot reach Kafka at {k.bootstrap}: {exc}") from None
@@ -364,6 +391,16 @@ class PrecomputeWorker(Service):
             on_deadletter=lambda _letter: self._count_deadletter(k.topic("requests")),
         )
         self.add_task(self._request_loop.run(), name="precompute-requests")
+        self._value_loop = ConsumerLoop(
+            self._values,
+            self._producer,
+            self._on_value_record,
+            prefix=k.prefix,
+            config=LoopConfig(poll_timeout_s=0.05),
+            component=self.name,
+            on_deadletter=lambda _letter: self._count_deadletter(k.topic("value")),
+        )
+        self.add_task(self._value_loop.run(), name="precompute-value")
         self.add_task(self._control_loop(), name="precompute-control")
         self.add_task(self._watch_ready(), name="precompute-ready")
         self.add_task(self._schedule_loop(), name="precompute-schedule")
@@ -381,14 +418,15 @@ class PrecomputeWorker(Service):
         await self._flush_windows(final=True)
 
     async def on_stop(self) -> None:
-        if self._request_loop is not None:
-            self._request_loop.stop()
+        for loop in (self._request_loop, self._value_loop):
+            if loop is not None:
+                loop.stop()
         if self._producer is not None:
             try:
                 await self._send_outbox()
             except Exception as exc:  # the broker is gone: say what was lost
                 self.log.warning("precompute.events.unsent", error=str(exc))
-        for client in (self._requests, self._control, self._producer):
+        for client in (self._requests, self._values, self._control, self._producer):
             if client is not None:
                 try:
                     await client.stop()
@@ -403,6 +441,10 @@ class PrecomputeWorker(Service):
             published=s.published,
             tombstoned=s.tombstoned,
             requests=s.requests,
+            value_signals=s.value_signals,
+            scales={
+                self._seg_names[i]: round(c.scale, 4) for i, c in sorted(self.calibration.items())
+            },
         )
 
     async def _watch_ready(self) -> None:
@@ -415,10 +457,15 @@ class PrecomputeWorker(Service):
         while True:
             positions = [await consumer.position(tp) for tp in partitions]
             caught_up = all(p >= ends[tp] for p, tp in zip(positions, partitions, strict=True))
-            if caught_up and self._requests.assignment():
+            if caught_up and self._requests.assignment() and self._values.assignment():
                 break
             if not await self.sleep(_READY_POLL_S):
                 return
+        # fix the group consumers' start offsets (a new group starts at the end): whatever is
+        # published once the worker says it is ready is read
+        for group_consumer in (self._requests, self._values):
+            for tp in group_consumer.assignment():
+                await group_consumer.position(tp)
         self.ready.set()
         self.log.info(
             "precompute.worker.ready",
@@ -499,13 +546,61 @@ class PrecomputeWorker(Service):
             return
         book = self.planner.users
         known = msg.user in book
-        book.observe(msg.user, seg, self.scenario_time(msg.ts))
+        t_visit = self.scenario_time(msg.ts)
+        book.observe(msg.user, seg, t_visit)
         if not known:
             stored = self.store.lookup(self.region, msg.user, self._wall())
             if stored is not None:
                 as_of = self.scenario_time(stored.ts)
                 book.set_stored(msg.user, as_of, self.scenario_time(stored.expires_at))
+        # the staleness of the visits the value signals measure: a live result of the visit's
+        # segment at the visit's time (served, or held out: the holdout draw ignores its age)
+        found = self.store.lookup(self.region, msg.user, msg.ts)
+        if found is not None and found.segment == msg.segment and msg.ts >= found.ts:
+            self.calibrator.observe_staleness(seg, t_visit - self.scenario_time(found.ts), t_visit)
         self.metrics.users.labels(self.region).set(len(book))
+
+    def _on_value_record(self, record: Received) -> None:
+        msg = record.message
+        if isinstance(msg, messages.ValueSignal):
+            self.on_value(msg)
+
+    def on_value(self, msg: messages.ValueSignal) -> None:
+        """A value signal: kept when it is of this region and lever ``precompute`` (others are
+        counted and ignored); the model is rebuilt from it at the next window."""
+        if self.calibrator.add_signal(msg, self.scenario_time(msg.ts)):
+            self.stats.value_signals += 1
+        else:
+            self.stats.value_ignored += 1
+
+    def recalibrate(self, t: float) -> list[SegmentCalibration]:
+        """Rebuild the planner's uplift model from the curves and the measured values, and
+        report every segment whose scale or status changed (``precompute.uplift.rescaled``).
+        Returns the segments reported."""
+        if self.planner is None or self._curves_uplift is None:
+            return []
+        self.calibrator.advance(t)
+        model, cals = self.calibrator.calibrate(self._curves_uplift)
+        self.planner.uplift = model
+        self.calibration = {c.index: c for c in cals}
+        threshold = self.calibrator.settings.report_change
+        changed = []
+        for c in cals:
+            previous = self._reported.get(c.index)
+            if c.changed_from(previous, threshold):
+                changed.append(c)
+                self._reported[c.index] = c
+                self.stats.rescaled += 1
+                self._event(
+                    "precompute.uplift.rescaled",
+                    {
+                        **c.event_fields(),
+                        "previous_scale": 1.0 if previous is None else round(previous.scale, 6),
+                        "lifetime_s": round(model.lifetime(c.index), 1),
+                        "t": t,
+                    },
+                )
+        return changed
 
     def on_capacity(self, msg: messages.Capacity) -> None:
         """A capacity level of the region: newest ``ts`` wins per (resource, hardware, pool,
@@ -618,6 +713,10 @@ class PrecomputeWorker(Service):
             )
         self.bucket.set_rate(rate, t)
         self.metrics.rate.labels(self.region).set(rate)
+        window = math.floor(t / self._window_s)
+        if window != self._calibrated_window:  # once per SLO window of scenario time
+            self._calibrated_window = window
+            self.recalibrate(t)
         self._refresh_pools(t)
         await self._complete(t)
         await self._expire(wall, t)

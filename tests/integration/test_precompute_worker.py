@@ -6,8 +6,10 @@ real strong model and writes results to the compacted ``precompute`` topic; a
 :class:`PrecomputeCache` reading that topic serves them before their expiry, never after, and
 deletes them when the worker's tombstones arrive. Then a reclaim of the remote accelerators stops
 running jobs at once (``wasted_partial``), a malformed request is dead-lettered while the worker
-goes on, and the events topic carries the worker's window lines. Finally the command line runs
-the same worker as a process and drains on SIGTERM.
+goes on, and the events topic carries the worker's window lines. Value signals published on the
+``value`` topic rescale the worker's uplift model (a precisely harmful segment is switched off,
+with an event; other levers' and regions' signals are ignored, malformed ones dead-lettered).
+Finally the command line runs the same worker as a process and drains on SIGTERM.
 """
 
 from __future__ import annotations
@@ -236,6 +238,110 @@ async def test_results_stored_served_before_expiry_tombstoned_after_and_reclaim_
     assert sum(e["jobs"] for e in completed) == worker.stats.jobs_completed
     released = [e for e in mine if e.kind == "optional.released"]
     assert sum(e["dropped"]["precompute_jobs"] for e in released) == worker.stats.wasted_partial
+
+
+def value_signal(
+    segment: str, arm: str, n: int, mean: float, *, lever: str = "precompute", region: str = REGION
+) -> messages.ValueSignal:
+    sd = 0.01
+    return messages.ValueSignal(
+        ts=time.time(),
+        region=region,
+        segment=segment,
+        lever=lever,  # type: ignore[arg-type]
+        arm=arm,  # type: ignore[arg-type]
+        n=n,
+        value_sum=n * mean,
+        value_sq_sum=n * (sd * sd + mean * mean),
+        window_s=2.0,
+        cost=messages.Cost(cpu_ms=0.0, accelerator_ms=0.0),
+        stratum=3,
+    )
+
+
+async def test_value_signals_on_the_value_topic_rescale_the_worker_uplift(
+    kafka_target: KafkaTarget, scenario_file: Path
+) -> None:
+    """Value signals published on ``value``: the worker keeps its region's ``precompute`` ones,
+    ignores the others, dead-letters malformed records, and at the next window switches off the
+    segment whose measured uplift is precisely harmful (an event on ``events``)."""
+    scenario = load_scenario(scenario_file)
+    world = RankingWorld.from_scenario(scenario)
+    curves = world.measure_curves(samples_per_segment=32, grid_points=3)
+    config = PrecomputeConfig.from_scenario(
+        scenario, default_jobs_per_s=200.0, job_duration_s=0.2, max_ttl_s=60.0
+    )
+    producer = make_producer(kafka_target.bootstrap)
+    await producer.start()
+
+    async def send(kind: str, msg: Any) -> None:
+        await producer.send_and_wait(kafka_target.topic(kind), messages.encode(msg), key=msg.key())
+
+    worker = PrecomputeWorker(
+        WorkerSettings(region=REGION, tick_s=0.05),
+        scenario,
+        kafka_target,
+        config=config,
+        world=world,
+        curves=curves,
+    )
+    users = list(range(20))  # even: premium, odd: casual
+    try:
+        await send("capacity", capacity("accelerator", "gpu-b", 2.0, 1))
+        await send("capacity", capacity("cpu", "any", 2.0, 2))
+        await worker.start()
+        await asyncio.wait_for(worker.ready.wait(), 60)
+        for i, user in enumerate(users):
+            await send("requests", request(user, i))
+        await until(lambda: worker.stats.jobs_completed >= len(users), 30, "20 results")
+        for i, user in enumerate(users):  # they come back and find their results
+            await send("requests", request(user, 100 + i))
+        await until(lambda: worker.stats.requests >= 2 * len(users), 30, "the second visits")
+        assert worker.planner is not None
+        curves_model = worker.planner.uplift
+        casual = worker.calibrator.measure(curves_model)[config.segment_index("casual")]
+        assert casual.staleness_source == "measured"
+        assert casual.predicted is not None
+        assert casual.predicted > 0.0
+        harmful = 1.0 - casual.predicted
+
+        await send("value", value_signal("casual", "treatment", 2000, harmful))
+        await send("value", value_signal("casual", "control", 500, 1.0))
+        await send("value", value_signal("casual", "treatment", 2000, 5.0, lever="sbm"))
+        await send("value", value_signal("casual", "control", 500, 1.0, region="elsewhere"))
+        value_topic = kafka_target.topic("value")
+        await producer.send_and_wait(value_topic, b"{not json", key=REGION.encode())
+        bad = messages.encode(value_signal("casual", "control", 5, 1.0)).replace(
+            b'"lever":"precompute"', b'"lever":"nonsense"'
+        )
+        assert bad != messages.encode(value_signal("casual", "control", 5, 1.0))
+        await producer.send_and_wait(value_topic, bad, key=REGION.encode())
+
+        await until(lambda: worker.stats.rescaled >= 1, 30, "the rescale")
+        assert (worker.stats.value_signals, worker.stats.value_ignored) == (2, 2)
+        await until(lambda: worker.stats.deadlettered >= 2, 15, "two dead letters")
+        casual_now = worker.calibration[config.segment_index("casual")]
+        assert (casual_now.status, casual_now.scale) == ("off", 0.0)
+        assert worker.calibration[config.segment_index("premium")].status == "curves"
+        assert not worker.planner.uplift.delta[config.segment_index("casual")].any()
+    finally:
+        await worker.stop()
+        await producer.stop()
+
+    events = [messages.decode("events", r.value) for r in await read_all(kafka_target, "events")]
+    rescaled = [
+        e
+        for e in events
+        if e.kind == "precompute.uplift.rescaled"
+        and e.source == "precompute"
+        and e.region == REGION
+    ]
+    assert [(e["segment"], e["status"], e["scale"]) for e in rescaled] == [("casual", "off", 0.0)]
+    assert rescaled[0]["uplift_per_visit"] == pytest.approx(-casual.predicted, rel=1e-3)
+    letters = [
+        messages.decode("deadletter", r.value) for r in await read_all(kafka_target, "deadletter")
+    ]
+    assert sum(d.topic == value_topic for d in letters) == 2
 
 
 def _wait_line(proc: subprocess.Popen[str], needle: str, timeout_s: float) -> str:

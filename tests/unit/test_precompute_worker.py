@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from controllers.precompute import PrecomputeConfig
@@ -232,6 +233,102 @@ async def test_an_expired_target_stops_new_jobs_and_a_target_budget_sets_the_rat
     )
     w.on_target(older, budget=50.0)  # a lower epoch never wins
     assert w.current_rate(clock.t)[1] == "target_expired"
+
+
+def value_signal(
+    segment: str,
+    arm: str,
+    n: int,
+    mean: float,
+    ts: float,
+    *,
+    lever: str = "precompute",
+    region: str = REGION,
+) -> messages.ValueSignal:
+    sd = 0.01
+    return messages.ValueSignal(
+        ts=ts,
+        region=region,
+        segment=segment,
+        lever=lever,  # type: ignore[arg-type]
+        arm=arm,  # type: ignore[arg-type]
+        n=n,
+        value_sum=n * mean,
+        value_sq_sum=n * (sd * sd + mean * mean),
+        window_s=10.0,
+        cost=messages.Cost(cpu_ms=0.0, accelerator_ms=0.0),
+    )
+
+
+async def test_measured_value_signals_rescale_the_planner_once_per_window(
+    world_and_curves,
+) -> None:  # type: ignore[no-untyped-def]
+    """Precise value signals: premium's uplift measures half the curves' prediction (rescaled),
+    casual's is harmful (switched off: no casual user is picked again); other levers' and
+    regions' signals change nothing; the model changes at the next window, with an event."""
+    clock = Clock()
+    w = make_worker(world_and_curves, clock)
+    w.on_capacity(capacity(2.0, ts=clock.t))
+    w.on_capacity(capacity(2.0, hardware="any", resource="cpu", ts=clock.t))
+    users = range(40)  # even: premium, odd: casual
+    for user in users:
+        w.on_request(request(user, "casual" if user % 2 else "premium", clock.t))
+    await w.step()
+    clock.t += 0.5
+    await w.step()
+    clock.t += 1.0
+    await w.step()
+    assert len(w.store) == 40
+    curves = w.planner.uplift  # type: ignore[union-attr]
+    clock.t += 5.0  # every user comes back and finds a 6 s old result
+    for user in users:
+        w.on_request(request(user, "casual" if user % 2 else "premium", clock.t))
+    assert w.calibrator.staleness_weight(0) == 20
+    before = {c.segment: c for c in w.calibrator.measure(curves)}
+    assert before["premium"].staleness_p50_s == pytest.approx(6.0, abs=1.0)
+    p_premium = before["premium"].predicted
+    p_casual = before["casual"].predicted
+    assert p_premium is not None
+    assert p_premium > 0.0
+    assert p_casual is not None
+    assert p_casual > 0.0
+    for msg in (
+        value_signal("premium", "treatment", 2000, 1.0 + 0.5 * p_premium, clock.t),
+        value_signal("premium", "control", 500, 1.0, clock.t),
+        value_signal("casual", "treatment", 2000, 1.0 - p_casual, clock.t),
+        value_signal("casual", "control", 500, 1.0, clock.t),
+        value_signal("casual", "treatment", 2000, 9.0, clock.t, lever="rma"),
+        value_signal("casual", "treatment", 2000, 9.0, clock.t, region="elsewhere"),
+    ):
+        w.on_value(msg)
+    assert (w.stats.value_signals, w.stats.value_ignored) == (4, 2)
+    await w.step()  # same window: the model is rebuilt only at the next one
+    assert w.planner.uplift is curves  # type: ignore[union-attr]
+    assert not [e for e in w.events if e.kind == "precompute.uplift.rescaled"]
+    clock.t += 10.0
+    await w.step()
+    rescaled = {e["segment"]: e for e in w.events if e.kind == "precompute.uplift.rescaled"}
+    assert set(rescaled) == {"premium", "casual"}
+    assert rescaled["premium"]["status"] == "measured"
+    assert rescaled["premium"]["scale"] == pytest.approx(0.5, rel=0.01)
+    assert rescaled["premium"]["previous_scale"] == 1.0
+    assert rescaled["casual"]["status"] == "off"
+    assert rescaled["casual"]["scale"] == 0.0
+    # one window boundary passed since the signals: discounted once (half-life 1800 s)
+    assert rescaled["casual"]["n_treatment"] == pytest.approx(2000 * 0.5 ** (10 / 1800), abs=0.1)
+    model = w.planner.uplift  # type: ignore[union-attr]
+    assert np.allclose(model.delta[0], w.calibration[0].scale * curves.delta[0])
+    assert not np.any(model.delta[1])
+    assert np.array_equal(model.lifetimes_s, curves.lifetimes_s)
+    clock.t += 10.0  # a window without news: nothing new to report
+    await w.step()
+    assert w.stats.rescaled == 2
+    clock.t += 61.0  # every result has expired: only premium users are worth a job now
+    await w.step()
+    clock.t += 0.5
+    await w.step()
+    assert w.jobs.jobs
+    assert {job.segment for job in w.jobs.jobs.values()} == {0}
 
 
 def test_target_budget_reads_the_optional_field_and_rejects_a_malformed_one() -> None:
