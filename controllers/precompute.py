@@ -65,9 +65,11 @@ no result, the ranking the brief asks for (the first-visit form ``P(visit within
 counts only one of those visits). Each job costs the same resources (:func:`job_cost`), so the
 value per unit of cost ranks users exactly as ``gain`` does; the planner takes the ``k`` users
 with the highest gain that the budget allows, skipping users with a job in flight, users whose
-result is younger than ``refresh_after · L_s``, and gains at or below ``min_gain``. Ties (every
-user of a segment has the same gain under plain Poisson) are broken at random with the injected
-generator, and ``explore_share`` of the picks may go to uniformly drawn eligible users.
+result is younger than ``refresh_after · L_s`` (default 0.15: a result is kept fresh rather than
+left to age; 0.5 left the remote pool idle between bursts), and gains at or below ``min_gain``.
+Ties (every user of a segment has the same gain under plain Poisson) are broken at random with
+the injected generator, and ``explore_share`` of the picks may go to uniformly drawn eligible
+users.
 
 **5. Budget.** A token bucket at ``jobs_per_s`` with a burst of ``burst_s`` seconds of work. The
 rate is the controller's precompute budget when its target carries one (in *lever* jobs, costed
@@ -168,7 +170,7 @@ class PrecomputeConfig:
     expiry_margin: float = 0.0  # quality a stored result must keep above the live baseline
     visit_model: VisitModel = VisitModel.POISSON
     rate_shape: float = 1.0  # κ of GAMMA_POISSON: 1 = exponentially distributed user rates
-    refresh_after: float = 0.5  # recompute a live result only once this share of L_s has passed
+    refresh_after: float = 0.15  # recompute a live result only once this share of L_s has passed
     min_gain: float = 0.0  # expected value a job must add (value units)
     explore_share: float = 0.0  # share of picks drawn uniformly among eligible users
     # Rate when no target carries a precompute budget: conservative, 20 jobs of 400 candidates

@@ -5,8 +5,13 @@ accelerators; 450 scenario seconds at 15× real time) through :func:`workers.up.
 code behind ``headroom up``, which starts a precompute worker for the region because the
 scenario enables precompute. Then, from the compacted ``precompute`` topic, the ``value`` topic
 and the collected event log: results were stored, the client served some of them before their
-expiry and none after it, expired results were tombstoned, and the value signals under lever
+expiry and none after it, no job ran once every strong-capable pool was reclaimed, the results
+left unrefreshed by that expired and were tombstoned, and the value signals under lever
 ``precompute`` add up with the look-ups the client's window lines report.
+
+Expiry has to have a cause: with capacity to spare the worker refreshes every live result after
+``refresh_after`` (0.15) of its lifetime, so none would ever expire. The scenario reclaims every
+gpu-b device at :data:`RECLAIM_S` (its comment says why that is the test's choice).
 """
 
 from __future__ import annotations
@@ -34,6 +39,24 @@ SCENARIO = Path(__file__).parent / "scenarios" / "precompute-short.yaml"
 REGION = "it-pre"
 SPEED = 15.0
 WORKER = f"precompute-{REGION}"
+
+
+def _strong_pools_gone_at() -> float:
+    """Scenario time from which no opportunistic accelerator the strong model can use has a
+    unit left (the last step of those traces, which must end at 0)."""
+    scenario = load_scenario(SCENARIO)
+    region = next(r for r in scenario.regions if r.name == REGION)
+    pools = [
+        p
+        for p in region.opportunistic
+        if p.resource == "accelerator" and p.hardware in scenario.models.strong.hardware
+    ]
+    assert pools
+    assert all(p.trace and p.trace[-1][1] == 0.0 for p in pools), pools
+    return max(p.trace[-1][0] for p in pools)
+
+
+RECLAIM_S = _strong_pools_gone_at()
 
 
 @dataclass(frozen=True)
@@ -130,6 +153,16 @@ def test_results_are_served_before_their_expiry_and_never_after(run: PrecomputeR
     assert staleness
     assert max(staleness) <= max(lifetimes) + 1e-6  # no result served older than it may live
     assert sum(p["visits"] for p in pre) >= hits + sum(p["held_out"] for p in pre)
+
+
+def test_no_job_completes_once_the_strong_capable_pools_are_reclaimed(run: PrecomputeRun) -> None:
+    windows = run.windows("precompute")
+    before = [w for w in windows if w["t_end"] <= RECLAIM_S]
+    after = [w for w in windows if w["t_start"] > RECLAIM_S]  # the window of the reclaim: skipped
+    assert before
+    assert after
+    assert sum(w["precompute"]["jobs"] for w in before) > 0
+    assert [w["precompute"]["jobs"] for w in after] == [0] * len(after)
 
 
 def test_expired_results_are_tombstoned(run: PrecomputeRun) -> None:
