@@ -116,6 +116,7 @@ from controllers.types import LEVER_PRECOMPUTE, ArmStats, CapacityLevel
 from sim.population import arm_sums
 
 if TYPE_CHECKING:
+    from headroom.scenario import Scenario
     from sim.engine import RegionRun, SimContext
 
 __all__ = [
@@ -130,6 +131,7 @@ __all__ = [
     "returning_share",
     "select_slots",
     "trace_arrivals",
+    "users_by_segment",
 ]
 
 FloatArray = npt.NDArray[np.float64]
@@ -176,6 +178,26 @@ class PrecomputeStatic:
         return out
 
 
+def users_by_segment(scenario: Scenario) -> tuple[IntArray, IntArray]:
+    """``(users, offset)`` per segment: ``world.users`` split so that at the region's mean
+    traffic a user of segment ``s`` returns at its ``return_rate_per_h`` (``N_s ∝ share_s /
+    r_s``; 0 for a segment without a return rate), user ids ``offset_s … offset_s + N_s − 1``.
+    The simulator's visits and the streaming feed's requests draw users this way alike."""
+    n_users = int(scenario.world.users or 0)
+    n_seg = len(scenario.segments)
+    share = np.array([s.share for s in scenario.segments], dtype=np.float64)
+    share = share / share.sum()
+    rates = np.array([s.return_rate_per_h or 0.0 for s in scenario.segments], dtype=np.float64)
+    rated = rates > 0.0
+    weight = np.where(rated, share / np.where(rated, rates, 1.0), 0.0)
+    users = np.zeros(n_seg, dtype=np.int64)
+    if weight.sum() > 0 and n_users > 0:
+        users = np.where(rated, np.maximum(1, np.round(n_users * weight / weight.sum())), 0)
+    users = users.astype(np.int64)
+    offset = np.concatenate([[0], np.cumsum(users)[:-1]]).astype(np.int64)
+    return users, offset
+
+
 def precompute_static(ctx: SimContext) -> PrecomputeStatic | None:
     """The run's precompute world (built once per context); None when the scenario has no
     precompute fields (CONTRACT §3) — then nothing here ever runs."""
@@ -187,18 +209,9 @@ def precompute_static(ctx: SimContext) -> PrecomputeStatic | None:
         assert isinstance(got, PrecomputeStatic)
         return got
     curves: Any = ctx.curves
-    n_users = int(sc.world.users or 0)
     n_seg = len(sc.segments)
-    share = np.array([s.share for s in sc.segments], dtype=np.float64)
-    share = share / share.sum()
-    rates = np.array([s.return_rate_per_h or 0.0 for s in sc.segments], dtype=np.float64)
-    rated = rates > 0.0
-    weight = np.where(rated, share / np.where(rated, rates, 1.0), 0.0)
-    users = np.zeros(n_seg, dtype=np.int64)
-    if weight.sum() > 0:
-        users = np.where(rated, np.maximum(1, np.round(n_users * weight / weight.sum())), 0)
-    users = users.astype(np.int64)
-    offset = np.concatenate([[0], np.cumsum(users)[:-1]]).astype(np.int64)
+    rated = np.array([(s.return_rate_per_h or 0.0) > 0.0 for s in sc.segments])
+    users, offset = users_by_segment(sc)
     # the book remembers every user (no eviction: the store of a region is not that small)
     config = PrecomputeConfig.from_scenario(sc, max_users=max(int(users.sum()), 1))
     uplift = UpliftModel.from_curves(curves, config)

@@ -12,7 +12,8 @@ Publishes a scenario, in real time or ``X`` times faster, onto Kafka:
 * ``headroom.requests`` — every request of the scenario's traffic, keyed by region: ``id``,
   ``segment`` (drawn by the segments' shares), ``value`` (log-normal with the segment's mean and
   sigma: ``exp(N(ln mean − σ²/2, σ))``), ``eligible`` (share :data:`ELIGIBLE_SHARE`, the
-  simulator's default), ``user`` (uniform over ``world.users`` when given, else a 31-bit id), at
+  simulator's default), ``user`` (uniform among its segment's share of ``world.users``, split
+  as the simulator splits them so each user returns at its segment's rate; else a 31-bit id), at
   Poisson arrival times: per second of scenario time the count is the simulator's own draw
   (:class:`sim.traces.ScenarioTraces`: diurnal or CSV rate, seeded noise, surges), spread uniformly
   over that second — the very counts the simulator draws for the same seed.
@@ -39,9 +40,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from headroom.errors import ConfigError
 from headroom.scenario import Scenario
+from sim.precompute_sim import users_by_segment
 from sim.traces import CapacityChange, PoolTrace, ScenarioTraces
 from streams import messages
 from streams.kafka import KafkaTarget, make_producer
@@ -121,7 +124,9 @@ class FeedSchedule:
         sig = np.array([s.value.sigma for s in segs], dtype=np.float64)
         self._sigma = sig
         self._mu = np.log([s.value.mean for s in segs]) - 0.5 * sig * sig
-        self._users = scenario.world.users
+        # users by segment, as the simulator splits them (a user belongs to one segment and
+        # returns at its rate); a segment without a return rate gets never-returning ids
+        self._seg_users, self._seg_offset = users_by_segment(scenario)
 
     @property
     def duration_s(self) -> float:
@@ -187,8 +192,7 @@ class FeedSchedule:
             seg = np.minimum(seg, len(self._seg_names) - 1)
             values = np.exp(self._mu[seg] + self._sigma[seg] * rng.standard_normal(n))
             eligible = rng.random(n) < ELIGIBLE_SHARE
-            space = self._users if self._users else USER_ID_SPACE
-            users = rng.integers(0, space, size=n)
+            users = self._draw_users(rng, seg)
             for i in range(n):
                 out.append(
                     (
@@ -205,6 +209,15 @@ class FeedSchedule:
                 )
         out.sort(key=lambda r: r[0])
         return out
+
+    def _draw_users(self, rng: np.random.Generator, seg: npt.NDArray[np.int64]) -> Any:
+        """A user per request: uniform among its segment's users (``users_by_segment``), or a
+        31-bit id for a segment without any."""
+        pool = self._seg_users[seg]
+        uniform = rng.random(seg.size)
+        own = self._seg_offset[seg] + np.floor(uniform * np.maximum(pool, 1)).astype(np.int64)
+        anon = (uniform * USER_ID_SPACE).astype(np.int64)
+        return np.where(pool > 0, own, anon)
 
 
 def _reason(change: CapacityChange, preempt: bool) -> str:

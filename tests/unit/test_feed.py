@@ -13,6 +13,7 @@ from streams import messages
 from workers.feed import ELIGIBLE_SHARE, FeedConfig, FeedSchedule
 
 SCENARIO = Path(__file__).parents[1] / "integration" / "scenarios" / "stack-short.yaml"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -75,3 +76,28 @@ def test_feed_config_names_bad_flags() -> None:
     with pytest.raises(ConfigError, match="--speed") as info:
         FeedConfig(t0=1.0, speed=0.0, duration_s=-1.0)
     assert any("--duration" in p for p in info.value.problems)
+
+
+def test_users_belong_to_one_segment_and_return_at_its_rate() -> None:
+    from sim.precompute_sim import users_by_segment
+
+    scenario = load_scenario(ROOT / "scenarios" / "precompute-remote.yaml")
+    feed = FeedSchedule(scenario)
+    users, offset = users_by_segment(scenario)
+    seen: dict[int, str] = {}
+    per_segment: dict[str, int] = {}
+    for second in range(600):
+        for _, _, body in feed.requests(second):
+            s = scenario.segments.index(scenario.segment(body["segment"]))
+            assert offset[s] <= body["user"] < offset[s] + users[s]
+            assert seen.setdefault(body["user"], body["segment"]) == body["segment"]
+            per_segment[body["segment"]] = per_segment.get(body["segment"], 0) + 1
+    # visits per user per hour = the segment's return rate (600 s of ~100 rps: within 10 %)
+    for s, seg in enumerate(scenario.segments):
+        rate = per_segment[seg.name] / users[s] * 3600.0 / 600.0
+        assert rate == pytest.approx(seg.return_rate_per_h, rel=0.1)
+    # without the precompute fields every request gets a fresh 31-bit id
+    quick = FeedSchedule(load_scenario(ROOT / "scenarios" / "quickstart.yaml"))
+    ids = [body["user"] for _, _, body in quick.requests(0)]
+    assert len(set(ids)) == len(ids)
+    assert all(0 <= u < 2**31 for u in ids)
