@@ -28,6 +28,17 @@ CTX = LeverContext(request_rps=300.0, eligible_rps=300.0, rma_extra_candidates=2
 LEVERS = LeverRegistry.standard(COSTS, 400, 1200, precompute=True)
 
 
+def treated_cost(lever: str, n: int, extra: float = 200.0) -> tuple[float, float]:
+    """The ``cost`` (CPU ms, accelerator ms) the live levers' signals carry for ``n`` treated
+    requests: RMA's ``extra`` candidates each, SBM's strong ranking; precompute's carry none."""
+    if lever == "rma":
+        return n * extra * COSTS.base_cpu_ms, n * extra * COSTS.base_accelerator_ms
+    if lever == "sbm":
+        k = n * COSTS.base_candidates
+        return k * COSTS.strong_cpu_ms, k * COSTS.strong_accelerator_ms
+    return 0.0, 0.0
+
+
 def book_with(uplift: dict[str, float], n: int = 2000, seed: int = 0) -> ValueBook:
     """A book where each lever's treatment beats control by ``uplift[lever]`` per request."""
     rng = np.random.default_rng(seed)
@@ -35,7 +46,9 @@ def book_with(uplift: dict[str, float], n: int = 2000, seed: int = 0) -> ValueBo
     for lever, d in uplift.items():
         book.add(
             {
-                ("casual", lever, "treatment"): arm_stats(rng, n, 1.0 + d, 0.5),
+                ("casual", lever, "treatment"): arm_stats(
+                    rng, n, 1.0 + d, 0.5, *treated_cost(lever, n)
+                ),
                 ("casual", lever, "control"): arm_stats(rng, n, 1.0, 0.5),
             }
         )
@@ -332,7 +345,12 @@ def test_falls_back_conservatively_and_says_why(book, age, reason) -> None:
     )
     assert a.fallback is reason
     assert a.total_cpu <= 0.25 * 8.0 * 0.9 + 1e-9
-    assert a.total_accelerator <= 0.25 * 4.0 * 0.9 + 1e-9
+    # a strong replica needs a whole device: an SBM never measured holds one to be measured
+    # (else it would never leave the fallback); a measured one is dropped, not raised
+    sbm = use_of(a, "sbm").get(0, 0.0)  # pool 0: the accelerators
+    held = 0.0 if a.estimates["sbm"].known else 0.9
+    assert sbm == 0.0 if held == 0.0 else sbm >= held - 1e-9
+    assert a.total_accelerator - held <= 0.25 * 4.0 * 0.9 + 1e-9
     assert a.total_accelerator > 0.0
 
 

@@ -106,7 +106,10 @@ def test_value_estimate_is_uplift_per_unit_of_work_with_a_lower_bound() -> None:
     book = ValueBook()
     book.add(
         {
-            ("casual", "rma", "treatment"): arm_stats(rng, 20_000, 1.2, 0.5),
+            # 200 extra candidates per treated request, as the servers report them
+            ("casual", "rma", "treatment"): arm_stats(
+                rng, 20_000, 1.2, 0.5, 20_000 * 200 * 0.1, 20_000 * 200 * 0.02
+            ),
             ("casual", "rma", "control"): arm_stats(rng, 20_000, 1.0, 0.5),
         }
     )
@@ -171,8 +174,11 @@ def test_value_book_snapshot_round_trips_through_json() -> None:
 
 
 def _proven(lever: str, rng: np.random.Generator) -> dict[tuple[str, str, str], ArmStats]:
+    # the strong model's cost per treated request, as SBM's servers report it (the integrity
+    # lever's signals carry none: its estimate divides by the units book)
+    cost = (5000 * 400 * 0.005, 5000 * 400 * 0.1) if lever == "sbm" else (0.0, 0.0)
     return {
-        ("casual", lever, "treatment"): arm_stats(rng, 5000, 1.5, 0.3),
+        ("casual", lever, "treatment"): arm_stats(rng, 5000, 1.5, 0.3, *cost),
         ("casual", lever, "control"): arm_stats(rng, 5000, 1.0, 0.3),
     }
 
