@@ -379,3 +379,105 @@ def test_unproven_lever_keeps_an_exploration_share() -> None:
     )
     assert a.explored == ("precompute",)
     assert 0.0 < a.budget("precompute")[1] <= 0.05 * 4.0 * 0.9 + 1e-9
+
+
+# -- whole devices and usable shares ---------------------------------------------------------
+
+LIVE = LeverRegistry.standard(COSTS, 400, 1200, strong_wait_budget_ms=34.0)
+
+
+def live_allocator(**kw: object) -> Allocator:
+    return Allocator(AllocatorSettings(**kw), ValueSettings(), LIVE)  # type: ignore[arg-type]
+
+
+def test_sbm_holds_a_whole_device_or_none_of_it_never_a_split_the_replicas_round_away() -> None:
+    # SBM worth far more per device-second than RMA: the one device goes to SBM whole
+    book = book_with({"rma": 0.001, "sbm": 0.5})
+    a = live_allocator().allocate(capacity(cpu=8.0, accelerator=1.0), 0.0, CTX, book, 10.0)
+    assert use_of(a, "sbm")[0] == pytest.approx(0.9)  # the whole device (after the margin)
+    assert use_of(a, "rma").get(0, 0.0) == 0.0  # nothing left: a split would be rounded away
+    # RMA worth far more: SBM gets nothing of it, not a sliver that would take the device
+    book = book_with({"rma": 5.0, "sbm": 0.001})
+    a = live_allocator().allocate(capacity(cpu=8.0, accelerator=1.0), 0.0, CTX, book, 10.0)
+    assert use_of(a, "sbm").get(0, 0.0) == 0.0
+    assert use_of(a, "rma")[0] > 0.5
+
+
+def test_sbm_on_a_larger_pool_holds_at_least_one_device_and_the_rest_is_split() -> None:
+    book = book_with({"rma": 0.05, "sbm": 0.5})
+    a = live_allocator().allocate(capacity(cpu=16.0, accelerator=3.0), 0.0, CTX, book, 10.0)
+    sbm = use_of(a, "sbm").get(0, 0.0)
+    assert sbm == 0.0 or sbm >= 0.9 - 1e-9
+    assert sbm + use_of(a, "rma").get(0, 0.0) <= 2.7 + 1e-9
+
+
+def test_an_unknown_lever_keeps_its_exploration_share_against_a_whole_device() -> None:
+    # RMA never did work (no data): it must be explored, so SBM cannot take the one device
+    book = book_with({"sbm": 0.5})
+    a = live_allocator().allocate(capacity(cpu=8.0, accelerator=1.0), 0.0, CTX, book, 10.0)
+    assert not a.estimates["rma"].known
+    assert "rma" in a.explored
+    assert use_of(a, "rma")[0] > 0.0
+    assert use_of(a, "sbm").get(0, 0.0) == 0.0
+    # on two devices both fit: SBM holds one, RMA explores on the other
+    a = live_allocator().allocate(capacity(cpu=8.0, accelerator=2.0), 0.0, CTX, book, 10.0)
+    assert use_of(a, "rma")[0] > 0.0
+    assert use_of(a, "sbm")[0] >= 0.9 - 1e-9
+
+
+def test_an_unknown_sbm_holds_a_whole_device_so_it_can_be_measured() -> None:
+    book = book_with({"rma": 0.05})
+    a = live_allocator().allocate(capacity(cpu=8.0, accelerator=2.0), 0.0, CTX, book, 10.0)
+    assert not a.estimates["sbm"].known
+    assert use_of(a, "sbm")[0] >= 0.9 - 1e-9
+    assert use_of(a, "rma")[0] > 0.0
+
+
+def test_sbm_is_charged_the_devices_it_holds_not_only_the_ones_it_keeps_busy() -> None:
+    # a slice: half a device runs a strong replica at ~29 % (controllers/queueing.py), so
+    # SBM's work there pays for 3.5 held units per used one
+    book = book_with({"sbm": 0.5, "rma": 0.001})
+    a = live_allocator(max_share=1.0).allocate(
+        capacity(cpu=8.0, accelerator=0.5), 0.0, CTX, book, 10.0
+    )
+    sbm = LIVE["sbm"]
+    held = a.budget("sbm")[1]
+    used = a.rates["sbm"] * sbm.unit_cost().accelerator_s
+    assert held == pytest.approx(0.45)  # the whole slice
+    assert used == pytest.approx(held * sbm.usable_share("accelerator", 0.5), rel=1e-6)
+    assert 0.2 < sbm.usable_share("accelerator", 0.5) < sbm.usable_share("accelerator", 2.0) < 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    cpu=st.floats(0.0, 6.0),
+    acc=st.floats(0.0, 4.0),
+    uplift=st.fixed_dictionaries(
+        {},
+        optional={
+            "rma": st.floats(-0.05, 0.5),
+            "sbm": st.floats(-0.5, 1.0),
+            "precompute": st.floats(-0.5, 1.0),
+        },
+    ),
+    n=st.sampled_from([50, 2000]),
+    age=st.sampled_from([None, 10.0, 1e5]),
+)
+def test_no_sub_device_sbm_share_and_unknown_levers_keep_a_share(cpu, acc, uplift, n, age) -> None:
+    reg = LeverRegistry.standard(COSTS, 400, 1200, precompute=True, strong_wait_budget_ms=34.0)
+    a = Allocator(AllocatorSettings(), ValueSettings(), reg).allocate(
+        capacity(cpu=cpu, accelerator=acc), 0.0, CTX, book_with(uplift, n=n), age
+    )
+    acc_pool = next((i for i, p in enumerate(a.pools) if p.resource == "accelerator"), None)
+    cpu_pool = next((i for i, p in enumerate(a.pools) if p.resource == "cpu"), None)
+    if acc_pool is None:
+        return
+    pool = a.pools[acc_pool]
+    need = min(1.0, pool.announced) * 0.9
+    sbm = use_of(a, "sbm").get(acc_pool, 0.0)
+    assert sbm == 0.0 or sbm >= need * (1.0 - 1e-6)
+    assert sum(u for _, i, u in a.pool_use if i == acc_pool) <= pool.units * (1 + 1e-9) + 1e-12
+    usable = pool.units >= 0.01 and cpu_pool is not None and a.pools[cpu_pool].units >= 0.01
+    for name in ("rma", "precompute"):
+        if usable and not a.estimates[name].known:
+            assert use_of(a, name).get(acc_pool, 0.0) > 0.0, name
