@@ -418,17 +418,18 @@ class Allocator:
             if pin is not None and not self._keeps_explorers(run, pin, key, pools, estimates):
                 pin = None
             est = estimates[key[0]]
+            exploring = not (est.known and est.lcb > 0.0)
             if pin is not None and (
-                not est.known
+                exploring
                 or (
                     run.fallback is None
                     and self._worth(pin, estimates) > self._worth(drop, estimates)
                 )
             ):
-                # an unknown lever's share must be able to do work to be measured (in a
-                # fallback too: a lever never measured would keep it falling back); a known
-                # one is pinned only outside a fallback and when its LCB says the whole device
-                # is worth more than what the others make of it
+                # a lever being explored (unknown, or not proven either way) must be able to
+                # do work to be measured — in a fallback too, else it could never end it; a
+                # proven one is pinned only outside a fallback and when its LCB says the whole
+                # device is worth more than what the others make of it
                 pinned.append(key)
                 run = pin
             else:

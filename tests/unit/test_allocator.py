@@ -345,10 +345,11 @@ def test_falls_back_conservatively_and_says_why(book, age, reason) -> None:
     )
     assert a.fallback is reason
     assert a.total_cpu <= 0.25 * 8.0 * 0.9 + 1e-9
-    # a strong replica needs a whole device: an SBM never measured holds one to be measured
-    # (else it would never leave the fallback); a measured one is dropped, not raised
+    # a strong replica needs a whole device: an SBM being explored (unknown or unproven) holds
+    # one to be measured (else it could never end the fallback); a proven one is dropped
     sbm = use_of(a, "sbm").get(0, 0.0)  # pool 0: the accelerators
-    held = 0.0 if a.estimates["sbm"].known else 0.9
+    est = a.estimates["sbm"]
+    held = 0.0 if est.known and est.lcb > 0.0 else 0.9  # a lever being explored holds one
     assert sbm == 0.0 if held == 0.0 else sbm >= held - 1e-9
     assert a.total_accelerator - held <= 0.25 * 4.0 * 0.9 + 1e-9
     assert a.total_accelerator > 0.0
@@ -396,11 +397,18 @@ def test_sbm_holds_a_whole_device_or_none_of_it_never_a_split_the_replicas_round
     a = live_allocator().allocate(capacity(cpu=8.0, accelerator=1.0), 0.0, CTX, book, 10.0)
     assert use_of(a, "sbm")[0] == pytest.approx(0.9)  # the whole device (after the margin)
     assert use_of(a, "rma").get(0, 0.0) == 0.0  # nothing left: a split would be rounded away
-    # RMA worth far more: SBM gets nothing of it, not a sliver that would take the device
-    book = book_with({"rma": 5.0, "sbm": 0.001})
+    # RMA worth far more (SBM proven, but small): SBM gets nothing of it, not a sliver that
+    # would take the device
+    book = book_with({"rma": 5.0, "sbm": 0.05})
     a = live_allocator().allocate(capacity(cpu=8.0, accelerator=1.0), 0.0, CTX, book, 10.0)
+    assert a.estimates["sbm"].lcb > 0.0
     assert use_of(a, "sbm").get(0, 0.0) == 0.0
     assert use_of(a, "rma")[0] > 0.5
+    # an SBM not proven either way is being explored: it holds the device to be measured
+    book = book_with({"rma": 5.0, "sbm": 0.001})
+    a = live_allocator().allocate(capacity(cpu=8.0, accelerator=1.0), 0.0, CTX, book, 10.0)
+    assert a.estimates["sbm"].lcb <= 0.0 < a.estimates["sbm"].ucb
+    assert use_of(a, "sbm")[0] == pytest.approx(0.9)
 
 
 def test_sbm_on_a_larger_pool_holds_at_least_one_device_and_the_rest_is_split() -> None:
