@@ -316,14 +316,18 @@ class Allocator:
                 (k, u) for k in range(len(slots)) if (u := open_to(k, "accelerator")) > 0.0
             ]
         # a variable is one resource unit of the dominant resource *used*; a pool where only a
-        # share u of a held unit can be used is charged 1/u held units per used unit
+        # share u of a held unit can be used is charged 1/u held units per used unit. One unit
+        # of work passes through all the lever's stages, so the stage admitting the smallest
+        # share sets the rate for the pair and every resource is held in its cost ratio to it:
+        # SBM's CPU is held per held device (not per used one), else its CPU stage would be
+        # sized to run 100 % busy behind a device run at its admissible utilisation
         return [
             _Var(
                 lever.name,
                 ci,
                 ai,
-                cost.cpu_s / dominant / cu,
-                cost.accelerator_s / dominant / au,
+                cost.cpu_s / dominant / min(cu, au),
+                cost.accelerator_s / dominant / min(cu, au),
                 1.0 / dominant,
             )
             for ci, cu in cpu_pools

@@ -456,6 +456,24 @@ def test_sbm_is_charged_the_devices_it_holds_not_only_the_ones_it_keeps_busy() -
     assert 0.2 < sbm.usable_share("accelerator", 0.5) < sbm.usable_share("accelerator", 2.0) < 1
 
 
+@pytest.mark.parametrize(("cpu", "acc"), [(8.0, 0.5), (1.0, 4.0)])
+def test_sbm_holds_cpu_for_the_devices_it_holds_not_for_the_share_it_keeps_busy(
+    cpu: float, acc: float
+) -> None:
+    # one strong request passes through both stages: the devices run at their admissible
+    # utilisation, so CPU sized to that work alone would run its own quota 100 % busy (and the
+    # servers admit CPU work below 100 %: diurnal-3region's CPU-starved eu-west shed strong
+    # requests). SBM's CPU is held in the cost ratio to the devices it holds.
+    book = book_with({"sbm": 0.5, "rma": 0.001})
+    a = live_allocator(max_share=1.0).allocate(
+        capacity(cpu=cpu, accelerator=acc), 0.0, CTX, book, 10.0
+    )
+    cost = LIVE["sbm"].unit_cost()
+    held_cpu, held_acc = a.budget("sbm")
+    assert held_acc > 0.0
+    assert held_cpu == pytest.approx(held_acc * cost.cpu_s / cost.accelerator_s, rel=1e-6)
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     cpu=st.floats(0.0, 6.0),
