@@ -231,15 +231,38 @@ class _Var:
     scale: float  # units of work per unit of the scaled variable (1 / dominant cost)
 
 
+@dataclass(frozen=True, slots=True)
+class _Slot:
+    """A pool as one run of the LPs sees it: all of an announced pool, or the part of it
+    reserved for one lever (``owner``) that must hold at least that much there."""
+
+    origin: int  # index into the region's pools
+    units: float
+    owner: str | None
+    devices: float  # the units a lever's usable share is evaluated at
+
+
 @dataclass(slots=True)
 class _Acc:
     """What the LPs of one call have allocated so far."""
 
-    left: list[float]  # capacity left per pool
+    left: list[float]  # capacity left per slot
+    origin: list[int] = field(default_factory=list)  # slot -> pool
     budgets: dict[str, list[float]] = field(default_factory=dict)
     rates: dict[str, float] = field(default_factory=dict)
     per_hw: dict[tuple[str, str | None], list[float]] = field(default_factory=dict)
     pool_use: dict[tuple[str, int], float] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Run:
+    """One split of the region (the whole-device rule compares a few)."""
+
+    acc: _Acc
+    fallback: FallbackReason | None
+    cap_bound: list[str]
+    explored: list[str]
+    slots: list[_Slot] = field(default_factory=list)
 
 
 class Allocator:
@@ -262,39 +285,63 @@ class Allocator:
             return False
         return pool.resource != "accelerator" or lever.can_use_accelerator(pool.hardware)
 
-    def _variables(self, lever: Lever, pools: Sequence[Pool], usable: Sequence[bool]) -> list[_Var]:
+    def _variables(self, lever: Lever, pools: Sequence[Pool], slots: Sequence[_Slot]) -> list[_Var]:
         cost = lever.unit_cost()
         need_cpu = cost.cpu_s > 0.0
         need_acc = cost.accelerator_s > 0.0
         if not (need_cpu or need_acc):
             return []  # free work needs no capacity: nothing to allocate
         dominant = max(cost.cpu_s, cost.accelerator_s)
-        cpu_pools: list[int | None] = [None]
-        acc_pools: list[int | None] = [None]
+
+        def open_to(k: int, resource: str) -> float:
+            """The share of slot ``k`` the lever can use (0: it may not use the slot)."""
+            slot = slots[k]
+            pool = pools[slot.origin]
+            if (
+                pool.resource != resource
+                or slot.units < self.settings.min_pool_units
+                or slot.owner not in (None, lever.name)
+                or not self.eligible(lever, pool)
+            ):
+                return 0.0
+            u = lever.usable_share(resource, slot.devices)
+            return min(u, 1.0) if u > 0.0 and math.isfinite(u) else 0.0
+
+        cpu_pools: list[tuple[int | None, float]] = [(None, 1.0)]
+        acc_pools: list[tuple[int | None, float]] = [(None, 1.0)]
         if need_cpu:
-            cpu_pools = [
-                i
-                for i, p in enumerate(pools)
-                if usable[i] and p.resource == "cpu" and self.eligible(lever, p)
-            ]
+            cpu_pools = [(k, u) for k in range(len(slots)) if (u := open_to(k, "cpu")) > 0.0]
         if need_acc:
             acc_pools = [
-                i
-                for i, p in enumerate(pools)
-                if usable[i] and p.resource == "accelerator" and self.eligible(lever, p)
+                (k, u) for k in range(len(slots)) if (u := open_to(k, "accelerator")) > 0.0
             ]
+        # a variable is one resource unit of the dominant resource *used*; a pool where only a
+        # share u of a held unit can be used is charged 1/u held units per used unit. One unit
+        # of work passes through all the lever's stages, so the stage admitting the smallest
+        # share sets the rate for the pair and every resource is held in its cost ratio to it:
+        # SBM's CPU is held per held device (not per used one), else its CPU stage would be
+        # sized to run 100 % busy behind a device run at its admissible utilisation
         return [
             _Var(
                 lever.name,
                 ci,
                 ai,
-                cost.cpu_s / dominant,
-                cost.accelerator_s / dominant,
+                cost.cpu_s / dominant / min(cu, au),
+                cost.accelerator_s / dominant / min(cu, au),
                 1.0 / dominant,
             )
-            for ci in cpu_pools
-            for ai in acc_pools
+            for ci, cu in cpu_pools
+            for ai, au in acc_pools
         ]
+
+    def need(self, lever: Lever, pool: Pool) -> float:
+        """The fewest usable units of ``pool`` that ``lever`` can hold (0: any share): its
+        :meth:`Lever.min_hold` in announced units, at most the whole pool (a slice), after the
+        safety margin like the pool's own units."""
+        hold = lever.min_hold(pool.resource)
+        if not (hold > 0.0 and pool.announced > 0.0):
+            return 0.0
+        return min(hold, pool.announced) * pool.units / pool.announced
 
     def allocate(
         self,
@@ -318,25 +365,15 @@ class Allocator:
             lever.name: lever.estimate(book, ctx, self.value.lcb_z, self.value.min_samples)
             for lever in self.levers
         }
-        # levers that could run at all: positive demand and at least one usable variable
-        variables: dict[str, list[_Var]] = {}
         demand: dict[str, float] = {}
         for lever in self.levers:
             d = lever.demand(ctx)
-            if not (d > 0.0 and math.isfinite(d)):
-                continue
-            vs = self._variables(lever, pools, usable)
-            if vs:
-                variables[lever.name] = vs
+            if d > 0.0 and math.isfinite(d):
                 demand[lever.name] = d
-        acc = _Acc(left=[p.units if u else 0.0 for p, u in zip(pools, usable, strict=True)])
 
-        def done(
-            fallback: FallbackReason | None,
-            cap_bound: Iterable[str] = (),
-            explored: Iterable[str] = (),
-        ) -> Allocation:
+        def done(run: _Run | None) -> Allocation:
             shares = []
+            acc = run.acc if run is not None else _Acc(left=[])
             for (name, hw), (cpu, a) in sorted(
                 acc.per_hw.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")
             ):
@@ -352,9 +389,9 @@ class Allocator:
                 rates=dict(acc.rates),
                 budgets={k: (v[0], v[1]) for k, v in acc.budgets.items()},
                 estimates=estimates,
-                fallback=fallback,
-                cap_bound=tuple(sorted(set(cap_bound))),
-                explored=tuple(sorted(set(explored))),
+                fallback=run.fallback if run is not None else None,
+                cap_bound=tuple(sorted(set(run.cap_bound))) if run is not None else (),
+                explored=tuple(sorted(set(run.explored))) if run is not None else (),
                 safe_cpu=safe_cpu,
                 safe_accelerator=safe_acc,
                 pools=tuple(pools),
@@ -363,9 +400,172 @@ class Allocator:
 
         if not any(usable):
             announced = any(p.announced > 0.0 for p in pools)
-            return done(FallbackReason.BELOW_SAFETY_MARGIN if announced else None)
+            below = FallbackReason.BELOW_SAFETY_MARGIN if announced else None
+            return done(_Run(_Acc(left=[]), below, [], []))
+
+        # The whole-device rule, decided here rather than by the replicas' placement: a lever
+        # holding a share of a pool below what it can hold (SBM: one device) is either pinned
+        # to that much or dropped from the pool, whichever is worth more; one (lever, pool) at
+        # a time, each decision a constraint of the next run.
+        pinned: list[tuple[str, int]] = []
+        dropped: set[tuple[str, int]] = set()
+        run = self._run(pools, usable, demand, estimates, value_age_s, pinned, dropped)
+        for _ in range(len(self.levers) * len(pools)):
+            short = self._short_hold(run, pools, pinned, dropped)
+            if short is None:
+                break
+            key = short
+            drop = self._run(pools, usable, demand, estimates, value_age_s, pinned, dropped | {key})
+            pin: _Run | None = self._run(
+                pools, usable, demand, estimates, value_age_s, [*pinned, key], dropped
+            )
+            if pin is not None and not self._keeps_explorers(run, pin, key, pools, estimates):
+                pin = None
+            est = estimates[key[0]]
+            exploring = not (est.known and est.lcb > 0.0)
+            if pin is not None and (
+                exploring
+                or (
+                    run.fallback is None
+                    and self._worth(pin, estimates) > self._worth(drop, estimates)
+                )
+            ):
+                # a lever being explored (unknown, or not proven either way) must be able to
+                # do work to be measured — in a fallback too, else it could never end it; a
+                # proven one is pinned only outside a fallback and when its LCB says the whole
+                # device is worth more than what the others make of it
+                pinned.append(key)
+                run = pin
+            else:
+                dropped.add(key)
+                run = drop
+        return done(run)
+
+    def _short_hold(
+        self,
+        run: _Run,
+        pools: Sequence[Pool],
+        pinned: Sequence[tuple[str, int]],
+        dropped: set[tuple[str, int]],
+    ) -> tuple[str, int] | None:
+        """The first (lever, pool) holding more than nothing but less than its need."""
+        for (name, i), units in sorted(run.acc.pool_use.items()):
+            if (name, i) in dropped or (name, i) in pinned or units <= _EPS:
+                continue
+            need = self.need(self.levers[name], pools[i])
+            if units < need * (1.0 - 1e-6):
+                return name, i
+        return None
+
+    def _keeps_explorers(
+        self,
+        before: _Run,
+        after: _Run,
+        key: tuple[str, int],
+        pools: Sequence[Pool],
+        estimates: Mapping[str, ValueEstimate],
+    ) -> bool:
+        """Pinning ``key`` leaves every unknown lever that is measured on the pool — it has a
+        share there and on no other pool of that resource — a positive share of it."""
+        lever, i = key
+        resource = pools[i].resource
+
+        b = before.acc.pool_use  # keyed by (lever, pool)
+        a = after.acc.pool_use
+        for (name, j), units in b.items():
+            if name == lever or j != i or units <= _EPS or estimates[name].known:
+                continue
+            elsewhere = any(
+                n == name and jj != i and u > _EPS and pools[jj].resource == resource
+                for (n, jj), u in b.items()
+            )
+            if not elsewhere and a.get((name, i), 0.0) <= _EPS:
+                return False
+        return True
+
+    @staticmethod
+    def _worth(run: _Run, estimates: Mapping[str, ValueEstimate]) -> float:
+        """LCB value per second of a run's work (unknown or unproven levers count 0)."""
+        total = 0.0
+        for name, rate in run.acc.rates.items():
+            est = estimates[name]
+            if est.known and est.lcb > 0.0:
+                total += est.lcb * rate
+        return total
+
+    def _run(
+        self,
+        pools: Sequence[Pool],
+        usable: Sequence[bool],
+        demand: Mapping[str, float],
+        estimates: Mapping[str, ValueEstimate],
+        value_age_s: float | None,
+        pinned: Sequence[tuple[str, int]],
+        dropped: set[tuple[str, int]],
+    ) -> _Run:
+        """One split: fallback or exploration, then the LP, on the pools as ``pinned`` and
+        ``dropped`` reshape them (a pinned lever's need is a slot only it may use)."""
+        s = self.settings
+        slots: list[_Slot] = []
+        for i, p in enumerate(pools):
+            rest = p.units if usable[i] else 0.0
+            for name, j in pinned:
+                if j != i:
+                    continue
+                lever = self.levers[name]
+                need = min(self.need(lever, p), rest)
+                devices = min(lever.min_hold(p.resource), p.announced)
+                slots.append(_Slot(i, need, name, devices))
+                rest -= need
+            slots.append(_Slot(i, max(rest, 0.0), None, p.announced))
+        dropped_slots = {
+            (name, k) for k, sl in enumerate(slots) for name, i in dropped if sl.origin == i
+        }
+        variables: dict[str, list[_Var]] = {}
+        for lever in self.levers:
+            if lever.name not in demand:
+                continue
+            vs = [
+                v
+                for v in self._variables(lever, pools, slots)
+                if (v.lever, v.cpu_pool) not in dropped_slots
+                and (v.lever, v.acc_pool) not in dropped_slots
+            ]
+            if vs:
+                variables[lever.name] = vs
+        slot_pools = [pools[sl.origin] for sl in slots]
+        acc = _Acc(left=[sl.units for sl in slots], origin=[sl.origin for sl in slots])
+        run = _Run(acc, None, [], [], slots)
         if not variables:
-            return done(None)
+            return run
+
+        # pinned slots first: their lever gets what it can use there and holds the rest
+        for k, sl in enumerate(slots):
+            if sl.owner is None or sl.owner not in variables:
+                continue
+            mine = [v for v in variables[sl.owner] if k in (v.cpu_pool, v.acc_pool)]
+            if mine:
+                self._solve(
+                    [sl.owner],
+                    {sl.owner: mine},
+                    demand,
+                    {sl.owner: 1.0},
+                    slot_pools,
+                    list(acc.left),
+                    acc,
+                    caps={sl.owner: 1.0},
+                    cap_units=[x.units for x in slots],
+                    contested=[False] * len(slots),
+                )
+            held = acc.left[k]
+            if held > 0.0:
+                acc.left[k] = 0.0
+                key = (sl.owner, sl.origin)
+                acc.pool_use[key] = acc.pool_use.get(key, 0.0) + held
+                col = 0 if pools[sl.origin].resource == "cpu" else 1
+                acc.budgets.setdefault(sl.owner, [0.0, 0.0])[col] += held
+                hw = None if col == 0 else pools[sl.origin].hardware
+                acc.per_hw.setdefault((sl.owner, hw), [0.0, 0.0])[col] += held
 
         # which fallback, if any
         fallback: FallbackReason | None = None
@@ -381,14 +581,19 @@ class Allocator:
 
         if fallback is not None:
             names = list(variables) if fallback is FallbackReason.NO_VALUE else hopeful
-            self._flat(names, variables, demand, pools, acc, s.fallback_share)
-            return done(fallback, explored=names)
+            self._flat(names, variables, demand, slot_pools, acc, s.fallback_share)
+            run.fallback = fallback
+            run.explored = list(names)
+            return run
 
         explore = [n for n in hopeful if n not in proven]
         if explore and s.explore_share > 0.0:
-            self._flat(explore, variables, demand, pools, acc, s.explore_share)
-        cap_bound = self._optimise(proven, variables, demand, estimates, pools, acc)
-        return done(None, cap_bound, explore)
+            self._flat(explore, variables, demand, slot_pools, acc, s.explore_share)
+        run.cap_bound = self._optimise(
+            proven, variables, demand, estimates, slot_pools, [x.units for x in slots], acc
+        )
+        run.explored = explore
+        return run
 
     # -- the two LPs -----------------------------------------------------------------------
 
@@ -434,6 +639,7 @@ class Allocator:
         demand: Mapping[str, float],
         estimates: Mapping[str, ValueEstimate],
         pools: Sequence[Pool],
+        units: Sequence[float],
         acc: _Acc,
     ) -> list[str]:
         if not names:
@@ -460,7 +666,7 @@ class Allocator:
             list(acc.left),
             acc,
             caps={n: self.settings.cap(n) for n in names},
-            cap_units=[p.units for p in pools],
+            cap_units=list(units),
             contested=contested,
         )
 
@@ -509,7 +715,7 @@ class Allocator:
             # demand row Σ x·scale ≤ D is written Σ x ≤ D / scale, in resource units like the rest
             scale = next(v.scale for v in vs if v.lever == n)
             rows.append([1.0 if v.lever == n else 0.0 for v in vs])
-            rhs.append(demand[n] / scale)
+            rhs.append(max(demand[n] - acc.rates.get(n, 0.0), 0.0) / scale)
             cap = caps.get(n, 1.0)
             if contested is not None and cap >= 1.0:
                 continue
@@ -534,11 +740,11 @@ class Allocator:
             a_ = xj * v.acc
             if v.cpu_pool is not None:
                 acc.left[v.cpu_pool] = max(acc.left[v.cpu_pool] - cpu, 0.0)
-                key = (v.lever, v.cpu_pool)
+                key = (v.lever, acc.origin[v.cpu_pool])
                 acc.pool_use[key] = acc.pool_use.get(key, 0.0) + cpu
             if v.acc_pool is not None:
                 acc.left[v.acc_pool] = max(acc.left[v.acc_pool] - a_, 0.0)
-                key = (v.lever, v.acc_pool)
+                key = (v.lever, acc.origin[v.acc_pool])
                 acc.pool_use[key] = acc.pool_use.get(key, 0.0) + a_
             bud = acc.budgets.setdefault(v.lever, [0.0, 0.0])
             bud[0] += cpu

@@ -61,6 +61,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
+from controllers.queueing import admissible_utilization
 from controllers.types import (
     LEVER_PRECOMPUTE,
     LEVER_RMA,
@@ -440,6 +441,9 @@ class Lever(ABC):
     shed_action: ShedAction = ShedAction.DROP
     hardware: tuple[str, ...] | None = None  # accelerator types it may use; None = any
     min_durability_s: float = 0.0  # pools expiring sooner than this are useless to it
+    # True when its treatment value signals carry the ``cost`` of the work they received (the
+    # live levers' servers report it): then treatment sums without cost mean it did no work
+    costed_signals: bool = False
 
     @abstractmethod
     def unit_cost(self) -> ResourceCost:
@@ -464,11 +468,31 @@ class Lever(ABC):
     def can_use_accelerator(self, hardware: str) -> bool:
         return self.hardware is None or hardware in self.hardware
 
+    def usable_share(self, resource: str, units: float) -> float:
+        """The share in (0, 1] of ``units`` held units of a ``resource`` pool ("cpu" or
+        "accelerator") this lever can turn into work: the allocator values a held unit at this
+        share of a used one. Default 1; SBM's strong replicas only admit work up to the
+        admissible utilisation of that many devices (controllers/queueing.py)."""
+        return 1.0
+
+    def min_hold(self, resource: str) -> float:
+        """The fewest units of a ``resource`` pool this lever can hold at all (0: any slice).
+        SBM: one whole accelerator device, since a strong replica needs one. The allocator gives
+        such a lever either nothing of a pool or at least this much (or the whole pool when it
+        is smaller: a slice), never a share the replicas' placement would round away."""
+        return 0.0
+
     def estimate(
         self, book: ValueBook, ctx: LeverContext, z: float, min_samples: float
     ) -> ValueEstimate:
         """Value per unit of work from the book (see the module docstring)."""
         direct = book.per_unit(self.name, self.unit_cost())
+        if direct is None and self.costed_signals:
+            # its signals carry cost whenever it works, and no stratum's treatment sums carry
+            # any: it did no work on record, so treatment and control differ by noise only.
+            # Unknown (so it is explored), not the noise divided by the units in force.
+            up = book.uplift(self.name)
+            return ValueEstimate.unknown(up.n_treatment, up.n_control)
         if direct is not None:
             up = direct
             units = 1.0  # already per unit of work
@@ -503,6 +527,7 @@ class RmaLever(Lever):
     name = LEVER_RMA
     use = CapacityUse.LIVE
     shed_action = ShedAction.TRIM_CANDIDATES
+    costed_signals = True
 
     def __init__(
         self,
@@ -538,15 +563,30 @@ class SbmLever(Lever):
     name = LEVER_SBM
     use = CapacityUse.LIVE
     shed_action = ShedAction.DOWNGRADE_MODEL
+    costed_signals = True
 
-    def __init__(self, costs: CostModel, max_coverage: float = 1.0) -> None:
+    def __init__(
+        self, costs: CostModel, max_coverage: float = 1.0, wait_budget_ms: float | None = None
+    ) -> None:
         self.costs = costs
         self.hardware = costs.strong_hardware
         self.min_durability_s = costs.strong_load_s
         self.max_coverage = max_coverage
+        # the strong replicas' mean-wait budget (coverage ``wait_budget_share`` × setpoint):
+        # they admit work up to the utilisation whose queue stays within it; None: no limit
+        self.wait_budget_ms = wait_budget_ms
 
     def unit_cost(self) -> ResourceCost:
         return self.costs.sbm_per_request
+
+    def usable_share(self, resource: str, units: float) -> float:
+        if resource != "accelerator" or self.wait_budget_ms is None or not units > 0.0:
+            return 1.0
+        service_ms = self.costs.sbm_per_request.accelerator_s * 1000.0
+        return admissible_utilization(units, service_ms, self.wait_budget_ms)
+
+    def min_hold(self, resource: str) -> float:
+        return 1.0 if resource == "accelerator" else 0.0
 
     def demand(self, ctx: LeverContext) -> float:
         return max(ctx.eligible_rps, 0.0) * self.max_coverage
@@ -608,12 +648,14 @@ class LeverRegistry:
         max_coverage: float = 1.0,
         precompute: bool = False,
         rma_step_headroom: float | None = None,
+        strong_wait_budget_ms: float | None = None,
     ) -> LeverRegistry:
         """RMA and SBM, plus precompute when the scenario allows it. ``rma_step_headroom``:
-        extra candidates the RMA loop may add in one step (its demand stops there)."""
+        extra candidates the RMA loop may add in one step (its demand stops there);
+        ``strong_wait_budget_ms``: the strong replicas' mean-wait budget (SBM's usable share)."""
         levers: list[Lever] = [
             RmaLever(costs, base_candidates, max_candidates, rma_step_headroom),
-            SbmLever(costs, max_coverage),
+            SbmLever(costs, max_coverage, strong_wait_budget_ms),
         ]
         if precompute:
             levers.append(PrecomputeLever(costs))

@@ -219,6 +219,7 @@ class ControlPlane:
                 rma_step_headroom=math.ceil(
                     config.pid.max_step_up * (config.max_candidates - config.base_candidates)
                 ),
+                strong_wait_budget_ms=config.coverage.wait_budget_share * config.setpoint_ms,
             )
         )
         self.allocator = Allocator(config.allocator, config.value, self.levers)

@@ -113,8 +113,13 @@ def test_whole_control_plane_loop_cuts_at_once_on_a_reclaim_and_settles_again() 
             spare = 2.0  # the owner reclaims most of the spare CPU
             plant.cores = dedicated + spare
         p99 = plant.measure(candidates)
+        # the cost the servers report for the extra candidates in force (none at base: then
+        # RMA did no work and its value is unknown, so it is explored)
+        extra = 3000 * max(candidates - BASE, 0)
         value = {
-            ("casual", "rma", "treatment"): arm_stats(rng, 3000, 1.1, 0.4),
+            ("casual", "rma", "treatment"): arm_stats(
+                rng, 3000, 1.1, 0.4, extra * COSTS.base_cpu_ms, extra * COSTS.base_accelerator_ms
+            ),
             ("casual", "rma", "control"): arm_stats(rng, 3000, 1.0, 0.4),
         }
         t = plane.step(

@@ -106,7 +106,10 @@ def test_value_estimate_is_uplift_per_unit_of_work_with_a_lower_bound() -> None:
     book = ValueBook()
     book.add(
         {
-            ("casual", "rma", "treatment"): arm_stats(rng, 20_000, 1.2, 0.5),
+            # 200 extra candidates per treated request, as the servers report them
+            ("casual", "rma", "treatment"): arm_stats(
+                rng, 20_000, 1.2, 0.5, 20_000 * 200 * 0.1, 20_000 * 200 * 0.02
+            ),
             ("casual", "rma", "control"): arm_stats(rng, 20_000, 1.0, 0.5),
         }
     )
@@ -171,8 +174,11 @@ def test_value_book_snapshot_round_trips_through_json() -> None:
 
 
 def _proven(lever: str, rng: np.random.Generator) -> dict[tuple[str, str, str], ArmStats]:
+    # the strong model's cost per treated request, as SBM's servers report it (the integrity
+    # lever's signals carry none: its estimate divides by the units book)
+    cost = (5000 * 400 * 0.005, 5000 * 400 * 0.1) if lever == "sbm" else (0.0, 0.0)
     return {
-        ("casual", lever, "treatment"): arm_stats(rng, 5000, 1.5, 0.3),
+        ("casual", lever, "treatment"): arm_stats(rng, 5000, 1.5, 0.3, *cost),
         ("casual", lever, "control"): arm_stats(rng, 5000, 1.0, 0.3),
     }
 
@@ -216,3 +222,35 @@ def test_a_fourth_lever_reaches_the_targets_through_the_control_plane() -> None:
     assert shares["integrity"].cpu == pytest.approx(0.75)
     assert shares["integrity"].hardware is None
     assert shares["integrity"].value_per_unit_lcb > 0.0
+
+
+def test_a_costed_lever_that_did_no_work_is_unknown_not_its_noise() -> None:
+    # RMA's servers report the cost of the work its treatment requests got; none at all means
+    # it did no work, so treatment and control differ by noise only: unknown, to be explored
+    rng = np.random.default_rng(7)
+    noise = {
+        ("casual", "rma", "treatment"): arm_stats(rng, 5000, 0.9, 0.5),
+        ("casual", "rma", "control"): arm_stats(rng, 5000, 1.0, 0.5),
+        ("casual", "precompute", "treatment"): arm_stats(rng, 5000, 1.1, 0.5),
+        ("casual", "precompute", "control"): arm_stats(rng, 5000, 1.0, 0.5),
+    }
+    book = ValueBook()
+    book.add(noise)
+    ctx = LeverContext(300.0, 300.0, rma_extra_candidates=20.0, precompute_jobs_per_s=5.0)
+    est = RmaLever(COSTS, 400, 1200).estimate(book, ctx, 1.645, 30)
+    assert not est.known
+    assert est.n_treatment == 5000  # the counts still say what was seen
+    # precompute's signals never carry cost: its uplift per job serves as before
+    pre = PrecomputeLever(COSTS).estimate(book, ctx, 1.645, 30)
+    assert pre.known
+    assert pre.mean > 0.0
+    # once RMA's treatment carries cost somewhere, that stratum measures it
+    book.add(
+        {
+            ("casual#1", "rma", "treatment"): arm_stats(rng, 5000, 1.2, 0.5, 5000 * 20 * 0.1),
+            ("casual#1", "rma", "control"): arm_stats(rng, 5000, 1.0, 0.5),
+        }
+    )
+    est = RmaLever(COSTS, 400, 1200).estimate(book, ctx, 1.645, 30)
+    assert est.known
+    assert est.mean == pytest.approx(0.2 / 20, rel=0.1)
