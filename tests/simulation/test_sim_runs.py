@@ -198,7 +198,9 @@ def test_headroom_releases_reclaimed_capacity_within_milliseconds(runs: Any) -> 
     assert r["headroom"]["reclaims"]["count"] > 0
     assert r["headroom"]["reclaims"]["releases"] > 0
     assert r["headroom"]["reclaims"]["release_ms_max"] < 100.0
-    assert r["central-only"]["reclaims"]["release_ms_p50"] > 1000.0  # waits for a control step
+    # central-only waits for a control step whenever work must move (some reclaims take units
+    # its allocation left idle, whose release is immediate)
+    assert r["central-only"]["reclaims"]["release_ms_max"] > 1000.0
 
 
 # --- outputs -------------------------------------------------------------------------------------
