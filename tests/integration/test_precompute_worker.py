@@ -31,6 +31,7 @@ from controllers.precompute import PrecomputeConfig
 from headroom.scenario_load import load_scenario
 from streams import messages
 from streams.kafka import KafkaTarget, make_consumer, make_producer
+from tests.signals import value_signal as shared_value_signal
 from workers.precompute import PrecomputeWorker, WorkerSettings, rank_batch
 from workers.precompute_lookup import PrecomputeCache, VisitOutcome
 from workers.world import RankingWorld
@@ -240,23 +241,10 @@ async def test_results_stored_served_before_expiry_tombstoned_after_and_reclaim_
     assert sum(e["dropped"]["precompute_jobs"] for e in released) == worker.stats.wasted_partial
 
 
-def value_signal(
-    segment: str, arm: str, n: int, mean: float, *, lever: str = "precompute", region: str = REGION
-) -> messages.ValueSignal:
-    sd = 0.01
-    return messages.ValueSignal(
-        ts=time.time(),
-        region=region,
-        segment=segment,
-        lever=lever,  # type: ignore[arg-type]
-        arm=arm,  # type: ignore[arg-type]
-        n=n,
-        value_sum=n * mean,
-        value_sq_sum=n * (sd * sd + mean * mean),
-        window_s=2.0,
-        cost=messages.Cost(cpu_ms=0.0, accelerator_ms=0.0),
-        stratum=3,
-    )
+def value_signal(segment: str, arm: str, n: int, mean: float, **kw: Any) -> messages.ValueSignal:
+    """A value signal of this test's region, stamped now (stratum 3)."""
+    kw.setdefault("region", REGION)
+    return shared_value_signal(segment, arm, n, mean, ts=time.time(), window_s=2.0, stratum=3, **kw)
 
 
 async def test_value_signals_on_the_value_topic_rescale_the_worker_uplift(

@@ -9,6 +9,7 @@ ignored, and the memory fades so an off segment is tried again.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -24,7 +25,7 @@ from controllers.precompute_value import (
     effective_age,
 )
 from headroom.errors import ConfigError
-from streams import messages
+from tests.signals import value_signal
 
 HOUR = 3600.0
 REGION = "r1"
@@ -54,31 +55,7 @@ BASE = UpliftModel.from_tables(
 )
 
 
-def signal(
-    segment: str,
-    arm: str,
-    n: int,
-    mean: float,
-    sd: float,
-    *,
-    ts: float = 0.0,
-    lever: str = "precompute",
-    region: str = REGION,
-    stratum: int | None = None,
-) -> messages.ValueSignal:
-    return messages.ValueSignal(
-        ts=ts,
-        region=region,
-        segment=segment,
-        lever=lever,  # type: ignore[arg-type]
-        arm=arm,  # type: ignore[arg-type]
-        n=n,
-        value_sum=n * mean,
-        value_sq_sum=n * (sd * sd + mean * mean),
-        window_s=WINDOW_S,
-        cost=messages.Cost(cpu_ms=0.0, accelerator_ms=0.0),
-        stratum=stratum,
-    )
+signal = functools.partial(value_signal, region=REGION, window_s=WINDOW_S)
 
 
 def calibrator(**kw: float) -> UpliftCalibrator:

@@ -17,6 +17,7 @@ import pytest
 from controllers.precompute import PrecomputeConfig
 from headroom.scenario_load import load_scenario
 from streams import messages
+from tests.signals import value_signal
 from workers.precompute import PrecomputeWorker, WorkerSettings, rank_batch, target_budget
 from workers.world import RankingWorld
 
@@ -235,31 +236,6 @@ async def test_an_expired_target_stops_new_jobs_and_a_target_budget_sets_the_rat
     assert w.current_rate(clock.t)[1] == "target_expired"
 
 
-def value_signal(
-    segment: str,
-    arm: str,
-    n: int,
-    mean: float,
-    ts: float,
-    *,
-    lever: str = "precompute",
-    region: str = REGION,
-) -> messages.ValueSignal:
-    sd = 0.01
-    return messages.ValueSignal(
-        ts=ts,
-        region=region,
-        segment=segment,
-        lever=lever,  # type: ignore[arg-type]
-        arm=arm,  # type: ignore[arg-type]
-        n=n,
-        value_sum=n * mean,
-        value_sq_sum=n * (sd * sd + mean * mean),
-        window_s=10.0,
-        cost=messages.Cost(cpu_ms=0.0, accelerator_ms=0.0),
-    )
-
-
 async def test_measured_value_signals_rescale_the_planner_once_per_window(
     world_and_curves,
 ) -> None:  # type: ignore[no-untyped-def]
@@ -293,12 +269,14 @@ async def test_measured_value_signals_rescale_the_planner_once_per_window(
     assert p_casual is not None
     assert p_casual > 0.0
     for msg in (
-        value_signal("premium", "treatment", 2000, 1.0 + 0.5 * p_premium, clock.t),
-        value_signal("premium", "control", 500, 1.0, clock.t),
-        value_signal("casual", "treatment", 2000, 1.0 - p_casual, clock.t),
-        value_signal("casual", "control", 500, 1.0, clock.t),
-        value_signal("casual", "treatment", 2000, 9.0, clock.t, lever="rma"),
-        value_signal("casual", "treatment", 2000, 9.0, clock.t, region="elsewhere"),
+        value_signal(
+            "premium", "treatment", 2000, 1.0 + 0.5 * p_premium, ts=clock.t, region=REGION
+        ),
+        value_signal("premium", "control", 500, 1.0, ts=clock.t, region=REGION),
+        value_signal("casual", "treatment", 2000, 1.0 - p_casual, ts=clock.t, region=REGION),
+        value_signal("casual", "control", 500, 1.0, ts=clock.t, region=REGION),
+        value_signal("casual", "treatment", 2000, 9.0, ts=clock.t, region=REGION, lever="rma"),
+        value_signal("casual", "treatment", 2000, 9.0, ts=clock.t, region="elsewhere"),
     ):
         w.on_value(msg)
     assert (w.stats.value_signals, w.stats.value_ignored) == (4, 2)
