@@ -66,6 +66,17 @@ class _CapEntry:
     announced_at: float
 
 
+def arm_stats(msg: ValueSignal) -> ArmStats:
+    """The sums of one ``headroom.value`` message, as the value books add them."""
+    return ArmStats(
+        n=msg.n,
+        value_sum=msg.value_sum,
+        value_sq_sum=msg.value_sq_sum,
+        cpu_ms=msg.cost.cpu_ms,
+        accelerator_ms=msg.cost.accelerator_ms,
+    )
+
+
 class RegionAggregator:
     """Per-region state between control ticks. One instance serves every region."""
 
@@ -137,13 +148,7 @@ class RegionAggregator:
 
     def add_value_signal(self, msg: ValueSignal) -> None:
         """Fold one ``headroom.value`` message in, keyed by its stratum where it names one."""
-        stats = ArmStats(
-            n=msg.n,
-            value_sum=msg.value_sum,
-            value_sq_sum=msg.value_sq_sum,
-            cpu_ms=msg.cost.cpu_ms,
-            accelerator_ms=msg.cost.accelerator_ms,
-        )
+        stats = arm_stats(msg)
         key = (stratum_key(msg.segment, msg.stratum), msg.lever, msg.arm)
         self.add_value(msg.region, msg.ts, key, stats)
 

@@ -66,8 +66,9 @@ import numpy as np
 import numpy.typing as npt
 
 from controllers.levers import ValueBook
+from controllers.observe import arm_stats
 from controllers.precompute import UpliftModel
-from controllers.types import ArmStats, stratum_key
+from controllers.types import stratum_key
 from headroom.errors import ConfigError
 from streams.messages import ValueSignal
 
@@ -249,14 +250,7 @@ class UpliftCalibrator:
             self.ignored["segment"] += 1
             return False
         self.advance(t)
-        stats = ArmStats(
-            n=msg.n,
-            value_sum=msg.value_sum,
-            value_sq_sum=msg.value_sq_sum,
-            cpu_ms=msg.cost.cpu_ms,
-            accelerator_ms=msg.cost.accelerator_ms,
-        )
-        self.book.add({(stratum_key(msg.segment, msg.stratum), LEVER, msg.arm): stats})
+        self.book.add({(stratum_key(msg.segment, msg.stratum), LEVER, msg.arm): arm_stats(msg)})
         self.used += 1
         return True
 
