@@ -22,12 +22,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from controllers.precompute import PrecomputeConfig
+from headroom.scenario import Scenario
 from headroom.scenario_load import load_scenario
 from streams import messages
 from streams.kafka import KafkaTarget, make_consumer, make_producer
@@ -122,33 +124,47 @@ def scenario_file(tmp_path: Path) -> Path:
     return path
 
 
+@dataclass
+class Rig:
+    """A precompute worker of this test's region on the scenario, and a producer to feed it."""
+
+    scenario: Scenario
+    config: PrecomputeConfig
+    worker: PrecomputeWorker
+    producer: Any
+    kafka: KafkaTarget
+
+    @classmethod
+    async def start(cls, kafka: KafkaTarget, scenario_file: Path, **config: Any) -> Rig:
+        """The worker (not started) with ``config`` over a fast default rate; the producer is."""
+        scenario = load_scenario(scenario_file)
+        world = RankingWorld.from_scenario(scenario)
+        curves = world.measure_curves(samples_per_segment=32, grid_points=3)
+        cfg = PrecomputeConfig.from_scenario(scenario, default_jobs_per_s=200.0, **config)
+        producer = make_producer(kafka.bootstrap)
+        await producer.start()
+        worker = PrecomputeWorker(
+            WorkerSettings(region=REGION, tick_s=0.05),
+            scenario,
+            kafka,
+            config=cfg,
+            world=world,
+            curves=curves,
+        )
+        return cls(scenario, cfg, worker, producer, kafka)
+
+    async def send(self, kind: str, msg: Any) -> None:
+        topic = self.kafka.topic(kind)
+        await self.producer.send_and_wait(topic, messages.encode(msg), key=msg.key())
+
+
 async def test_results_stored_served_before_expiry_tombstoned_after_and_reclaim_stops_jobs(
     kafka_target: KafkaTarget, scenario_file: Path
 ) -> None:
-    scenario = load_scenario(scenario_file)
-    world = RankingWorld.from_scenario(scenario)
-    curves = world.measure_curves(samples_per_segment=32, grid_points=3)
-    config = PrecomputeConfig.from_scenario(
-        scenario,
-        default_jobs_per_s=200.0,
-        job_duration_s=JOB_S,
-        max_ttl_s=TTL_S,
-        refresh_after=1.0,
+    rig = await Rig.start(
+        kafka_target, scenario_file, job_duration_s=JOB_S, max_ttl_s=TTL_S, refresh_after=1.0
     )
-    producer = make_producer(kafka_target.bootstrap)
-    await producer.start()
-
-    async def send(kind: str, msg: Any) -> None:
-        await producer.send_and_wait(kafka_target.topic(kind), messages.encode(msg), key=msg.key())
-
-    worker = PrecomputeWorker(
-        WorkerSettings(region=REGION, tick_s=0.05),
-        scenario,
-        kafka_target,
-        config=config,
-        world=world,
-        curves=curves,
-    )
+    worker, producer, send, config = rig.worker, rig.producer, rig.send, rig.config
     cache = PrecomputeCache(REGION, kafka_target)
     try:
         await send("capacity", capacity("accelerator", "gpu-b", 2.0, 1))
@@ -169,7 +185,9 @@ async def test_results_stored_served_before_expiry_tombstoned_after_and_reclaim_
         # stored: every user gets a result, the real strong-model ranking of the world
         await until(lambda: all(cache.lookup(u, time.time()) for u in users), 30, "30 results")
         now = time.time()
-        check_world = RankingWorld.from_scenario(scenario)  # not the worker's: it ranks in a thread
+        check_world = RankingWorld.from_scenario(
+            rig.scenario
+        )  # not the worker's: it ranks in a thread
         for user in users[:6]:
             result = cache.lookup(user, now)
             assert result is not None
@@ -253,26 +271,8 @@ async def test_value_signals_on_the_value_topic_rescale_the_worker_uplift(
     """Value signals published on ``value``: the worker keeps its region's ``precompute`` ones,
     ignores the others, dead-letters malformed records, and at the next window switches off the
     segment whose measured uplift is precisely harmful (an event on ``events``)."""
-    scenario = load_scenario(scenario_file)
-    world = RankingWorld.from_scenario(scenario)
-    curves = world.measure_curves(samples_per_segment=32, grid_points=3)
-    config = PrecomputeConfig.from_scenario(
-        scenario, default_jobs_per_s=200.0, job_duration_s=0.2, max_ttl_s=60.0
-    )
-    producer = make_producer(kafka_target.bootstrap)
-    await producer.start()
-
-    async def send(kind: str, msg: Any) -> None:
-        await producer.send_and_wait(kafka_target.topic(kind), messages.encode(msg), key=msg.key())
-
-    worker = PrecomputeWorker(
-        WorkerSettings(region=REGION, tick_s=0.05),
-        scenario,
-        kafka_target,
-        config=config,
-        world=world,
-        curves=curves,
-    )
+    rig = await Rig.start(kafka_target, scenario_file, job_duration_s=0.2, max_ttl_s=60.0)
+    worker, producer, send, config = rig.worker, rig.producer, rig.send, rig.config
     users = list(range(20))  # even: premium, odd: casual
     try:
         await send("capacity", capacity("accelerator", "gpu-b", 2.0, 1))
