@@ -169,14 +169,13 @@ class Oracle:
         )
         self.share = pop.share / pop.share.sum()
         self.elig = ctx.eligible
-        self._solutions: dict[tuple[int, ...], _Solution] = {}
+        self._solutions: dict[tuple[tuple[int, ...], tuple[int, ...] | None], _Solution] = {}
         self._plans: dict[tuple[int, ...], Plan] = {}
-        self._lp = self._build_lp()
         static = precompute_static(ctx)
         # Δ*_s per cell: the most a stored result adds to one visit (0 without precompute)
         self.pre_gain = None if static is None else np.asarray(static.best_gain[pop.seg])
-        self._lp_pre: tuple[Any, ...] | None = None
-        self._pre_solutions: dict[tuple[tuple[int, ...], tuple[int, ...]], _Solution] = {}
+        self._lp: tuple[Any, ...] = self._build_lp(pre=False)
+        self._lp_pre: tuple[Any, ...] | None = None  # built at the first joint solve
         self._bound: OracleBound | None = None
         self._caps = [self._capacity_series(r) for r in range(len(ctx.regions))]
 
@@ -225,81 +224,68 @@ class Oracle:
 
     # -- the LP ------------------------------------------------------------------------------
 
-    def _build_lp(self) -> tuple[Any, ...]:
+    def _build_lp(self, pre: bool) -> tuple[Any, ...]:
+        """Objective and constraint matrix; variables cell-major, per cell ``[rma_0 ..
+        rma_{J-1}, sbm]`` and, with ``pre``, the stored-result option last (gain Δ*, no live
+        cost; its bound, the returning share, is set per solve)."""
         c_n = self.share.size
         j_n = len(self.levels)
-        nv = c_n * (j_n + 1)
-        # variable layout: cell-major, [rma_0 .. rma_{J-1}, sbm]
-        obj = np.zeros(nv)
-        a_ub = np.zeros((c_n + 4, nv))
-        for c in range(c_n):
-            base = c * (j_n + 1)
-            obj[base : base + j_n] = -self.share[c] * self.g_rma[:, c]
-            obj[base + j_n] = -self.share[c] * self.g_sbm[c]
-            a_ub[c, base : base + j_n + 1] = 1.0
-            a_ub[c_n:, base : base + j_n] = self.share[c] * self.c_rma
-            a_ub[c_n:, base + j_n] = self.share[c] * self.c_sbm
-        bounds = []
-        for _ in range(c_n):
-            bounds += [(0.0, 1.0)] * j_n + [(0.0, self.elig)]
-        return obj, a_ub, bounds
-
-    def _build_lp_pre(self) -> tuple[Any, ...]:
-        """The LP with the precompute option per cell (gain Δ*, no live cost; its bound, the
-        returning share, is set per solve)."""
-        assert self.pre_gain is not None
-        c_n = self.share.size
-        j_n = len(self.levels)
-        w = j_n + 2
+        w = j_n + (2 if pre else 1)
         obj = np.zeros(c_n * w)
         a_ub = np.zeros((c_n + 4, c_n * w))
         for c in range(c_n):
             base = c * w
             obj[base : base + j_n] = -self.share[c] * self.g_rma[:, c]
             obj[base + j_n] = -self.share[c] * self.g_sbm[c]
-            obj[base + j_n + 1] = -self.share[c] * self.pre_gain[c]
+            if pre:
+                assert self.pre_gain is not None
+                obj[base + j_n + 1] = -self.share[c] * self.pre_gain[c]
             a_ub[c, base : base + w] = 1.0
             a_ub[c_n:, base : base + j_n] = self.share[c] * self.c_rma
             a_ub[c_n:, base + j_n] = self.share[c] * self.c_sbm
         return obj, a_ub
 
-    def _solve_pre(self, key: tuple[int, ...], rho_key: tuple[int, ...]) -> _Solution:
-        """The joint LP at a budget grid point and returning shares ``rho_key / RHO_GRID``."""
-        got = self._pre_solutions.get((key, rho_key))
+    def _solve(self, key: tuple[int, ...], rho_key: tuple[int, ...] | None = None) -> _Solution:
+        """The LP at a budget grid point; with ``rho_key``, the joint LP with the stored-result
+        option open to ``rho_key / RHO_GRID`` of each segment's requests (its ``h`` then
+        depends on the real returning shares: :meth:`_h_pre`)."""
+        got = self._solutions.get((key, rho_key))
         if got is not None:
             return got
-        if self._lp_pre is None:
-            self._lp_pre = self._build_lp_pre()
-        obj, a_ub = self._lp_pre
-        assert self.pre_gain is not None
+        pre = rho_key is not None
+        lp = self._lp_pre if pre else self._lp
+        if lp is None:
+            lp = self._lp_pre = self._build_lp(pre=True)
+        obj, a_ub = lp
         b = np.array([0.0 if k == _ZERO_KEY else GRID_RATIO**k for k in key])
         c_n = self.share.size
         j_n = len(self.levels)
-        rho = np.minimum(np.array(rho_key, dtype=np.float64) / RHO_GRID, 1.0)
+        seg = self.ctx.pop.seg
         bounds = []
         for c in range(c_n):
-            bounds += [(0.0, 1.0)] * j_n + [(0.0, self.elig), (0.0, rho[self.ctx.pop.seg[c]])]
-        res = linprog(
-            obj, A_ub=a_ub, b_ub=np.concatenate([np.ones(c_n), b]), bounds=bounds, method="highs"
-        )
+            bounds += [(0.0, 1.0)] * j_n + [(0.0, self.elig)]
+            if rho_key is not None:
+                bounds.append((0.0, min(rho_key[int(seg[c])] / RHO_GRID, 1.0)))
+        b_ub = np.concatenate([np.ones(c_n), b])
+        res = linprog(obj, A_ub=a_ub, b_ub=b_ub, bounds=bounds, method="highs")
         if res.status != 0:  # pragma: no cover - the origin is always feasible
             raise RuntimeError(f"oracle LP failed: {res.message}")
-        x = np.clip(res.x.reshape(c_n, j_n + 2), 0.0, None)
+        x = np.clip(res.x.reshape(c_n, j_n + (2 if pre else 1)), 0.0, None)
         y = np.clip(-np.asarray(res.ineqlin.marginals[c_n:]), 0.0, None)
         v_rma = float((self.share[:, None] * x[:, :j_n] * self.g_rma.T).sum())
         v_sbm = float((self.share * x[:, j_n] * self.g_sbm).sum())
-        v_pre = float((self.share * x[:, j_n + 1] * self.pre_gain).sum())
+        v_pre = float((self.share * x[:, j_n + 1] * self.pre_gain).sum()) if pre else 0.0
         sol = _Solution(
             x_rma=x[:, :j_n].T.copy(),
             x_sbm=x[:, j_n].copy(),
             y=y,
-            h=0.0,  # depends on the real returning shares: :meth:`_h_pre`
+            h=0.0 if pre else self._h(y),
             value=v_rma + v_sbm + v_pre,
             value_rma=v_rma,
             value_sbm=v_sbm,
             value_pre=v_pre,
         )
-        self._pre_solutions[(key, rho_key)] = sol
+        self._solutions[(key, rho_key)] = sol
         return sol
 
     def _h_pre(self, y: FloatArray, rho: FloatArray) -> FloatArray:
@@ -334,35 +320,6 @@ class Oracle:
         for v in b.tolist():
             out.append(_ZERO_KEY if v <= 0 else math.floor(math.log(v) / _LOG_RATIO + 1e-12))
         return tuple(out)
-
-    def _solve(self, key: tuple[int, ...]) -> _Solution:
-        sol = self._solutions.get(key)
-        if sol is not None:
-            return sol
-        b = np.array([0.0 if k == _ZERO_KEY else GRID_RATIO**k for k in key])
-        obj, a_ub, bounds = self._lp
-        c_n = self.share.size
-        j_n = len(self.levels)
-        b_ub = np.concatenate([np.ones(c_n), b])
-        res = linprog(obj, A_ub=a_ub, b_ub=b_ub, bounds=bounds, method="highs")
-        if res.status != 0:  # pragma: no cover - the origin is always feasible
-            raise RuntimeError(f"oracle LP failed: {res.message}")
-        x = np.clip(res.x.reshape(c_n, j_n + 1), 0.0, None)
-        y = np.clip(-np.asarray(res.ineqlin.marginals[c_n:]), 0.0, None)
-        h = self._h(y)
-        v_rma = float((self.share[:, None] * x[:, :j_n] * self.g_rma.T).sum())
-        v_sbm = float((self.share * x[:, j_n] * self.g_sbm).sum())
-        sol = _Solution(
-            x_rma=x[:, :j_n].T.copy(),
-            x_sbm=x[:, j_n].copy(),
-            y=y,
-            h=h,
-            value=v_rma + v_sbm,
-            value_rma=v_rma,
-            value_sbm=v_sbm,
-        )
-        self._solutions[key] = sol
-        return sol
 
     def _h(self, y: FloatArray) -> float:
         r_rma = self.g_rma - (y @ self.c_rma)[:, None]  # (J, C)
@@ -456,7 +413,7 @@ class Oracle:
                     sol = self._solve(key)
                     dual = float((nr * (bud[ii] @ sol.y + sol.h)).sum())
                 else:
-                    sol = self._solve_pre(*key)
+                    sol = self._solve(*key)
                     dual = float((nr * (bud[ii] @ sol.y + self._h_pre(sol.y, rho[ii]))).sum())
                 primal = float(nr.sum()) * sol.value
                 region_total += dual
