@@ -245,6 +245,17 @@ class Oracle:
             a_ub[c_n:, base + j_n] = self.share[c] * self.c_sbm
         return obj, a_ub
 
+    def _bounds(self, rho: FloatArray | None) -> list[tuple[float, float]]:
+        """Variable bounds (the layout of :meth:`_build_lp`); ``rho``: the returning share of
+        each segment (the stored-result option's cap), None for the live LP."""
+        seg = self.ctx.pop.seg
+        out: list[tuple[float, float]] = []
+        for c in range(self.share.size):
+            out += [(0.0, 1.0)] * len(self.levels) + [(0.0, self.elig)]
+            if rho is not None:
+                out.append((0.0, min(float(rho[int(seg[c])]), 1.0)))
+        return out
+
     def _solve(self, key: tuple[int, ...], rho_key: tuple[int, ...] | None = None) -> _Solution:
         """The LP at a budget grid point; with ``rho_key``, the joint LP with the stored-result
         option open to ``rho_key / RHO_GRID`` of each segment's requests (its ``h`` then
@@ -260,13 +271,8 @@ class Oracle:
         b = np.array([0.0 if k == _ZERO_KEY else GRID_RATIO**k for k in key])
         c_n = self.share.size
         j_n = len(self.levels)
-        seg = self.ctx.pop.seg
-        bounds = []
-        for c in range(c_n):
-            bounds += [(0.0, 1.0)] * j_n + [(0.0, self.elig)]
-            if rho_key is not None:
-                bounds.append((0.0, min(rho_key[int(seg[c])] / RHO_GRID, 1.0)))
         b_ub = np.concatenate([np.ones(c_n), b])
+        bounds = self._bounds(None if rho_key is None else np.array(rho_key) / RHO_GRID)
         res = linprog(obj, A_ub=a_ub, b_ub=b_ub, bounds=bounds, method="highs")
         if res.status != 0:  # pragma: no cover - the origin is always feasible
             raise RuntimeError(f"oracle LP failed: {res.message}")

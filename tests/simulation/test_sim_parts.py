@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -249,7 +250,8 @@ def test_dual_bound_is_valid_and_tight_on_random_budgets() -> None:
     s = scenario()
     ctx = SimContext(s, curves_of(s))
     o = Oracle(ctx)
-    obj, a_ub, bounds = o._build_lp()
+    obj, a_ub = o._build_lp(pre=False)
+    bounds = o._bounds(None)
     n_c = o.share.size
     rng = np.random.default_rng(4)
     for _ in range(12):
@@ -261,6 +263,43 @@ def test_dual_bound_is_valid_and_tight_on_random_budgets() -> None:
         assert dual >= -exact.fun - 1e-9  # a valid upper bound at the real budgets
         assert sol.value <= -exact.fun + 1e-9  # the plan at the rounded-down budgets fits
         assert dual <= -exact.fun * 1.02 + 1e-6  # and the bound is tight to the grid
+
+
+def test_joint_dual_bound_with_precompute_is_valid_and_tight_on_random_budgets() -> None:
+    """The joint LP (a stored-result option capped by the returning share): the dual at the
+    real budgets and shares, with prices from the coarse grid, is never below the exact optimum
+    and stays close to it."""
+    from scipy.optimize import linprog
+
+    from headroom.scenario_load import load_scenario
+    from sim.engine import SimContext
+    from sim.oracle import _PRE_KEY_STEPS, _ZERO_KEY, RHO_GRID, Oracle
+    from tests.simulation.test_sim_runs import curves_of
+
+    root = Path(__file__).resolve().parents[2]
+    s = load_scenario(root / "scenarios" / "precompute-remote.yaml")
+    ctx = SimContext(s, curves_of(s))
+    o = Oracle(ctx)
+    assert o.pre_gain is not None
+    obj, a_ub = o._build_lp(pre=True)
+    n_c = o.share.size
+    rng = np.random.default_rng(5)
+    gaps = []
+    for _ in range(12):
+        b = rng.uniform(0, 120, 4) * rng.integers(0, 2, 4)
+        rho = rng.uniform(0, 1, ctx.pop.n_segments)
+        exact = linprog(
+            obj, A_ub=a_ub, b_ub=np.concatenate([np.ones(n_c), b]), bounds=o._bounds(rho)
+        )
+        key = tuple(
+            k if k == _ZERO_KEY else k // _PRE_KEY_STEPS * _PRE_KEY_STEPS for k in o._key(b)
+        )
+        sol = o._solve(key, tuple(int(k) for k in np.ceil(rho * RHO_GRID - 1e-9)))
+        dual = float(b @ sol.y + o._h_pre(sol.y, rho[None, :])[0])
+        assert dual >= -exact.fun - 1e-9  # a valid upper bound at the real budgets and shares
+        gaps.append(dual / max(-exact.fun, 1e-12))
+    assert max(gaps) < 1.25  # prices from the coarse grid: close, not exact
+    assert float(np.median(gaps)) < 1.05
 
 
 def test_rma_budget_goes_to_the_highest_value_requests_the_strong_model_left() -> None:
