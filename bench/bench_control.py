@@ -26,6 +26,8 @@ from controllers.types import CapacityLevel, RegionObservation
 GOAL_MS = 100.0
 REGIONS = 100
 SEGMENTS = (("premium", 0.1), ("regular", 0.4), ("casual", 0.5))
+# (cpu_ms, accelerator_ms) one treated request's optional work costs, per lever (_config's costs)
+_WORK_MS = {"rma": (200 * 0.1, 200 * 0.02), "sbm": (400 * 0.005, 400 * 0.1), "precompute": (0, 0)}
 
 
 def _config() -> ControlConfig:
@@ -47,7 +49,13 @@ def _observations(rng: np.random.Generator, interval: int) -> list[RegionObserva
         value = {}
         for seg, _ in SEGMENTS:
             for lever, uplift in (("rma", 0.05), ("sbm", 0.2), ("precompute", 0.1)):
-                value[(seg, lever, "treatment")] = arm_stats(rng, 400, 1.0 + uplift, 0.5)
+                # the work the treated requests received, as the servers report it (RMA: 200
+                # extra candidates; SBM: 400 on the strong model; precompute: none on the
+                # request); costless RMA/SBM signals would read as no work: unknown value
+                cpu, acc = _WORK_MS[lever]
+                value[(seg, lever, "treatment")] = arm_stats(
+                    rng, 400, 1.0 + uplift, 0.5, 400 * cpu, 400 * acc
+                )
                 value[(seg, lever, "control")] = arm_stats(rng, 40, 1.0, 0.5)
         out.append(
             RegionObservation(
