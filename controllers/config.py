@@ -34,8 +34,9 @@ def _finite(x: float) -> bool:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
-class _Checker:
-    """Collects problems as ``path: message`` lines."""
+class FieldChecker:
+    """Collects problems as ``path: message`` lines (every settings block of the control cores
+    validates with it, so their messages read alike)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -103,7 +104,7 @@ class PidSettings:
     # baseline's own tail is near the timeout, 0.1 added 3 timeouts to static's 25,481.
     wait_budget_share: float = 0.05
 
-    def validate(self, c: _Checker) -> None:
+    def validate(self, c: FieldChecker) -> None:
         c.between("wait_budget_share", self.wait_budget_share, 0.0, 1.0, lo_open=True)
         c.at_least("kp", self.kp, 0.0)
         c.at_least("ki", self.ki, 0.0)
@@ -139,7 +140,7 @@ class CoverageSettings:
     # no gain (the strong path's tail is set by its admission, above).
     strong_p99_margin: float = 1.0
 
-    def validate(self, c: _Checker) -> None:
+    def validate(self, c: FieldChecker) -> None:
         c.between("max_coverage", self.max_coverage, 0.0, 1.0)
         c.between("wait_budget_share", self.wait_budget_share, 0.0, 1.0, lo_open=True)
         c.between("strong_p99_margin", self.strong_p99_margin, 0.0, 1.0, lo_open=True)
@@ -159,7 +160,7 @@ class RouterSettings:
     # hundred samples dominate it.
     prior_scale: float = 1.0
 
-    def validate(self, c: _Checker) -> None:
+    def validate(self, c: FieldChecker) -> None:
         c.between("exploration_floor", self.exploration_floor, 0.0, 1.0)
         c.at_least("prior_scale", self.prior_scale, 0.0, strict=True)
 
@@ -176,7 +177,7 @@ class ValueSettings:
     # A lever with fewer (discounted) treatment or control samples has no estimate yet.
     min_samples: float = 30.0
 
-    def validate(self, c: _Checker) -> None:
+    def validate(self, c: FieldChecker) -> None:
         c.at_least("half_life_s", self.half_life_s, 0.0, strict=True)
         c.at_least("lcb_z", self.lcb_z, 0.0)
         c.at_least("min_samples", self.min_samples, 2.0)
@@ -211,7 +212,7 @@ class AllocatorSettings:
                 return value
         return self.max_share
 
-    def validate(self, c: _Checker) -> None:
+    def validate(self, c: FieldChecker) -> None:
         c.between("safety_margin", self.safety_margin, 0.0, 1.0, hi_open=True)
         c.between("max_share", self.max_share, 0.0, 1.0, lo_open=True)
         for i, item in enumerate(self.lever_caps):
@@ -281,7 +282,7 @@ class ControlConfig:
         return tuple(s.name for s in self.segments)
 
     def problems(self) -> list[str]:
-        c = _Checker(_PREFIX)
+        c = FieldChecker(_PREFIX)
         c.at_least("slo_p99_ms", self.slo_p99_ms, 0.0, strict=True)
         if not isinstance(self.base_candidates, int) or self.base_candidates < 1:
             c.problems.append(
@@ -315,7 +316,7 @@ class ControlConfig:
             if not isinstance(group, cls):
                 c.problems.append(f"{_PREFIX}.{name}: must be a {cls.__name__}, got {group!r}")
                 continue
-            sub = _Checker(f"{_PREFIX}.{name}")
+            sub = FieldChecker(f"{_PREFIX}.{name}")
             group.validate(sub)
             c.problems.extend(sub.problems)
         return c.problems

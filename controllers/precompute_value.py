@@ -65,6 +65,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from controllers.config import FieldChecker, ValueSettings
 from controllers.levers import ValueBook
 from controllers.observe import arm_stats
 from controllers.precompute import UpliftModel
@@ -97,33 +98,19 @@ class CalibrationSettings:
     # predicted uplift: the scale is then known to ±0.25, and an uplift <= 0 is >= 4 se below it.
     max_rel_se: float = 0.25
     # Memory of the sums and the staleness histogram (event-time seconds): the controller's
-    # value book uses the same half-life (controllers/config.py ValueSettings.half_life_s).
-    half_life_s: float = 1800.0
+    # value book's half-life.
+    half_life_s: float = ValueSettings().half_life_s
     # A change of the scale by at least this much (or of the status) is reported as an event.
     report_change: float = 0.1
 
     def __post_init__(self) -> None:
-        problems: list[str] = []
-
-        def check(name: str, value: float, lo: float, strict: bool = False) -> None:
-            ok = (
-                not isinstance(value, bool)
-                and isinstance(value, int | float)
-                and math.isfinite(value)
-                and (value > lo if strict else value >= lo)
-            )
-            if not ok:
-                op = ">" if strict else ">="
-                problems.append(
-                    f"{_PREFIX}.{name}: must be a finite number {op} {lo:g}, got {value!r}"
-                )
-
-        check("min_samples", self.min_samples, 2.0)
-        check("max_rel_se", self.max_rel_se, 0.0, strict=True)
-        check("half_life_s", self.half_life_s, 0.0, strict=True)
-        check("report_change", self.report_change, 0.0)
-        if problems:
-            raise ConfigError(problems)
+        c = FieldChecker(_PREFIX)
+        c.at_least("min_samples", self.min_samples, 2.0)
+        c.at_least("max_rel_se", self.max_rel_se, 0.0, strict=True)
+        c.at_least("half_life_s", self.half_life_s, 0.0, strict=True)
+        c.at_least("report_change", self.report_change, 0.0)
+        if c.problems:
+            raise ConfigError(c.problems)
 
 
 @dataclass(frozen=True, slots=True)

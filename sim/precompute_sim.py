@@ -278,13 +278,17 @@ def trace_arrivals(ctx: SimContext, r: int, t0: float, t1: float) -> float:
     (:func:`returning_share`), whatever steps the engine cut the window into."""
     tr = ctx.traces
     arr = tr.regions[r].arrivals
+    key = f"cum-arrivals-{r}"
+    cum = ctx.oracle_cache.get(key)
+    if cum is None:  # requests before each step, once per context
+        cum = ctx.oracle_cache[key] = np.concatenate([[0.0], np.cumsum(arr, dtype=np.float64)])
 
     def before(t: float) -> float:
         i = min(max(int(np.searchsorted(tr.step_edges, t, side="right")) - 1, 0), tr.n_steps - 1)
         length = float(tr.step_len[i])
         into = min(max(t - float(tr.step_edges[i]), 0.0), length)
         part = float(arr[i]) * into / length if length > 0 else 0.0
-        return float(arr[:i].sum()) + part
+        return float(cum[i]) + part
 
     return max(before(t1) - before(t0), 0.0)
 
