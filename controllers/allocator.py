@@ -262,7 +262,6 @@ class _Run:
     fallback: FallbackReason | None
     cap_bound: list[str]
     explored: list[str]
-    slots: list[_Slot] = field(default_factory=list)
 
 
 class Allocator:
@@ -535,7 +534,7 @@ class Allocator:
                 variables[lever.name] = vs
         slot_pools = [pools[sl.origin] for sl in slots]
         acc = _Acc(left=[sl.units for sl in slots], origin=[sl.origin for sl in slots])
-        run = _Run(acc, None, [], [], slots)
+        run = _Run(acc, None, [], [])
         if not variables:
             return run
 
