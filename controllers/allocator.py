@@ -50,6 +50,8 @@ Exploration and fallback
 * A lever not proven valuable (LCB ≤ 0) but not proven harmful (UCB > 0, or no estimate yet)
   first gets ``explore_share`` of every pool it can use (split equally among such levers), so its
   value signals keep arriving; the LP then splits the rest between the proven levers.
+* Remote pools the proven levers left go whole to those unproven levers (equal parts), in a
+  fallback too: the live path may not touch them, so measuring on all of them costs nothing.
 * **Fallback** — when value signals never arrived (``no_value``), are older than
   ``value_stale_s`` (``stale_value``), or leave no lever with a positive LCB while some could
   still be positive (``uncertain_value``), the allocator hands ``fallback_share`` of the safe
@@ -581,6 +583,7 @@ class Allocator:
         if fallback is not None:
             names = list(variables) if fallback is FallbackReason.NO_VALUE else hopeful
             self._flat(names, variables, demand, slot_pools, acc, s.fallback_share)
+            self._flat(names, variables, demand, slot_pools, acc, 1.0, remote_only=True)
             run.fallback = fallback
             run.explored = list(names)
             return run
@@ -591,6 +594,9 @@ class Allocator:
         run.cap_bound = self._optimise(
             proven, variables, demand, estimates, slot_pools, [x.units for x in slots], acc
         )
+        # remote capacity the proven levers left is worth nothing to them and the live path
+        # cannot touch it: the unproven levers that may run there are measured on all of it
+        self._flat(explore, variables, demand, slot_pools, acc, 1.0, remote_only=True)
         run.explored = explore
         return run
 
@@ -604,12 +610,18 @@ class Allocator:
         pools: Sequence[Pool],
         acc: _Acc,
         share: float,
+        *,
+        remote_only: bool = False,
     ) -> None:
-        """Equal parts of ``share`` of every pool to ``names``: the LP with a flat value per
-        resource unit and each of the k levers on a pool capped at 1/k of its share."""
+        """Equal parts of ``share`` of every pool (of every ``remote`` one, with
+        ``remote_only``) to ``names``: the LP with a flat value per resource unit and each of
+        the k levers on a pool capped at 1/k of its share."""
         if share <= 0.0 or not names:
             return
-        limits = [c * share for c in acc.left]
+        limits = [
+            c * share if p.remote or not remote_only else 0.0
+            for c, p in zip(acc.left, pools, strict=True)
+        ]
         users = [0] * len(pools)
         for n in names:
             touched: set[int] = set()

@@ -382,6 +382,29 @@ def test_unproven_lever_keeps_an_exploration_share() -> None:
     assert 0.0 < a.budget("precompute")[1] <= 0.05 * 4.0 * 0.9 + 1e-9
 
 
+def test_remote_capacity_no_proven_lever_can_use_is_all_explored() -> None:
+    # precompute is unproven; the live levers are proven but may not touch remote pools, so
+    # those cost nobody anything: precompute is measured on all of them, and on the live
+    # pools it keeps only its exploration share
+    book = book_with({"rma": 0.5, "sbm": 0.5})
+    live = capacity(cpu=8.0, accelerator=4.0)
+    remote = capacity(cpu=8.0, accelerator=4.0, remote=True)
+    a = allocator(explore_share=0.05).allocate([*live, *remote], 0.0, CTX, book, 10.0)
+    assert a.explored == ("precompute",)
+    devices = {i: u for i, u in use_of(a, "precompute").items() if a.pools[i].resource != "cpu"}
+    on_remote = sum(u for i, u in devices.items() if a.pools[i].remote)
+    on_live = sum(u for i, u in devices.items() if not a.pools[i].remote)
+    assert on_remote == pytest.approx(4.0 * 0.9)  # the remote devices: all of them
+    assert on_live <= 0.05 * 4.0 * 0.9 + 1e-9
+    # in a fallback too: the remote pools go whole to the levers being measured
+    a = allocator(fallback_share=0.25).allocate(remote, 0.0, CTX, ValueBook(), None)
+    assert a.fallback is FallbackReason.NO_VALUE
+    assert a.budget("precompute")[1] == pytest.approx(4.0 * 0.9)
+    # a lever proven harmful gets none of it
+    harmful = book_with({"precompute": -0.3})
+    assert allocator().allocate(remote, 0.0, CTX, harmful, 10.0).rates == {}
+
+
 # -- whole devices and usable shares ---------------------------------------------------------
 
 LIVE = LeverRegistry.standard(COSTS, 400, 1200, strong_wait_budget_ms=34.0)
