@@ -298,12 +298,13 @@ class Oracle:
         """``Σ_c sh_c φ_c(y)`` for each row of returning shares ``rho`` (n, S): per cell the
         best use of one request at prices ``y`` — the options by reduced value, each up to its
         cap (RMA 1, strong the eligible share, precompute the returning share), until the
-        request is used up (a fractional knapsack of size one: exact)."""
-        assert self.pre_gain is not None
+        request is used up (a fractional knapsack of size one: exact). Without precompute
+        (no stored-result gain, or ``rho`` 0) it is the live LP's ``h``."""
         r_rma = self.g_rma - (y @ self.c_rma)[:, None]
         r_best = r_rma.max(axis=0) if r_rma.size else np.zeros(self.share.size)
+        pre = self.pre_gain if self.pre_gain is not None else np.zeros(self.share.size)
         vals = np.maximum(
-            np.stack([r_best, self.g_sbm - float(y @ self.c_sbm), self.pre_gain]), 0.0
+            np.stack([r_best, self.g_sbm - float(y @ self.c_sbm), pre]), 0.0
         )  # (3, C)
         n = rho.shape[0]
         c_n = self.share.size
@@ -328,12 +329,8 @@ class Oracle:
         return tuple(out)
 
     def _h(self, y: FloatArray) -> float:
-        r_rma = self.g_rma - (y @ self.c_rma)[:, None]  # (J, C)
-        r_best = r_rma.max(axis=0) if r_rma.size else np.full(self.share.size, -np.inf)
-        r_s = self.g_sbm - float(y @ self.c_sbm)
-        pos_r = np.maximum(r_best, 0.0)
-        phi = self.elig * np.maximum(pos_r, r_s) + (1.0 - self.elig) * pos_r
-        return float((self.share * phi).sum())
+        """The live LP's ``h``: :meth:`_h_pre` with no stored result."""
+        return float(self._h_pre(y, np.zeros((1, len(self.ctx.segment_names))))[0])
 
     def budgets(self, caps: FloatArray, arrivals_per_s: float) -> FloatArray:
         """Per treatment request: ms of work each resource affords at this arrival rate."""
