@@ -175,6 +175,22 @@ def test_every_allocation_respects_hardware_durability_remote_caps_and_pools(
         assert used <= pools[i].announced * (1 - alloc_.settings.safety_margin) * (1 + 1e-7) + 1e-9
     for name, rate in a.rates.items():
         assert rate <= LEVERS[name].demand(ctx) * (1 + 1e-7) + 1e-9
+    # precompute being measured is never left short while a remote pair it may use is idle
+    pre = LEVERS["precompute"]
+    if "precompute" in a.explored and a.rates.get("precompute", 0.0) < pre.demand(ctx) * (1 - 1e-6):
+        settings_ = alloc_.settings
+
+        def idle(p, i) -> bool:
+            return (
+                p.remote
+                and p.units >= settings_.min_pool_units
+                and alloc_.eligible(pre, p)
+                and p.units - per_pool.get(i, 0.0) > 1e-6 * max(p.units, 1.0)
+            )
+
+        idle_cpu = [i for i, p in enumerate(pools) if p.resource == "cpu" and idle(p, i)]
+        idle_acc = [i for i, p in enumerate(pools) if p.resource != "cpu" and idle(p, i)]
+        assert not (idle_cpu and idle_acc), (idle_cpu, idle_acc, a)
     if a.fallback is None:
         usable = [p.units >= alloc_.settings.min_pool_units for p in pools]
 
