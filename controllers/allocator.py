@@ -581,23 +581,20 @@ class Allocator:
             fallback = FallbackReason.UNCERTAIN_VALUE
 
         if fallback is not None:
-            names = list(variables) if fallback is FallbackReason.NO_VALUE else hopeful
-            self._flat(names, variables, demand, slot_pools, acc, s.fallback_share)
-            self._flat(names, variables, demand, slot_pools, acc, 1.0, remote_only=True)
+            measured = list(variables) if fallback is FallbackReason.NO_VALUE else hopeful
+            self._flat(measured, variables, demand, slot_pools, acc, s.fallback_share)
             run.fallback = fallback
-            run.explored = list(names)
-            return run
-
-        explore = [n for n in hopeful if n not in proven]
-        if explore and s.explore_share > 0.0:
-            self._flat(explore, variables, demand, slot_pools, acc, s.explore_share)
-        run.cap_bound = self._optimise(
-            proven, variables, demand, estimates, slot_pools, [x.units for x in slots], acc
-        )
+        else:
+            measured = [n for n in hopeful if n not in proven]
+            if measured and s.explore_share > 0.0:
+                self._flat(measured, variables, demand, slot_pools, acc, s.explore_share)
+            run.cap_bound = self._optimise(
+                proven, variables, demand, estimates, slot_pools, [x.units for x in slots], acc
+            )
         # remote capacity the proven levers left is worth nothing to them and the live path
-        # cannot touch it: the unproven levers that may run there are measured on all of it
-        self._flat(explore, variables, demand, slot_pools, acc, 1.0, remote_only=True)
-        run.explored = explore
+        # cannot touch it: the levers being measured that may run there get all of it
+        self._flat(measured, variables, demand, slot_pools, acc, 1.0, remote_only=True)
+        run.explored = measured
         return run
 
     # -- the two LPs -----------------------------------------------------------------------
@@ -622,6 +619,8 @@ class Allocator:
             c * share if p.remote or not remote_only else 0.0
             for c, p in zip(acc.left, pools, strict=True)
         ]
+        if not any(x > 0.0 for x in limits):
+            return  # nothing to hand out (a region without remote pools): no LP to solve
         users = [0] * len(pools)
         for n in names:
             touched: set[int] = set()
