@@ -28,6 +28,7 @@ test: $(STAMP) kcat
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	PATH="$(abspath $(BIN)):$$PATH" ./tools/run-tests.sh $(PYTEST_ARGS)
 
 ## make kcat: install kcat (Debian package; needs root or sudo) unless it is already there.
@@ -37,6 +38,7 @@ kcat:
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 format: $(STAMP)
 	$(BIN)/ruff format .

@@ -21,7 +21,7 @@ from typing import IO, Any
 
 import orjson
 
-from headroom.errors import ConfigError, HeadroomError
+from headroom.kernel.errors import ConfigError, HeadroomError
 
 # Every kind docs/events.md defines. Anything else is "unknown": read, counted, otherwise ignored.
 KNOWN_KINDS: frozenset[str] = frozenset(

@@ -1,4 +1,4 @@
-"""Event log → the metrics document of CONTRACT §5, in one streaming pass.
+"""Event log → the metrics document of docs/analysis.md, in one streaming pass.
 
 Pure: an iterable of event dicts in (``compute_metrics``, or :class:`MetricsAccumulator` fed one
 event at a time), a JSON-ready ``dict`` out. No files, no clock, no randomness; the same events
@@ -51,10 +51,13 @@ from array import array
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from analysis.events import KNOWN_KINDS as _KNOWN
-from headroom.errors import ConfigError
+import orjson
+
+from headroom.analysis.events import KNOWN_KINDS as _KNOWN
+from headroom.kernel.errors import ConfigError, HeadroomError
 
 LEVERS: tuple[str, ...] = ("rma", "sbm", "precompute")
 RESOURCES: tuple[str, ...] = ("cpu", "accelerator")
@@ -157,7 +160,7 @@ def holdout_estimate(arms: Mapping[str, Mapping[str, ArmSums]]) -> HoldoutEstima
 
 def _validated(d: Any) -> Any:
     """The sketch as a ``LatencySketch``, validated (raises ``ValidationError`` naming the part)."""
-    from streams.sketch import LatencySketch
+    from headroom.kernel.sketch import LatencySketch
 
     return LatencySketch.from_dict(d)
 
@@ -166,11 +169,11 @@ _BIN_VALUES: dict[tuple[float, int], float] = {}  # a pure cache of constants, b
 
 
 def _bin_value(key: int, alpha: float) -> float:
-    """``streams.sketch.bin_values`` of one key (the same float), memoised: numpy per scalar
+    """``headroom.kernel.sketch.bin_values`` of one key (the same float), memoised: numpy per scalar
     costs more than the rest of a window's judging."""
     value = _BIN_VALUES.get((alpha, key))
     if value is None:
-        from streams.sketch import bin_values
+        from headroom.kernel.sketch import bin_values
 
         value = float(bin_values([key], alpha)[0])
         if len(_BIN_VALUES) < 100_000:
@@ -242,7 +245,9 @@ class _RegionWindows:
     judged_upto: float = -math.inf  # end of the newest judged window
     next_flush_at: float = math.inf  # event time at which the oldest open window can be judged
     late_lines: int = 0
-    bad_sketches: int = 0  # sketches that break CONTRACT §2 (their window is judged without them)
+    bad_sketches: int = (
+        0  # sketches that break docs/messages.md (their window is judged without them)
+    )
     problems: list[str] = field(default_factory=list)
 
     def add(self, t_start: float, t_end: float, sketch: Any, default_lateness: float) -> None:
@@ -272,7 +277,7 @@ class _RegionWindows:
         self._flush(math.inf, 0.0)
 
     def _judge(self, window: _OpenWindow) -> None:
-        from streams.codec import ValidationError
+        from headroom.kernel.codec import ValidationError
 
         self.judged_upto = max(self.judged_upto, window.t_end)
         p99: float | None = None
@@ -703,8 +708,18 @@ def _keys(d: Mapping[str, float]) -> list[str]:
 
 
 def compute_metrics(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """The metrics document (CONTRACT §5) of an event log, in one pass."""
+    """The metrics document (docs/analysis.md) of an event log, in one pass."""
     acc = MetricsAccumulator()
     for event in events:
         acc.add(event)
     return acc.result()
+
+
+def write_metrics(metrics: dict[str, Any], path: Path) -> Path:
+    """Write a metrics document as indented JSON (the file docs/analysis.md names)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.write_bytes(orjson.dumps(metrics, option=orjson.OPT_INDENT_2) + b"\n")
+    except OSError as exc:
+        raise HeadroomError(f"cannot write {path}: {exc.strerror}") from exc
+    return path

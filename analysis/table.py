@@ -1,6 +1,6 @@
 """The terminal summary table: one row per policy, side by side.
 
-``format_table(metrics)`` takes the metrics document (CONTRACT §5) and returns plain text (no
+``format_table(metrics)`` takes the metrics document (docs/analysis.md) and returns plain text (no
 colour codes, so it can be piped or pasted): a title line with the scenario, seed and SLO, then a
 header, one row per policy in the document's order, and a legend line per column group.
 """

@@ -8,9 +8,10 @@ fills them, so a test states only what it is about::
     log.window("headroom", "r1", 0.0, latencies_ms=[50.0] * 99 + [500.0], value_total=10.0)
     metrics = compute_metrics(log.events)
 
-``sketch_dict`` builds a CONTRACT §2 sketch from raw samples (bin key ``ceil(ln x / ln gamma)``,
-gamma = (1+alpha)/(1-alpha), zeros counted apart), independently of ``streams.sketch``, so tests
-check the analyzer against the wire format rather than against the sketch's own encoder.
+``sketch_dict`` builds a docs/messages.md sketch from raw samples (bin key ``ceil(ln x / ln
+gamma)``, gamma = (1+alpha)/(1-alpha), zeros counted apart), independently of
+``headroom.kernel.sketch``, so tests check the analyzer against the wire format rather than against
+the sketch's own encoder.
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from analysis.events import EventWriter
+from headroom.analysis.events import EventWriter
 
 DEFAULT_ALPHA = 0.01
 
 
 def sketch_dict(samples_ms: Iterable[float], alpha: float = DEFAULT_ALPHA) -> dict[str, Any]:
-    """A CONTRACT §2 latency sketch of these samples (values ≤ 0 count as zeros)."""
+    """A docs/messages.md latency sketch of these samples (values ≤ 0 count as zeros)."""
     log_gamma = math.log((1 + alpha) / (1 - alpha))
     bins: Counter[int] = Counter()
     zeros = 0

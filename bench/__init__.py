@@ -1,1 +1,2 @@
-"""Performance benchmarks (CONTRACT §6): ``headroom bench``. One ``bench_*.py`` module per area."""
+"""Performance benchmarks (BENCHMARKS.md): ``headroom bench``. One ``bench_*.py`` module per
+area."""

@@ -1,7 +1,7 @@
 """Benchmark of the analyzer: how fast ``compute_metrics`` reads an event log from disk.
 
 * ``analysis_windows_per_s`` — window lines per second through ``compute_metrics(EventLog(path))``
-  (orjson parse, p99 of every window from its sketch, every sum of CONTRACT §5), one core. The
+  (orjson parse, p99 of every window from its sketch, every sum of docs/analysis.md), one core. The
   log is synthetic but shaped like the diurnal 24 h × 3 regions × 7 policies run: one source per
   window, two sketches of ~120 bins each (latencies log-normal around 55 ms), holdout sums for 3
   segments × 3 arms, segment exposure, capacity and targets. Goal: the ~180k windows of that run in
@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.events import EventLog, EventWriter
-from analysis.metrics import compute_metrics
-from analysis.testing import LogBuilder, arm
-from bench.runner import BenchContext, BenchResult
-from streams.sketch import LatencySketch
+from headroom.analysis.events import EventLog, EventWriter
+from headroom.analysis.metrics import compute_metrics
+from headroom.analysis.testing import LogBuilder, arm
+from headroom.bench.runner import BenchContext, BenchResult
+from headroom.kernel.sketch import LatencySketch
 
 _SEED = 20240601
 DIURNAL_WINDOWS = 24 * 360 * 3 * 7  # 10 s windows, 3 regions, 7 policies

@@ -1,4 +1,4 @@
-"""Benchmarks of the message contract (CONTRACT §6): the codec and latency-sketch ingest.
+"""Benchmarks of the message contract (BENCHMARKS.md): the codec and latency-sketch ingest.
 
 * ``codec_msgs_per_s`` — encode + decode (with full validation) of a ``headroom.latency``
   message carrying a 100-bin sketch, against the standard library's ``json.dumps``/``json.loads``
@@ -9,7 +9,7 @@
   sketch's bins are in ascending order, as ``add_many`` into a fresh sketch leaves them.
 * ``latency_ingest_samples_per_s`` — what a controller does with a window of latency: each
   replica's samples folded into a sketch (``add_many``), the replicas of a region merged, the
-  region's p99 read. Samples per second on one core; goal ≥ 100,000 (CONTRACT §6).
+  region's p99 read. Samples per second on one core; goal ≥ 100,000 (BENCHMARKS.md).
 
 Each figure is the best of a few timed rounds (the least disturbed by the other processes on a
 shared machine); inputs are generated from a fixed seed before the clock starts.
@@ -23,9 +23,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from bench.runner import BenchContext, BenchResult
-from streams.messages import Latency, decode, encode
-from streams.sketch import LatencySketch
+from headroom.bench.runner import BenchContext, BenchResult
+from headroom.kernel.sketch import LatencySketch
+from headroom.streams.messages import Latency, decode, encode
 
 _SEED = 20240601
 

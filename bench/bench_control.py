@@ -1,9 +1,9 @@
 """``control_step_100_regions_ms``: one control interval for 100 regions (goal ≤ 100 ms).
 
-The whole :meth:`controllers.plane.ControlPlane.step` — value book update, allocator (the LP over
-RMA, SBM and precompute), RMA PID, SBM coverage and the Thompson router — for 100 regions, each
-with three segments, a CPU pool, two accelerator pools (gpu-a for RMA only, gpu-b for the strong
-model, one of them expiring), a remote pool for precompute, and a full set of value signals
+The whole :meth:`headroom.controllers.plane.ControlPlane.step` — value book update, allocator (the
+LP over RMA, SBM and precompute), RMA PID, SBM coverage and the Thompson router — for 100 regions,
+each with three segments, a CPU pool, two accelerator pools (gpu-a for RMA only, gpu-b for the
+strong model, one of them expiring), a remote pool for precompute, and a full set of value signals
 (3 segments × 3 levers × 2 arms) every interval. The plane is warmed up for 5 intervals first,
 so the value estimates are known and the allocator solves its real LP rather than falling back.
 
@@ -16,12 +16,12 @@ import time
 
 import numpy as np
 
-from bench.runner import BenchContext, BenchResult
-from controllers.config import ControlConfig, SegmentInfo
-from controllers.levers import CostModel
-from controllers.plane import ControlPlane
-from controllers.testing import arm_stats
-from controllers.types import CapacityLevel, RegionObservation
+from headroom.bench.runner import BenchContext, BenchResult
+from headroom.controllers.config import ControlConfig, SegmentInfo
+from headroom.controllers.levers import CostModel
+from headroom.controllers.plane import ControlPlane
+from headroom.controllers.testing import arm_stats
+from headroom.controllers.types import CapacityLevel, RegionObservation
 
 GOAL_MS = 100.0
 REGIONS = 100

@@ -1,13 +1,14 @@
 """Kafka benchmarks: loopback produce and consume rates, broker cold and warm start times.
 
 * ``kafka_produce_msgs_per_s`` — latency messages (a 100-bin sketch and 3 samples, ~1 kB)
-  sent with the project's producer settings (``streams.kafka.make_producer``: acks=all,
+  sent with the project's producer settings (``headroom.streams.kafka.make_producer``: acks=all,
   idempotent, linger 5 ms) to a 4-partition topic, until the broker acknowledged all of them.
 * ``kafka_consume_msgs_per_s`` — the same messages read back through the shared consumer loop
-  (``streams.consume``: decode and validate every message, hand it on, commit per batch);
+  (``headroom.streams.consume``: decode and validate every message, hand it on, commit per batch);
   baseline: raw aiokafka ``getmany`` of the same records in the same run, so the ratio is the
   share of raw consumption speed the loop keeps.
-* ``broker_cold_start_s`` — ``streams.broker.start`` from nothing: Maven resolves the broker's
+* ``broker_cold_start_s`` — ``headroom.streams.broker.start`` from nothing: Maven resolves the
+broker's
   jars into an empty libs folder (into an empty temporary local repository, i.e. a real first
   download from Maven Central, unless ``--quick``, which resolves from ``~/.m2``), storage is
   formatted, the JVM starts and answers a metadata request.
@@ -27,11 +28,12 @@ import time
 import uuid
 from pathlib import Path
 
-from bench.runner import BenchContext, BenchResult
-from headroom.errors import HeadroomError
-from streams import broker, messages
-from streams.consume import ConsumerLoop, LoopConfig, consume
-from streams.kafka import (
+from headroom.bench.runner import BenchContext, BenchResult
+from headroom.kernel.errors import HeadroomError
+from headroom.kernel.sketch import LatencySketch
+from headroom.streams import broker, messages
+from headroom.streams.consume import ConsumerLoop, LoopConfig, consume
+from headroom.streams.kafka import (
     create_topics,
     delete_topics,
     make_consumer,
@@ -39,8 +41,7 @@ from streams.kafka import (
     started,
     wait_for_topics,
 )
-from streams.sketch import LatencySketch
-from streams.topics import topics
+from headroom.streams.topics import topics
 
 PARTITIONS = 4
 

@@ -1,11 +1,11 @@
 """Precompute benchmarks: jobs per second per core, and the look-up cost per request.
 
 ``precompute_jobs_per_s_per_core`` — what one core of a precompute worker delivers: the
-planner picks users (:class:`controllers.precompute.PrecomputePlanner` over a book of about
+planner picks users (:class:`headroom.controllers.precompute.PrecomputePlanner` over a book of about
 66,000 users: 100,000 draws among the scenario's 111,000), the real strong-model ranking of the
 reference scenario's world runs for them in batches of 64 (corpus scan of 20,000 ads, top-400
-selection, the strong model's forward pass: :func:`workers.precompute.rank_batch`), and each
-result becomes a validated, encoded ``headroom.precompute`` message. Jobs per *CPU* second of
+selection, the strong model's forward pass: :func:`headroom.workers.precompute.rank_batch`), and
+each result becomes a validated, encoded ``headroom.precompute`` message. Jobs per *CPU* second of
 the process (``time.process_time``), so BLAS threads cannot inflate it; the wall-clock rate and
 the planner's share are reported beside.
 
@@ -20,14 +20,14 @@ import time
 
 import numpy as np
 
-from bench.runner import BenchContext, BenchResult
-from controllers.precompute import PrecomputeConfig, PrecomputePlanner, UpliftModel
-from headroom.scenario_load import load_scenario
-from headroom.settings import PACKAGE_DIR
-from streams import messages
-from workers.precompute import rank_batch
-from workers.precompute_lookup import PrecomputeCache
-from workers.world import RankingWorld
+from headroom.bench.runner import BenchContext, BenchResult
+from headroom.controllers.precompute import PrecomputeConfig, PrecomputePlanner, UpliftModel
+from headroom.kernel.scenario_load import load_scenario
+from headroom.kernel.settings import PACKAGE_DIR
+from headroom.streams import messages
+from headroom.workers.precompute import rank_batch
+from headroom.workers.precompute_lookup import PrecomputeCache
+from headroom.world.ranking import RankingWorld
 
 SCENARIO = PACKAGE_DIR.parent / "scenarios" / "precompute-remote.yaml"
 BOOK_USERS = 100_000
@@ -35,7 +35,7 @@ BATCH = 64
 
 
 def jobs_per_s_per_core(ctx: BenchContext) -> BenchResult:
-    from workers.curves import curves_for
+    from headroom.world.curves import curves_for
 
     scenario = load_scenario(SCENARIO)
     world = RankingWorld.from_scenario(scenario)

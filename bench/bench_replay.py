@@ -1,11 +1,11 @@
 """Benchmark of recordings into the simulator (docs/replay.md).
 
 * ``replay_msgs_per_s`` — recorded messages per second from a file on disk to a simulator
-  context ready to run (:func:`sim.replay.replay_context`: both streaming passes, the derived
-  scenario, the recorded population and traces). The recording is ten minutes of the quickstart
-  scenario as ``headroom feed`` publishes it (118,154 messages, 36 MB; ``--quick``: two
-  minutes), written by :func:`sim.replay.write_feed_recording`. ``baseline``: the same file
-  through :func:`streams.recording.read_recording` alone (envelopes parsed once, nothing
+  context ready to run (:func:`headroom.sim.replay.replay_context`: both streaming passes, the
+  derived scenario, the recorded population and traces). The recording is ten minutes of the
+  quickstart scenario as ``headroom feed`` publishes it (118,154 messages, 36 MB; ``--quick``: two
+  minutes), written by :func:`headroom.sim.replay.write_feed_recording`. ``baseline``: the same file
+  through :func:`headroom.streams.recording.read_recording` alone (envelopes parsed once, nothing
   decoded), in the same run; ``ratio`` = replay / baseline. The value curves are measured (or
   taken from the cache) before the clock starts: they are the scenario's, not the recording's.
 
@@ -18,11 +18,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.runner import BenchContext, BenchResult
-from headroom.scenario_load import load_scenario
-from sim.replay import replay_context, write_feed_recording
-from streams.recording import read_recording
-from workers.curves import curves_for
+from headroom.bench.runner import BenchContext, BenchResult
+from headroom.kernel.scenario_load import load_scenario
+from headroom.sim.replay import replay_context, write_feed_recording
+from headroom.streams.recording import read_recording
+from headroom.world.curves import curves_for
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 

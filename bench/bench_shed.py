@@ -1,4 +1,4 @@
-"""``shed_decision_us``: one server-side shedding decision, amortised (CONTRACT §6, goal ≤ 5 µs).
+"""``shed_decision_us``: one server-side shedding decision, amortised (BENCHMARKS.md, goal ≤ 5 µs).
 
 The workload is a stream of optional requests (85% RMA with 400–800 extra candidates, 15% SBM),
 log-normal values, on a server whose opportunistic capacity is a third of the offered optional
@@ -17,8 +17,8 @@ import time
 
 import numpy as np
 
-from bench.runner import BenchContext, BenchResult
-from workers.shedding import OptionalCapacity, OptionalWork, ServerShedder
+from headroom.bench.runner import BenchContext, BenchResult
+from headroom.defences.shedding import OptionalCapacity, OptionalWork, ServerShedder
 
 GOAL_US = 5.0
 CPU_PER_CANDIDATE = 0.1

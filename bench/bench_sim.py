@@ -1,4 +1,4 @@
-"""Simulator speed: how many simulated seconds one wall-clock second buys (CONTRACT §6).
+"""Simulator speed: how many simulated seconds one wall-clock second buys (BENCHMARKS.md).
 
 ``sim_speedup_diurnal_3region`` — the diurnal-3region scenario (24 h, 3 regions) under the
 headroom policy on one core: building the run's context (traces, arrivals), computing the
@@ -15,10 +15,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from analysis.events import EventWriter
-from bench.runner import BenchContext, BenchResult
-from headroom.scenario_load import load_scenario
-from headroom.settings import PACKAGE_DIR
+from headroom.analysis.events import EventWriter
+from headroom.bench.runner import BenchContext, BenchResult
+from headroom.kernel.scenario_load import load_scenario
+from headroom.kernel.settings import PACKAGE_DIR
 
 GOAL = 1440.0
 
@@ -29,10 +29,10 @@ def _scenario_path(name: str) -> Path:
 
 
 def sim_speedup_diurnal_3region(ctx: BenchContext) -> BenchResult:
-    from sim.engine import SimContext, run_policy
-    from sim.oracle import oracle_for
-    from sim.policies import PolicyFactory
-    from workers.curves import curves_for
+    from headroom.sim.engine import SimContext, run_policy
+    from headroom.sim.oracle import oracle_for
+    from headroom.sim.policies import PolicyFactory
+    from headroom.world.curves import curves_for
 
     scenario = load_scenario(_scenario_path("diurnal-3region"))
     if ctx.quick:

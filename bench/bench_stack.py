@@ -1,4 +1,4 @@
-"""Benchmarks of the streaming data plane (CONTRACT §6, issue 6).
+"""Benchmarks of the streaming data plane (BENCHMARKS.md).
 
 * ``server_rank_rps_base`` / ``server_rank_rps_max`` — the ranking compute a server does for one
   request (the user's vectors, retrieval over the whole corpus, the base model's forward pass on
@@ -7,10 +7,11 @@
   time of the declared per-candidate costs (workers/server.py) is not in it.
 * ``target_propagation_p99_ms`` — controller publish → client apply on loopback Kafka: a producer
   with the project's settings publishes targets (``ts`` = the wall clock at the send) at 20/s; a
-  real :class:`workers.client.RankingClient` consumes them and applies each new epoch
-  (:class:`workers.client.TargetBook`); the figure is ``apply time − ts``, p99 (p50 and max beside
-  it). Goal ≤ 20 ms.
-* ``release_ms_p99_kafka`` — a real :class:`workers.server.RankingServer` (mixed RMA replica of
+  real :class:`headroom.workers.client.RankingClient` consumes them and applies each new epoch
+  (:class:`headroom.workers.client.TargetBook`); the figure is ``apply time − ts``, p99 (p50 and
+  max beside it). Goal ≤ 20 ms.
+* ``release_ms_p99_kafka`` — a real :class:`headroom.workers.server.RankingServer` (mixed RMA
+replica of
   the quickstart region) on Kafka, loaded with 100 RMA requests/s (400 + 800 candidates) over a
   loopback connection so that extra candidates are in flight when its opportunistic capacity is
   granted and, 0.6 s later, preempted through ``headroom.capacity``; the figure is the
@@ -33,22 +34,22 @@ from typing import Any
 
 import numpy as np
 
-from bench.runner import BenchContext, BenchResult
-from headroom.scenario import Scenario
+from headroom.bench.runner import BenchContext, BenchResult
+from headroom.kernel.scenario import Scenario
 
 _SEED = 20240601
 RATE_RPS = 100.0  # the release benchmark's load on one quickstart replica
 
 
 def _quickstart() -> Scenario:
-    from headroom.scenario_load import load_scenario
-    from headroom.settings import default_scenario_path
+    from headroom.kernel.scenario_load import load_scenario
+    from headroom.kernel.settings import default_scenario_path
 
     return load_scenario(default_scenario_path())
 
 
 def _rank_rate(n_candidates: int, ctx: BenchContext) -> tuple[float, dict[str, Any]]:
-    from workers.world import Model, RankingWorld
+    from headroom.world.ranking import Model, RankingWorld
 
     scenario = _quickstart()
     world = RankingWorld.from_scenario(scenario)
@@ -89,7 +90,7 @@ def server_rank_rps_max(ctx: BenchContext) -> BenchResult:
 
 
 async def _broker(ctx: BenchContext) -> str | None:
-    from streams.broker import probe_async
+    from headroom.streams.broker import probe_async
 
     if ctx.bootstrap is None:
         return None
@@ -106,7 +107,7 @@ def _no_broker(ctx: BenchContext, unit: str, goal: float) -> BenchResult:
 
 
 def _quantiles(values: list[float]) -> dict[str, float]:
-    from analysis.metrics import nearest_rank
+    from headroom.analysis.metrics import nearest_rank
 
     v = sorted(values)
     return {
@@ -117,8 +118,8 @@ def _quantiles(values: list[float]) -> dict[str, float]:
 
 
 async def _with_topics(bootstrap: str, body: Callable[[Any], Any]) -> Any:
-    from streams.kafka import KafkaTarget, create_topics, delete_topics, wait_for_topics
-    from streams.topics import topics
+    from headroom.streams.kafka import KafkaTarget, create_topics, delete_topics, wait_for_topics
+    from headroom.streams.topics import topics
 
     prefix = f"bench{uuid.uuid4().hex[:8]}."
     wanted = topics(prefix, partitions=1)
@@ -142,9 +143,9 @@ async def _target_propagation(ctx: BenchContext) -> BenchResult:
     n = 40 if ctx.quick else 400
 
     async def body(kafka: Any) -> BenchResult:
-        from streams import messages
-        from streams.kafka import make_producer
-        from workers.client import ClientConfig, RankingClient, ServerAddress
+        from headroom.streams import messages
+        from headroom.streams.kafka import make_producer
+        from headroom.workers.client import ClientConfig, RankingClient, ServerAddress
 
         scenario = _quickstart()
         delays: list[float] = []
@@ -213,10 +214,10 @@ async def _release(ctx: BenchContext) -> BenchResult:
     cycles = 5 if ctx.quick else 30
 
     async def body(kafka: Any) -> BenchResult:
-        from streams import messages
-        from streams.kafka import make_producer
-        from workers.server import RankingServer, ServerConfig
-        from workers.wire import RankRequest, WireClient
+        from headroom.streams import messages
+        from headroom.streams.kafka import make_producer
+        from headroom.workers.server import RankingServer, ServerConfig
+        from headroom.workers.wire import RankRequest, WireClient
 
         scenario = _quickstart()
         server = RankingServer(

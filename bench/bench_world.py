@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.runner import BenchContext, BenchResult
-from headroom.scenario_load import load_scenario
-from workers.curves import measure_curves
-from workers.world import RankingWorld
+from headroom.bench.runner import BenchContext, BenchResult
+from headroom.kernel.scenario_load import load_scenario
+from headroom.world.curves import measure_curves
+from headroom.world.ranking import RankingWorld
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 

@@ -1,4 +1,4 @@
-"""``headroom bench``: run the benchmarks of CONTRACT §6 and print one JSON document.
+"""``headroom bench``: run the benchmarks of BENCHMARKS.md and print one JSON document.
 
 Each ``bench/bench_*.py`` module exposes ``BENCHMARKS``: a mapping from benchmark name to a
 function ``fn(ctx: BenchContext) -> BenchResult``. The runner discovers the modules, runs the
@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from headroom.errors import ConfigError
+from headroom.kernel.errors import ConfigError
 
 
 @dataclass
@@ -63,13 +63,13 @@ BenchFn = Callable[[BenchContext], BenchResult]
 
 
 def discover() -> dict[str, BenchFn]:
-    import bench
+    import headroom.bench as bench
 
     found: dict[str, BenchFn] = {}
     for info in sorted(pkgutil.iter_modules(bench.__path__), key=lambda i: i.name):
         if not info.name.startswith("bench_"):
             continue
-        module = importlib.import_module(f"bench.{info.name}")
+        module = importlib.import_module(f"headroom.bench.{info.name}")
         for name, fn in getattr(module, "BENCHMARKS", {}).items():
             if name in found:
                 raise RuntimeError(f"benchmark {name!r} is declared twice")
@@ -87,7 +87,7 @@ def machine() -> dict[str, Any]:
 
 
 def _reachable_bootstrap(flag: str | None) -> str | None:
-    from headroom.settings import resolve_bootstrap
+    from headroom.kernel.settings import resolve_bootstrap
 
     try:
         return resolve_bootstrap(flag)
@@ -96,7 +96,7 @@ def _reachable_bootstrap(flag: str | None) -> str | None:
 
 
 def bench(args: argparse.Namespace) -> int:
-    from headroom.settings import resolve_prefix
+    from headroom.kernel.settings import resolve_prefix
 
     available = discover()
     names: list[str] = []

@@ -60,7 +60,7 @@ Exploration and fallback
   allocated (``below_safety_margin``).
 
 Every result says whether it fell back and why, and which levers' caps bound, so the event log
-can disclose the allocator's failure bounds (issue 7 §6).
+can disclose the allocator's failure bounds.
 """
 
 from __future__ import annotations
@@ -72,8 +72,8 @@ from enum import Enum
 
 import numpy as np
 
-from controllers.config import AllocatorSettings, ValueSettings
-from controllers.levers import (
+from headroom.controllers.config import AllocatorSettings, ValueSettings
+from headroom.controllers.levers import (
     CapacityUse,
     Lever,
     LeverContext,
@@ -81,7 +81,7 @@ from controllers.levers import (
     ValueBook,
     ValueEstimate,
 )
-from controllers.types import CapacityLevel, LeverShare
+from headroom.controllers.types import CapacityLevel, LeverShare
 
 __all__ = [
     "Allocation",

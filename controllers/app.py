@@ -4,10 +4,10 @@ The one module that imports faust for control. Built by :func:`create_app` from
 :class:`ControllerSettings` — never at module level — so tests and several deployments can run
 side by side with their own app ids and topic prefixes.
 
-Data flow (topics of CONTRACT §2, names with the configured prefix):
+Data flow (topics of docs/messages.md, names with the configured prefix):
 
 * ``latency`` agent — validates each message, folds its sketch into the region's window
-  (:class:`controllers.observe.RegionAggregator`); bad bytes go to the dead-letter topic.
+  (:class:`headroom.controllers.observe.RegionAggregator`); bad bytes go to the dead-letter topic.
 * ``capacity`` agent — newest level per (region, resource, hardware, pool), also kept in the
   ``capacity`` table so a restarted worker knows the levels before the next announcement.
 * ``value`` agent — value-signal sums per (region, segment, lever, arm) for the window.
@@ -37,15 +37,15 @@ from typing import Any
 import faust
 import numpy as np
 
-from controllers.config import ControlConfig
-from controllers.observe import RegionAggregator
-from controllers.plane import ControlPlane
-from controllers.types import CapacityLevel, RegionTargets
-from headroom.logs import get_logger
-from headroom.scenario import Scenario
-from streams import messages
-from streams.codec import ValidationError, dumps, loads
-from streams.topics import spec_for, topic_name
+from headroom.controllers.config import ControlConfig
+from headroom.controllers.observe import RegionAggregator
+from headroom.controllers.plane import ControlPlane
+from headroom.controllers.types import CapacityLevel, RegionTargets
+from headroom.kernel.codec import ValidationError, dumps, loads
+from headroom.kernel.logs import get_logger
+from headroom.kernel.scenario import Scenario
+from headroom.streams import messages
+from headroom.streams.topics import spec_for, topic_name
 
 log = get_logger("controller")
 
@@ -60,7 +60,9 @@ class ControllerSettings:
     app_id: str | None = None  # default: "<prefix>controller"
     data_dir: Path = Path(".headroom/controller")
     seed: int = 0
-    partitions: int = 4  # must match the region-keyed topics (streams.topics.DEFAULT_PARTITIONS)
+    partitions: int = (
+        4  # must match the region-keyed topics (headroom.streams.topics.DEFAULT_PARTITIONS)
+    )
     eligible_share: float = 1.0  # share of requests eligible for the strong model, if unreported
 
     @property

@@ -1,15 +1,15 @@
 """Typed, frozen settings of the central control plane, validated once with field-named errors.
 
-:class:`ControlConfig` is everything :class:`controllers.plane.ControlPlane` needs: the promise it
-protects (SLO, base and maximum candidate counts), what optional work costs (a
-:class:`controllers.levers.CostModel` built from the scenario's ``models``), the segments, and one
-settings group per controller. Build it with :meth:`ControlConfig.from_scenario`; every group can
-be overridden by keyword, as a dataclass or as a mapping of its fields::
+:class:`ControlConfig` is everything :class:`headroom.controllers.plane.ControlPlane` needs: the
+promise it protects (SLO, base and maximum candidate counts), what optional work costs (a
+:class:`headroom.controllers.levers.CostModel` built from the scenario's ``models``), the segments,
+and one settings group per controller. Build it with :meth:`ControlConfig.from_scenario`; every
+group can be overridden by keyword, as a dataclass or as a mapping of its fields::
 
     cfg = ControlConfig.from_scenario(scenario, setpoint_margin=0.8, pid={"kp": 0.4})
 
-Validation collects every problem and raises one :class:`headroom.errors.ConfigError` whose lines
-name the field path (``control.pid.kp: must be >= 0, got -1``). Unknown override keys are
+Validation collects every problem and raises one :class:`headroom.kernel.errors.ConfigError` whose
+lines name the field path (``control.pid.kp: must be >= 0, got -1``). Unknown override keys are
 rejected, never ignored.
 
 Where the defaults come from is written beside each field; docs/controllers.md explains how to
@@ -23,9 +23,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from controllers.levers import CostModel
-from headroom.errors import ConfigError
-from headroom.scenario import Scenario
+from headroom.controllers.levers import CostModel
+from headroom.kernel.errors import ConfigError
+from headroom.kernel.scenario import Scenario
 
 _PREFIX = "control"
 
@@ -76,8 +76,8 @@ class FieldChecker:
 class PidSettings:
     """RMA PID (controllers/pid.py). Gains act on *normalised* quantities so they carry over
     between scenarios: error = 1 - p99/setpoint, output = share of the span [base, max], time in
-    control intervals. Defaults were tuned on :class:`controllers.testing.LatencyPlant` (the
-    quickstart region): from base, within 2 % of the span of the operating point in 9 intervals
+    control intervals. Defaults were tuned on :class:`headroom.controllers.testing.LatencyPlant`
+    (the quickstart region): from base, within 2 % of the span of the operating point in 9 intervals
     with < 1 % overshoot of the setpoint; after a 20 % capacity drop, settled again in 1-2
     intervals with a 4 % overshoot; under 3 % p99 noise the target wanders by ~8 candidates
     (docs/controllers.md shows the trade-off against faster gains)."""
@@ -260,7 +260,7 @@ class ControlConfig:
     # The RMA and SBM loops hold p99 at slo × margin: 15 % below the promise leaves room for a
     # window's noise and for the minute it takes a new target to reach every client.
     setpoint_margin: float = 0.85
-    interval_s: float = 60.0  # control interval (CONTRACT §4 default)
+    interval_s: float = 60.0  # control interval (README.md, *Commands* default)
     ttl_s: float = 180.0  # target lifetime: 3 intervals, so one lost message never expires it
     pid: PidSettings = field(default_factory=PidSettings)
     coverage: CoverageSettings = field(default_factory=CoverageSettings)

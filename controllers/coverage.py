@@ -9,13 +9,14 @@ One loop per region, stepped once per control interval after the allocator has s
        c_budget = min( u* · accelerator_budget / (eligible_rps · accelerator_s per strong request),
                        cpu_budget               / (eligible_rps · cpu_s per strong request) )
 
-   where ``u*`` = :func:`controllers.queueing.admissible_utilization` of the budget's devices for
-   the strong request's accelerator time and a mean-wait budget of ``wait_budget_share`` × the
-   setpoint: the share of the devices the strong replicas can keep busy without their queue
-   eating the latency budget (about half of one device, two thirds of two).
+   where ``u*`` = :func:`headroom.defences.admission.admissible_utilization` of the budget's
+   devices for the strong request's accelerator time and a mean-wait budget of
+   ``wait_budget_share`` × the setpoint: the share of the devices the strong replicas can keep busy
+   without their queue eating the latency budget (about half of one device, two thirds of two).
 
-   clamped to [0, max_coverage]; per-request costs come from :class:`controllers.levers.CostModel`
-   (``sbm_per_request``). No eligible traffic or no budget means 0.
+   clamped to [0, max_coverage]; per-request costs come from
+   :class:`headroom.controllers.levers.CostModel` (``sbm_per_request``). No eligible traffic or no
+   budget means 0.
 2. **Latency correction.** The strong replicas have their own p99 (``obs.p99_ms["sbm"]``). A PI
    term on the normalised error ``e = 1 - p99_sbm / target`` (clipped like the RMA loop; ``target``
    = ``strong_p99_margin`` × the SLO when the plane passes the SLO, else the setpoint) gives a
@@ -36,7 +37,7 @@ One loop per region, stepped once per control interval after the allocator has s
    the budget bounds what the lever is expected to consume, and the calibration only makes the
    consumption meet it.
 
-Constants: :class:`controllers.config.CoverageSettings`; docs/controllers.md explains them.
+Constants: :class:`headroom.controllers.config.CoverageSettings`; docs/controllers.md explains them.
 """
 
 from __future__ import annotations
@@ -46,9 +47,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from controllers.config import CoverageSettings
-from controllers.levers import CostModel
-from controllers.queueing import admissible_utilization
+from headroom.controllers.config import CoverageSettings
+from headroom.controllers.levers import CostModel
+from headroom.defences.admission import admissible_utilization
 
 __all__ = ["CoverageController", "CoverageLimit", "CoverageResult", "strong_admissible"]
 

@@ -19,8 +19,8 @@ questions and solves one linear program over the answers.
    the base model, stop jobs).
 
 Costs live here and nowhere else (:class:`CostModel`): the simulator and the workers reuse them.
-CONTRACT §3: a request's CPU work is candidates × ``cpu_ms_per_candidate``, its accelerator work
-candidates × ``accelerator_ms_per_candidate`` of the model that ranks it. Hence, per unit:
+docs/scenarios.md: a request's CPU work is candidates × ``cpu_ms_per_candidate``, its accelerator
+work candidates × ``accelerator_ms_per_candidate`` of the model that ranks it. Hence, per unit:
 
 * RMA, one extra candidate ranked by the base model: base ``cpu_ms`` + base ``accelerator_ms``.
 * SBM, one request ranked by the strong model on opportunistic replicas: ``base_candidates`` ×
@@ -61,8 +61,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from controllers.queueing import admissible_utilization
-from controllers.types import (
+from headroom.controllers.types import (
     LEVER_PRECOMPUTE,
     LEVER_RMA,
     LEVER_SBM,
@@ -70,9 +69,10 @@ from controllers.types import (
     ValueKey,
     segment_of,
 )
+from headroom.defences.admission import admissible_utilization
 
 if TYPE_CHECKING:
-    from headroom.scenario import Models
+    from headroom.kernel.scenario import Models
 
 __all__ = [
     "CapacityUse",

@@ -18,7 +18,7 @@ Rules:
 * **Coverage observed**: requests on the ``sbm`` path ÷ eligible requests, where eligible
   requests = request count × the eligible share (from value signals that carry it, else the
   configured default).
-* **Capacity**: levels, not deltas (CONTRACT §2): the newest ``ts`` per (resource, hardware,
+* **Capacity**: levels, not deltas (docs/messages.md): the newest ``ts`` per (resource, hardware,
   pool, remote) wins, so a repeated or reordered message cannot corrupt state. An opportunistic
   level whose announced expiry has passed counts as zero.
 * **Value**: sums per (segment, lever, arm) since the previous tick; they add exactly. A value
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from controllers.types import (
+from headroom.controllers.types import (
     ArmStats,
     CapacityLevel,
     RegionObservation,
@@ -42,8 +42,8 @@ from controllers.types import (
     segment_of,
     stratum_key,
 )
-from streams.messages import ValueSignal
-from streams.sketch import LatencySketch
+from headroom.kernel.sketch import LatencySketch
+from headroom.streams.messages import ValueSignal
 
 PATHS = ("base", "rma", "sbm")
 _CapKey = tuple[str, str, str, bool]  # resource, hardware, pool, remote

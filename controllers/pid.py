@@ -41,8 +41,8 @@ attributes (no exact snapshot/restore), and calls ``time.monotonic`` in ``reset(
 clock is injected. The unit tests check that, with the filter off and no limit binding, this
 controller's output equals simple-pid's step for step.
 
-Constants: defaults in :class:`controllers.config.PidSettings`, tuned on
-:class:`controllers.testing.LatencyPlant` (docs/controllers.md gives the step response).
+Constants: defaults in :class:`headroom.controllers.config.PidSettings`, tuned on
+:class:`headroom.controllers.testing.LatencyPlant` (docs/controllers.md gives the step response).
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from controllers.config import PidSettings
-from controllers.levers import CostModel
+from headroom.controllers.config import PidSettings
+from headroom.controllers.levers import CostModel
 
 __all__ = ["PidController", "PidState", "RmaController", "RmaLimit", "RmaResult"]
 

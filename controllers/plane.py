@@ -1,7 +1,8 @@
 """The control plane facade: one call per region per control interval, for both engines.
 
-The simulator and the Faust controller app build a :class:`~controllers.types.RegionObservation`
-per region per interval and call :meth:`ControlPlane.step`, which runs, in order:
+The simulator and the Faust controller app build a
+:class:`~headroom.controllers.types.RegionObservation` per region per interval and call
+:meth:`ControlPlane.step`, which runs, in order:
 
 1. **value book** — discount the region's holdout sums by ``0.5 ** (window_s / half_life_s)`` and
    add the window's new sums (controllers/levers.py);
@@ -14,8 +15,8 @@ per region per interval and call :meth:`ControlPlane.step`, which runs, in order
    calibration loop (controllers/coverage.py);
 5. **router** — per-segment routing probabilities by Thompson sampling (controllers/router.py);
 
-and returns the region's :class:`~controllers.types.RegionTargets`: every field clamped to its
-bounds whatever the inputs were (zero rates, a p99 of 10⁹ ms, no capacity, NaN), an epoch that
+and returns the region's :class:`~headroom.controllers.types.RegionTargets`: every field clamped to
+its bounds whatever the inputs were (zero rates, a p99 of 10⁹ ms, no capacity, NaN), an epoch that
 only increases, and ``ttl_s``. :meth:`ControlPlane.decision` keeps the last step's inputs and
 intermediate results for the ``target.issued`` event (:meth:`Decision.event_fields`).
 
@@ -40,13 +41,13 @@ from typing import Any
 
 import numpy as np
 
-from controllers.allocator import Allocation, Allocator
-from controllers.config import ControlConfig
-from controllers.coverage import CoverageController, CoverageResult
-from controllers.levers import LeverContext, LeverRegistry, ValueBook
-from controllers.pid import RmaController, RmaResult
-from controllers.router import RouteResult, SbmRouter
-from controllers.types import (
+from headroom.controllers.allocator import Allocation, Allocator
+from headroom.controllers.config import ControlConfig
+from headroom.controllers.coverage import CoverageController, CoverageResult
+from headroom.controllers.levers import LeverContext, LeverRegistry, ValueBook
+from headroom.controllers.pid import RmaController, RmaResult
+from headroom.controllers.router import RouteResult, SbmRouter
+from headroom.controllers.types import (
     LEVER_PRECOMPUTE,
     LEVER_RMA,
     LEVER_SBM,
@@ -54,7 +55,7 @@ from controllers.types import (
     RegionObservation,
     RegionTargets,
 )
-from headroom.errors import HeadroomError
+from headroom.kernel.errors import HeadroomError
 
 __all__ = ["ControlConfig", "ControlPlane", "Decision", "SnapshotError", "strong_replica_units"]
 
@@ -96,7 +97,7 @@ def strong_replica_units(
 
 
 def _finite_or_none(x: float | None) -> float | None:
-    """Event fields must be finite numbers (CONTRACT §2): anything else is logged as null."""
+    """Event fields must be finite numbers (docs/messages.md): anything else is logged as null."""
     if x is None or not isinstance(x, int | float) or not math.isfinite(x):
         return None
     return float(x)

@@ -13,8 +13,8 @@ The algorithm
 
 **1. Value of a stored result as it ages.** A visit served from a result ``a`` seconds old
 delivers the true utility, *at visit time*, of the ad the stored ranking put first. The ranking
-world measures this (:class:`workers.curves.ValueCurves`): ``P_s(a)`` is the mean quality of a
-strong ranking of ``precompute_n`` candidates that is ``a`` seconds old, ``Q_s^strong(n)`` the
+world measures this (:class:`headroom.world.curves.ValueCurves`): ``P_s(a)`` is the mean quality of
+a strong ranking of ``precompute_n`` candidates that is ``a`` seconds old, ``Q_s^strong(n)`` the
 quality of a fresh strong ranking of ``n`` candidates, ``B_s`` the quality of the live baseline
 (base model, base candidates). A job here ranks ``n`` = :attr:`PrecomputeConfig.candidates`;
 drift erodes any ranking alike, so its quality at age ``a`` is taken as
@@ -38,7 +38,7 @@ never precomputed. Without drift ``ρ ≡ 1`` and the cap decides. The cap (defa
 long a result can be trusted beyond what the curves measured for *this* world, and the compacted
 topic's size; :attr:`PrecomputeConfig.max_ttl_s` changes it.
 
-**3. Visits.** Users return as a Poisson process (CONTRACT §3): at ``r_s`` visits per hour
+**3. Visits.** Users return as a Poisson process (docs/scenarios.md): at ``r_s`` visits per hour
 (``segments[].return_rate_per_h``), so ``P(visit within h) = 1 − exp(−r_s·h)``
 (:func:`visit_probability`) and the expected number of visits within ``h`` is ``r_s·h``.
 :attr:`VisitModel.GAMMA_POISSON` is the frequency-aware variant: users of a segment differ, with
@@ -53,8 +53,8 @@ A *recency*-aware variant is deliberately not offered: for a Poisson process, gi
 matter under a churn model (BG/NBD), which the scenario's world does not have.
 
 **4. Whom to precompute for.** Every visit that finds an unexpired result is served from it
-(CONTRACT §3), so a result computed now earns ``Δ_s(a)`` on each visit at age ``a < L_s``; with
-Poisson visits at rate ``λ`` its expected value is ``λ·F_s(L_s)`` with
+(docs/scenarios.md), so a result computed now earns ``Δ_s(a)`` on each visit at age ``a < L_s``;
+with Poisson visits at rate ``λ`` its expected value is ``λ·F_s(L_s)`` with
 ``F_s(x) = ∫_0^x Δ_s(a) da``. A user whose stored result is already ``a₀`` old would keep
 earning ``λ·(F_s(L_s) − F_s(a₀))`` from it anyway, so recomputing gains only the difference::
 
@@ -73,8 +73,9 @@ users.
 
 **5. Budget.** A token bucket at ``jobs_per_s`` with a burst of ``burst_s`` seconds of work. The
 rate is the controller's precompute budget when its target carries one (in *lever* jobs, costed
-by :class:`controllers.levers.PrecomputeLever` at ``base_candidates``; converted to this job's
-size by the binding resource, :func:`own_rate`), else :attr:`PrecomputeConfig.default_jobs_per_s`.
+by :class:`headroom.controllers.levers.PrecomputeLever` at ``base_candidates``; converted to this
+job's size by the binding resource, :func:`own_rate`), else
+:attr:`PrecomputeConfig.default_jobs_per_s`.
 
 **6. Where jobs run.** Any *opportunistic* pool (never dedicated: that is the baseline's) whose
 hardware the strong model supports, ``remote`` pools included (precompute is asynchronous: the
@@ -99,15 +100,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from controllers.allocator import Pool, pools_from_capacity
-from controllers.jsonstate import decode_big_ints, encode_big_ints
-from controllers.levers import CapacityUse, CostModel, ResourceCost
-from controllers.types import CapacityLevel
-from headroom.errors import ConfigError
+from headroom.controllers.allocator import Pool, pools_from_capacity
+from headroom.controllers.levers import CapacityUse, CostModel, ResourceCost
+from headroom.controllers.types import CapacityLevel
+from headroom.kernel.errors import ConfigError
+from headroom.kernel.jsonstate import decode_big_ints, encode_big_ints
 
 if TYPE_CHECKING:
-    from headroom.scenario import Scenario
-    from workers.curves import ValueCurves
+    from headroom.kernel.scenario import Scenario
+    from headroom.world.curves import ValueCurves
 
 __all__ = [
     "Job",
@@ -276,7 +277,7 @@ class PrecomputeConfig:
 
 def job_cost(costs: CostModel, candidates: int) -> ResourceCost:
     """One job: retrieval and features for ``candidates`` ads, then the strong model on them
-    (:meth:`controllers.levers.CostModel.request`, model ``strong``)."""
+    (:meth:`headroom.controllers.levers.CostModel.request`, model ``strong``)."""
     return costs.request(candidates, "strong")
 
 

@@ -1,16 +1,16 @@
 """Measured uplift for the precompute planner: value signals in, a calibrated uplift model out.
 
-:class:`controllers.precompute.UpliftModel` predicts the uplift of a served visit from the ranking
-world's curves, ``Δ_s(a) = k_s · v̄_s · (Q_s^strong(n) · ρ_s(a) − B_s − m)`` with ``k_s = 1``. The
-design says value is *measured* against a control arm, never assumed; this module is the pure
-piece that closes the loop (no clock, no I/O: times are passed in; ``workers/precompute.py``
+:class:`headroom.controllers.precompute.UpliftModel` predicts the uplift of a served visit from the
+ranking world's curves, ``Δ_s(a) = k_s · v̄_s · (Q_s^strong(n) · ρ_s(a) − B_s − m)`` with ``k_s =
+1``. The design says value is *measured* against a control arm, never assumed; this module is the
+pure piece that closes the loop (no clock, no I/O: times are passed in; ``workers/precompute.py``
 drives it from Kafka).
 
 **What is measured.** Clients publish value signals of lever ``precompute`` on ``headroom.value``
-(CONTRACT §2): treatment = visits served from a stored result (hits), control = held-out visits
+(docs/messages.md): treatment = visits served from a stored result (hits), control = held-out visits
 that found one. Both arms found a result, so the difference of their means is the uplift of
 serving a stored result, free of the choice of whom to precompute for. The signals of this
-region and lever are folded into a :class:`controllers.levers.ValueBook`, keyed by
+region and lever are folded into a :class:`headroom.controllers.levers.ValueBook`, keyed by
 ``stratum_key(segment, stratum)`` like the controller's, so each segment's uplift is
 post-stratified on the request's value bin (``ValueBook.uplift``: per stratum ``d = mean_t −
 mean_c`` weighted by treated counts, ``se² = Σ w² (var_t/n_t + var_c/n_c)``). The book is
@@ -65,13 +65,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from controllers.config import FieldChecker, ValueSettings
-from controllers.levers import ValueBook
-from controllers.observe import arm_stats
-from controllers.precompute import UpliftModel
-from controllers.types import stratum_key
-from headroom.errors import ConfigError
-from streams.messages import ValueSignal
+from headroom.controllers.config import FieldChecker, ValueSettings
+from headroom.controllers.levers import ValueBook
+from headroom.controllers.observe import arm_stats
+from headroom.controllers.precompute import UpliftModel
+from headroom.controllers.types import stratum_key
+from headroom.kernel.errors import ConfigError
+from headroom.streams.messages import ValueSignal
 
 __all__ = [
     "LEVER",

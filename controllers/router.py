@@ -4,7 +4,7 @@ The algorithm
 -------------
 Input: the coverage command ``c`` (controllers/coverage.py), each segment's share ``w_s`` of
 eligible traffic (from this window's per-segment request rates; the eligible share is assumed
-alike across segments), and the region's :class:`controllers.levers.ValueBook`.
+alike across segments), and the region's :class:`headroom.controllers.levers.ValueBook`.
 
 1. **Uplift per segment.** ``d_s = mean_treatment - mean_control`` of lever ``sbm`` in segment
    ``s`` from the discounted holdout sums, with variance ``v_s = var_t/n_t + var_c/n_c``.
@@ -35,9 +35,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from controllers.config import RouterSettings
-from controllers.levers import ValueBook
-from controllers.types import LEVER_SBM
+from headroom.controllers.config import RouterSettings
+from headroom.controllers.levers import ValueBook
+from headroom.controllers.types import LEVER_SBM
 
 __all__ = ["RouteResult", "SbmRouter"]
 

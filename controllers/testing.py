@@ -4,9 +4,11 @@
   function of candidates per request and the cores serving them, with the lag of targets
   reaching clients and optional noise. Closed-loop tests and the docs' step responses run the
   RMA loop against it.
-* :func:`arm_stats` — holdout sums (:class:`~controllers.types.ArmStats`) of ``n`` requests with
+* :func:`arm_stats` — holdout sums (:class:`~headroom.controllers.types.ArmStats`) of ``n``
+requests with
   a given mean and standard deviation, drawn from an injected generator.
-* :func:`observation` — a :class:`~controllers.types.RegionObservation` with sensible defaults,
+* :func:`observation` — a :class:`~headroom.controllers.types.RegionObservation` with sensible
+defaults,
   so a test states only what it is about.
 
 Nothing here reads a clock or a global random state.
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from controllers.types import ArmStats, CapacityLevel, RegionObservation, ValueKey
+from headroom.controllers.types import ArmStats, CapacityLevel, RegionObservation, ValueKey
 
 __all__ = ["LatencyPlant", "arm_stats", "capacity", "observation"]
 

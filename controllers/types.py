@@ -1,7 +1,7 @@
 """Plain data that crosses the boundary of the pure control cores.
 
 The simulator and the Faust app both build a :class:`RegionObservation` per region per control
-interval and hand it to :class:`controllers.plane.ControlPlane`, which returns
+interval and hand it to :class:`headroom.controllers.plane.ControlPlane`, which returns
 :class:`RegionTargets` (the body of one ``headroom.targets`` message). Nothing here does I/O or
 reads a clock: ``now`` is always given (the record's event time where there is one).
 """
@@ -37,7 +37,7 @@ class CapacityLevel:
 
 @dataclass(frozen=True, slots=True)
 class ArmStats:
-    """Sums of one (segment, lever, arm) over some windows: they add exactly (CONTRACT §2)."""
+    """Sums of one (segment, lever, arm) over some windows: they add exactly (docs/messages.md)."""
 
     n: int = 0
     value_sum: float = 0.0
@@ -107,7 +107,7 @@ class LeverShare:
 
 @dataclass(frozen=True, slots=True)
 class RegionTargets:
-    """One ``headroom.targets`` message body (CONTRACT §2), every field already clamped."""
+    """One ``headroom.targets`` message body (docs/messages.md), every field already clamped."""
 
     region: str
     ts: float

@@ -1,8 +1,10 @@
 """headroom: spend idle, reclaimable inference capacity on optional ranking work.
 
-The command line, configuration shared by every component (scenarios, Kafka settings) and
-logging live in this package; the domain code lives in the top-level packages ``streams``,
-``controllers``, ``workers``, ``sim`` and ``analysis`` (see docs/architecture.md).
+Everything imports as ``headroom.…``, in layers that import one way (docs/architecture.md):
+``kernel`` (errors, settings, the scenario model, the sketch, the codec), ``world`` (the ranking
+world and its curves), ``defences`` (the local defences' pure cores), ``controllers``, ``streams``
+(Kafka plumbing), ``analysis``, the engines ``workers`` and ``sim``, and on top the command line
+(``cli`` and ``commands``) and ``bench``.
 """
 
 __all__ = ["__version__"]

@@ -1,11 +1,11 @@
 """The one console entry point, ``headroom``.
 
-Every command of CONTRACT §4 is declared here, with its flags, in one table-like place; the work
-itself lives in the module each command names (imported lazily, so ``headroom --help`` stays fast
-and a command never pays for another's imports).
+Every command of README.md, *Commands* is declared here, with its flags, in one table-like place;
+the work itself lives in the module each command names (imported lazily, so ``headroom --help``
+stays fast and a command never pays for another's imports).
 
-Exit codes (CONTRACT §4): 0 success; 2 bad input (usage, scenario, config) with one line per
-problem and no traceback; 1 any other failure, with a message saying what failed.
+Exit codes (README.md, *Commands*): 0 success; 2 bad input (usage, scenario, config) with one line
+per problem and no traceback; 1 any other failure, with a message saying what failed.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from headroom.errors import ConfigError, HeadroomError
+from headroom.kernel.errors import ConfigError, HeadroomError
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -232,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub,
         "simulate",
         "virtual-time run of a scenario, policies side by side (no broker needed)",
-        ("sim.cli", "simulate"),
+        ("headroom.commands.simulate", "simulate"),
     )
     p.add_argument("scenario", metavar="SCENARIO", help="scenario YAML file")
     p.add_argument(
@@ -267,20 +267,20 @@ def build_parser() -> argparse.ArgumentParser:
         ssub,
         "schema",
         "print the JSON Schema of scenario files",
-        ("headroom.scenario_cli", "scenario_schema"),
+        ("headroom.commands.scenario", "scenario_schema"),
     )
     q = cmd(
         ssub,
         "check",
         "validate a scenario file (exit 0 if valid, else 2 with one line per problem)",
-        ("headroom.scenario_cli", "scenario_check"),
+        ("headroom.commands.scenario", "scenario_check"),
     )
     q.add_argument("file", metavar="FILE")
     q = cmd(
         ssub,
         "from-recording",
         "turn a recording of capacity and requests into a scenario with CSV traces",
-        ("sim.replay_cli", "scenario_from_recording"),
+        ("headroom.commands.sim_replay", "scenario_from_recording"),
     )
     q.add_argument("file", metavar="FILE", help="recording (JSON lines, kcat -C -J envelope)")
     q.add_argument(
@@ -300,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
         "start",
         "assemble (first time) and start a one-node KRaft broker on loopback; prints the "
         "bootstrap address last",
-        ("streams.broker_cli", "start"),
+        ("headroom.commands.kafka", "start"),
     )
     q.add_argument(
         "--port", type=int, metavar="N", default=None, help="client port (default 19092)"
@@ -324,14 +324,14 @@ def build_parser() -> argparse.ArgumentParser:
         ksub,
         "status",
         "print the bootstrap address; exit 0 while the broker runs",
-        ("streams.broker_cli", "status"),
+        ("headroom.commands.kafka", "status"),
     )
     _state_dir_flag(q)
     q = cmd(
         ksub,
         "stop",
         "stop the broker that `kafka start` started (only that one)",
-        ("streams.broker_cli", "stop"),
+        ("headroom.commands.kafka", "stop"),
     )
     _state_dir_flag(q)
 
@@ -342,14 +342,14 @@ def build_parser() -> argparse.ArgumentParser:
         tsub,
         "create",
         "create every topic with its partitions and retention (idempotent)",
-        ("streams.topics_cli", "create"),
+        ("headroom.commands.topics", "create"),
     )
     _add_kafka_flags(q)
     q = cmd(
         tsub,
         "list",
         "print the topic registry (names, partitions, configs)",
-        ("streams.topics_cli", "list_topics"),
+        ("headroom.commands.topics", "list_topics"),
     )
     q.add_argument(
         "--prefix", metavar="P", default=None, help="topic name prefix (default 'headroom.')"
@@ -359,7 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
         "validate",
         "check every message of a topic against the contract, dead-letter the bad ones; last "
         'line {"topic":…,"valid":N,"invalid":M}',
-        ("streams.topics_cli", "validate"),
+        ("headroom.commands.topics", "validate"),
     )
     q.add_argument(
         "topic", metavar="TOPIC", help="topic name, with or without the prefix (e.g. capacity)"
@@ -379,7 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub,
         "controller",
         "run the Faust controller app (allocator, RMA PID, SBM coverage, router)",
-        ("controllers.app_cli", "controller"),
+        ("headroom.commands.controller", "controller"),
     )
     p.add_argument(
         "--interval",
@@ -400,7 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_kafka_flags(p)
     _add_metrics_flag(p)
 
-    p = cmd(sub, "server", "run one ranking-server worker", ("workers.server_cli", "server"))
+    p = cmd(sub, "server", "run one ranking-server worker", ("headroom.commands.server", "server"))
     p.add_argument("--region", required=True, metavar="R")
     p.add_argument("--pool", required=True, metavar="P", choices=["dedicated", "opportunistic"])
     p.add_argument(
@@ -411,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_kafka_flags(p)
     _add_metrics_flag(p)
 
-    p = cmd(sub, "client", "run one client worker", ("workers.client_cli", "client"))
+    p = cmd(sub, "client", "run one client worker", ("headroom.commands.client", "client"))
     p.add_argument("--region", required=True, metavar="R")
     _add_client_flags(p)
     _add_scenario_flag(p)
@@ -419,7 +419,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_metrics_flag(p)
 
     p = cmd(
-        sub, "precompute", "run one precompute worker", ("workers.precompute_cli", "precompute")
+        sub,
+        "precompute",
+        "run one precompute worker",
+        ("headroom.commands.precompute", "precompute"),
     )
     p.add_argument(
         "--region",
@@ -436,7 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub,
         "feed",
         "publish a scenario's capacity levels and request traffic",
-        ("workers.feed_cli", "feed"),
+        ("headroom.commands.feed", "feed"),
     )
     p.add_argument("scenario", metavar="SCENARIO")
     p.add_argument(
@@ -450,7 +453,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_feed_flags(p)
 
     p = cmd(
-        sub, "up", "run the whole streaming stack locally against Kafka", ("workers.up_cli", "up")
+        sub,
+        "up",
+        "run the whole streaming stack locally against Kafka",
+        ("headroom.commands.up", "up"),
     )
     p.add_argument("scenario", metavar="SCENARIO")
     p.add_argument("--out", metavar="DIR", default=None)
@@ -462,7 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub,
         "record",
         "record topics to a JSON-lines file (kcat -C -J envelope)",
-        ("streams.recording_cli", "record"),
+        ("headroom.commands.record", "record"),
     )
     p.add_argument(
         "--topic",
@@ -486,7 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub,
         "replay",
         "replay a recording into Kafka, keeping keys, per-key order and timing",
-        ("streams.recording_cli", "replay"),
+        ("headroom.commands.record", "replay"),
     )
     p.add_argument("file", metavar="FILE")
     p.add_argument(
@@ -510,7 +516,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub,
         "analyze",
         "rebuild metrics.json, plots and report from an event log",
-        ("analysis.cli", "analyze"),
+        ("headroom.commands.analyze", "analyze"),
     )
     p.add_argument(
         "events",
@@ -523,7 +529,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true", help="skip PNG plots and report.html")
 
     p = cmd(
-        sub, "bench", "run the performance benchmarks and print JSON", ("bench.runner", "bench")
+        sub,
+        "bench",
+        "run the performance benchmarks and print JSON",
+        ("headroom.bench.runner", "bench"),
     )
     p.add_argument(
         "--only",

@@ -1,8 +1,8 @@
 """Settings of the fleet model that a scenario file does not carry (docs/simulator.md §Model).
 
-Frozen, validated once: a bad value raises :class:`headroom.errors.ConfigError` with one line per
-problem naming the field (``sim.step_s: must be > 0, got 0``). Every default says where it comes
-from; the scenarios' numbers (costs, capacity, traffic) stay in the scenario file.
+Frozen, validated once: a bad value raises :class:`headroom.kernel.errors.ConfigError` with one
+line per problem naming the field (``sim.step_s: must be > 0, got 0``). Every default says where it
+comes from; the scenarios' numbers (costs, capacity, traffic) stay in the scenario file.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from headroom.errors import ConfigError
-from sim.latency import LatencyConfig
+from headroom.kernel.errors import ConfigError
+from headroom.sim.latency import LatencyConfig
 
 __all__ = ["SimConfig"]
 
@@ -35,7 +35,7 @@ class SimConfig:
     # Controller publish → client apply. Loopback Kafka measures ~10 ms (target_propagation bench);
     # a fleet of clients polling a compacted topic takes seconds: 2 s is a conservative middle.
     propagation_s: float = 2.0
-    # Share of requests that may be routed to the strong model (CONTRACT §2 ``eligible``). The
+    # Share of requests that may be routed to the strong model (docs/messages.md ``eligible``). The
     # scenario format has no field for it; the streaming side's default is 1.0 as well.
     eligible_share: float = 1.0
     # A request routed to strong replicas that are gone fails fast (connection refused) and is

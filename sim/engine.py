@@ -42,7 +42,7 @@ estimator sees, exposure per segment, capacity offered and used, the targets in 
 Ground truth
 ------------
 Delivered value of a request = value × top-ad quality of the option it got (the measured curves'
-mean, :mod:`workers.curves`), counted only if it finished within the timeout. The baseline is
+mean, :mod:`headroom.world.curves`), counted only if it finished within the timeout. The baseline is
 the same requests under the static configuration (no optional work: a shadow of the queues with
 baseline work only, run alongside), so ``incremental = total − baseline`` is exactly 0 for the
 static policy and counts the harm optional work does through queueing for any other.
@@ -59,8 +59,8 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from controllers.levers import CostModel
-from controllers.types import (
+from headroom.controllers.levers import CostModel
+from headroom.controllers.types import (
     LEVER_PRECOMPUTE,
     ArmStats,
     CapacityLevel,
@@ -68,9 +68,12 @@ from controllers.types import (
     segment_of,
     stratum_key,
 )
-from headroom.scenario import Scenario
-from sim.config import SimConfig
-from sim.latency import (
+from headroom.kernel import seeds
+from headroom.kernel.scenario import Scenario
+from headroom.kernel.sketch import bin_values
+from headroom.kernel.traces import CapacityChange, PoolKey, ScenarioTraces
+from headroom.sim.config import SimConfig
+from headroom.sim.latency import (
     RHO_FLUID_CAP,
     LatencyConfig,
     StageState,
@@ -85,10 +88,8 @@ from sim.latency import (
     wait_params,
     wait_params_array,
 )
-from sim.population import Population, arm_sums
-from sim.precompute_sim import PrecomputeRegion, PrecomputeWindows, precompute_region
-from sim.traces import CapacityChange, PoolKey, ScenarioTraces
-from streams.sketch import bin_values
+from headroom.sim.population import Population, arm_sums
+from headroom.sim.precompute_sim import PrecomputeRegion, PrecomputeWindows, precompute_region
 
 __all__ = [
     "PATH_BASE",
@@ -107,7 +108,7 @@ __all__ = [
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
-# Scenario time 0 on the event log's clock (CONTRACT's example epoch): fixed, so a seed gives the
+# Scenario time 0 on the event log's clock (the message examples' epoch): fixed, so a seed gives the
 # same log byte for byte.
 SIM_EPOCH = 1_796_000_000.0
 SKETCH_ALPHA = 0.01
@@ -136,7 +137,7 @@ class RegionStatic:
 
 
 class Curves(Protocol):
-    """What the engine needs from :class:`workers.curves.ValueCurves`."""
+    """What the engine needs from :class:`headroom.world.curves.ValueCurves`."""
 
     def mean_quality(self, segment_idx: Any, model: Any, n: Any) -> FloatArray: ...
 
@@ -158,9 +159,7 @@ class SimContext:
         self.config = cfg = config or SimConfig()
         self.seed = int(scenario.seed if seed is None else seed)
         self.curves = curves
-        root = np.random.SeedSequence(self.seed)
-        self._root = root
-        self.traces = ScenarioTraces(scenario, np.random.default_rng(root.spawn(1)[0]), cfg.step_s)
+        self.traces = ScenarioTraces(scenario, seeds.traces_rng(self.seed), cfg.step_s)
         self.pop = Population.from_scenario(scenario, cfg.value_bins)
         w = scenario.world
         self.n0 = int(w.base_candidates)
@@ -223,9 +222,7 @@ class SimContext:
 
     def rng(self, region: int, purpose: int) -> np.random.Generator:
         """A fresh generator for (region, purpose): the same numbers for every policy."""
-        return np.random.default_rng(
-            np.random.SeedSequence(self.seed, spawn_key=(1000 + region, purpose))
-        )
+        return seeds.stream_rng(self.seed, 1000 + region, purpose)
 
 
 # --------------------------------------------------------------------------------------------
@@ -669,7 +666,8 @@ class RegionRun:
         level = self.level[i]
         if self.static.pools[i].resource == "accelerator" and sbm > 1e-6:
             # a strong replica needs at least one whole device; above that, device equivalents
-            # (CONTRACT §2 units) may be fractional (slices), so RMA keeps its share of the rest
+            # (docs/messages.md units) may be fractional (slices), so RMA keeps its share of the
+            # rest
             sbm = min(max(1.0, sbm), level)
             rma = max(0.0, min(rma, level - sbm))
         if rma + sbm > level + _EPS:
@@ -1297,8 +1295,8 @@ class RegionRun:
         (segment × value bin), drawn in one batch (group g, cell c → virtual group ``g·C + c``).
 
         The control plane gets them per (segment, value bin) stratum
-        (:func:`controllers.types.stratum_key`): a client knows a request's value signal before
-        ranking in either arm, so it reports its sums per value bin and the estimator
+        (:func:`headroom.controllers.types.stratum_key`): a client knows a request's value signal
+        before ranking in either arm, so it reports its sums per value bin and the estimator
         post-stratifies on it. The window line's ``arms`` stay per segment (their sums)."""
         ctx = self.ctx
         pop = ctx.pop

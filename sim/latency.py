@@ -34,7 +34,7 @@ but requests share one queue, so the stage's throughput is set by whichever is m
 
 Optional work beyond its quota is therefore *slowed* (it never runs on dedicated capacity), and
 because everybody waits in the same queue, queueing grows for every request (logical isolation,
-DESIGN §2).
+docs/architecture.md).
 
 :func:`sample_window` draws a fixed number of latencies for one SLO window, stratified by
 (step, request class) and weighted by the class counts, and :func:`in_time_probability` gives
@@ -51,7 +51,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy.special import ndtri
 
-from streams.sketch import bin_keys
+from headroom.kernel.sketch import bin_keys
 
 __all__ = [
     "RHO_FLUID_CAP",
@@ -347,7 +347,7 @@ _GH_W = np.array([1.0 / 6.0, 2.0 / 3.0, 1.0 / 6.0])
 def sketch_from_keys(
     keys: IntArray, weights: FloatArray, total: int, alpha: float
 ) -> dict[str, object]:
-    """A CONTRACT §2 sketch dict whose integer counts add up to ``total``: the weighted bin
+    """A docs/messages.md sketch dict whose integer counts add up to ``total``: the weighted bin
     masses rounded by largest remainder (so a window's sketch holds one count per request)."""
     if total <= 0 or keys.size == 0:
         return {"alpha": alpha, "bins": {}, "zeros": 0}

@@ -55,8 +55,8 @@ finds a stored result is served from it instead of the live path (sim/precompute
 each cell gets one more option, ``pre``, worth ``Δ*_s`` per request (the most a stored result
 ever adds to a visit of segment ``s``), costing no live capacity, with ``x_{c,pre} ≤ ρ_{w,s}``:
 the share of the window's treatment visits of the segment whose user visited in an earlier
-window (:func:`sim.precompute_sim.returning_share`; no policy can serve another visit from a
-result). A policy whose hits are ``h_s ≤ ρ_{w,s}`` of a segment's visits in a window earns
+window (:func:`headroom.sim.precompute_sim.returning_share`; no policy can serve another visit from
+a result). A policy whose hits are ``h_s ≤ ρ_{w,s}`` of a segment's visits in a window earns
 ``(1 − h_s)·(live gain) + h_s·(hit gain)`` per request: the live allocation scaled by
 ``1 − h_s`` still fits the budgets and ``x_{c,pre} = h_s`` is feasible, so the joint LP bounds
 it. Stretches are also cut at window edges (one ``ρ`` each). Counting every visit at ``Δ*``
@@ -89,8 +89,8 @@ import numpy as np
 import numpy.typing as npt
 from scipy.optimize import linprog
 
-from sim.engine import Plan, SimContext
-from sim.precompute_sim import precompute_capable, precompute_static, returning_share
+from headroom.sim.engine import Plan, SimContext
+from headroom.sim.precompute_sim import precompute_capable, precompute_static, returning_share
 
 __all__ = ["GRID_RATIO", "Oracle", "OracleBound", "oracle_for"]
 
@@ -440,8 +440,8 @@ class Oracle:
         """Baseline value the static configuration loses to its own queues in region ``r``
         (requests that time out on dedicated capacity): the most any policy could win back by
         taking work off the dedicated pool (module docstring, *relief*)."""
-        from sim.engine import baseline_plan, build_mix
-        from sim.latency import StageState, Strata, in_time_probability, wait_params_array
+        from headroom.sim.engine import baseline_plan, build_mix
+        from headroom.sim.latency import StageState, Strata, in_time_probability, wait_params_array
 
         ctx = self.ctx
         tr = ctx.traces

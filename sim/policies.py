@@ -1,4 +1,4 @@
-"""The policies compared side by side (CONTRACT §4 names), as the engine drives them.
+"""The policies compared side by side (README.md, *Commands* names), as the engine drives them.
 
 Pure: no clock, no global random state (the control plane's router and the peer limits get
 generators derived from the run's seed).
@@ -15,13 +15,14 @@ policy          central targets (every interval, lag)         client side      s
 ``greedy``      all announced spare: SBM to full coverage      —                —
                 on strong-capable devices, RMA to what the
                 rest pays for; no margin, no latency feedback
-``central-only``:class:`controllers.plane.ControlPlane`         —                —
+``central-only``:class:`headroom.controllers.plane.ControlPlane`         —                —
                 (allocator, RMA PID, SBM coverage, router)
 ``aimd``        greedy's targets                              Netflix AIMD      —
                                                               limit → budget
 ``gradient``    greedy's targets                              Netflix Gradient2 —
                                                               limit → budget
-``headroom``    :class:`controllers.plane.ControlPlane`         AIMD multiplier  ServerShedder:
+``headroom``    :class:`headroom.controllers.plane.ControlPlane`         AIMD multiplier
+ServerShedder:
                                                               (ClientShedder)   token buckets,
                                                                                 value order,
                                                                                 in-flight trim
@@ -33,8 +34,8 @@ policy          central targets (every interval, lag)         client side      s
 ownership, value or levers: they compute one concurrency limit from response times and drops.
 Here they run on greedy's targets (they need *some* plan of optional work to govern; greedy's is
 the one that asks for everything the announced capacity pays for), and
-:class:`workers.peers.OptionalBudget` turns the limit into an optional-work multiplier: the
-baseline keeps what it has in flight, optional work gets ``limit − baseline_inflight`` request
+:class:`headroom.defences.peers.OptionalBudget` turns the limit into an optional-work multiplier:
+the baseline keeps what it has in flight, optional work gets ``limit − baseline_inflight`` request
 equivalents, spent on the highest-value requests first (the same rule as the client shedder).
 A region is modelled as ``dedicated cores / cores_per_server`` identical servers, each with the
 same limit; the limit is fed ``peer_samples_per_step`` sampled responses per step (RTT, dropped =
@@ -53,19 +54,28 @@ from typing import Any
 
 import numpy as np
 
-from controllers.config import ControlConfig
-from controllers.coverage import strong_admissible
-from controllers.plane import ControlPlane
-from controllers.queueing import admissible_utilization
-from controllers.types import LEVER_RMA, LEVER_SBM, RegionObservation, RegionTargets
-from headroom.errors import ConfigError
-from sim.engine import Health, Issued, Plan, Quotas, RegionPolicy, RegionRun, SimContext, Targets
-from workers.peers import OptionalBudget, make_limit
-from workers.shedding import (
+from headroom.controllers.config import ControlConfig
+from headroom.controllers.coverage import strong_admissible
+from headroom.controllers.plane import ControlPlane
+from headroom.controllers.types import LEVER_RMA, LEVER_SBM, RegionObservation, RegionTargets
+from headroom.defences.admission import admissible_utilization
+from headroom.defences.peers import OptionalBudget, make_limit
+from headroom.defences.shedding import (
     ClientShedder,
     OptionalCapacity,
     ServerShedder,
     ShedTransition,
+)
+from headroom.kernel.errors import ConfigError
+from headroom.sim.engine import (
+    Health,
+    Issued,
+    Plan,
+    Quotas,
+    RegionPolicy,
+    RegionRun,
+    SimContext,
+    Targets,
 )
 
 __all__ = ["POLICIES", "PolicyFactory", "make_policy", "parse_policies"]
@@ -582,7 +592,7 @@ class OracleRegion(StaticRegion):
     direct = True
 
     def __init__(self, ctx: SimContext, r: int) -> None:
-        from sim.oracle import oracle_for
+        from headroom.sim.oracle import oracle_for
 
         self.oracle = oracle_for(ctx)
         self.r = r

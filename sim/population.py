@@ -37,7 +37,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy.special import ndtr, ndtri
 
-from headroom.scenario import Scenario
+from headroom.kernel.scenario import Scenario
 
 __all__ = ["EXACT_BELOW", "Population", "arm_sums"]
 

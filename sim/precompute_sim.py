@@ -1,18 +1,19 @@
 """The precompute lever in virtual time: returning users, a result store with expiry, jobs on
-asynchronous capacity, driven by the pure policy core (:mod:`controllers.precompute`).
+asynchronous capacity, driven by the pure policy core (:mod:`headroom.controllers.precompute`).
 
 Pure: no clock, no global random state. Every draw comes from generators derived from the run's
-seed per (region, purpose) (:meth:`sim.engine.SimContext.rng`), so every policy that precomputes
-sees the same users visit at the same instants (common random numbers). docs/precompute.md
-(*In the simulator*) and docs/simulator.md describe the model; this header is the summary.
+seed per (region, purpose) (:meth:`headroom.sim.engine.SimContext.rng`), so every policy that
+precomputes sees the same users visit at the same instants (common random numbers).
+docs/precompute.md (*In the simulator*) and docs/simulator.md describe the model; this header is
+the summary.
 
 Which policies precompute
 -------------------------
 ``headroom`` (the job rate its control plane grants, ``RegionTargets.precompute_jobs_per_s``,
-converted to this job's size with :func:`controllers.precompute.own_rate`; the worker's default
-rate before the first target, nothing once a target has expired) and ``oracle`` (no rate limit:
-whatever its pools hold). ``static`` is the baseline; ``greedy``, ``central-only``, ``aimd`` and
-``gradient`` are live-path policies: none of them has a precompute worker, so they run no job.
+converted to this job's size with :func:`headroom.controllers.precompute.own_rate`; the worker's
+default rate before the first target, nothing once a target has expired) and ``oracle`` (no rate
+limit: whatever its pools hold). ``static`` is the baseline; ``greedy``, ``central-only``, ``aimd``
+and ``gradient`` are live-path policies: none of them has a precompute worker, so they run no job.
 
 Users and visits (per-user, vectorised)
 ---------------------------------------
@@ -48,7 +49,7 @@ A window is cut at every capacity change of the region's pools. Over a piece ``[
 pools precompute may use are fixed: every ``remote`` pool at its level, plus (headroom) what of
 each local pool the live levers are not assigned (``level − rma − sbm``); the oracle policy uses
 the remote pools only (its live plan may use every local unit). They pass through
-:func:`controllers.precompute.usable_pools` (accelerators only of the strong model's types,
+:func:`headroom.controllers.precompute.usable_pools` (accelerators only of the strong model's types,
 safety margin, a pool must outlive one job). Jobs run at ``X = min(rate, C / d)`` per second,
 ``C`` the jobs that fit at once (:meth:`JobBook.capacity` on empty pools), ``d`` the batch time:
 the ones that end inside the piece complete at their end; the ones still running at ``b`` are
@@ -61,11 +62,11 @@ Value (ground truth, against the live path)
 -------------------------------------------
 A hit delivers ``v̄_s · Q_s(a)``: the segment's mean request value (a request's value does not
 depend on whether its user has a result) times the measured quality, at visit time, of a strong
-ranking ``a`` seconds old, ``Q_s(a) = Q_s^strong(n) · P_s(a) / P_s(0)`` (:mod:`workers.curves`,
-the same stale-ranking curves the core's expiry uses). Like the engine's ground truth, window
-sums are expectations over the window's arrivals: with ``N_s`` the fluid treatment requests of
-the segment in the window and ``h_s`` the drawn share of its treatment visits that hit, the
-precompute increment is
+ranking ``a`` seconds old, ``Q_s(a) = Q_s^strong(n) · P_s(a) / P_s(0)``
+(:mod:`headroom.world.curves`, the same stale-ranking curves the core's expiry uses). Like the
+engine's ground truth, window sums are expectations over the window's arrivals: with ``N_s`` the
+fluid treatment requests of the segment in the window and ``h_s`` the drawn share of its treatment
+visits that hit, the precompute increment is
 
     inc_precompute = Σ_s N_s · h_s · (v̄_s · Q̄_s − live_s)
 
@@ -76,14 +77,14 @@ replaces the live outcome of its request, so ``value_total`` rises by the same a
 spare the live ranking: conservative).
 
 Value signals. Per segment, treatment = hits (look-ups never time out), control = held-out visits
-that found a result, drawn like the engine's arms (:func:`sim.population.arm_sums`); they reach
-the control plane as ``(segment, "precompute", arm)`` sums, so its allocator learns what a
+that found a result, drawn like the engine's arms (:func:`headroom.sim.population.arm_sums`); they
+reach the control plane as ``(segment, "precompute", arm)`` sums, so its allocator learns what a
 precompute job is worth.
 
 The oracle's bound. A hit replaces its request's live outcome, so a treatment request gets *one*
-option: the baseline, a live lever, or a stored result. :mod:`sim.oracle` adds the stored result
-as a third option to its per-stretch LP, worth ``Δ*_s = v̄_s · max_a (Q_s(a) − B_s)⁺`` (the most a
-stored result can ever add to one visit over the base ranking), costing no live capacity, and
+option: the baseline, a live lever, or a stored result. :mod:`headroom.sim.oracle` adds the stored
+result as a third option to its per-stretch LP, worth ``Δ*_s = v̄_s · max_a (Q_s(a) − B_s)⁺`` (the
+most a stored result can ever add to one visit over the base ranking), costing no live capacity, and
 open to at most ``ρ_{w,s}`` of the segment's requests in window ``w``:
 :func:`returning_share` replays the visits (:func:`draw_visits`, the same draws every policy
 sees) and counts the treatment visits whose user had already visited in an *earlier* window. No
@@ -102,8 +103,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from controllers.levers import CapacityUse, ResourceCost
-from controllers.precompute import (
+from headroom.controllers.levers import CapacityUse, ResourceCost
+from headroom.controllers.precompute import (
     JobBook,
     PrecomputeConfig,
     PrecomputePlanner,
@@ -112,12 +113,12 @@ from controllers.precompute import (
     own_rate,
     usable_pools,
 )
-from controllers.types import LEVER_PRECOMPUTE, ArmStats, CapacityLevel
-from sim.population import arm_sums
+from headroom.controllers.types import LEVER_PRECOMPUTE, ArmStats, CapacityLevel
+from headroom.kernel.schedule import users_by_segment
+from headroom.sim.population import arm_sums
 
 if TYPE_CHECKING:
-    from headroom.scenario import Scenario
-    from sim.engine import RegionRun, SimContext
+    from headroom.sim.engine import RegionRun, SimContext
 
 __all__ = [
     "PRECOMPUTE_POLICIES",
@@ -131,7 +132,6 @@ __all__ = [
     "returning_share",
     "select_slots",
     "trace_arrivals",
-    "users_by_segment",
 ]
 
 FloatArray = npt.NDArray[np.float64]
@@ -178,29 +178,9 @@ class PrecomputeStatic:
         return out
 
 
-def users_by_segment(scenario: Scenario) -> tuple[IntArray, IntArray]:
-    """``(users, offset)`` per segment: ``world.users`` split so that at the region's mean
-    traffic a user of segment ``s`` returns at its ``return_rate_per_h`` (``N_s ∝ share_s /
-    r_s``; 0 for a segment without a return rate), user ids ``offset_s … offset_s + N_s − 1``.
-    The simulator's visits and the streaming feed's requests draw users this way alike."""
-    n_users = int(scenario.world.users or 0)
-    n_seg = len(scenario.segments)
-    share = np.array([s.share for s in scenario.segments], dtype=np.float64)
-    share = share / share.sum()
-    rates = np.array([s.return_rate_per_h or 0.0 for s in scenario.segments], dtype=np.float64)
-    rated = rates > 0.0
-    weight = np.where(rated, share / np.where(rated, rates, 1.0), 0.0)
-    users = np.zeros(n_seg, dtype=np.int64)
-    if weight.sum() > 0 and n_users > 0:
-        users = np.where(rated, np.maximum(1, np.round(n_users * weight / weight.sum())), 0)
-    users = users.astype(np.int64)
-    offset = np.concatenate([[0], np.cumsum(users)[:-1]]).astype(np.int64)
-    return users, offset
-
-
 def precompute_static(ctx: SimContext) -> PrecomputeStatic | None:
     """The run's precompute world (built once per context); None when the scenario has no
-    precompute fields (CONTRACT §3) — then nothing here ever runs."""
+    precompute fields (docs/scenarios.md) — then nothing here ever runs."""
     sc = ctx.scenario
     if not sc.precompute_enabled:
         return None

@@ -1,7 +1,7 @@
 """Recorded traffic into the simulator: what ``headroom simulate SCENARIO --replay FILE`` runs on.
 
-A recording (JSON lines in the ``kcat -C -J`` envelope, read by :mod:`streams.recording`) of
-``headroom.capacity`` and ``headroom.requests`` — one or more topics in one file, under any
+A recording (JSON lines in the ``kcat -C -J`` envelope, read by :mod:`headroom.streams.recording`)
+of ``headroom.capacity`` and ``headroom.requests`` — one or more topics in one file, under any
 prefix — replaces the scenario's traffic and opportunistic traces; the scenario still gives the
 slo, world, models, segments and the dedicated capacity of each region. docs/replay.md is the
 user's guide; this header is the algorithm.
@@ -16,7 +16,7 @@ Memory is O(run length / step + capacity messages), whatever the number of reque
 
 Time
 ----
-``t0`` is the earliest ``ts`` (the message's event time, CONTRACT §2 — not the envelope's Kafka
+``t0`` is the earliest ``ts`` (the message's event time, docs/messages.md — not the envelope's Kafka
 timestamp) of any capacity level or request used; the run lasts ``span = max ts − t0``; a
 message at ``ts`` happens at scenario time ``t = ts − t0``. The scenario's ``duration_s``,
 traffic, opportunistic traces and events are not used (preempt/grant/surge are in the
@@ -69,7 +69,7 @@ Bad recordings
 Nothing stops a run. Each problem is a :class:`ReplayIssue` (line, topic, partition, offset,
 reason) of one :class:`IssueKind`, handled as the kind says:
 
-* skipped — a corrupt line; a message that fails the contract (``streams.messages.decode``,
+* skipped — a corrupt line; a message that fails the contract (``headroom.streams.messages.decode``,
   tombstones included); a valid message the scenario model cannot hold (a segment the scenario
   does not declare, CPU capacity whose hardware is not ``any``, accelerator capacity of hardware
   ``any``); a duplicate (an offset at or below one already read in that topic-partition: the
@@ -99,8 +99,9 @@ import numpy.typing as npt
 import orjson
 from scipy.special import ndtr
 
-from headroom.errors import ConfigError
-from headroom.scenario import (
+from headroom.kernel.codec import ValidationError
+from headroom.kernel.errors import ConfigError
+from headroom.kernel.scenario import (
     Dedicated,
     Opportunistic,
     Point,
@@ -109,14 +110,13 @@ from headroom.scenario import (
     Segment,
     Traffic,
 )
-from sim.config import SimConfig
-from sim.engine import Curves, SimContext
-from sim.population import Population
-from sim.traces import PoolKey, ScenarioTraces
-from streams.codec import ValidationError
-from streams.messages import Capacity, Request, decode
-from streams.recording import CorruptLine, Envelope, read_recording
-from streams.topics import trailing_kind
+from headroom.kernel.traces import PoolKey, ScenarioTraces
+from headroom.sim.config import SimConfig
+from headroom.sim.engine import Curves, SimContext
+from headroom.sim.population import Population
+from headroom.streams.messages import Capacity, Request, decode
+from headroom.streams.recording import CorruptLine, Envelope, read_recording
+from headroom.streams.topics import trailing_kind
 
 __all__ = [
     "Handling",
@@ -1127,15 +1127,15 @@ def replay_context(
 ) -> tuple[Scenario, ReplayContext]:
     """Read ``path`` and build the context every policy of a replayed run shares.
 
-    Returns the derived scenario (pass it to :func:`sim.run.run_simulation` with the context)
-    and the context; the recording (with its :class:`ReplaySummary`) is ``ctx.recording``.
+    Returns the derived scenario (pass it to :func:`headroom.sim.run.run_simulation` with the
+    context) and the context; the recording (with its :class:`ReplaySummary`) is ``ctx.recording``.
     """
     cfg = config or SimConfig()
     rcfg = replay_config or ReplayConfig(step_s=cfg.step_s)
     recording = read_replay(path, [s.name for s in base.segments], config=rcfg, progress=progress)
     scenario = derived_scenario(base, recording, default_dedicated=default_dedicated)
     if curves is None:
-        from workers.curves import curves_for
+        from headroom.world.curves import curves_for
 
         curves = curves_for(scenario, seed=seed)
     return scenario, ReplayContext(scenario, recording, curves, seed=seed, config=cfg)
@@ -1168,14 +1168,14 @@ def write_feed_recording(
 ) -> Counter[str]:
     """Write what ``headroom feed SCENARIO --speed 1`` publishes, as a recording.
 
-    The messages are the feed's own schedule (:class:`workers.feed.FeedSchedule`: capacity
-    levels at 0 and at every change, every level announced again each ``refresh_s``, every
+    The messages are the feed's own schedule (:class:`headroom.kernel.schedule.FeedSchedule`:
+    capacity levels at 0 and at every change, every level announced again each ``refresh_s``, every
     request), stamped ``ts = t0 + t`` as a feed at speed 1 started at ``t0`` stamps them, in
     time order, one partition per topic. Returns the messages written per topic kind.
     """
-    from streams.messages import encode
-    from streams.recording import encode_envelope
-    from workers.feed import FeedSchedule
+    from headroom.kernel.schedule import FeedSchedule
+    from headroom.streams.messages import encode
+    from headroom.streams.recording import encode_envelope
 
     schedule = FeedSchedule(scenario, seed)
     end = schedule.duration_s if duration_s is None else min(duration_s, schedule.duration_s)

@@ -2,12 +2,12 @@
 
 Pure apart from writing its output files: no wall clock (pass ``clock`` to have ``run.finished``
 carry the wall time a policy took), no global random state. Every policy is simulated against
-the same :class:`sim.engine.SimContext` — the same requests, noise and capacity (common random
-numbers) — and the oracle's bound is computed once and written for every policy.
+the same :class:`headroom.sim.engine.SimContext` — the same requests, noise and capacity (common
+random numbers) — and the oracle's bound is computed once and written for every policy.
 
 The metrics are computed the way ``headroom analyze`` computes them: by reading back the event
-log this run wrote (:func:`analysis.metrics.compute_metrics`), so ``analyze`` on the same log
-gives the same ``metrics.json``.
+log this run wrote (:func:`headroom.analysis.metrics.compute_metrics`), so ``analyze`` on the same
+log gives the same ``metrics.json``.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from analysis.events import EventLog, EventWriter
-from analysis.metrics import compute_metrics
-from headroom.scenario import Scenario
-from sim.config import SimConfig
-from sim.engine import Curves, SimContext, run_policy
-from sim.oracle import oracle_for
-from sim.policies import POLICIES, PolicyFactory
+from headroom.analysis.events import EventLog, EventWriter
+from headroom.analysis.metrics import compute_metrics
+from headroom.kernel.scenario import Scenario
+from headroom.sim.config import SimConfig
+from headroom.sim.engine import Curves, SimContext, run_policy
+from headroom.sim.oracle import oracle_for
+from headroom.sim.policies import POLICIES, PolicyFactory
 
 __all__ = ["RunResult", "build_context", "run_simulation"]
 
@@ -47,9 +47,9 @@ def build_context(
     curves: Curves | None = None,
 ) -> SimContext:
     """The shared context of a run; the value curves are measured on the scenario's world (for
-    ``seed`` when given) or taken from the cache (:func:`workers.curves.curves_for`)."""
+    ``seed`` when given) or taken from the cache (:func:`headroom.world.curves.curves_for`)."""
     if curves is None:
-        from workers.curves import curves_for
+        from headroom.world.curves import curves_for
 
         curves = curves_for(scenario, seed=seed)
     return SimContext(scenario, curves, seed=seed, config=config)
@@ -148,12 +148,12 @@ def run_simulation(
             }
             writer.write(finished)
     metrics = compute_metrics(EventLog(events_path))
-    from analysis.cli import write_metrics
+    from headroom.analysis.metrics import write_metrics
 
     metrics_path = write_metrics(metrics, out_dir / "metrics.json")
     report_path = None
     if plots:
-        from analysis.report import write_report
+        from headroom.analysis.report import write_report
 
         report_path = write_report(metrics, events_path, out_dir)
     return RunResult(out_dir, events_path, metrics_path, metrics, report_path)

@@ -22,7 +22,8 @@ Start-up, in order (each step's facts come from Kafka's own scripts; see docs/ka
    pid is really *this* broker before signalling it.
 4. Ready means a Kafka Metadata request answered with this node among the brokers — an open port
    is not enough (the listener binds before the broker can serve). The bootstrap address is then
-   written to ``<state>/bootstrap``, where :func:`headroom.settings.resolve_bootstrap` finds it.
+   written to ``<state>/bootstrap``, where :func:`headroom.kernel.settings.resolve_bootstrap` finds
+   it.
 
 Stop sends SIGTERM to the recorded pid (controlled shutdown takes about two seconds), waits, and
 sends SIGKILL only after a timeout. A pid that is gone, or that belongs to any other process, is
@@ -52,8 +53,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from headroom.errors import ConfigError, HeadroomError
-from headroom.settings import DEFAULT_BROKER_PORT, PACKAGE_DIR
+from headroom.kernel.errors import ConfigError, HeadroomError
+from headroom.kernel.settings import DEFAULT_BROKER_PORT, PACKAGE_DIR
 
 BROKER_DIR = PACKAGE_DIR / "broker"
 POM_PATH = BROKER_DIR / "pom.xml"

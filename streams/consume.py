@@ -3,13 +3,15 @@
 The algorithm, per batch (``getmany``, up to ``batch_max`` records, partitions in any order,
 each partition's records in offset order):
 
-1. **Decode** each record with :func:`streams.messages.decode` for the topic's kind (the topic
+1. **Decode** each record with :func:`headroom.streams.messages.decode` for the topic's kind (the
+topic
    name without the prefix). A tombstone (null value) is handed on only where the contract
    allows one (``precompute``); ``decode`` says so.
 2. **Handle** a good message: ``await handler(record)`` (a plain function works too).
-3. **Dead-letter** a bad one — a :class:`streams.messages.ValidationError`, or an exception from
+3. **Dead-letter** a bad one — a :class:`headroom.streams.messages.ValidationError`, or an
+exception from
    the handler (unless ``handler_errors=RAISE``) — to ``<prefix>deadletter`` with the reason,
-   source topic, partition, offset and the original bytes in base64 (CONTRACT §2), keyed by the
+   source topic, partition, offset and the original bytes in base64 (docs/messages.md), keyed by the
    source key so one region's dead letters stay ordered. Counted, logged
    (``consumer.message.deadlettered``), reported to ``on_deadletter``; the loop goes on.
    A bad message *on the dead-letter topic itself* is counted and logged but never sent back
@@ -40,10 +42,10 @@ from typing import Any, Protocol
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
 
-from headroom.logs import get_logger
-from streams import messages
-from streams.kafka import make_consumer, make_producer, started
-from streams.topics import kind_of, topic_name
+from headroom.kernel.logs import get_logger
+from headroom.streams import messages
+from headroom.streams.kafka import make_consumer, make_producer, started
+from headroom.streams.topics import kind_of, topic_name
 
 # A dead letter is at most 1 MiB encoded (messages.DeadLetter.for_payload clips the payload);
 # the producer's request limit leaves room for the batch header on top.
@@ -94,7 +96,7 @@ class LoopConfig:
     handler_errors: HandlerErrors = HandlerErrors.DEADLETTER
 
     def __post_init__(self) -> None:
-        from headroom.errors import ConfigError
+        from headroom.kernel.errors import ConfigError
 
         problems = []
         if self.batch_max < 1:
@@ -136,9 +138,9 @@ class LoopStats:
 class ConsumerLoop:
     """At-least-once consumption with a dead-letter path, over a started consumer and producer.
 
-    ``consumer`` must have auto-commit off (:func:`streams.kafka.make_consumer`). ``commit``:
-    whether to commit offsets after each batch (default: when the consumer has a group id).
-    ``producer`` carries the dead letters.
+    ``consumer`` must have auto-commit off (:func:`headroom.streams.kafka.make_consumer`).
+    ``commit``: whether to commit offsets after each batch (default: when the consumer has a group
+    id). ``producer`` carries the dead letters.
     """
 
     def __init__(

@@ -6,11 +6,12 @@ One place decides the client settings the project relies on:
   aiokafka never has two batches of one partition in flight, so per-key order survives
   retries), a short ``linger_ms`` so sends batch up (per-send overhead, not encoding, is the
   usual bottleneck — KAFKA.md);
-* consumers: auto-commit off (at-least-once: :mod:`streams.consume` commits after
+* consumers: auto-commit off (at-least-once: :mod:`headroom.streams.consume` commits after
   processing), ``auto_offset_reset`` from ``--from-beginning``;
-* admin: idempotent topic creation from :mod:`streams.topics`, config and partition look-ups.
+* admin: idempotent topic creation from :mod:`headroom.streams.topics`, config and partition
+look-ups.
 
-Addresses and prefixes are resolved by :mod:`headroom.settings` (flag, environment, local
+Addresses and prefixes are resolved by :mod:`headroom.kernel.settings` (flag, environment, local
 broker), never here. Failures to reach the cluster become :class:`KafkaUnavailable` (exit 1)
 with the address in the message.
 """
@@ -29,9 +30,9 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaConnectionError
 
-from headroom.errors import HeadroomError
-from headroom.settings import resolve_bootstrap, resolve_prefix
-from streams.topics import Topic, resolve_topic, topic_name
+from headroom.kernel.errors import HeadroomError
+from headroom.kernel.settings import resolve_bootstrap, resolve_prefix
+from headroom.streams.topics import Topic, resolve_topic, topic_name
 
 CLIENT_ID = "headroom"
 TOPIC_ALREADY_EXISTS = 36  # Kafka protocol error code

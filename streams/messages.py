@@ -1,4 +1,4 @@
-"""The message contract of CONTRACT §2: one frozen, self-validating type per topic.
+"""The message contract of docs/messages.md: one frozen, self-validating type per topic.
 
 Rules (h11's events are the model: a message validates itself when built, so an invalid one
 cannot exist in memory):
@@ -14,9 +14,9 @@ cannot exist in memory):
   ``expires_in_s``, ``duration_s``) are positive; shares and probabilities lie in [0, 1]; names
   (``region``, segments, hardware, models) are 1–64 characters of ``[A-Za-z0-9_.-]``; other
   strings (ids, replicas, reasons) 1–256 characters; lists and maps hold at most 100,000 items;
-  an encoded message is at most 1 MiB (:mod:`streams.codec`).
+  an encoded message is at most 1 MiB (:mod:`headroom.kernel.codec`).
 * Enumerated fields take exactly the contract's values (the ``*_VALUES`` tuples below).
-* ``from_dict`` ignores unknown fields (CONTRACT §2: producers may extend messages), except
+* ``from_dict`` ignores unknown fields (docs/messages.md: producers may extend messages), except
   :class:`Event`, which keeps every non-common field in ``extra`` so nothing is lost on a
   round trip. ``to_dict`` writes the contract form; ``decode``/``encode`` add the codec.
 
@@ -24,8 +24,8 @@ cannot exist in memory):
 consumers dead-letter with ``str(err)`` and go on.
 
 Latency messages, the bulk of the traffic, decode through a fast path (:func:`_latency_fast`,
-and the sketch's own in :mod:`streams.sketch`): the same rules checked inline on plain types,
-giving up at the first oddity so the checked path above names the fault. ``encode`` writes
+and the sketch's own in :mod:`headroom.kernel.sketch`): the same rules checked inline on plain
+types, giving up at the first oddity so the checked path above names the fault. ``encode`` writes
 their sketch bins from integer keys. See docs/messages.md, "Decoding fast".
 """
 
@@ -43,8 +43,15 @@ from typing import Any, ClassVar, Final, Literal, TypeAlias, get_args, overload
 
 import numpy as np
 
-from streams.codec import MAX_LIST_ITEMS, MAX_MESSAGE_BYTES, ROOT, ValidationError, dumps, loads
-from streams.sketch import LatencySketch
+from headroom.kernel.codec import (
+    MAX_LIST_ITEMS,
+    MAX_MESSAGE_BYTES,
+    ROOT,
+    ValidationError,
+    dumps,
+    loads,
+)
+from headroom.kernel.sketch import LatencySketch
 
 __all__ = [
     "ARM_VALUES",
@@ -96,7 +103,7 @@ CapacityReason: TypeAlias = Literal["grant", "reclaim", "preempt", "update"]
 Path: TypeAlias = Literal["base", "rma", "sbm"]
 Lever: TypeAlias = Literal["rma", "sbm", "precompute"]
 Arm: TypeAlias = Literal["treatment", "control"]
-# CONTRACT §2 names server, client, controller, feed; docs/events.md adds sim and precompute.
+# docs/messages.md names server, client, controller, feed; docs/events.md adds sim and precompute.
 Source: TypeAlias = Literal["sim", "server", "client", "controller", "feed", "precompute"]
 
 RESOURCE_VALUES: Final[tuple[str, ...]] = get_args(Resource)
@@ -374,7 +381,7 @@ class RmaTarget:
     """``targets.rma``: candidates to rank now, the baseline count, and the upper bound.
 
     Only ``base <= max`` is checked here; clamping ``candidates`` into ``[base, max]`` is the
-    controller's job (CONTRACT §2: "controllers clamp every output").
+    controller's job (docs/messages.md: "controllers clamp every output").
     """
 
     candidates: int
@@ -863,7 +870,7 @@ class ValueSignal:
     Extension (written only when set): ``stratum``, an integer in ``[0, MAX_STRATUM]`` naming the
     value bin of the segment the sums cover (a request's value rank within its segment, in
     equal-probability bins), so the estimator can post-stratify on the value signal. Absent:
-    the sums cover the whole segment, as CONTRACT §2 defines them.
+    the sums cover the whole segment, as docs/messages.md defines them.
     """
 
     KIND: ClassVar[str] = "value"
@@ -1077,7 +1084,7 @@ class Precompute:
 
 
 def precompute_key(region: str, user: int) -> bytes:
-    """The record key of ``headroom.precompute``: ``region/user`` (CONTRACT §2)."""
+    """The record key of ``headroom.precompute``: ``region/user`` (docs/messages.md)."""
     return f"{region}/{user}".encode()
 
 
@@ -1201,7 +1208,7 @@ Message: TypeAlias = (
     Capacity | Latency | Request | Target | ValueSignal | Event | Precompute | DeadLetter
 )
 
-# Topic kinds: the topic name without the prefix (CONTRACT §2's table order).
+# Topic kinds: the topic name without the prefix (docs/messages.md's table order).
 TOPIC_KINDS: Final[tuple[str, ...]] = (
     "capacity",
     "latency",

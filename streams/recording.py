@@ -1,6 +1,6 @@
 """Recordings: JSON lines in the envelope ``kcat -C -J`` writes, and the pure logic of replay.
 
-No I/O beyond reading and writing lines: :mod:`streams.recording_cli` connects these pieces to
+No I/O beyond reading and writing lines: :mod:`headroom.commands.record` connects these pieces to
 Kafka. Everything here is unit-tested without a broker.
 
 **The format** (one record a line, exactly kcat's fields and order)::
@@ -37,8 +37,8 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from headroom.errors import ConfigError
-from streams.topics import trailing_kind
+from headroom.kernel.errors import ConfigError
+from headroom.streams.topics import trailing_kind
 
 ENVELOPE_FIELDS = (
     "topic",

@@ -1,7 +1,7 @@
-"""The registry of headroom's Kafka topics (CONTRACT §2): names, partitions, keys, configs.
+"""The registry of headroom's Kafka topics (docs/messages.md): names, partitions, keys, configs.
 
 A topic's *kind* is its name without the prefix (``headroom.capacity`` → ``capacity``); the
-kind selects the message type (:data:`streams.messages.TYPES`). The prefix is configurable
+kind selects the message type (:data:`headroom.streams.messages.TYPES`). The prefix is configurable
 (``--prefix``, ``$HEADROOM_TOPIC_PREFIX``; default ``headroom.``) so several deployments, or
 every integration test, can share one cluster.
 
@@ -25,8 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from headroom.errors import ConfigError
-from headroom.settings import DEFAULT_PREFIX
+from headroom.kernel.errors import ConfigError
+from headroom.kernel.settings import DEFAULT_PREFIX
 
 DEFAULT_PARTITIONS = 4
 HOUR_MS = 3_600_000

@@ -4,11 +4,11 @@
   when set (``make test`` starts one broker for the whole run); otherwise the broker is started
   here, once per session, in a temporary state directory on a free port, and stopped at the end.
   It is started only when a test asks for it, so unit tests never pay for it. A broker that
-  cannot be had is a test *failure*, never a skip (CONTRACT §1).
+  cannot be had is a test *failure*, never a skip (README.md, *Tests*).
 * ``topic_prefix`` (per test): a unique prefix (``t<hex>.``) with every registry topic created
   under it (2 partitions each, the dead-letter topic 1), so tests never see each other's
   messages; the topics are deleted afterwards.
-* ``kafka_target``: the two together, as :class:`streams.kafka.KafkaTarget`.
+* ``kafka_target``: the two together, as :class:`headroom.streams.kafka.KafkaTarget`.
 * ``run_headroom``: run the ``headroom`` command line in a subprocess (JSON logs on stderr).
 
 Admin calls run their own event loop in a worker thread, so these synchronous fixtures work
@@ -30,10 +30,10 @@ from typing import Any, TypeVar
 
 import pytest
 
-from headroom.errors import HeadroomError
-from streams import broker
-from streams.kafka import KafkaTarget, create_topics, delete_topics, wait_for_topics
-from streams.topics import topics
+from headroom.kernel.errors import HeadroomError
+from headroom.streams import broker
+from headroom.streams.kafka import KafkaTarget, create_topics, delete_topics, wait_for_topics
+from headroom.streams.topics import topics
 
 T = TypeVar("T")
 TEST_PARTITIONS = 2

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streams import messages
+from headroom.streams import messages
 
 
 def value_signal(

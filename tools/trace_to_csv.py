@@ -2,7 +2,7 @@
 """Turn public cluster and web traces into headroom scenario CSV traces.
 
 Standard library only (no headroom, no numpy), so it runs anywhere Python 3.11 does. Each
-subcommand writes one CSV in the format scenario files read (CONTRACT §3):
+subcommand writes one CSV in the format scenario files read (docs/scenarios.md):
 ``t_s,rps`` for traffic, ``t_s,units`` for capacity levels, ``t_s`` from 0.
 
 worldcup
@@ -39,12 +39,14 @@ import argparse
 import csv
 import itertools
 import math
+import os
 import sys
 from collections import Counter, defaultdict
 from datetime import datetime, timedelta
 from pathlib import Path
 
-DEFAULT_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+# where the downloaded public traces sit: $HEADROOM_TRACES, else a folder traces/ in the current one
+DEFAULT_TRACES = Path(os.environ.get("HEADROOM_TRACES", "traces"))
 GOOGLE_ADD, GOOGLE_REMOVE = 0, 1
 
 
@@ -202,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("worldcup", help="WorldCup98 requests per minute -> t_s,rps")
-    p.add_argument("--source", help="worldcup98_requests_per_minute.csv (default: shared/traces)")
+    p.add_argument(
+        "--source", help="worldcup98_requests_per_minute.csv (default: in $HEADROOM_TRACES)"
+    )
     p.add_argument("--start", required=True, help="window start, 'YYYY-MM-DD HH:MM'")
     p.add_argument("--hours", type=float, default=24.0, help="window length (default 24)")
     p.add_argument("--peak-rps", type=float, required=True, help="the busiest step's rate")
@@ -211,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=worldcup)
 
     p = sub.add_parser("google-pool", help="Google 2011 machine events -> t_s,units")
-    p.add_argument("--source", help="google2011_machine_events.csv (default: shared/traces)")
+    p.add_argument("--source", help="google2011_machine_events.csv (default: in $HEADROOM_TRACES)")
     p.add_argument("--start-h", type=float, required=True, help="window start, trace hours")
     p.add_argument("--hours", type=float, default=24.0, help="window length (default 24)")
     p.add_argument("--burst-s", type=float, default=300.0, help="burst bucket (default 300 s)")
@@ -223,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=google_pool)
 
     p = sub.add_parser("alibaba-gpus", help="Alibaba GPU 2023 nodes: GPU models and counts")
-    p.add_argument("--source", help="alibaba_gpu2023_nodes.csv (default: shared/traces)")
+    p.add_argument("--source", help="alibaba_gpu2023_nodes.csv (default: in $HEADROOM_TRACES)")
     p.set_defaults(func=alibaba_gpus)
 
     args = parser.parse_args(argv)

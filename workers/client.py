@@ -18,16 +18,17 @@ region, so a region's partitions are shared by that region's clients), and for e
    uniform random share p instead. Otherwise RMA:
    ``m × (rma.candidates − base)`` extra candidates per request on average, ``m`` the client-side
    multiplier of the dedicated replica it picked (AIMD on the health in every response,
-   :class:`workers.shedding.ClientShedder`), spent highest value first on the requests the
+   :class:`headroom.defences.shedding.ClientShedder`), spent highest value first on the requests the
    strong model did not take: with ``s = m × (candidates − base) / (max − base)`` and ``r̂`` the
    recent share of treatment requests routed to SBM, the non-routed requests in the top
    ``min(1, s / (1 − r̂))`` share by value *among non-routed treatment requests* get
    ``max − base`` extras, the others none — a share ``s`` of all treatment requests, the same
    mean work (the simulator's ``headroom`` clients do the same, ``keep_top_among``).
-3. **Serve** — over real loopback connections (:mod:`workers.wire`). An SBM request goes to a
+3. **Serve** — over real loopback connections (:mod:`headroom.workers.wire`). An SBM request goes
+to a
    strong-model replica; if that replica refuses it (``downgraded``), is unreachable, dies or is
    preempted mid-request, or does not answer within its budget, the request returns to the base
-   model on a dedicated replica (DESIGN §2: the path provisioned for it). A baseline or RMA request
+   model on a dedicated replica (the path provisioned for it). A baseline or RMA request
    goes to the dedicated replica with the fewest calls in flight; if that replica is lost mid-call,
    the request is retried once on another (the retry budget), inside the SLO.
 4. **Measure** — the delivered value is the ground truth of the world: ``value × quality`` of the ad
@@ -37,7 +38,7 @@ region, so a region's partitions are shared by that region's clients), and for e
 Precomputed results (the precompute lever, when the scenario enables it)
 -----------------------------------------------------------------------
 Between the plan and the live call, the client looks the request's user up in its
-:class:`workers.precompute_lookup.PrecomputeCache` (a consumer of ``headroom.precompute``,
+:class:`headroom.workers.precompute_lookup.PrecomputeCache` (a consumer of ``headroom.precompute``,
 :class:`PrecomputePath`). The holdout draw of the plan decides for precompute too:
 
 * **HIT** — an unexpired result ranked for this user and segment exists and the request is not in
@@ -104,30 +105,30 @@ from typing import Any, Generic, Protocol, TypeVar
 import numpy as np
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 
-from headroom.errors import ConfigError, HeadroomError
-from headroom.scenario import Scenario
-from streams import messages
-from streams.consume import ConsumerLoop, LoopConfig, Received
-from streams.kafka import KafkaTarget, make_consumer, make_producer, started
-from streams.sketch import LatencySketch
-from workers.metrics import Metrics
-from workers.precompute_store import (
-    STALENESS_SAMPLES,
-    Expired,
-    Visit,
-    VisitOutcome,
-    quantile_samples,
-)
-from workers.service import Service
-from workers.shedding import (
+from headroom.defences.shedding import (
     ClientShedConfig,
     ClientShedder,
     HistogramConfig,
     ShedTransition,
     ValueRanker,
 )
-from workers.wire import RankRequest, RankResponse, ServerUnavailable, WireClient
-from workers.world import RankingWorld
+from headroom.kernel.errors import ConfigError, HeadroomError
+from headroom.kernel.scenario import Scenario
+from headroom.kernel.sketch import LatencySketch
+from headroom.streams import messages
+from headroom.streams.consume import ConsumerLoop, LoopConfig, Received
+from headroom.streams.kafka import KafkaTarget, make_consumer, make_producer, started
+from headroom.workers.metrics import Metrics
+from headroom.workers.precompute_store import (
+    STALENESS_SAMPLES,
+    Expired,
+    Visit,
+    VisitOutcome,
+    quantile_samples,
+)
+from headroom.workers.service import Service
+from headroom.workers.wire import RankRequest, RankResponse, ServerUnavailable, WireClient
+from headroom.world.ranking import RankingWorld
 
 __all__ = [
     "ClientConfig",
@@ -167,7 +168,8 @@ def value_stratum(segment_rank: float, bins: int = VALUE_BINS) -> int:
 def sbm_bin_share(stratum: int, p: float, bins: int = VALUE_BINS) -> float:
     """The share of value bin ``stratum`` that value-ranked SBM routes when its segment's routing
     probability is ``p``: the part of the bin's ranks ``[k/K, (k+1)/K)`` at or above ``1 − p``,
-    ``clip(k + 1 − (1 − p)·K, 0, 1)`` (``sim.population.Population.top_in_segment``). Over the
+    ``clip(k + 1 − (1 − p)·K, 0, 1)`` (``headroom.sim.population.Population.top_in_segment``). Over
+    the
     ``K`` bins it averages to ``p``."""
     q = min(max(p, 0.0), 1.0) if p == p else 0.0
     return min(max(stratum + 1.0 - (1.0 - q) * bins, 0.0), 1.0)
@@ -294,7 +296,7 @@ class TargetState:
 
 
 class TargetBook:
-    """The newest target of one region, and the TTL fallback (CONTRACT §2, targets).
+    """The newest target of one region, and the TTL fallback (docs/messages.md, targets).
 
     :meth:`offer` keeps the highest epoch (an older or equal one is ignored: targets may be
     re-delivered or reordered). :meth:`state` is the target in force at ``now``, or the baseline.
@@ -497,7 +499,7 @@ class RoutedShare:
 
 
 class PrecomputeLookup(Protocol):
-    """What the client needs of a precompute cache: :class:`workers.precompute_lookup.
+    """What the client needs of a precompute cache: :class:`headroom.workers.precompute_lookup.
     PrecomputeCache`, or an in-memory stand-in in tests."""
 
     def visit(
@@ -1032,7 +1034,7 @@ class RankingClient(Service):
         self._own_cache: Service | None = None  # a cache this client starts and stops
         self.precompute: PrecomputePath | None = None
         if cache is None and config.precompute and scenario.precompute_enabled:
-            from workers.precompute_lookup import PrecomputeCache
+            from headroom.workers.precompute_lookup import PrecomputeCache
 
             own = PrecomputeCache(config.region, kafka, speed=config.speed, clock=clock)
             self._own_cache = own

@@ -4,7 +4,7 @@ Publishes a scenario, in real time or ``X`` times faster, onto Kafka:
 
 * ``headroom.capacity`` — the opportunistic level of every pool (region, resource, hardware;
   ``remote`` pools flagged) at scenario time 0 and at every change of its trace or of a
-  ``preempt``/``grant`` event: a *level*, never a delta (CONTRACT §2), reason ``preempt`` for a
+  ``preempt``/``grant`` event: a *level*, never a delta (docs/messages.md), reason ``preempt`` for a
   preempt event, ``reclaim`` for another step down, ``grant`` for a step up. Every level is
   re-announced every ``refresh_s`` (reason ``update``) so that a level with an announced lifetime
   (``expires_in_s``) does not lapse while the scenario still offers it; lifetimes are published
@@ -15,8 +15,8 @@ Publishes a scenario, in real time or ``X`` times faster, onto Kafka:
   simulator's default), ``user`` (uniform among its segment's share of ``world.users``, split
   as the simulator splits them so each user returns at its segment's rate; else a 31-bit id), at
   Poisson arrival times: per second of scenario time the count is the simulator's own draw
-  (:class:`sim.traces.ScenarioTraces`: diurnal or CSV rate, seeded noise, surges), spread uniformly
-  over that second — the very counts the simulator draws for the same seed.
+  (:class:`headroom.kernel.traces.ScenarioTraces`: diurnal or CSV rate, seeded noise, surges),
+  spread uniformly over that second — the very counts the simulator draws for the same seed.
 * ``headroom.events`` — ``run.started`` (scenario, seed, ``t0``, SLO, segments, regions, levers),
   one ``capacity.reclaimed`` per reclaim (every replica sees the same capacity message, so the feed
   is the one that counts it), one ``window`` line per region per SLO window with the opportunistic
@@ -39,23 +39,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-
-from headroom.errors import ConfigError
-from headroom.scenario import Scenario
-from sim.precompute_sim import users_by_segment
-from sim.traces import CapacityChange, PoolTrace, ScenarioTraces
-from streams import messages
-from streams.kafka import KafkaTarget, make_producer
-from workers.service import Service
+from headroom.kernel.errors import ConfigError
+from headroom.kernel.scenario import Scenario
+from headroom.kernel.schedule import ELIGIBLE_SHARE, CapacityUpdate, FeedSchedule
+from headroom.streams import messages
+from headroom.streams.kafka import KafkaTarget, make_producer
+from headroom.workers.service import Service
 
 __all__ = ["ELIGIBLE_SHARE", "CapacityUpdate", "FeedConfig", "FeedSchedule", "TrafficFeed"]
-
-# Share of requests that may go to the strong model: the scenario format has no field for it, and
-# the simulator's default is 1.0 (sim/config.py, eligible_share); the two engines must agree.
-ELIGIBLE_SHARE = 1.0
-USER_ID_SPACE = 1 << 31
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,150 +71,6 @@ class FeedConfig:
             problems.append(f"refresh_s: must be > 0, got {self.refresh_s}")
         if problems:
             raise ConfigError(problems)
-
-
-@dataclass(frozen=True, slots=True)
-class CapacityUpdate:
-    """One pool's level at scenario time ``t``, and why it is published."""
-
-    t: float
-    region: str
-    resource: str
-    hardware: str
-    remote: bool
-    units: float
-    before: float
-    reason: str  # grant | reclaim | preempt | update
-    expires_in_s: float | None
-
-    @property
-    def is_reclaim(self) -> bool:
-        return self.units < self.before
-
-
-class FeedSchedule:
-    """What to publish when, for one scenario and seed (pure: no clock, seeded generators).
-
-    :meth:`capacity_updates` lists every level announcement in time order (the initial levels at
-    t = 0, then every change); :meth:`requests` yields the requests of one second of scenario time,
-    in arrival order, as ``(t, region, Request-fields)``.
-    """
-
-    def __init__(self, scenario: Scenario, seed: int | None = None) -> None:
-        self.scenario = scenario
-        self.seed = scenario.seed if seed is None else int(seed)
-        # The simulator's own draw (sim.engine.SimContext: the first child of SeedSequence(seed),
-        # one-second steps): for a seed, both engines see the same rate and the same number of
-        # arrivals in every second, so their runs (and the oracle's bound) are comparable.
-        traces_seq = np.random.SeedSequence(self.seed).spawn(1)[0]
-        self.traces = ScenarioTraces(scenario, np.random.default_rng(traces_seq), step_s=1.0)
-        segs = scenario.segments
-        self._seg_names = [s.name for s in segs]
-        shares = np.array([s.share for s in segs], dtype=np.float64)
-        self._seg_cdf = np.cumsum(shares / shares.sum())
-        sig = np.array([s.value.sigma for s in segs], dtype=np.float64)
-        self._sigma = sig
-        self._mu = np.log([s.value.mean for s in segs]) - 0.5 * sig * sig
-        # users by segment, as the simulator splits them (a user belongs to one segment and
-        # returns at its rate); a segment without a return rate gets never-returning ids
-        self._seg_users, self._seg_offset = users_by_segment(scenario)
-
-    @property
-    def duration_s(self) -> float:
-        return self.traces.duration_s
-
-    def capacity_updates(self) -> list[CapacityUpdate]:
-        out: list[CapacityUpdate] = []
-        preempts = {
-            (e.at_s, e.region, e.resource, e.hardware, bool(e.remote))
-            for e in self.scenario.events
-            if e.kind == "preempt"
-        }
-        for region in self.traces.regions:
-            for pool in region.pools:
-                if not len(pool.times) or pool.times[0] > 0.0:
-                    out.append(self._update(0.0, region.name, pool, 0.0, 0.0, "update"))
-            for change in region.changes:
-                pool = region.pools[change.pool]
-                key = (change.t, region.name, pool.key.resource, pool.key.hardware, pool.key.remote)
-                reason = _reason(change, key in preempts)
-                out.append(
-                    self._update(change.t, region.name, pool, change.after, change.before, reason)
-                )
-        out.sort(key=lambda u: u.t)
-        return out
-
-    @staticmethod
-    def _update(
-        t: float, region: str, pool: PoolTrace, units: float, before: float, reason: str
-    ) -> CapacityUpdate:
-        return CapacityUpdate(
-            t=t,
-            region=region,
-            resource=pool.key.resource,
-            hardware=pool.key.hardware,
-            remote=pool.key.remote,
-            units=units,
-            before=before,
-            reason=reason,
-            expires_in_s=pool.expires_in_s,
-        )
-
-    def levels_at(self, region_index: int, t: float) -> dict[str, float]:
-        """Opportunistic units per resource in force at ``t`` (all hardware, remote included)."""
-        out = {"cpu": 0.0, "accelerator": 0.0}
-        for pool in self.traces.regions[region_index].pools:
-            out[pool.key.resource] += pool.level_at(t)
-        return out
-
-    def requests(self, second: int) -> list[tuple[float, str, dict[str, Any]]]:
-        """The requests arriving in ``[second, second + 1)`` of scenario time, every region."""
-        out: list[tuple[float, str, dict[str, Any]]] = []
-        for ri, region in enumerate(self.traces.regions):
-            if not 0 <= second < len(region.arrivals):
-                continue
-            n = int(region.arrivals[second])
-            if n == 0:
-                continue
-            # one stream per (region, second): any second can be generated on its own
-            rng = np.random.default_rng([self.seed & 0xFFFFFFFF, 0xFEED, ri, second])
-            times = np.sort(second + rng.random(n))
-            seg = np.searchsorted(self._seg_cdf, rng.random(n), side="right")
-            seg = np.minimum(seg, len(self._seg_names) - 1)
-            values = np.exp(self._mu[seg] + self._sigma[seg] * rng.standard_normal(n))
-            eligible = rng.random(n) < ELIGIBLE_SHARE
-            users = self._draw_users(rng, seg)
-            for i in range(n):
-                out.append(
-                    (
-                        float(times[i]),
-                        region.name,
-                        {
-                            "id": f"q-{ri}-{second}-{i}",
-                            "segment": self._seg_names[int(seg[i])],
-                            "value": float(values[i]),
-                            "eligible": bool(eligible[i]),
-                            "user": int(users[i]),
-                        },
-                    )
-                )
-        out.sort(key=lambda r: r[0])
-        return out
-
-    def _draw_users(self, rng: np.random.Generator, seg: npt.NDArray[np.int64]) -> Any:
-        """A user per request: uniform among its segment's users (``users_by_segment``), or a
-        31-bit id for a segment without any."""
-        pool = self._seg_users[seg]
-        uniform = rng.random(seg.size)
-        own = self._seg_offset[seg] + np.floor(uniform * np.maximum(pool, 1)).astype(np.int64)
-        anon = (uniform * USER_ID_SPACE).astype(np.int64)
-        return np.where(pool > 0, own, anon)
-
-
-def _reason(change: CapacityChange, preempt: bool) -> str:
-    if preempt:
-        return "preempt"
-    return "reclaim" if change.after < change.before else "grant"
 
 
 class TrafficFeed(Service):

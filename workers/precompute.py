@@ -1,26 +1,26 @@
 """The precompute worker (``headroom precompute --region R``): rank returning users ahead of time.
 
-One process per region. It is the I/O shell around the pure core (:mod:`controllers.precompute`)
-and the store (:mod:`workers.precompute_store`):
+One process per region. It is the I/O shell around the pure core
+(:mod:`headroom.controllers.precompute`) and the store (:mod:`headroom.workers.precompute_store`):
 
 * **reads** ``capacity`` (compacted, from the beginning: the region's opportunistic levels,
   ``remote`` pools included) and ``targets`` (the newest epoch of the region; a precompute budget
   in the optional ``precompute.jobs_per_s`` field, else ``default_jobs_per_s``; an *expired*
   target stops new jobs, as it stops every other optional work), ``requests`` as a consumer
-  of its own group ``<prefix>precompute.<region>`` (at-least-once, :mod:`streams.consume`): the
-  users and segments it may precompute for, and ``value`` in the group
-  ``<prefix>precompute-value.<region>``: the region's value signals of lever ``precompute``
-  (treatment = hits, control = held-out visits that found a result);
+  of its own group ``<prefix>precompute.<region>`` (at-least-once,
+  :mod:`headroom.streams.consume`): the users and segments it may precompute for, and ``value`` in
+  the group ``<prefix>precompute-value.<region>``: the region's value signals of lever
+  ``precompute`` (treatment = hits, control = held-out visits that found a result);
 * **calibrates** the planner's uplift model once per SLO window from those measured values
-  (:mod:`controllers.precompute_value`): a segment whose measured uplift per served visit is
-  precise enough is rescaled to it, or switched off when it is at or below zero; the staleness of
+  (:mod:`headroom.controllers.precompute_value`): a segment whose measured uplift per served visit
+  is precise enough is rescaled to it, or switched off when it is at or below zero; the staleness of
   the measured visits is read off the requests that find a live result in the worker's own store;
 * **decides** each round (every ``tick_s``, or sooner when a job ends): jobs allowed by the token
   bucket and by what fits on the usable pools, users picked by expected gain
-  (:class:`controllers.precompute.PrecomputePlanner`);
+  (:class:`headroom.controllers.precompute.PrecomputePlanner`);
 * **runs** the real strong-model ranking of the ranking world for them (batched per segment, in
   a worker thread so a reclaim is handled while numpy runs), and publishes each finished job's
-  result to ``precompute`` (compacted, key ``region/user``, CONTRACT §2) once the job's batch
+  result to ``precompute`` (compacted, key ``region/user``, docs/messages.md) once the job's batch
   time on its pools has passed;
 * **tombstones** results when they expire (a null value for the key), and stops jobs at once when
   a capacity level drops below what they draw (``wasted_partial``: a half-done job delivers
@@ -30,8 +30,8 @@ and the store (:mod:`workers.precompute_store`):
   expired`` (results tombstoned), ``window`` lines whose ``precompute`` field carries ``jobs`` and
   ``wasted_partial`` and whose ``used_unit_s`` carries the resources its jobs used (clients'
   window lines carry visits, hits, used and expired-unused results: see
-  :mod:`workers.precompute_lookup`), ``optional.released`` when a reclaim stopped jobs (with
-  ``release_ms`` from the capacity message's ``ts`` to the stop), and
+  :mod:`headroom.workers.precompute_lookup`), ``optional.released`` when a reclaim stopped jobs
+  (with ``release_ms`` from the capacity message's ``ts`` to the stop), and
   ``precompute.uplift.rescaled`` when a segment's measured scale changes.
 
 Time: messages carry wall-clock ``ts``; the core runs on *scenario time* ``t = (wall − t0) ×
@@ -61,8 +61,8 @@ from aiokafka.errors import KafkaConnectionError
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client import Counter as PromCounter
 
-from controllers.levers import CapacityUse
-from controllers.precompute import (
+from headroom.controllers.levers import CapacityUse
+from headroom.controllers.precompute import (
     Job,
     JobBook,
     PrecomputeConfig,
@@ -72,19 +72,23 @@ from controllers.precompute import (
     own_rate,
     usable_pools,
 )
-from controllers.precompute_value import CalibrationSettings, SegmentCalibration, UpliftCalibrator
-from controllers.types import CapacityLevel
-from headroom.errors import ConfigError
-from headroom.scenario import Scenario
-from streams import messages
-from streams.codec import ValidationError, loads
-from streams.consume import ConsumerLoop, LoopConfig, Received
-from streams.kafka import KafkaTarget, KafkaUnavailable, make_consumer, make_producer
-from workers.curves import ValueCurves
-from workers.precompute_lookup import read_region_results
-from workers.precompute_store import PrecomputeStore
-from workers.service import Service
-from workers.world import Model, RankingWorld
+from headroom.controllers.precompute_value import (
+    CalibrationSettings,
+    SegmentCalibration,
+    UpliftCalibrator,
+)
+from headroom.controllers.types import CapacityLevel
+from headroom.kernel.codec import ValidationError, loads
+from headroom.kernel.errors import ConfigError
+from headroom.kernel.scenario import Scenario
+from headroom.streams import messages
+from headroom.streams.consume import ConsumerLoop, LoopConfig, Received
+from headroom.streams.kafka import KafkaTarget, KafkaUnavailable, make_consumer, make_producer
+from headroom.workers.precompute_lookup import read_region_results
+from headroom.workers.precompute_store import PrecomputeStore
+from headroom.workers.service import Service
+from headroom.world.curves import ValueCurves
+from headroom.world.ranking import Model, RankingWorld
 
 __all__ = [
     "PrecomputeMetrics",
@@ -102,7 +106,8 @@ _READY_POLL_S = 0.05
 
 @dataclass(frozen=True)
 class WorkerSettings:
-    """Process settings (the policy's are :class:`controllers.precompute.PrecomputeConfig`)."""
+    """Process settings (the policy's are
+    :class:`headroom.controllers.precompute.PrecomputeConfig`)."""
 
     region: str
     t0: float = 0.0  # wall-clock epoch of scenario time 0 (--t0)
@@ -192,7 +197,8 @@ class PrecomputeMetrics:
 
 def target_budget(raw: object) -> float | None:
     """The optional ``precompute`` field of a targets message: ``{"jobs_per_s": X}``, jobs of
-    the lever's size (:class:`controllers.levers.PrecomputeLever`) per second. None if absent;
+    the lever's size (:class:`headroom.controllers.levers.PrecomputeLever`) per second. None if
+    absent;
     :class:`ValidationError` if malformed."""
     if not isinstance(raw, Mapping):
         return None
@@ -219,7 +225,7 @@ def rank_batch(
 ) -> list[tuple[int, ...]]:
     """The strong model's ranking of ``candidates`` retrieved ads for each user (one segment),
     at scenario time ``t_s``: the first ``keep`` ad ids, best first. The real computation:
-    corpus scan, top-N, the strong model's forward pass (:mod:`workers.world`)."""
+    corpus scan, top-N, the strong model's forward pass (:mod:`headroom.world.ranking`)."""
     out: list[tuple[int, ...]] = []
     for start in range(0, len(users), _RANK_CHUNK):
         ids = list(users[start : start + _RANK_CHUNK])
@@ -344,7 +350,7 @@ class PrecomputeWorker(Service):
         if self.world is None:
             self.world = RankingWorld.from_scenario(self.scenario)
         if self._curves is None:
-            from workers.curves import curves_for
+            from headroom.world.curves import curves_for
 
             self._curves = curves_for(self.scenario)
         uplift = UpliftModel.from_curves(self._curves, self.config)

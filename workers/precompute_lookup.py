@@ -2,11 +2,11 @@
 
 The cache consumes the compacted ``precompute`` topic from the beginning (every partition: the
 topic is keyed ``region/user``, so one region's results are spread over all of them), keeps the
-results of its region in a :class:`workers.precompute_store.PrecomputeStore`, and deletes a
+results of its region in a :class:`headroom.workers.precompute_store.PrecomputeStore`, and deletes a
 user's result when a tombstone (null value) for ``region/user`` arrives. A result past its
 ``expires_at`` is never returned, whether or not its tombstone has arrived yet. Bad records go
-to the dead-letter topic (:mod:`streams.consume`), and a record whose key does not match its
-body (``region/user``) is one of them: compaction by that key would keep the wrong result.
+to the dead-letter topic (:mod:`headroom.streams.consume`), and a record whose key does not match
+its body (``region/user``) is one of them: compaction by that key would keep the wrong result.
 
 How a client uses it (``workers/client.py``), per request, *before* ranking live::
 
@@ -48,18 +48,18 @@ from typing import Any
 
 from aiokafka.errors import KafkaConnectionError
 
-from headroom.errors import ConfigError
-from streams.consume import ConsumerLoop, LoopConfig, Received
-from streams.kafka import KafkaTarget, KafkaUnavailable, make_consumer, make_producer
-from streams.messages import Precompute, precompute_key
-from workers.precompute_store import (
+from headroom.kernel.errors import ConfigError
+from headroom.streams.consume import ConsumerLoop, LoopConfig, Received
+from headroom.streams.kafka import KafkaTarget, KafkaUnavailable, make_consumer, make_producer
+from headroom.streams.messages import Precompute, precompute_key
+from headroom.workers.precompute_store import (
     Expired,
     PrecomputeStore,
     PutOutcome,
     Visit,
     VisitOutcome,
 )
-from workers.service import Service
+from headroom.workers.service import Service
 
 __all__ = [
     "CacheCounts",

@@ -1,22 +1,22 @@
 """A store of precomputed rankings keyed by (region, user), with expiry and honest accounting.
 
 Pure: no clock (``now`` is passed in: event time), no I/O, no randomness. The precompute worker
-keeps one to know what it published; :class:`workers.precompute_lookup.PrecomputeCache` keeps one
-per client for the look-ups before live ranking. The simulator can use the same object.
+keeps one to know what it published; :class:`headroom.workers.precompute_lookup.PrecomputeCache`
+keeps one per client for the look-ups before live ranking. The simulator can use the same object.
 
 The rules
 ---------
 
 * **Never serve a stale result.** :meth:`PrecomputeStore.lookup` and :meth:`~PrecomputeStore.visit`
-  return a result only while ``now <= expires_at`` (CONTRACT §2: "a result past ``expires_at`` is
-  never served"), whether or not :meth:`~PrecomputeStore.expire` has run since.
+  return a result only while ``now <= expires_at`` (docs/messages.md: "a result past ``expires_at``
+  is never served"), whether or not :meth:`~PrecomputeStore.expire` has run since.
 * **Newest wins, idempotently.** A result replaces the stored one of its user only if it was
   ranked later (``ts``); the same result delivered twice (at-least-once consumption) is a no-op;
   an older one is ignored; one already past its expiry is not stored (``late``, not a job).
 * **Every result ends exactly once, and is counted by how it ended** — expired, superseded by a
   newer result, evicted for room, or deleted (a tombstone) — each split by whether it was ever
   served. So ``jobs = live + Σ ended`` always holds, and every result that expired unused is in
-  ``expired_unused`` (the waste CONTRACT §5 reports).
+  ``expired_unused`` (the waste docs/analysis.md reports).
 * **Bounded.** At ``max_results`` a new result evicts the one closest to its expiry (the least
   remaining life), counted in ``evicted_*``.
 
@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
 
-from streams.messages import Precompute
+from headroom.streams.messages import Precompute
 
 __all__ = [
     "EndReason",

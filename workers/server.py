@@ -1,13 +1,13 @@
 """The ranking server worker (``headroom server --region R --pool P``).
 
 One process is one ranking replica of a region. It does the real ranking compute of the world
-(:mod:`workers.world`: retrieval over the corpus, the base or strong model's forward pass), holds
-CPU and accelerator *slots* sized from its pool's capacity, runs the server-side shedding core
-(:mod:`workers.shedding`) on every request and at once on a capacity drop, answers every request
-with its health (overload flag, queueing delay), publishes latency sketches per path each second
-to ``headroom.latency`` and decisions to ``headroom.events``.
+(:mod:`headroom.world.ranking`: retrieval over the corpus, the base or strong model's forward
+pass), holds CPU and accelerator *slots* sized from its pool's capacity, runs the server-side
+shedding core (:mod:`headroom.defences.shedding`) on every request and at once on a capacity drop,
+answers every request with its health (overload flag, queueing delay), publishes latency sketches
+per path each second to ``headroom.latency`` and decisions to ``headroom.events``.
 
-Two kinds of replica (DESIGN §2, "Isolation"):
+Two kinds of replica (docs/architecture.md, *Isolation*):
 
 * ``--pool dedicated`` — a **mixed RMA replica**. Its slots are its share of the region's
   dedicated capacity (scenario ``regions[].dedicated``) *plus* its share of the opportunistic
@@ -29,14 +29,14 @@ This machine has a couple of cores, not a fleet's cores and accelerators. A reso
 units has ``k = ceil(u)`` slots of speed ``u / k`` (so 2.5 devices are 3 slots at 0.83). A
 request holds up to ``cpu_parallelism`` CPU slots for its CPU work (the threads scoring its
 candidates in parallel), then one accelerator slot for its accelerator work (one batch), each
-stage ``candidates × ms_per_candidate ÷ (slots × speed)`` long (CONTRACT §3 costs; the real numpy
-compute of the ranking runs inside the CPU stage and counts toward its time). Waiting for slots is
-the queueing delay (``queue_ms``) that CoDel watches and every response reports. The optional part
-of a stage (RMA's extra candidates, or the whole strong-model request) is a separate *phase* that
-can be cut at any instant: cutting it releases the slots at once. An optional phase gets
-``min(slots × speed, opportunistic level − optional units in use)`` units and lasts accordingly (it
-time-shares what is left of the level), so optional work never occupies more than the
-opportunistic level, even when the level is a fraction of a slot.
+stage ``candidates × ms_per_candidate ÷ (slots × speed)`` long (docs/scenarios.md costs; the real
+numpy compute of the ranking runs inside the CPU stage and counts toward its time). Waiting for
+slots is the queueing delay (``queue_ms``) that CoDel watches and every response reports. The
+optional part of a stage (RMA's extra candidates, or the whole strong-model request) is a separate
+*phase* that can be cut at any instant: cutting it releases the slots at once. An optional phase
+gets ``min(slots × speed, opportunistic level − optional units in use)`` units and lasts
+accordingly (it time-shares what is left of the level), so optional work never occupies more than
+the opportunistic level, even when the level is a fraction of a slot.
 
 Release after a reclaim
 -----------------------
@@ -74,16 +74,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from controllers.levers import CostModel
-from headroom.errors import ConfigError
-from headroom.scenario import Scenario
-from streams import messages
-from streams.consume import ConsumerLoop, LoopConfig, Received
-from streams.kafka import KafkaTarget, make_consumer, make_producer, started
-from streams.sketch import LatencySketch
-from workers.metrics import Metrics
-from workers.service import Service
-from workers.shedding import (
+from headroom.controllers.levers import CostModel
+from headroom.defences.shedding import (
     Decision,
     InflightWork,
     OptionalCapacity,
@@ -92,8 +84,16 @@ from workers.shedding import (
     ServerShedder,
     ShedTransition,
 )
-from workers.wire import Health, RankRequest, RankResponse, serve
-from workers.world import Model, RankingWorld
+from headroom.kernel.errors import ConfigError
+from headroom.kernel.scenario import Scenario
+from headroom.kernel.sketch import LatencySketch
+from headroom.streams import messages
+from headroom.streams.consume import ConsumerLoop, LoopConfig, Received
+from headroom.streams.kafka import KafkaTarget, make_consumer, make_producer, started
+from headroom.workers.metrics import Metrics
+from headroom.workers.service import Service
+from headroom.workers.wire import Health, RankRequest, RankResponse, serve
+from headroom.world.ranking import Model, RankingWorld
 
 __all__ = [
     "CapacityBook",
@@ -128,7 +128,7 @@ class ServerConfig:
     latency_interval_s: float = 1.0  # one headroom.latency message per path this often
     # Threads that score one request's candidates in parallel on the CPU stage: a request takes
     # up to this many CPU slots at once. 4 is the simulator's model of a ranking server
-    # (sim.latency.LatencyConfig.cpu_parallelism), so both engines give a request the same
+    # (headroom.sim.latency.LatencyConfig.cpu_parallelism), so both engines give a request the same
     # service time. The accelerator stage takes one device per request (one batch).
     cpu_parallelism: int = 4
     policy: str = "headroom"  # the policy name written on events
@@ -190,10 +190,10 @@ class CapacityBook:
     """The newest announced level of each (resource, hardware, pool) of one region, and what a
     replica of a given pool and share may use from them. Pure: time is passed in.
 
-    Levels, not deltas (CONTRACT §2): the newest ``ts`` wins, so a repeated or reordered message
-    cannot corrupt state. An opportunistic level whose announced lifetime (``expires_in_s``) has
-    passed counts as zero, as in the controllers (controllers/observe.py). ``remote`` pools are
-    never used (only asynchronous work may run there).
+    Levels, not deltas (docs/messages.md): the newest ``ts`` wins, so a repeated or reordered
+    message cannot corrupt state. An opportunistic level whose announced lifetime
+    (``expires_in_s``) has passed counts as zero, as in the controllers (controllers/observe.py).
+    ``remote`` pools are never used (only asynchronous work may run there).
     """
 
     def __init__(self, scenario: Scenario, region: str, pool: Pool, share: float) -> None:

@@ -28,7 +28,7 @@ from collections.abc import Coroutine
 from types import TracebackType
 from typing import Any
 
-from headroom.logs import get_logger
+from headroom.kernel.logs import get_logger
 
 __all__ = ["Service"]
 

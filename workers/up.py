@@ -13,7 +13,7 @@ a user would run them on several machines, and wires them together:
    the port it listens on;
 4. per region, one **client** with every server of its region (``--server POOL=HOST:PORT``) and a
    consumer group of its own for this run; it prints ``ready`` once it owns its partitions;
-5. per region, when the scenario enables precompute (CONTRACT §3 optional fields), one
+5. per region, when the scenario enables precompute (docs/scenarios.md optional fields), one
    **precompute worker** (``headroom precompute --region R``) on the same clock; it prints
    ``precompute worker ready (region R)`` once it has joined its requests group, and the clients
    look its results up before ranking live;
@@ -48,14 +48,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from analysis.events import EventWriter
-from headroom.errors import ConfigError, HeadroomError
-from headroom.logs import get_logger
-from headroom.scenario import Scenario
-from streams import messages
-from streams.broker import free_port, probe_async
-from streams.kafka import KafkaTarget, create_topics, make_consumer, started, wait_for_topics
-from streams.topics import topics
+from headroom.analysis.events import EventWriter
+from headroom.kernel.errors import ConfigError, HeadroomError
+from headroom.kernel.logs import get_logger
+from headroom.kernel.scenario import Scenario
+from headroom.streams import messages
+from headroom.streams.broker import free_port, probe_async
+from headroom.streams.kafka import (
+    KafkaTarget,
+    create_topics,
+    make_consumer,
+    started,
+    wait_for_topics,
+)
+from headroom.streams.topics import topics
 
 __all__ = ["Proc", "Stack", "StackConfig", "default_interval"]
 
@@ -534,25 +540,15 @@ class Stack:
 Action = Callable[[Stack], Awaitable[Any]]
 
 
-@dataclass
-class UpResult:
-    out_dir: Path
-    events_path: Path
-    metrics: dict[str, Any]
-    stack: Stack
-
-
 async def run_stack(
     config: StackConfig,
     scenario: Scenario,
     *,
     actions: Sequence[tuple[float, Action]] = (),
-) -> UpResult:
-    """Start the stack, play the scenario (running ``actions`` at their scenario times), stop
-    everything, add the oracle bound, and compute the metrics of the collected events."""
-    from analysis.events import EventLog
-    from analysis.metrics import compute_metrics
-
+) -> Stack:
+    """Start the stack, play the scenario (running ``actions`` at their scenario times) and stop
+    everything; the returned stack's ``events_path`` holds every event of the run. The command
+    line adds the oracle's bound and computes the metrics (:mod:`headroom.commands.up`)."""
     stack = Stack(config, scenario)
     async with stack:
         tasks = [asyncio.create_task(stack.at(t, _bind(a, stack))) for t, a in actions]
@@ -567,38 +563,8 @@ async def run_stack(
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await asyncio.gather(*tasks)
-    oracle = oracle_events(scenario, config)
-    if oracle:
-        stack.add_events(oracle)
-    metrics = compute_metrics(EventLog(stack.events_path))
-    return UpResult(config.out_dir, stack.events_path, metrics, stack)
+    return stack
 
 
 def _bind(action: Action, stack: Stack) -> Callable[[], Awaitable[Any]]:
     return lambda: action(stack)
-
-
-def oracle_events(scenario: Scenario, config: StackConfig) -> list[dict[str, Any]]:
-    """The ``oracle.bound`` line: the simulator's oracle on this scenario. The feed plays the
-    simulator's own traffic draw (same seed, same arrivals per second), so the bound is for the
-    requests this run served. Nothing when the simulator cannot compute it here."""
-    try:
-        from sim.oracle import oracle_for
-        from sim.run import build_context
-
-        bound = oracle_for(build_context(scenario)).bound()
-    except Exception as exc:  # a reference figure: never fail the run for it
-        log.warning("up.oracle.unavailable", error=f"{type(exc).__name__}: {exc}")
-        return []
-    return [
-        {
-            "v": 1,
-            "ts": time.time(),
-            "kind": "oracle.bound",
-            "source": "sim",
-            "policy": "headroom",
-            "region": None,
-            "oracle_incremental": float(bound.total),
-            "by_lever": dict(bound.by_lever),
-        }
-    ]

@@ -24,7 +24,7 @@ Messages:
 * server → client: :class:`RankResponse` — the ad ranked first and its model score, what was
   actually done (``candidates``, ``model``, the shedding ``decision``), and the server's
   :class:`Health` (overload flag, queueing delay): clients read it from every response
-  (client-side shedding, DESIGN §2).
+  (client-side shedding, docs/architecture.md).
 
 :class:`WireClient` keeps one connection to one server and matches responses to requests by id;
 :func:`serve` runs the server side. Errors say whose fault they are (after h11):
@@ -44,7 +44,7 @@ from typing import Any, Final, Literal
 
 import orjson
 
-from headroom.errors import HeadroomError
+from headroom.kernel.errors import HeadroomError
 
 __all__ = [
     "MAX_FRAME_BYTES",
@@ -60,7 +60,7 @@ __all__ = [
     "serve",
 ]
 
-MAX_FRAME_BYTES: Final = 1 << 20  # CONTRACT §2's message limit; a ranking frame is ~200 bytes
+MAX_FRAME_BYTES: Final = 1 << 20  # docs/messages.md's message limit; a ranking frame is ~200 bytes
 _HEADER = struct.Struct(">I")
 ModelName = Literal["base", "strong"]
 _MODELS: Final = ("base", "strong")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from streams import broker
+from headroom.streams import broker
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
 

@@ -11,8 +11,8 @@ from typing import Any
 import orjson
 import pytest
 
-from streams import messages
-from streams.consume import (
+from headroom.streams import messages
+from headroom.streams.consume import (
     ConsumerLoop,
     HandlerErrors,
     LoopConfig,
@@ -20,7 +20,7 @@ from streams.consume import (
     Received,
     consume,
 )
-from streams.kafka import KafkaTarget, admin, make_consumer, make_producer, started
+from headroom.streams.kafka import KafkaTarget, admin, make_consumer, make_producer, started
 
 pytestmark = pytest.mark.integration
 

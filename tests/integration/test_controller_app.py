@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from controllers.config import ControlConfig
-from headroom.scenario_load import load_scenario
-from headroom.settings import default_scenario_path
-from streams import messages
-from streams.sketch import LatencySketch
+from headroom.controllers.config import ControlConfig
+from headroom.kernel.scenario_load import load_scenario
+from headroom.kernel.settings import default_scenario_path
+from headroom.kernel.sketch import LatencySketch
+from headroom.streams import messages
 
 pytestmark = pytest.mark.integration
 

@@ -28,15 +28,15 @@ from typing import Any
 
 import pytest
 
-from controllers.precompute import PrecomputeConfig
-from headroom.scenario import Scenario
-from headroom.scenario_load import load_scenario
-from streams import messages
-from streams.kafka import KafkaTarget, make_consumer, make_producer
+from headroom.controllers.precompute import PrecomputeConfig
+from headroom.kernel.scenario import Scenario
+from headroom.kernel.scenario_load import load_scenario
+from headroom.streams import messages
+from headroom.streams.kafka import KafkaTarget, make_consumer, make_producer
+from headroom.workers.precompute import PrecomputeWorker, WorkerSettings, rank_batch
+from headroom.workers.precompute_lookup import PrecomputeCache, VisitOutcome
+from headroom.world.ranking import RankingWorld
 from tests.signals import value_signal as shared_value_signal
-from workers.precompute import PrecomputeWorker, WorkerSettings, rank_batch
-from workers.precompute_lookup import PrecomputeCache, VisitOutcome
-from workers.world import RankingWorld
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ from typing import Any
 import orjson
 import pytest
 
-from streams.kafka import KafkaTarget
-from streams.recording import ENVELOPE_FIELDS
+from headroom.streams.kafka import KafkaTarget
+from headroom.streams.recording import ENVELOPE_FIELDS
 
 pytestmark = pytest.mark.integration
 

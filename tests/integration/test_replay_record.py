@@ -20,10 +20,10 @@ import numpy as np
 import orjson
 import pytest
 
-from analysis.events import EventLog
-from headroom.scenario_load import load_scenario
-from sim.replay import ReplayContext, replay_context
-from streams.kafka import KafkaTarget
+from headroom.analysis.events import EventLog
+from headroom.kernel.scenario_load import load_scenario
+from headroom.sim.replay import ReplayContext, replay_context
+from headroom.streams.kafka import KafkaTarget
 
 pytestmark = pytest.mark.integration
 

@@ -1,8 +1,8 @@
 """The precompute lever end to end on a real broker: ``headroom up`` with a precompute worker.
 
 One run of tests/integration/scenarios/precompute-short.yaml (returning users, drift, remote
-accelerators; 450 scenario seconds at 15× real time) through :func:`workers.up.run_stack`, the
-code behind ``headroom up``, which starts a precompute worker for the region because the
+accelerators; 450 scenario seconds at 15× real time) through :func:`headroom.commands.up.run_up`,
+the code behind ``headroom up``, which starts a precompute worker for the region because the
 scenario enables precompute. Then, from the compacted ``precompute`` topic, the ``value`` topic
 and the collected event log: results were stored, the client served some of them before their
 expiry and none after it, no job ran once every strong-capable pool was reclaimed, the results
@@ -24,14 +24,15 @@ from typing import Any
 
 import pytest
 
-from analysis.events import read_events
-from headroom.scenario_load import load_scenario
-from streams import messages
-from streams.kafka import KafkaTarget, delete_topics, make_consumer, started
-from streams.topics import topics
+from headroom.analysis.events import read_events
+from headroom.commands.up import UpResult, run_up
+from headroom.kernel.scenario_load import load_scenario
+from headroom.streams import messages
+from headroom.streams.kafka import KafkaTarget, delete_topics, make_consumer, started
+from headroom.streams.topics import topics
+from headroom.workers.precompute_lookup import parse_precompute_key
+from headroom.workers.up import StackConfig
 from tests.conftest import run_async
-from workers.precompute_lookup import parse_precompute_key
-from workers.up import StackConfig, UpResult, run_stack
 
 pytestmark = pytest.mark.integration
 
@@ -105,7 +106,7 @@ def run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     )
 
     async def go() -> tuple[UpResult, list[Record], list[messages.ValueSignal]]:
-        result = await run_stack(config, scenario)
+        result = await run_up(config, scenario)
         records = []
         for r in await _read_topic(kafka, "precompute"):
             key = parse_precompute_key(r.key)

@@ -1,9 +1,9 @@
 """The whole streaming stack on a real broker: ``headroom up`` on a two-minute scenario.
 
 One run of tests/integration/scenarios/stack-short.yaml (module fixture, ~2.5 min of wall time)
-through :func:`workers.up.run_stack` — the code behind ``headroom up`` — with three dedicated
-replicas and, on top of the scenario's own events (preemption at 60 s, grant at 75 s, CPU reclaim at
-85 s, control outage 90-115 s), two faults injected by the test:
+through :func:`headroom.commands.up.run_up` — the code behind ``headroom up`` — with three
+dedicated replicas and, on top of the scenario's own events (preemption at 60 s, grant at 75 s, CPU
+reclaim at 85 s, control outage 90-115 s), two faults injected by the test:
 
 * t = 30 s: ``kill -9`` of one dedicated replica, restarted at t = 38 s on the same port;
 * t = 45 s: ``kill -9`` of the client, restarted at once with the same static group id.
@@ -27,16 +27,17 @@ from typing import Any
 
 import pytest
 
-from analysis.events import read_events
-from analysis.metrics import compute_metrics
-from headroom.scenario import Scenario
-from headroom.scenario_load import load_scenario
-from streams import messages
-from streams.kafka import KafkaTarget, delete_topics, make_consumer, started
-from streams.sketch import LatencySketch
-from streams.topics import topics
+from headroom.analysis.events import read_events
+from headroom.analysis.metrics import compute_metrics
+from headroom.commands.up import UpResult, run_up
+from headroom.kernel.scenario import Scenario
+from headroom.kernel.scenario_load import load_scenario
+from headroom.kernel.sketch import LatencySketch
+from headroom.streams import messages
+from headroom.streams.kafka import KafkaTarget, delete_topics, make_consumer, started
+from headroom.streams.topics import topics
+from headroom.workers.up import Stack, StackConfig
 from tests.conftest import run_async
-from workers.up import Stack, StackConfig, UpResult, run_stack
 
 pytestmark = pytest.mark.integration
 
@@ -118,7 +119,7 @@ def stack_run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) ->
             scraped[name] = await asyncio.to_thread(_get, url)
 
     async def run() -> tuple[UpResult, list[messages.ValueSignal]]:
-        result = await run_stack(
+        result = await run_up(
             config,
             scenario,
             actions=[
@@ -279,11 +280,11 @@ def simulate_headroom(
     """The simulator's ``headroom`` policy on the same scenario, with the same control interval
     as the real run (``simulate`` itself uses the scenario's default of 60 s, which a two-minute
     scenario would see twice): the events ``run_simulation`` writes, analysed the same way."""
-    from controllers.config import ControlConfig
-    from sim.engine import SIM_EPOCH, run_policy
-    from sim.oracle import oracle_for
-    from sim.policies import PolicyFactory
-    from sim.run import build_context
+    from headroom.controllers.config import ControlConfig
+    from headroom.sim.engine import SIM_EPOCH, run_policy
+    from headroom.sim.oracle import oracle_for
+    from headroom.sim.policies import PolicyFactory
+    from headroom.sim.run import build_context
 
     ctx = build_context(scenario)
     factory = PolicyFactory(

@@ -11,9 +11,9 @@ from typing import Any
 import orjson
 import pytest
 
-from streams import messages
-from streams.kafka import admin, topic_configs, topic_partitions
-from streams.topics import KINDS
+from headroom.streams import messages
+from headroom.streams.kafka import admin, topic_configs, topic_partitions
+from headroom.streams.topics import KINDS
 
 from ..conftest import run_async
 

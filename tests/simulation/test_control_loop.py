@@ -1,4 +1,5 @@
-"""Closed loop: the RMA PID and the whole control plane against controllers.testing.LatencyPlant.
+"""Closed loop: the RMA PID and the whole control plane against
+headroom.controllers.testing.LatencyPlant.
 
 Stated performance (default PidSettings, quickstart-like region: 300 rps, 0.1 ms of CPU per
 candidate, setpoint 170 ms):
@@ -17,11 +18,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from controllers.config import ControlConfig, PidSettings, SegmentInfo
-from controllers.levers import CostModel
-from controllers.pid import RmaController
-from controllers.plane import ControlPlane
-from controllers.testing import LatencyPlant, arm_stats, capacity, observation
+from headroom.controllers.config import ControlConfig, PidSettings, SegmentInfo
+from headroom.controllers.levers import CostModel
+from headroom.controllers.pid import RmaController
+from headroom.controllers.plane import ControlPlane
+from headroom.controllers.testing import LatencyPlant, arm_stats, capacity, observation
 
 COSTS = CostModel(0.1, 0.02, 0.005, 0.1, 400, ("gpu-a", "gpu-b"), ("gpu-b",), 120.0)
 SLO = 200.0

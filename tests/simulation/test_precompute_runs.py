@@ -12,8 +12,8 @@ from typing import Any
 import orjson
 import pytest
 
-import sim.engine
-from sim.run import RunResult, run_simulation
+import headroom.sim.engine
+from headroom.sim.run import RunResult, run_simulation
 from tests.simulation.test_sim_runs import curves_of, short
 
 # long enough for the store to fill (hit rates climb over the first ~40 minutes)
@@ -101,7 +101,7 @@ def test_a_scenario_without_precompute_fields_is_untouched(
     curves = curves_of(s)
     a = run_simulation(s, ["static", "headroom"], tmp_path / "a", curves=curves, plots=False)
     # the same run with the precompute hooks cut off entirely
-    monkeypatch.setattr(sim.engine, "precompute_region", lambda *args: None)
+    monkeypatch.setattr(headroom.sim.engine, "precompute_region", lambda *args: None)
     b = run_simulation(s, ["static", "headroom"], tmp_path / "b", curves=curves, plots=False)
     assert a.events_path.read_bytes() == b.events_path.read_bytes()
     events = _events(a.events_path)

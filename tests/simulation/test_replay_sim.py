@@ -2,9 +2,9 @@
 scenario ``scenario from-recording`` derives from it, simulated, agree.
 
 The recording is what ``headroom feed`` publishes for a ten-minute scenario with a capacity
-step-up, a preemption, a grant and a traffic surge (:func:`sim.replay.write_feed_recording`:
-the feed's own schedule, stamped as a feed at speed 1 stamps it — no broker needed here; the
-integration tests record a real feed).
+step-up, a preemption, a grant and a traffic surge
+(:func:`headroom.sim.replay.write_feed_recording`: the feed's own schedule, stamped as a feed at
+speed 1 stamps it — no broker needed here; the integration tests record a real feed).
 
 What differs between the two runs, and the tolerance it earns:
 
@@ -29,13 +29,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from analysis.events import EventLog
-from headroom.scenario import Scenario
-from headroom.scenario_load import load_scenario_text
-from sim.replay import Recording, read_replay, replay_context, write_feed_recording
-from sim.replay_cli import write_derived
-from sim.run import run_simulation
-from workers.curves import curves_for
+from headroom.analysis.events import EventLog
+from headroom.commands.sim_replay import write_derived
+from headroom.kernel.scenario import Scenario
+from headroom.kernel.scenario_load import load_scenario_text
+from headroom.sim.replay import Recording, read_replay, replay_context, write_feed_recording
+from headroom.sim.run import run_simulation
+from headroom.world.curves import curves_for
 
 SCENARIO = """
 name: roundtrip

@@ -14,14 +14,15 @@ import numpy as np
 import pytest
 from scipy.optimize import linprog
 
-from headroom.scenario import (
+from headroom.kernel.scenario import (
     Opportunistic,
     Scenario,
     ScenarioEvent,
     Traffic,
 )
-from headroom.scenario_load import load_scenario_text
-from sim.latency import (
+from headroom.kernel.scenario_load import load_scenario_text
+from headroom.kernel.traces import PoolKey, ScenarioTraces
+from headroom.sim.latency import (
     LatencyConfig,
     Strata,
     in_time_probability,
@@ -29,8 +30,7 @@ from sim.latency import (
     sketch_from_keys,
     wait_params,
 )
-from sim.population import EXACT_BELOW, Population, arm_sums
-from sim.traces import PoolKey, ScenarioTraces
+from headroom.sim.population import EXACT_BELOW, Population, arm_sums
 
 SCENARIO = """
 name: parts
@@ -243,8 +243,8 @@ def test_window_sketch_holds_one_count_per_request() -> None:
 
 
 def test_dual_bound_is_valid_and_tight_on_random_budgets() -> None:
-    from sim.engine import SimContext
-    from sim.oracle import Oracle
+    from headroom.sim.engine import SimContext
+    from headroom.sim.oracle import Oracle
     from tests.simulation.test_sim_runs import curves_of
 
     s = scenario()
@@ -271,9 +271,9 @@ def test_joint_dual_bound_with_precompute_is_valid_and_tight_on_random_budgets()
     and stays close to it."""
     from scipy.optimize import linprog
 
-    from headroom.scenario_load import load_scenario
-    from sim.engine import SimContext
-    from sim.oracle import _PRE_KEY_STEPS, _ZERO_KEY, RHO_GRID, Oracle
+    from headroom.kernel.scenario_load import load_scenario
+    from headroom.sim.engine import SimContext
+    from headroom.sim.oracle import _PRE_KEY_STEPS, _ZERO_KEY, RHO_GRID, Oracle
     from tests.simulation.test_sim_runs import curves_of
 
     root = Path(__file__).resolve().parents[2]

@@ -14,14 +14,14 @@ from typing import Any
 import orjson
 import pytest
 
-from analysis.events import EventLog
-from analysis.metrics import compute_metrics
+from headroom.analysis.events import EventLog
+from headroom.analysis.metrics import compute_metrics
 from headroom.cli import main
-from headroom.scenario import Scenario
-from headroom.scenario_load import load_scenario
-from sim.policies import POLICIES
-from sim.run import RunResult, build_context, run_simulation
-from workers.curves import ValueCurves, measure_curves
+from headroom.kernel.scenario import Scenario
+from headroom.kernel.scenario_load import load_scenario
+from headroom.sim.policies import POLICIES
+from headroom.sim.run import RunResult, build_context, run_simulation
+from headroom.world.curves import ValueCurves, measure_curves
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "scenarios"

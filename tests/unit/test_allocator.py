@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import linprog
 
-from controllers.allocator import Allocator, FallbackReason, solve_lp
-from controllers.config import AllocatorSettings, ValueSettings
-from controllers.levers import (
+from headroom.controllers.allocator import Allocator, FallbackReason, solve_lp
+from headroom.controllers.config import AllocatorSettings, ValueSettings
+from headroom.controllers.levers import (
     CostModel,
     Lever,
     LeverContext,
@@ -20,8 +20,8 @@ from controllers.levers import (
     ResourceCost,
     ValueBook,
 )
-from controllers.testing import arm_stats, capacity
-from controllers.types import CapacityLevel
+from headroom.controllers.testing import arm_stats, capacity
+from headroom.controllers.types import CapacityLevel
 
 COSTS = CostModel(0.1, 0.02, 0.005, 0.1, 400, ("gpu-a", "gpu-b"), ("gpu-b",), 120.0)
 CTX = LeverContext(request_rps=300.0, eligible_rps=300.0, rma_extra_candidates=200.0)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from headroom.errors import ConfigError
-from streams import broker
+from headroom.kernel.errors import ConfigError
+from headroom.streams import broker
 
 
 def test_cluster_id_is_22_url_safe_characters() -> None:

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from headroom.scenario import Scenario
-from headroom.scenario_load import load_scenario
-from streams import messages
-from streams.kafka import KafkaTarget
-from workers.client import (
+from headroom.kernel.scenario import Scenario
+from headroom.kernel.scenario_load import load_scenario
+from headroom.streams import messages
+from headroom.streams.kafka import KafkaTarget
+from headroom.workers.client import (
     ClientConfig,
     Outcome,
     PrecomputePath,
@@ -23,9 +23,9 @@ from workers.client import (
     ServerAddress,
     WindowBook,
 )
-from workers.precompute_lookup import PrecomputeCache
-from workers.precompute_store import Visit, VisitOutcome
-from workers.world import RankingWorld
+from headroom.workers.precompute_lookup import PrecomputeCache
+from headroom.workers.precompute_store import Visit, VisitOutcome
+from headroom.world.ranking import RankingWorld
 
 REPO = Path(__file__).parents[2]
 SCENARIO = REPO / "tests" / "integration" / "scenarios" / "precompute-short.yaml"

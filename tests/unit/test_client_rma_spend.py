@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from headroom.errors import ConfigError
-from workers.client import RoutedShare, Router, TargetState
+from headroom.kernel.errors import ConfigError
+from headroom.workers.client import RoutedShare, Router, TargetState
 
 BASE = 100
 MAX = 300

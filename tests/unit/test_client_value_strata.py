@@ -14,14 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controllers.observe import RegionAggregator
-from controllers.types import ArmStats, stratum_key
-from headroom.scenario_load import load_scenario
-from sim.config import SimConfig
-from sim.population import Population
-from streams import messages
-from streams.kafka import KafkaTarget
-from workers.client import (
+from headroom.controllers.observe import RegionAggregator
+from headroom.controllers.types import ArmStats, stratum_key
+from headroom.kernel.scenario_load import load_scenario
+from headroom.sim.config import SimConfig
+from headroom.sim.population import Population
+from headroom.streams import messages
+from headroom.streams.kafka import KafkaTarget
+from headroom.workers.client import (
     VALUE_BINS,
     ClientConfig,
     Outcome,
@@ -80,7 +80,7 @@ def test_a_message_without_stratum_still_decodes_and_an_unknown_consumer_ignores
     decoded = messages.decode("value", orjson.dumps(old))
     assert isinstance(decoded, messages.ValueSignal)
     assert decoded.stratum is None
-    # everything but the extension is the CONTRACT §2 message, field for field
+    # everything but the extension is the docs/messages.md message, field for field
     assert decoded.to_dict() == old
 
 

@@ -1,5 +1,6 @@
-"""The fast paths of the latency codec (streams.sketch, streams.messages) against the checked
-paths they shortcut: for any input, the same message or the same error, and the same bytes out.
+"""The fast paths of the latency codec (headroom.kernel.sketch, headroom.streams.messages) against
+the checked paths they shortcut: for any input, the same message or the same error, and the same
+bytes out.
 
 ``LatencySketch.from_dict`` and ``Latency.from_dict`` validate a plain ``dict`` in bulk and fall
 back to the field-by-field path at the first oddity; a mapping that is not a ``dict``
@@ -23,9 +24,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streams import codec, sketch
-from streams.messages import Latency, ValidationError, _latency_fast, decode, encode
-from streams.sketch import MAX_BINS, LatencySketch
+from headroom.kernel import codec, sketch
+from headroom.kernel.sketch import MAX_BINS, LatencySketch
+from headroom.streams.messages import Latency, ValidationError, _latency_fast, decode, encode
 
 ALPHAS = (0.01, 0.02, 0.5)
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from aiokafka import ConsumerRecord, TopicPartition
 
-from streams import messages
-from streams.consume import ConsumerLoop, HandlerErrors, LoopConfig, Received
+from headroom.streams import messages
+from headroom.streams.consume import ConsumerLoop, HandlerErrors, LoopConfig, Received
 
 PREFIX = "u."
 TOPIC = f"{PREFIX}capacity"
@@ -178,7 +178,7 @@ async def test_records_of_foreign_topics_are_deadlettered_not_dropped() -> None:
 
 
 def test_loop_config_problems_name_the_field() -> None:
-    from headroom.errors import ConfigError
+    from headroom.kernel.errors import ConfigError
 
     with pytest.raises(ConfigError) as caught:
         LoopConfig(batch_max=0, poll_timeout_s=0, idle_timeout_s=-1)

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controllers.config import CoverageSettings
-from controllers.coverage import CoverageController, CoverageLimit
-from controllers.levers import CostModel
+from headroom.controllers.config import CoverageSettings
+from headroom.controllers.coverage import CoverageController, CoverageLimit
+from headroom.controllers.levers import CostModel
 
 COSTS = CostModel(0.1, 0.02, 0.005, 0.1, 400, ("gpu-a", "gpu-b"), ("gpu-b",), 120.0)
 SETPOINT = 170.0

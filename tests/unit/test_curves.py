@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import workers.curves as curves_module
-from headroom.scenario_load import load_scenario
-from workers.curves import (
+import headroom.world.curves as curves_module
+from headroom.kernel.scenario_load import load_scenario
+from headroom.world.curves import (
     CostMeasurement,
     Model,
     ValueCurves,
@@ -20,7 +20,7 @@ from workers.curves import (
     measure_cost,
     measure_curves,
 )
-from workers.world import RankingWorld, SegmentParams, WorldParams
+from headroom.world.ranking import RankingWorld, SegmentParams, WorldParams
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -7,10 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from headroom.errors import ConfigError
-from headroom.scenario_load import load_scenario
-from streams import messages
-from workers.feed import ELIGIBLE_SHARE, FeedConfig, FeedSchedule
+from headroom.kernel.errors import ConfigError
+from headroom.kernel.scenario_load import load_scenario
+from headroom.kernel.schedule import ELIGIBLE_SHARE, FeedSchedule
+from headroom.streams import messages
+from headroom.workers.feed import FeedConfig
 
 SCENARIO = Path(__file__).parents[1] / "integration" / "scenarios" / "stack-short.yaml"
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,7 +80,7 @@ def test_feed_config_names_bad_flags() -> None:
 
 
 def test_users_belong_to_one_segment_and_return_at_its_rate() -> None:
-    from sim.precompute_sim import users_by_segment
+    from headroom.kernel.schedule import users_by_segment
 
     scenario = load_scenario(ROOT / "scenarios" / "precompute-remote.yaml")
     feed = FeedSchedule(scenario)

@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from controllers.allocator import Allocator
-from controllers.config import AllocatorSettings, ControlConfig, SegmentInfo, ValueSettings
-from controllers.levers import (
+from headroom.controllers.allocator import Allocator
+from headroom.controllers.config import AllocatorSettings, ControlConfig, SegmentInfo, ValueSettings
+from headroom.controllers.levers import (
     CapacityUse,
     CostModel,
     Lever,
@@ -23,9 +23,9 @@ from controllers.levers import (
     ShedAction,
     ValueBook,
 )
-from controllers.plane import ControlPlane
-from controllers.testing import arm_stats, capacity, observation
-from controllers.types import ArmStats
+from headroom.controllers.plane import ControlPlane
+from headroom.controllers.testing import arm_stats, capacity, observation
+from headroom.controllers.types import ArmStats
 
 COSTS = CostModel(0.1, 0.02, 0.005, 0.1, 400, ("gpu-a", "gpu-b"), ("gpu-b",), 120.0)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from controllers.levers import ValueBook
-from controllers.types import ArmStats, segment_of, stratum_key
+from headroom.controllers.levers import ValueBook
+from headroom.controllers.types import ArmStats, segment_of, stratum_key
 
 
 def test_mean_units_follows_the_discounted_mix_of_targets_in_force() -> None:
@@ -46,7 +46,7 @@ def test_strata_fold_into_their_segment() -> None:
 
 
 def test_per_unit_value_uses_only_strata_where_the_lever_did_work() -> None:
-    from controllers.levers import ResourceCost
+    from headroom.controllers.levers import ResourceCost
 
     unit = ResourceCost(cpu_s=0.0001, accelerator_s=0.00002)  # one RMA candidate
     book = ValueBook()
@@ -67,7 +67,7 @@ def test_per_unit_value_uses_only_strata_where_the_lever_did_work() -> None:
 
 
 def test_per_unit_weights_strata_by_precision() -> None:
-    from controllers.levers import ResourceCost
+    from headroom.controllers.levers import ResourceCost
 
     unit = ResourceCost(cpu_s=0.0001, accelerator_s=0.0)
     book = ValueBook()
@@ -87,7 +87,7 @@ def test_per_unit_weights_strata_by_precision() -> None:
 
 
 def test_precompute_value_per_job_counts_every_job_run_not_one_per_request() -> None:
-    from controllers.levers import CostModel, LeverContext, PrecomputeLever, RmaLever
+    from headroom.controllers.levers import CostModel, LeverContext, PrecomputeLever, RmaLever
 
     costs = CostModel(0.1, 0.02, 0.005, 0.1, 400, ("gpu-a", "gpu-b"), ("gpu-b",), 120.0)
     ctx = LeverContext(100.0, 100.0, rma_extra_candidates=50.0, precompute_jobs_per_s=10.0)

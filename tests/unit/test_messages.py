@@ -1,4 +1,5 @@
-"""The message contract (CONTRACT §2): round trips, validation that names the field, and a decoder
+"""The message contract (docs/messages.md): round trips, validation that names the field, and a
+decoder
 that raises nothing but ValidationError whatever it is fed."""
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streams import codec
-from streams import messages as msgmod
-from streams.messages import (
+from headroom.kernel import codec
+from headroom.streams import messages as msgmod
+from headroom.streams.messages import (
     MAX_DEADLETTER_PAYLOAD_BYTES,
     MAX_LIST_ITEMS,
     MAX_MESSAGE_BYTES,
@@ -42,7 +43,8 @@ from streams.messages import (
     encode,
 )
 
-# The examples of CONTRACT §2, verbatim (events and deadletter filled in with plausible fields).
+# The examples of docs/messages.md, verbatim (events and deadletter filled in with plausible
+# fields).
 EXAMPLES: dict[str, dict[str, Any]] = {
     "capacity": {
         "v": 1,
@@ -245,11 +247,13 @@ _sketches = st.builds(
     st.sampled_from([0.01, 0.02, 0.05]),
 )
 _json_leaf = st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | _nonneg | _texts
-_json = st.recursive(
-    _json_leaf,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_texts, inner, max_size=4),
-    max_leaves=12,
-)
+
+
+def _json_nested(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.one_of(st.lists(inner, max_size=4), st.dictionaries(_texts, inner, max_size=4))
+
+
+_json = st.recursive(_json_leaf, _json_nested, max_leaves=12)
 
 
 @st.composite
@@ -430,7 +434,7 @@ def test_hostile_value_in_any_field_is_either_valid_or_named_in_the_error(
 CROSS_FIELD = {"rma.max": "rma.base"}
 
 
-# (kind, field path, value, reason fragment): each clearly breaks a rule of CONTRACT §2.
+# (kind, field path, value, reason fragment): each clearly breaks a rule of docs/messages.md.
 INVALID = [
     ("capacity", "units", math.nan, "finite"),
     ("capacity", "units", math.inf, "finite"),

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analysis.events import EventLog, EventWriter, read_events
-from analysis.metrics import (
+from headroom.analysis.events import EventLog, EventWriter, read_events
+from headroom.analysis.metrics import (
     Z_95,
     AnalysisError,
     ArmSums,
@@ -22,10 +22,10 @@ from analysis.metrics import (
     nearest_rank,
     sketch_quantile,
 )
-from analysis.table import format_table
-from analysis.testing import LogBuilder, arm, sketch_dict
-from headroom.errors import ConfigError, HeadroomError
-from streams.sketch import LatencySketch
+from headroom.analysis.table import format_table
+from headroom.analysis.testing import LogBuilder, arm, sketch_dict
+from headroom.kernel.errors import ConfigError, HeadroomError
+from headroom.kernel.sketch import LatencySketch
 
 FAST = [50.0] * 100  # p99 50 ms
 SLOW = [300.0] * 100  # p99 300 ms

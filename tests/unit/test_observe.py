@@ -6,9 +6,9 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controllers.observe import RegionAggregator
-from controllers.types import ArmStats, CapacityLevel
-from streams.sketch import LatencySketch
+from headroom.controllers.observe import RegionAggregator
+from headroom.controllers.types import ArmStats, CapacityLevel
+from headroom.kernel.sketch import LatencySketch
 
 
 def _sketch(values: np.ndarray) -> LatencySketch:

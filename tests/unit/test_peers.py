@@ -10,8 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from headroom.errors import ConfigError
-from workers.peers import (
+from headroom.defences.peers import (
     AimdConfig,
     AimdLimit,
     ConcurrencyLimit,
@@ -22,6 +21,7 @@ from workers.peers import (
     OptionalBudget,
     make_limit,
 )
+from headroom.kernel.errors import ConfigError
 
 # One sample: (seconds since the previous sample, rtt ms, inflight, dropped). Any finite values.
 sample = st.tuples(

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from simple_pid import PID
 
-from controllers.config import PidSettings
-from controllers.levers import CostModel
-from controllers.pid import PidController, RmaController, RmaLimit
+from headroom.controllers.config import PidSettings
+from headroom.controllers.levers import CostModel
+from headroom.controllers.pid import PidController, RmaController, RmaLimit
 
 COSTS = CostModel(0.1, 0.02, 0.005, 0.1, 400, ("gpu-a", "gpu-b"), ("gpu-b",), 120.0)
 SETPOINT = 170.0

@@ -9,12 +9,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controllers.config import ControlConfig, PidSettings
-from controllers.plane import ControlPlane, SnapshotError, strong_replica_units
-from controllers.testing import arm_stats, capacity, observation
-from controllers.types import ArmStats, CapacityLevel, RegionObservation
-from headroom.errors import ConfigError
-from headroom.scenario import (
+from headroom.controllers.config import ControlConfig, PidSettings
+from headroom.controllers.plane import ControlPlane, SnapshotError, strong_replica_units
+from headroom.controllers.testing import arm_stats, capacity, observation
+from headroom.controllers.types import ArmStats, CapacityLevel, RegionObservation
+from headroom.kernel.errors import ConfigError
+from headroom.kernel.scenario import (
     Dedicated,
     Models,
     ModelSpec,
@@ -409,8 +409,8 @@ def test_config_rejects_unknown_settings() -> None:
 
 
 def test_coverage_is_sized_to_the_whole_device_a_small_sbm_share_gets() -> None:
-    from controllers.allocator import Allocation
-    from controllers.types import LeverShare
+    from headroom.controllers.allocator import Allocation
+    from headroom.controllers.types import LeverShare
 
     def fixed(share_acc: float) -> Allocation:
         return Allocation(

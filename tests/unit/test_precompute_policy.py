@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import integrate
 
-from controllers.levers import CapacityUse, CostModel, ResourceCost
-from controllers.precompute import (
+from headroom.controllers.levers import CapacityUse, CostModel, ResourceCost
+from headroom.controllers.precompute import (
     JobBook,
     PrecomputeConfig,
     PrecomputePlanner,
@@ -32,9 +32,9 @@ from controllers.precompute import (
     usable_pools,
     visit_probability,
 )
-from controllers.types import CapacityLevel
-from headroom.errors import ConfigError
-from headroom.scenario_load import load_scenario
+from headroom.controllers.types import CapacityLevel
+from headroom.kernel.errors import ConfigError
+from headroom.kernel.scenario_load import load_scenario
 
 REPO = Path(__file__).resolve().parents[2]
 STRONG_HW = ("gpu-b",)
@@ -175,7 +175,7 @@ def test_with_measured_rescales_a_segment_but_keeps_its_lifetime() -> None:
 
 
 def test_from_curves_uses_the_measured_decay_of_the_world() -> None:
-    from workers.curves import ValueCurves
+    from headroom.world.curves import ValueCurves
 
     curves = ValueCurves(
         segments=("premium", "casual"),

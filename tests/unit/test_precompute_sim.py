@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from controllers.precompute import PrecomputeConfig, PrecomputePlanner, UpliftModel
-from headroom.scenario import Opportunistic, Scenario
-from headroom.scenario_load import load_scenario
-from sim.engine import SimContext
-from sim.precompute_sim import (
+from headroom.controllers.precompute import PrecomputeConfig, PrecomputePlanner, UpliftModel
+from headroom.kernel.scenario import Opportunistic, Scenario
+from headroom.kernel.scenario_load import load_scenario
+from headroom.sim.engine import SimContext
+from headroom.sim.precompute_sim import (
     PrecomputeRegion,
     PrecomputeStatic,
     precompute_capable,
@@ -25,7 +25,7 @@ from sim.precompute_sim import (
     select_slots,
     trace_arrivals,
 )
-from workers.curves import ValueCurves
+from headroom.world.curves import ValueCurves
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -286,7 +286,7 @@ def test_the_visits_come_from_the_trace_whatever_the_window_is_cut_into() -> Non
 
 
 def test_the_oracle_bound_counts_each_returning_visit_once_at_the_best_gain() -> None:
-    from sim.oracle import Oracle
+    from headroom.sim.oracle import Oracle
 
     # no local capacity: the live levers can do nothing; the bound is exactly every returning
     # treatment visit at the best gain (plus static's own losses, the relief term)

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.messages import Cost, Precompute, precompute_key
-from workers.precompute_lookup import PrecomputeCache, parse_precompute_key
-from workers.precompute_store import (
+from headroom.streams.messages import Cost, Precompute, precompute_key
+from headroom.workers.precompute_lookup import PrecomputeCache, parse_precompute_key
+from headroom.workers.precompute_store import (
     STALENESS_SAMPLES,
     PrecomputeStore,
     PutOutcome,

@@ -17,14 +17,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controllers.levers import CostModel
-from controllers.precompute import PrecomputeConfig, PrecomputePlanner, UpliftModel
-from controllers.precompute_value import (
+from headroom.controllers.levers import CostModel
+from headroom.controllers.precompute import PrecomputeConfig, PrecomputePlanner, UpliftModel
+from headroom.controllers.precompute_value import (
     CalibrationSettings,
     UpliftCalibrator,
     effective_age,
 )
-from headroom.errors import ConfigError
+from headroom.kernel.errors import ConfigError
 from tests.signals import value_signal
 
 HOUR = 3600.0

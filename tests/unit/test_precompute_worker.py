@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from controllers.precompute import PrecomputeConfig
-from headroom.scenario_load import load_scenario
-from streams import messages
+from headroom.controllers.precompute import PrecomputeConfig
+from headroom.kernel.scenario_load import load_scenario
+from headroom.streams import messages
+from headroom.workers.precompute import PrecomputeWorker, WorkerSettings, rank_batch, target_budget
+from headroom.world.ranking import RankingWorld
 from tests.signals import value_signal
-from workers.precompute import PrecomputeWorker, WorkerSettings, rank_batch, target_budget
-from workers.world import RankingWorld
 
 REGION = "r1"
 SCENARIO = """
@@ -319,8 +319,8 @@ def test_target_budget_reads_the_optional_field_and_rejects_a_malformed_one() ->
 
 
 def test_a_scenario_without_precompute_fields_is_refused(world_and_curves) -> None:  # type: ignore[no-untyped-def]
-    from headroom.errors import ConfigError
-    from headroom.settings import default_scenario_path
+    from headroom.kernel.errors import ConfigError
+    from headroom.kernel.settings import default_scenario_path
 
     quick = load_scenario(default_scenario_path())
     with pytest.raises(ConfigError, match="no precompute fields"):

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controllers.queueing import admissible_utilization, mean_wait_ms
+from headroom.defences.admission import admissible_utilization, mean_wait_ms
 
 
 def test_one_server_is_the_mm1_formula() -> None:

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from headroom.errors import ConfigError
-from streams import recording
-from streams.recording import (
+from headroom.kernel.errors import ConfigError
+from headroom.streams import recording
+from headroom.streams.recording import (
     CorruptLine,
     Envelope,
     Pacer,
@@ -239,7 +239,7 @@ def test_router_applies_the_map_then_the_prefix_and_leaves_foreign_topics() -> N
 
 
 def test_the_progress_bar_draws_only_on_a_terminal() -> None:
-    from streams.recording_cli import Progress
+    from headroom.commands.record import Progress
 
     quiet = io.StringIO()
     Progress("replay x", total=100, stream=quiet, enabled=False).update(50, 5, force=True)

@@ -16,11 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headroom.cli import main
-from headroom.errors import ConfigError
-from headroom.scenario import Scenario
-from headroom.scenario_load import load_scenario, load_scenario_text
-from sim.config import SimConfig
-from sim.replay import (
+from headroom.commands.sim_replay import write_derived
+from headroom.kernel.errors import ConfigError
+from headroom.kernel.scenario import Scenario
+from headroom.kernel.scenario_load import load_scenario, load_scenario_text
+from headroom.kernel.traces import PoolKey
+from headroom.sim.config import SimConfig
+from headroom.sim.replay import (
     IssueKind,
     RecordedPopulation,
     Recording,
@@ -31,9 +33,7 @@ from sim.replay import (
     read_replay,
     write_feed_recording,
 )
-from sim.replay_cli import write_derived
-from sim.traces import PoolKey
-from streams.recording import Envelope, encode_envelope
+from headroom.streams.recording import Envelope, encode_envelope
 
 T0 = 1_796_000_000.0
 
@@ -650,7 +650,7 @@ def test_the_engine_context_carries_the_recorded_arrivals_levels_and_requests(
 
 
 def test_a_feed_recording_holds_the_feeds_schedule(tmp_path: Path, base: Scenario) -> None:
-    from workers.feed import FeedSchedule
+    from headroom.workers.feed import FeedSchedule
 
     path = tmp_path / "feed.jsonl"
     with path.open("wb") as f:

@@ -10,12 +10,18 @@ import numpy as np
 import orjson
 import pytest
 
-from analysis.events import EventLog, read_events
-from analysis.metrics import compute_metrics
-from analysis.report import _carry_forward, _SketchSum, collect, consistency_checks, write_report
-from analysis.testing import LogBuilder, arm, synthetic_run
+from headroom.analysis.events import EventLog, read_events
+from headroom.analysis.metrics import compute_metrics
+from headroom.analysis.report import (
+    _carry_forward,
+    _SketchSum,
+    collect,
+    consistency_checks,
+    write_report,
+)
+from headroom.analysis.testing import LogBuilder, arm, synthetic_run
 from headroom.cli import main
-from streams.sketch import LatencySketch
+from headroom.kernel.sketch import LatencySketch
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PLOTS = (

@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controllers.config import RouterSettings
-from controllers.levers import ValueBook
-from controllers.router import SbmRouter
-from controllers.testing import arm_stats
+from headroom.controllers.config import RouterSettings
+from headroom.controllers.levers import ValueBook
+from headroom.controllers.router import SbmRouter
+from headroom.controllers.testing import arm_stats
 
 WEIGHTS = {"premium": 0.15, "casual": 0.85}
 

@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headroom.cli import main
-from headroom.errors import ConfigError
-from headroom.scenario import Scenario
-from headroom.scenario_load import KEYS, ScenarioError, load_scenario, load_scenario_text
-from headroom.scenario_schema import SCHEMA
+from headroom.kernel.errors import ConfigError
+from headroom.kernel.scenario import Scenario
+from headroom.kernel.scenario_load import KEYS, ScenarioError, load_scenario, load_scenario_text
+from headroom.kernel.scenario_schema import SCHEMA
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = sorted((REPO / "scenarios").glob("*.yaml"))
@@ -674,14 +674,17 @@ def test_inline_and_csv_traces_give_the_same_points(points: list[tuple[float, fl
     assert inline.regions[0].opportunistic[0].trace == tuple(points)
 
 
+def _nested(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.one_of(
+        st.lists(children, max_size=4), st.dictionaries(st.text(max_size=8), children, max_size=4)
+    )
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     st.recursive(
         st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-        lambda children: (
-            st.lists(children, max_size=4)
-            | st.dictionaries(st.text(max_size=8), children, max_size=4)
-        ),
+        _nested,
         max_leaves=20,
     )
 )
@@ -892,7 +895,7 @@ def test_every_schema_field_has_a_description() -> None:
 def test_dataclass_fields_cover_every_loader_key() -> None:
     import dataclasses
 
-    from headroom import scenario as sc
+    from headroom.kernel import scenario as sc
 
     classes = {
         "scenario": sc.Scenario,
@@ -963,7 +966,7 @@ def test_scenario_schema_prints_the_schema_as_json(capsys: pytest.CaptureFixture
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.name)
 def test_reference_scenarios_run_the_baseline_at_60_to_85_percent_at_peak(path: Path) -> None:
-    from headroom.scenario_cli import baseline_peak_utilisation
+    from headroom.commands.scenario import baseline_peak_utilisation
 
     for region, (cpu, acc) in baseline_peak_utilisation(load_scenario(path)).items():
         assert 0.60 <= cpu <= 0.85, (region, cpu)
@@ -971,7 +974,7 @@ def test_reference_scenarios_run_the_baseline_at_60_to_85_percent_at_peak(path: 
 
 
 def test_peak_utilisation_uses_the_trace_maximum_for_trace_traffic() -> None:
-    from headroom.scenario_cli import baseline_peak_utilisation
+    from headroom.commands.scenario import baseline_peak_utilisation
 
     d = doc()
     d["regions"][1]["traffic"] = {"trace": [[0, 100], [600, 300], [1200, 50]]}

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from workers.service import Service
+from headroom.workers.service import Service
 
 
 class Recorder(Service):

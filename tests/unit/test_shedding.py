@@ -11,8 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from headroom.errors import ConfigError
-from workers.shedding import (
+from headroom.defences.shedding import (
     ClientShedConfig,
     ClientShedder,
     DecayedLogHistogram,
@@ -27,6 +26,7 @@ from workers.shedding import (
     codel_catch_up,
     codel_catch_up_stepping,
 )
+from headroom.kernel.errors import ConfigError
 
 # Costs of one extra candidate (ms), the quickstart scenario's base model.
 CPU_PER = 0.1

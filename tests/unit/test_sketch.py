@@ -1,4 +1,4 @@
-"""The latency sketch (CONTRACT §2): the key mapping, quantiles within alpha of numpy's, exact
+"""The latency sketch (docs/messages.md): the key mapping, quantiles within alpha of numpy's, exact
 merges, and a validated snapshot form."""
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.codec import dumps, loads
-from streams.messages import ValidationError
-from streams.sketch import (
+from headroom.kernel.codec import dumps, loads
+from headroom.kernel.sketch import (
     MAX_BINS,
     LatencySketch,
     bin_keys,
     bin_values,
     quantiles_from_counts,
 )
+from headroom.streams.messages import ValidationError
 
 QS = [0.0, 0.001, 0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999, 1.0]
 # Rounding of ln at an exact bin boundary may put a value one bin over: allow 1e-12 relative.

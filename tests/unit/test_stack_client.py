@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from headroom.errors import ConfigError
-from streams import messages
-from workers.client import (
+from headroom.kernel.errors import ConfigError
+from headroom.streams import messages
+from headroom.workers.client import (
     ClientConfig,
     OffsetTracker,
     Outcome,
@@ -350,8 +350,8 @@ def test_forgotten_partitions_are_dropped() -> None:
 
 
 def test_the_in_flight_limit_follows_the_peak_rate() -> None:
-    from headroom.scenario_load import load_scenario
-    from headroom.settings import default_scenario_path
+    from headroom.kernel.scenario_load import load_scenario
+    from headroom.kernel.settings import default_scenario_path
 
     quickstart = load_scenario(default_scenario_path())
     # 300 rps x 1.4 (daily amplitude) x 1.6 (surge) x noise, 200 ms: some 290 at most in flight
@@ -385,10 +385,10 @@ def test_a_client_needs_a_dedicated_server() -> None:
 async def test_an_unknown_segment_is_refused_for_the_dead_letter_topic() -> None:
     from pathlib import Path
 
-    from headroom.scenario_load import load_scenario
-    from streams.consume import Received
-    from streams.kafka import KafkaTarget
-    from workers.client import RankingClient
+    from headroom.kernel.scenario_load import load_scenario
+    from headroom.streams.consume import Received
+    from headroom.streams.kafka import KafkaTarget
+    from headroom.workers.client import RankingClient
 
     scenario = load_scenario(
         Path(__file__).parents[1] / "integration" / "scenarios" / "stack-short.yaml"

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from headroom.errors import ConfigError
-from headroom.scenario import Scenario
-from headroom.scenario_load import load_scenario
-from streams import messages
-from workers.server import CapacityBook, RankingServer, ServerConfig, SlotPool
-from workers.wire import RankRequest, RankResponse, WireClient
-from workers.world import RankingWorld
+from headroom.kernel.errors import ConfigError
+from headroom.kernel.scenario import Scenario
+from headroom.kernel.scenario_load import load_scenario
+from headroom.streams import messages
+from headroom.workers.server import CapacityBook, RankingServer, ServerConfig, SlotPool
+from headroom.workers.wire import RankRequest, RankResponse, WireClient
+from headroom.world.ranking import RankingWorld
 
 SCENARIO = Path(__file__).parents[1] / "integration" / "scenarios" / "stack-short.yaml"
 REGION = "it-east"
@@ -319,7 +319,7 @@ async def test_the_server_counts_requests_latency_shedding_and_capacity(
 ) -> None:
     from prometheus_client import generate_latest
 
-    from workers.metrics import make_metrics
+    from headroom.workers.metrics import make_metrics
 
     metrics = make_metrics()
     server = RankingServer(

@@ -1,11 +1,11 @@
-"""The topic registry against CONTRACT §2 and the message types."""
+"""The topic registry against docs/messages.md and the message types."""
 
 from __future__ import annotations
 
 import pytest
 
-from headroom.errors import ConfigError
-from streams import messages, topics
+from headroom.kernel.errors import ConfigError
+from headroom.streams import messages, topics
 
 
 def test_the_registry_covers_every_message_kind_once() -> None:

@@ -113,7 +113,7 @@ def test_bad_arguments_exit_2(tool: ModuleType, tmp_path: Path) -> None:
 
 
 def test_the_committed_traces_load_as_the_worldcup98_scenario() -> None:
-    from headroom.scenario_load import load_scenario
+    from headroom.kernel.scenario_load import load_scenario
 
     s = load_scenario(REPO / "scenarios" / "worldcup98.yaml")
     eu = s.region("eu-west")

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from headroom.errors import ConfigError
-from headroom.scenario_load import load_scenario
-from streams.broker import free_port
-from streams.kafka import KafkaTarget
-from workers.up import StackConfig, default_interval, oracle_events
+from headroom.commands.up import oracle_events
+from headroom.kernel.errors import ConfigError
+from headroom.kernel.scenario_load import load_scenario
+from headroom.streams.broker import free_port
+from headroom.streams.kafka import KafkaTarget
+from headroom.workers.up import StackConfig, default_interval
 
 REPO = Path(__file__).parents[2]
 SCENARIO = REPO / "tests" / "integration" / "scenarios" / "stack-short.yaml"
@@ -42,9 +43,7 @@ def test_stack_config_names_bad_settings(tmp_path: Path) -> None:
 
 
 def test_the_oracle_bound_is_the_simulators_for_the_same_scenario(tmp_path: Path) -> None:
-    events = oracle_events(
-        load_scenario(SCENARIO), StackConfig(SCENARIO, tmp_path, KafkaTarget("x:1", "t."))
-    )
+    events = oracle_events(load_scenario(SCENARIO))
     assert len(events) == 1
     bound = events[0]
     assert bound["kind"] == "oracle.bound"
@@ -81,7 +80,7 @@ def test_a_precompute_scenario_gets_a_precompute_worker_per_region_on_the_runs_c
     tmp_path: Path,
 ) -> None:
     from headroom.cli import build_parser
-    from workers.up import Stack
+    from headroom.workers.up import Stack
 
     path = REPO / "tests" / "integration" / "scenarios" / "precompute-short.yaml"
     scenario = load_scenario(path)

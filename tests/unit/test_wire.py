@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workers.wire import (
+from headroom.workers.wire import (
     MAX_FRAME_BYTES,
     Health,
     ProtocolError,

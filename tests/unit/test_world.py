@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from headroom.scenario_load import load_scenario
-from workers.world import (
+from headroom.kernel.scenario_load import load_scenario
+from headroom.world.ranking import (
     DRIFT_STEP_S,
     Model,
     RankingWorld,
@@ -246,7 +246,7 @@ def test_a_stored_ranking_goes_stale_as_the_world_drifts(drifting: RankingWorld)
 
 
 def test_the_world_module_is_pure() -> None:
-    import workers.world as module
+    import headroom.world.ranking as module
 
     tree = ast.parse(Path(module.__file__).read_text())
     imported = {

@@ -1,0 +1,1387 @@
+"""Millisecond-scale local defences: server-side and client-side shedding of optional work.
+
+Pure code: no asyncio, no Kafka, no wall clock, no global random state. Time is passed in as
+``now`` (seconds, event time or virtual time), so the simulator and the ranking-server worker
+drive the same objects. Every object snapshots to plain JSON-able data and restores exactly.
+
+Vocabulary
+==========
+*Baseline work* is the base candidate count on the base model: a fixed promise, never touched
+here. *Optional work* is what the levers add to a request: RMA extra candidates (divisible, one
+candidate at a time) and SBM routing to the strong model (indivisible: the request is either
+scored by the strong model or downgraded to the base model). Costs are milliseconds of work per
+resource (``cpu``, ``accelerator``), e.g. ``extra × cpu_ms_per_candidate``.
+
+Server side: :class:`ServerShedder`
+===================================
+One decision per request, an enum (:class:`Decision`, after Envoy's ``RequestForwardingAction``):
+``ADMIT`` (all optional work as asked), ``TRIM`` (extra candidates trimmed to ``n``),
+``DOWNGRADE`` (strong model → base model; extras kept, possibly trimmed), ``SHED`` (all optional
+work dropped). A request without optional work is always ``ADMIT``: baseline work is never shed
+for optional work.
+
+Three mechanisms decide, in this order:
+
+1. **Hard stops.** A resource whose free slots are exhausted (``free ≤ reserve_slots``) or whose
+   opportunistic level is zero takes no optional work at all.
+2. **Value threshold, lowest value per unit of compute first.** Every optional request's value
+   per unit of compute, ``vpc = value / (w_cpu·cpu_ms + w_acc·accelerator_ms)``, goes into a
+   decaying, cost-weighted log-histogram (:class:`DecayedLogHistogram`). The threshold θ is its
+   τ-quantile: the cheapest-to-lose τ share of recent optional *work* lies below θ and is shed.
+   τ = max(τ_overload, τ_budget):
+
+   * τ_overload follows CoDel (Nichols & Jacobson, "Controlling Queue Delay", ACM Queue 2012):
+     overload is declared when the queueing delay has stayed above ``target_queue_ms`` for a full
+     ``interval_ms`` (defaults 5 ms and 100 ms, CoDel's published constants). While overloaded,
+     τ rises by ``shed_step`` at CoDel's control law times ``interval / sqrt(count)``; once the
+     delay falls below the target it decays linearly at ``recovery_per_s`` (hysteresis, so the
+     threshold does not whipsaw). The drop times are ``t_c = t_1 + interval·(H(c) − 1)`` with
+     ``H(c) = Σ_{k≤c} k^(−1/2)``, so under sustained overload their count grows with the square of
+     the time spent dropping; :func:`codel_catch_up` finds the next one in closed form (the
+     Euler–Maclaurin expansion of ``H``) instead of stepping through every one in between, so an
+     :meth:`~ServerShedder.observe` call costs O(1) however long the overload lasts.
+   * τ_budget = max_r (1 − capacity_r / demand_r): the share of offered optional work that cannot
+     fit the opportunistic level, from a time-decayed rate of offered optional cost per resource.
+3. **Token bucket per resource.** The opportunistic level (units: cores or device equivalents =
+   ms of work per ms) refills a bucket of depth ``level × burst_ms``. Admitted optional work spends
+   it: the strong part first (all or nothing → ``DOWNGRADE``), then as many extra candidates as
+   the remaining tokens pay for (``TRIM``). This is the hard guarantee that optional work stays
+   within the announced capacity; the threshold in (2) makes the bucket value-aware.
+
+A capacity drop acts at once: :meth:`ServerShedder.on_capacity` clamps the buckets to the new
+depth, so the very next decision sees it, and :meth:`ServerShedder.trim_inflight` says which work
+already running to cut (lowest value per unit of occupied capacity first) so the remainder fits
+the new level. No timer is involved anywhere.
+
+:meth:`ServerShedder.decide_batch` takes numpy arrays for requests that arrive in the same step
+(the simulator cannot afford a Python call per request): it orders them by ``vpc`` and fills the
+buckets greedily, so within a batch optional work is shed strictly lowest ``vpc`` first.
+
+Client side: :class:`ClientShedder`
+===================================
+An optional-work multiplier ``m ∈ [0, 1]`` per server, from the health carried in every response
+(overload flag, queueing delay). AIMD after Chiu & Jain (1989) and TCP congestion avoidance:
+multiplicative decrease ``m ← m·β`` on an overloaded response (β = 0.5, TCP's halving), at most once
+per ``decrease_interval_ms`` so a burst of responses from one overload episode counts once (TCP
+reduces once per round trip); additive recovery ``m ← m + recovery_per_s·Δt`` while responses are
+healthy, so recovery is rate-limited in time rather than in responses. The multiplier is spent
+lowest value first: a request keeps its optional work only if its value rank (its CDF among recent
+requests, :class:`ValueRanker`) is ≥ 1 − m. :meth:`ClientShedder.on_response` returns a
+:class:`ShedTransition` when shedding starts or stops so the caller can log ``shedding.started`` /
+``shedding.stopped`` with how much optional work was dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import IntEnum, StrEnum
+from typing import Any, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from headroom.kernel.errors import ConfigError
+
+__all__ = [
+    "BatchVerdict",
+    "ClientShedConfig",
+    "ClientShedder",
+    "CodelCatchUp",
+    "DecayedLogHistogram",
+    "Decision",
+    "InflightCut",
+    "InflightWork",
+    "OptionalCapacity",
+    "OptionalWork",
+    "OverloadTransition",
+    "ServerShedConfig",
+    "ServerShedStats",
+    "ServerShedder",
+    "ShedEvent",
+    "ShedTransition",
+    "ValueRanker",
+    "Verdict",
+    "codel_catch_up",
+    "codel_catch_up_stepping",
+]
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+CodeArray = npt.NDArray[np.int8]
+
+_INF = math.inf
+_EPS = 1e-9  # ms: rounding slack when comparing costs with bucket contents (same everywhere)
+
+
+# --------------------------------------------------------------------------------------------
+# Decisions and events
+# --------------------------------------------------------------------------------------------
+
+
+class Decision(IntEnum):
+    """What happens to one request's optional work (the codes of :meth:`decide_batch`)."""
+
+    ADMIT = 0  # all optional work as asked (or the request had none)
+    TRIM = 1  # extra candidates trimmed to Verdict.extra; strong model kept if asked
+    DOWNGRADE = 2  # strong model → base model; any extras asked for kept, maybe trimmed (> 0)
+    SHED = 3  # the extra candidates asked for all dropped, and the strong model if asked
+
+
+class ShedEvent(StrEnum):
+    """Transitions worth an event-log line (docs/events.md)."""
+
+    STARTED = "shedding.started"
+    STOPPED = "shedding.stopped"
+    OVERLOAD_ENTERED = "overload.entered"
+    OVERLOAD_LEFT = "overload.left"
+
+
+@dataclass(frozen=True, slots=True)
+class ShedTransition:
+    """Shedding started or stopped on one side; ``dropped`` = optional work dropped so far in the
+    episode (server: requests with some optional work cut; client: requests that lost theirs)."""
+
+    event: ShedEvent
+    side: str  # "server" | "client"
+    now: float
+    dropped: int
+    dropped_extra_candidates: int = 0
+    dropped_strong: int = 0
+    multiplier: float | None = None  # client side: the multiplier after the transition
+
+    @property
+    def lever(self) -> str | None:
+        """``rma`` / ``sbm`` from what was dropped (``rma,sbm`` for both; None when unknown)."""
+        if self.dropped_extra_candidates and self.dropped_strong:
+            return "rma,sbm"
+        if self.dropped_extra_candidates:
+            return "rma"
+        if self.dropped_strong:
+            return "sbm"
+        return None
+
+    def event_fields(self, lever: str | None = None) -> dict[str, Any]:
+        """The fields of a ``shedding.started`` / ``shedding.stopped`` line (docs/events.md);
+        ``lever`` overrides the inferred one (a client knows which lever it sheds)."""
+        fields: dict[str, Any] = {
+            "kind": self.event.value,
+            "side": self.side,
+            "lever": lever or self.lever,
+            "dropped": self.dropped,
+            "dropped_extra_candidates": self.dropped_extra_candidates,
+            "dropped_strong": self.dropped_strong,
+        }
+        if self.multiplier is not None:
+            fields["multiplier"] = self.multiplier
+        return fields
+
+
+@dataclass(frozen=True, slots=True)
+class OverloadTransition:
+    """The server entered or left its overloaded state (CoDel or exhausted slots)."""
+
+    event: ShedEvent  # OVERLOAD_ENTERED | OVERLOAD_LEFT
+    now: float
+    queue_ms: float
+    reason: str  # "queue_delay" | "slots_exhausted" | "recovered"
+
+    def event_fields(self) -> dict[str, Any]:
+        """The fields of an ``overload.entered`` / ``overload.left`` line (docs/events.md)."""
+        return {"kind": self.event.value, "queue_ms": self.queue_ms, "reason": self.reason}
+
+
+# --------------------------------------------------------------------------------------------
+# Inputs and outputs
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OptionalCapacity:
+    """Opportunistic level optional work may use on this server: cores and device equivalents."""
+
+    cpu: float
+    accelerator: float
+
+    def __post_init__(self) -> None:
+        problems = [
+            f"{name}: must be a finite number ≥ 0 (got {value!r})"
+            for name, value in (("cpu", self.cpu), ("accelerator", self.accelerator))
+            if not (math.isfinite(value) and value >= 0.0)
+        ]
+        if problems:
+            raise ConfigError(problems)
+
+
+@dataclass(frozen=True, slots=True)
+class OptionalWork:
+    """One request's optional work, as the server sees it on arrival.
+
+    ``extra_*_ms`` are the total costs of all ``extra`` candidates (per-candidate cost × extra);
+    ``strong_*_ms`` the *incremental* cost of the strong model over the base model (zero unless
+    ``strong``). ``value`` is the request's value signal (non-negative). Not validated, for
+    speed: a NaN or negative value never passes the threshold, so such a request loses its
+    optional work and nothing else.
+    """
+
+    value: float
+    extra: int = 0
+    extra_cpu_ms: float = 0.0
+    extra_accelerator_ms: float = 0.0
+    strong: bool = False
+    strong_cpu_ms: float = 0.0
+    strong_accelerator_ms: float = 0.0
+
+
+class Verdict(NamedTuple):
+    """A decision and what remains of the optional work: extras allowed, strong model kept."""
+
+    decision: Decision
+    extra: int
+    strong: bool
+
+
+class BatchVerdict(NamedTuple):
+    """:meth:`ServerShedder.decide_batch` output: one entry per request."""
+
+    codes: CodeArray  # Decision values as int8
+    extra: IntArray  # extra candidates allowed
+    strong: BoolArray  # strong model kept
+
+
+@dataclass(frozen=True, slots=True)
+class InflightWork:
+    """Optional work already running on the server.
+
+    ``cpu`` / ``accelerator`` are the opportunistic units its optional part occupies right now
+    (e.g. 1 core while its extra candidates are scored on one worker thread; the simulator's
+    fluid model uses cost rate). ``extra`` / ``strong`` say what the optional part is.
+    """
+
+    id: Hashable
+    value: float
+    cpu: float
+    accelerator: float
+    extra: int = 0
+    strong: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class InflightCut:
+    """Cut one in-flight request's optional part: ``SHED`` (stop scoring its extra candidates,
+    and drop the strong model if it had it) or ``DOWNGRADE`` (strong-only: re-run on base)."""
+
+    id: Hashable
+    decision: Decision
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class ServerShedStats:
+    """Counters since construction (they survive snapshot/restore)."""
+
+    decisions: int
+    admitted: int
+    trimmed: int
+    downgraded: int
+    shed: int
+    dropped_extra_candidates: int
+    dropped_strong: int
+    inflight_cut: int
+
+
+# --------------------------------------------------------------------------------------------
+# A decaying log-histogram: running quantiles and ranks in O(1) per sample
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramConfig:
+    """Log-spaced bins over ``[10**log10_min, 10**log10_max]``; values outside are clamped into the
+    end bins. ``half_life`` is in samples, whatever their weights: a sample counts half as much
+    once that many more have arrived."""
+
+    log10_min: float = -6.0
+    log10_max: float = 6.0
+    bins: int = 240  # 0.05 decade per bin: ≈12% resolution before in-bin interpolation
+    half_life: float = 2000.0
+
+    def validate(self, prefix: str) -> list[str]:
+        problems = []
+        if not (math.isfinite(self.log10_min) and math.isfinite(self.log10_max)):
+            problems.append(f"{prefix}.log10_min/log10_max: must be finite")
+        elif self.log10_max <= self.log10_min:
+            problems.append(f"{prefix}.log10_max: must be > log10_min")
+        if self.bins < 2:
+            problems.append(f"{prefix}.bins: must be ≥ 2 (got {self.bins})")
+        if not (math.isfinite(self.half_life) and self.half_life > 0):
+            problems.append(f"{prefix}.half_life: must be > 0 (got {self.half_life})")
+        return problems
+
+
+class DecayedLogHistogram:
+    """Exponentially decaying histogram of positive values on log-spaced bins.
+
+    Decay is applied lazily by growing the weight of new samples by ``g = 2**(1/half_life)`` per
+    sample instead of shrinking every bin (the "forward decay" trick of Cormode et al.,
+    ICDE 2009); bins are rescaled when the running weight grows too large, so an update is O(1).
+    Quantile and CDF queries interpolate linearly in log space inside a bin.
+    """
+
+    _RESCALE_AT = 1e100
+
+    def __init__(self, config: HistogramConfig | None = None) -> None:
+        self.config = config or HistogramConfig()
+        problems = self.config.validate("histogram")
+        if problems:
+            raise ConfigError(problems)
+        c = self.config
+        self._lo = c.log10_min
+        self._span = c.log10_max - c.log10_min
+        self._scale = c.bins / self._span
+        self._ln_g = math.log(2.0) / c.half_life
+        self._g = math.exp(self._ln_g)
+        self.counts: FloatArray = np.zeros(c.bins, dtype=np.float64)
+        self._w = 1.0  # weight of a unit sample added now (grows instead of decaying the past)
+        self.total = 0.0
+
+    def _bin(self, value: float) -> int:
+        if value <= 0.0:
+            return 0
+        b = int((math.log10(value) - self._lo) * self._scale)
+        if b < 0:
+            return 0
+        last = self.config.bins - 1
+        return last if b > last else b
+
+    def add(self, value: float, weight: float = 1.0) -> None:
+        """Fold one value in, counting ``weight`` (e.g. its cost) toward quantiles."""
+        if weight <= 0.0 or not math.isfinite(value):
+            return
+        w = self._w * weight
+        self.counts[self._bin(value)] += w
+        self.total += w
+        self._w *= self._g
+        if self._w > self._RESCALE_AT:
+            self._rescale()
+
+    def add_many(self, values: npt.ArrayLike, weights: npt.ArrayLike | None = None) -> None:
+        """Fold many values in at once (all counted as of now: no decay inside one call)."""
+        vals = np.asarray(values, dtype=np.float64)
+        if vals.size == 0:
+            return
+        wts = np.ones_like(vals) if weights is None else np.asarray(weights, dtype=np.float64)
+        ok = np.isfinite(vals) & (wts > 0.0)
+        if not ok.all():
+            vals, wts = vals[ok], wts[ok]
+            if vals.size == 0:
+                return
+        logs = np.log10(np.maximum(vals, 1e-300))
+        bins = ((logs - self._lo) * self._scale).astype(np.int64)
+        np.clip(bins, 0, self.config.bins - 1, out=bins)
+        np.add.at(self.counts, bins, wts * self._w)
+        self.total += float(wts.sum()) * self._w
+        # Past e^300 the older mass is gone anyway; the cap keeps the weight finite.
+        self._w *= math.exp(min(300.0, self._ln_g * vals.size))
+        if self._w > self._RESCALE_AT:
+            self._rescale()
+
+    def _rescale(self) -> None:
+        self.counts /= self._w
+        self.total /= self._w
+        self._w = 1.0
+
+    def quantile(self, q: float) -> float:
+        """The value below which a share ``q`` of the (decayed) weight lies; 0.0 when empty."""
+        if self.total <= 0.0:
+            return 0.0
+        if q <= 0.0:
+            return 0.0
+        if q >= 1.0:
+            return _INF
+        cum = np.cumsum(self.counts)
+        goal = q * cum[-1]
+        b = int(np.searchsorted(cum, goal, side="left"))
+        b = min(b, self.config.bins - 1)
+        before = float(cum[b - 1]) if b > 0 else 0.0
+        inside = float(self.counts[b])
+        frac = (goal - before) / inside if inside > 0 else 0.0
+        return float(10.0 ** (self._lo + (b + frac) / self._scale))
+
+    def cdf(self, value: float) -> float:
+        """Share of the (decayed) weight below ``value``; 0.5 when empty (no information)."""
+        if self.total <= 0.0:
+            return 0.5
+        if value <= 0.0:
+            return 0.0
+        pos = (math.log10(value) - self._lo) * self._scale
+        b = int(pos)
+        if b < 0:
+            return 0.0
+        if b >= self.config.bins:
+            return 1.0
+        below = float(self.counts[:b].sum()) + float(self.counts[b]) * (pos - b)
+        return min(1.0, max(0.0, below / self.total))
+
+    def snapshot(self) -> dict[str, Any]:
+        """Raw bins and the running weight, so a restored histogram answers bit for bit alike."""
+        return {"counts": self.counts.tolist(), "total": self.total, "w": self._w}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        counts = np.asarray(state["counts"], dtype=np.float64)
+        if counts.shape != self.counts.shape:
+            raise ValueError(
+                f"histogram snapshot has {counts.size} bins, config says {self.counts.size}"
+            )
+        self.counts = counts.copy()
+        self.total = float(state["total"])
+        self._w = float(state["w"])
+
+
+class ValueRanker:
+    """Rank of a request's value among recent requests (a CDF estimate in [0, 1]).
+
+    Clients use it to spend their optional-work multiplier lowest value first.
+    """
+
+    def __init__(self, config: HistogramConfig | None = None) -> None:
+        self._hist = DecayedLogHistogram(config)
+
+    def observe(self, value: float) -> None:
+        self._hist.add(value)
+
+    def observe_many(self, values: npt.ArrayLike) -> None:
+        self._hist.add_many(np.asarray(values, dtype=np.float64))
+
+    def rank(self, value: float) -> float:
+        return self._hist.cdf(value)
+
+    def snapshot(self) -> dict[str, Any]:
+        return self._hist.snapshot()
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        self._hist.restore(state)
+
+
+# --------------------------------------------------------------------------------------------
+# Server side
+# --------------------------------------------------------------------------------------------
+
+
+def _finite_nonneg(name: str, value: float) -> list[str]:
+    if not (math.isfinite(value) and value >= 0.0):
+        return [f"{name}: must be a finite number ≥ 0 (got {value!r})"]
+    return []
+
+
+def _positive(name: str, value: float) -> list[str]:
+    if not (math.isfinite(value) and value > 0.0):
+        return [f"{name}: must be a finite number > 0 (got {value!r})"]
+    return []
+
+
+def _unit(name: str, value: float) -> list[str]:
+    if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+        return [f"{name}: must lie in [0, 1] (got {value!r})"]
+    return []
+
+
+@dataclass(frozen=True, slots=True)
+class ServerShedConfig:
+    """Server-side shedding settings. Defaults cite their source in the module docstring."""
+
+    target_queue_ms: float = 5.0  # CoDel target
+    interval_ms: float = 100.0  # CoDel interval
+    shed_step: float = 0.1  # τ_overload raised by this at each CoDel drop time
+    max_shed_quantile: float = 1.0  # τ_overload never exceeds this
+    recovery_per_s: float = 0.5  # τ_overload decay once the delay is back under target
+    burst_ms: float = 50.0  # token-bucket depth: level × burst_ms of work
+    demand_window_ms: float = 1000.0  # time constant of the offered-demand rate estimate
+    budget_aware: bool = True  # include τ_budget in the threshold
+    reserve_slots: int = 0  # free slots ≤ this = exhausted (kept for baseline bursts)
+    cpu_cost_weight: float = 1.0  # w_cpu in vpc = value / (w_cpu·cpu_ms + w_acc·acc_ms)
+    accelerator_cost_weight: float = 1.0  # w_acc
+    shed_quiet_ms: float = 1000.0  # no drop for this long ends a shedding episode
+    threshold_refresh: int = 64  # recompute θ at least every this many optional requests
+    histogram: HistogramConfig = HistogramConfig()
+
+    def __post_init__(self) -> None:
+        p = "shedding.server"
+        problems = [
+            *_finite_nonneg(f"{p}.target_queue_ms", self.target_queue_ms),
+            *_positive(f"{p}.interval_ms", self.interval_ms),
+            *_unit(f"{p}.shed_step", self.shed_step),
+            *_unit(f"{p}.max_shed_quantile", self.max_shed_quantile),
+            *_finite_nonneg(f"{p}.recovery_per_s", self.recovery_per_s),
+            *_positive(f"{p}.burst_ms", self.burst_ms),
+            *_positive(f"{p}.demand_window_ms", self.demand_window_ms),
+            *_finite_nonneg(f"{p}.cpu_cost_weight", self.cpu_cost_weight),
+            *_finite_nonneg(f"{p}.accelerator_cost_weight", self.accelerator_cost_weight),
+            *_finite_nonneg(f"{p}.shed_quiet_ms", self.shed_quiet_ms),
+            *self.histogram.validate(f"{p}.histogram"),
+        ]
+        if self.shed_step <= 0.0:
+            problems.append(f"{p}.shed_step: must be > 0 (got {self.shed_step!r})")
+        if self.reserve_slots < 0:
+            problems.append(f"{p}.reserve_slots: must be ≥ 0 (got {self.reserve_slots!r})")
+        if self.threshold_refresh < 1:
+            problems.append(f"{p}.threshold_refresh: must be ≥ 1 (got {self.threshold_refresh!r})")
+        if self.cpu_cost_weight + self.accelerator_cost_weight <= 0.0:
+            problems.append(f"{p}.cpu_cost_weight: at least one cost weight must be > 0")
+        if problems:
+            raise ConfigError(problems)
+
+
+class ServerShedder:
+    """Server-side shedding core for one ranking server (see the module docstring).
+
+    Call :meth:`observe` with each health reading (queueing delay, free slots),
+    :meth:`on_capacity` whenever the opportunistic level changes, :meth:`decide` (or
+    :meth:`decide_batch`) for each arriving request, :meth:`trim_inflight` after a capacity drop,
+    and :meth:`poll` now and then for ``shedding.started`` / ``shedding.stopped`` transitions.
+    """
+
+    def __init__(
+        self,
+        config: ServerShedConfig | None = None,
+        capacity: OptionalCapacity | None = None,
+        now: float = 0.0,
+    ) -> None:
+        cfg = config or ServerShedConfig()
+        self.config = cfg
+        cap = capacity or OptionalCapacity(0.0, 0.0)
+        self._wc = cfg.cpu_cost_weight
+        self._wa = cfg.accelerator_cost_weight
+        # Opportunistic level (units = ms of work per ms) and token buckets (ms of work).
+        self._cap_cpu = cap.cpu
+        self._cap_acc = cap.accelerator
+        self._tok_cpu = cap.cpu * cfg.burst_ms  # a new server starts with full buckets
+        self._tok_acc = cap.accelerator * cfg.burst_ms
+        self._t = now  # time the buckets, τ decay and demand decay were last brought up to
+        # Offered optional demand, time-decayed sums of ms (rate = sum / demand_window_ms).
+        self._dem_cpu = 0.0
+        self._dem_acc = 0.0
+        # CoDel state.
+        self._first_above: float | None = None
+        self._dropping = False
+        self._count = 0
+        self._drop_next = 0.0
+        self._queue_ms = 0.0
+        self._exh_cpu = False
+        self._exh_acc = False
+        self._reported_overload = False
+        self._codel_steps = 0  # loop iterations spent on CoDel drop times (cost, not state)
+        # τ_overload and the cached threshold θ.
+        self._tau_over = 0.0
+        self._hist = DecayedLogHistogram(cfg.histogram)
+        self._theta = 0.0
+        self._theta_tau = 0.0
+        self._since_refresh = 0
+        self._dirty = True
+        # Shedding episode (for poll()).
+        self._shedding = False
+        self._last_drop = -_INF
+        self._ep_dropped = 0
+        self._ep_extra = 0
+        self._ep_strong = 0
+        # Counters.
+        self._n = [0, 0, 0, 0]  # per Decision
+        # Config scalars, read on every decision (attribute look-ups are the hot path's cost).
+        self._burst = cfg.burst_ms
+        self._window = cfg.demand_window_ms
+        self._recovery = cfg.recovery_per_s
+        self._budget_aware = cfg.budget_aware
+        self._refresh = cfg.threshold_refresh
+        self._dropped_extra = 0
+        self._dropped_strong = 0
+        self._inflight_cut = 0
+
+    # -- time -----------------------------------------------------------------------------
+
+    def _advance(self, now: float) -> None:
+        """Bring buckets, τ_overload and the demand estimate up to ``now``.
+
+        Time never runs backwards here: an older ``now`` (out-of-order readings) changes nothing.
+        """
+        dt = now - self._t
+        if dt <= 0.0:
+            return
+        self._t = now
+        dt_ms = dt * 1000.0
+        cap = self._cap_cpu
+        if cap > 0.0:
+            tok = self._tok_cpu + cap * dt_ms
+            depth = cap * self._burst
+            self._tok_cpu = depth if tok > depth else tok
+        cap = self._cap_acc
+        if cap > 0.0:
+            tok = self._tok_acc + cap * dt_ms
+            depth = cap * self._burst
+            self._tok_acc = depth if tok > depth else tok
+        if self._dem_cpu > 0.0 or self._dem_acc > 0.0:
+            decay = math.exp(-dt_ms / self._window)
+            self._dem_cpu *= decay
+            self._dem_acc *= decay
+        if self._tau_over > 0.0 and not self._dropping:
+            tau = self._tau_over - self._recovery * dt
+            self._tau_over = tau if tau > 0.0 else 0.0
+            self._dirty = True
+
+    # -- inputs ---------------------------------------------------------------------------
+
+    def on_capacity(self, level: OptionalCapacity, now: float) -> bool:
+        """Set the opportunistic level; takes effect on the very next decision.
+
+        A bucket keeps its fill fraction when its level falls (tokens × new/old, so a drop to
+        zero empties it at once) and gains the new depth when its level rises (granted capacity
+        is usable at once). Returns True when the level went down on some resource (the caller
+        should then call :meth:`trim_inflight`).
+        """
+        self._advance(now)
+        burst = self.config.burst_ms
+        reduced = False
+
+        def rebucket(tokens: float, old: float, new: float) -> float:
+            if new < old:
+                return tokens * (new / old) if old > 0.0 else 0.0
+            return min(new * burst, tokens + (new - old) * burst)
+
+        if level.cpu != self._cap_cpu:
+            reduced |= level.cpu < self._cap_cpu
+            self._tok_cpu = rebucket(self._tok_cpu, self._cap_cpu, level.cpu)
+            self._cap_cpu = level.cpu
+        if level.accelerator != self._cap_acc:
+            reduced |= level.accelerator < self._cap_acc
+            self._tok_acc = rebucket(self._tok_acc, self._cap_acc, level.accelerator)
+            self._cap_acc = level.accelerator
+        self._dirty = True
+        return reduced
+
+    @property
+    def capacity(self) -> OptionalCapacity:
+        return OptionalCapacity(self._cap_cpu, self._cap_acc)
+
+    def observe(
+        self,
+        now: float,
+        queue_ms: float,
+        free_slots: Mapping[str, float] | None = None,
+    ) -> OverloadTransition | None:
+        """Feed one health reading: the queueing delay (CoDel: the sojourn time of the request
+        just dequeued) and, optionally, free slots per resource (``"cpu"``, ``"accelerator"``).
+        Returns a transition when the overloaded state changes."""
+        if not math.isfinite(queue_ms) or queue_ms < 0.0:
+            raise ValueError(f"queue_ms: must be a finite number ≥ 0 (got {queue_ms!r})")
+        self._advance(now)
+        cfg = self.config
+        self._queue_ms = queue_ms
+        if queue_ms < cfg.target_queue_ms:
+            self._first_above = None
+            self._dropping = False
+        elif self._first_above is None:
+            self._first_above = now + cfg.interval_ms / 1000.0
+        elif not self._dropping:
+            if now >= self._first_above:
+                self._dropping = True
+                self._count = 1
+                self._raise_tau()
+                self._drop_next = now + cfg.interval_ms / 1000.0
+        elif now >= self._drop_next:
+            self._pass_drop_times(now)
+        if free_slots is not None:
+            for key, free in free_slots.items():
+                if key == "cpu":
+                    self._exh_cpu = free <= cfg.reserve_slots
+                elif key == "accelerator":
+                    self._exh_acc = free <= cfg.reserve_slots
+                else:
+                    raise ValueError(f"free_slots: unknown resource {key!r} (cpu, accelerator)")
+        overloaded = self.overloaded
+        if overloaded == self._reported_overload:
+            return None
+        self._reported_overload = overloaded
+        if overloaded:
+            reason = "queue_delay" if self._dropping else "slots_exhausted"
+            return OverloadTransition(ShedEvent.OVERLOAD_ENTERED, now, queue_ms, reason)
+        return OverloadTransition(ShedEvent.OVERLOAD_LEFT, now, queue_ms, "recovered")
+
+    def _raise_tau(self) -> None:
+        cfg = self.config
+        self._tau_over = min(cfg.max_shed_quantile, self._tau_over + cfg.shed_step)
+        self._dirty = True
+
+    def _pass_drop_times(self, now: float) -> None:
+        """Every CoDel drop time ``≤ now`` raises τ_overload by one step (CoDel's control law).
+
+        The first :data:`_CODEL_STEPS` drop times are stepped through one at a time (bit for bit
+        the textbook loop); beyond that the count is found in closed form, and τ is raised only
+        until it stops moving (at ``max_shed_quantile``), so the work is bounded per call.
+        """
+        interval = self.config.interval_ms / 1000.0
+        count = self._count
+        drop_next = self._drop_next
+        steps = 0
+        while now >= drop_next and steps < _CODEL_STEPS:
+            count += 1
+            drop_next += interval / math.sqrt(count)
+            steps += 1
+        if now >= drop_next:
+            jump = codel_catch_up(count, drop_next, now, interval)
+            count, drop_next = jump.drops, jump.drop_next
+            steps += jump.steps
+        passed = count - self._count
+        self._count = count
+        self._drop_next = drop_next
+        if passed > 0:
+            # Raising τ repeatedly is a no-op once it reaches its ceiling: stop there.
+            cap = self.config.max_shed_quantile
+            step = self.config.shed_step
+            tau = self._tau_over
+            for _ in range(passed):
+                raised = min(cap, tau + step)
+                steps += 1
+                if raised == tau:
+                    break
+                tau = raised
+            self._tau_over = tau
+            self._dirty = True
+        self._codel_steps += steps
+
+    # -- the threshold --------------------------------------------------------------------
+
+    def _tau(self) -> float:
+        tau = self._tau_over
+        if self._budget_aware:
+            dem = self._dem_cpu
+            if dem > 0.0:
+                b = 1.0 - self._cap_cpu * self._window / dem
+                if b > tau:
+                    tau = b
+            dem = self._dem_acc
+            if dem > 0.0:
+                b = 1.0 - self._cap_acc * self._window / dem
+                if b > tau:
+                    tau = b
+        return 1.0 if tau > 1.0 else (tau if tau > 0.0 else 0.0)
+
+    def _current_threshold(self) -> float:
+        tau = self._tau()
+        moved = tau - self._theta_tau
+        if self._dirty or self._since_refresh >= self._refresh or moved > 0.01 or moved < -0.01:
+            self._theta = self._hist.quantile(tau) if tau > 0.0 else 0.0
+            self._theta_tau = tau
+            self._since_refresh = 0
+            self._dirty = False
+        return self._theta
+
+    # -- decisions ------------------------------------------------------------------------
+
+    def decide(self, now: float, work: OptionalWork) -> Verdict:
+        """Decide one request's optional work (arrival order; see :meth:`decide_batch`)."""
+        extra = work.extra
+        strong = work.strong
+        if extra <= 0 and not strong:
+            self._n[0] += 1
+            return _ADMIT_NOTHING
+        if now > self._t:
+            self._advance(now)
+        ec = work.extra_cpu_ms if extra > 0 else 0.0
+        ea = work.extra_accelerator_ms if extra > 0 else 0.0
+        sc = work.strong_cpu_ms if strong else 0.0
+        sa = work.strong_accelerator_ms if strong else 0.0
+        cpu = ec + sc
+        acc = ea + sa
+        cost = self._wc * cpu + self._wa * acc
+        self._dem_cpu += cpu
+        self._dem_acc += acc
+        self._since_refresh += 1
+        # θ comes from the requests before this one, so the decision is monotone in its value.
+        theta = self._current_threshold()
+        if cost > 0.0:
+            vpc = work.value / cost
+            self._hist.add(vpc, cost)
+        else:
+            vpc = _INF
+
+        keep_strong = False
+        n = 0
+        if vpc >= theta:
+            tok_cpu = 0.0 if self._exh_cpu else self._tok_cpu
+            tok_acc = 0.0 if self._exh_acc else self._tok_acc
+            if strong and sc <= tok_cpu + _EPS and sa <= tok_acc + _EPS:
+                keep_strong = True
+                tok_cpu -= sc
+                tok_acc -= sa
+                self._tok_cpu -= sc
+                self._tok_acc -= sa
+            if extra > 0:
+                n = extra
+                # Only a bucket short of the full cost limits n (and the ratio is then < extra,
+                # so it cannot overflow whatever the costs).
+                if tok_cpu + _EPS < ec:
+                    n = min(n, int(max(0.0, tok_cpu) * extra / ec + 1e-9))
+                if tok_acc + _EPS < ea:
+                    n = min(n, int(max(0.0, tok_acc) * extra / ea + 1e-9))
+                if n > 0:
+                    self._tok_cpu -= ec * n / extra
+                    self._tok_acc -= ea * n / extra
+        return self._verdict(now, extra, strong, n, keep_strong)
+
+    def _verdict(self, now: float, extra: int, strong: bool, n: int, keep_strong: bool) -> Verdict:
+        lost_strong = strong and not keep_strong
+        lost_extra = extra - n if extra > 0 else 0
+        if not lost_strong and lost_extra <= 0:
+            self._n[0] += 1
+            return Verdict(_ADMIT, n, keep_strong)
+        if lost_strong:
+            decision, code = (_DOWNGRADE, 2) if (n > 0 or extra <= 0) else (_SHED, 3)
+        else:
+            decision, code = (_TRIM, 1) if (n > 0 or keep_strong) else (_SHED, 3)
+        self._n[code] += 1
+        self._dropped_extra += lost_extra
+        self._dropped_strong += lost_strong
+        self._ep_dropped += 1
+        self._ep_extra += lost_extra
+        self._ep_strong += lost_strong
+        self._last_drop = now
+        return Verdict(decision, n, keep_strong)
+
+    def decide_batch(
+        self,
+        now: float,
+        value: npt.ArrayLike,
+        extra: npt.ArrayLike,
+        extra_cpu_ms: npt.ArrayLike,
+        extra_accelerator_ms: npt.ArrayLike,
+        strong: npt.ArrayLike,
+        strong_cpu_ms: npt.ArrayLike,
+        strong_accelerator_ms: npt.ArrayLike,
+        span_s: float = 0.0,
+    ) -> BatchVerdict:
+        """Decide many requests that arrive together (same ``now``).
+
+        ``span_s`` > 0 says the batch stands for the arrivals of ``(now − span_s, now]`` (a
+        simulator step): the buckets then also pay for what the level can do during the span,
+        ``level × span``, on top of what they hold (a fluid approximation; without it a batch
+        could never use more than ``burst_ms`` of work).
+
+        All arrays have one entry per request (costs as in :class:`OptionalWork`). The batch is
+        served in decreasing value per cost: the strong parts fill the buckets first, then the
+        extra candidates, the first request that no longer fits is trimmed to what remains and
+        the ones after it are shed. So within a batch, no request keeps optional work while one
+        with a higher vpc and the same needs lost it.
+        """
+        value = np.asarray(value, dtype=np.float64)
+        m = value.shape[0]
+        extra_i = np.asarray(extra, dtype=np.int64)
+        strong_b = np.asarray(strong, dtype=np.bool_)
+        has_extra = extra_i > 0
+        ec = np.where(has_extra, np.asarray(extra_cpu_ms, dtype=np.float64), 0.0)
+        ea = np.where(has_extra, np.asarray(extra_accelerator_ms, dtype=np.float64), 0.0)
+        sc = np.where(strong_b, np.asarray(strong_cpu_ms, dtype=np.float64), 0.0)
+        sa = np.where(strong_b, np.asarray(strong_accelerator_ms, dtype=np.float64), 0.0)
+        optional = has_extra | strong_b
+        out_extra = np.where(has_extra, extra_i, 0)
+        out_strong = strong_b.copy()
+        codes = np.zeros(m, dtype=np.int8)
+        n_opt = int(optional.sum())
+        self._n[0] += m - n_opt
+        if n_opt == 0:
+            if now > self._t:
+                self._advance(now)
+            return BatchVerdict(codes, out_extra, out_strong)
+        if span_s > 0.0:
+            start = max(self._t, now - span_s)  # never pay twice for time already counted
+            self._advance(start)
+            start_cpu, start_acc = self._tok_cpu, self._tok_acc
+            self._advance(now)
+            span_ms = max(0.0, now - start) * 1000.0
+            self._tok_cpu = start_cpu + self._cap_cpu * span_ms
+            self._tok_acc = start_acc + self._cap_acc * span_ms
+        elif now > self._t:
+            self._advance(now)
+
+        cpu = ec + sc
+        acc = ea + sa
+        cost = self._wc * cpu + self._wa * acc
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            vpc = np.where(cost > 0.0, value / np.where(cost > 0.0, cost, 1.0), _INF)
+        self._dem_cpu += float(cpu[optional].sum())
+        self._dem_acc += float(acc[optional].sum())
+        self._since_refresh += n_opt
+        theta = self._current_threshold()  # from the requests before this batch
+        priced = optional & (cost > 0.0)
+        self._hist.add_many(vpc[priced], cost[priced])
+
+        idx = np.flatnonzero(optional & (vpc >= theta))
+        idx = idx[np.argsort(-vpc[idx], kind="stable")]
+        keep_strong = np.zeros(m, dtype=np.bool_)
+        n = np.zeros(m, dtype=np.int64)
+        tok_cpu = 0.0 if self._exh_cpu else self._tok_cpu
+        tok_acc = 0.0 if self._exh_acc else self._tok_acc
+        spent_cpu = spent_acc = 0.0
+        if idx.size:
+            # Strong parts: indivisible, greedy prefix in vpc order.
+            s_idx = idx[strong_b[idx]]
+            if s_idx.size:
+                cc = np.cumsum(sc[s_idx])
+                ca = np.cumsum(sa[s_idx])
+                fits = (cc <= tok_cpu + _EPS) & (ca <= tok_acc + _EPS)
+                k = int(np.argmin(fits)) if not fits.all() else fits.size
+                keep_strong[s_idx[:k]] = True
+                if k:
+                    spent_cpu, spent_acc = float(cc[k - 1]), float(ca[k - 1])
+            # Extras: divisible, greedy prefix; the first that does not fit is trimmed.
+            e_idx = idx[has_extra[idx]]
+            if e_idx.size:
+                rem_cpu = tok_cpu - spent_cpu
+                rem_acc = tok_acc - spent_acc
+                cc = np.cumsum(ec[e_idx])
+                ca = np.cumsum(ea[e_idx])
+                fits = (cc <= rem_cpu + _EPS) & (ca <= rem_acc + _EPS)
+                k = int(np.argmin(fits)) if not fits.all() else fits.size
+                n[e_idx[:k]] = extra_i[e_idx[:k]]
+                if k:
+                    spent_cpu += float(cc[k - 1])
+                    spent_acc += float(ca[k - 1])
+                if k < e_idx.size:
+                    j = int(e_idx[k])
+                    part = int(extra_i[j])
+                    left_cpu = tok_cpu - spent_cpu
+                    left_acc = tok_acc - spent_acc
+                    if left_cpu + _EPS < ec[j]:
+                        part = min(part, int(max(0.0, left_cpu) * extra_i[j] / ec[j] + 1e-9))
+                    if left_acc + _EPS < ea[j]:
+                        part = min(part, int(max(0.0, left_acc) * extra_i[j] / ea[j] + 1e-9))
+                    if part > 0:
+                        n[j] = part
+                        spent_cpu += float(ec[j]) * part / float(extra_i[j])
+                        spent_acc += float(ea[j]) * part / float(extra_i[j])
+        burst = self.config.burst_ms
+        self._tok_cpu = min(self._cap_cpu * burst, self._tok_cpu - spent_cpu)
+        self._tok_acc = min(self._cap_acc * burst, self._tok_acc - spent_acc)
+
+        lost_strong = strong_b & ~keep_strong
+        lost_extra = np.where(has_extra, extra_i - n, 0)
+        codes[optional] = Decision.ADMIT
+        trimmed = optional & ~lost_strong & (lost_extra > 0)
+        codes[trimmed] = np.where((n[trimmed] > 0) | keep_strong[trimmed], 1, 3)
+        codes[lost_strong] = np.where((n[lost_strong] > 0) | ~has_extra[lost_strong], 2, 3)
+        out_extra = np.where(has_extra, n, 0)
+        out_strong = keep_strong
+        counts = np.bincount(codes[optional], minlength=4)
+        for d in range(4):
+            self._n[d] += int(counts[d])
+        n_dropped = int(n_opt - counts[0])
+        if n_dropped:
+            lost_e = int(lost_extra.sum())
+            lost_s = int(lost_strong.sum())
+            self._dropped_extra += lost_e
+            self._dropped_strong += lost_s
+            self._ep_dropped += n_dropped
+            self._ep_extra += lost_e
+            self._ep_strong += lost_s
+            self._last_drop = now
+        return BatchVerdict(codes, out_extra, out_strong)
+
+    def trim_inflight(self, now: float, inflight: Sequence[InflightWork]) -> list[InflightCut]:
+        """Which running optional work to cut so the rest fits the current level.
+
+        Cuts go lowest value per unit of occupied capacity first, and only items that occupy a
+        resource still over its level are cut (cutting the others would free nothing useful).
+        Each cut drops the item's whole optional part: ``DOWNGRADE`` for strong-model-only work,
+        ``SHED`` otherwise.
+        """
+        if not inflight:
+            return []
+        value = np.fromiter((w.value for w in inflight), dtype=np.float64, count=len(inflight))
+        cpu = np.fromiter((w.cpu for w in inflight), dtype=np.float64, count=len(inflight))
+        acc = np.fromiter((w.accelerator for w in inflight), dtype=np.float64, count=len(inflight))
+        cut = self.trim_inflight_batch(now, value, cpu, acc)
+        out = []
+        for i in np.flatnonzero(cut):
+            w = inflight[int(i)]
+            decision = Decision.DOWNGRADE if (w.strong and w.extra <= 0) else Decision.SHED
+            out.append(InflightCut(w.id, decision, w.value))
+        return out
+
+    def trim_inflight_batch(
+        self, now: float, value: npt.ArrayLike, cpu: npt.ArrayLike, accelerator: npt.ArrayLike
+    ) -> BoolArray:
+        """Array form of :meth:`trim_inflight`: a mask of the in-flight items to cut."""
+        self._advance(now)
+        value = np.asarray(value, dtype=np.float64)
+        cpu = np.asarray(cpu, dtype=np.float64)
+        acc = np.asarray(accelerator, dtype=np.float64)
+        cut = np.zeros(value.shape[0], dtype=np.bool_)
+        over_cpu = float(cpu.sum()) - self._cap_cpu
+        over_acc = float(acc.sum()) - self._cap_acc
+        eps = 1e-9
+        if over_cpu <= eps and over_acc <= eps:
+            return cut
+        occupied = self._wc * cpu + self._wa * acc
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            vpc = np.where(occupied > 0.0, value / np.where(occupied > 0.0, occupied, 1.0), _INF)
+        for i in np.argsort(vpc, kind="stable"):
+            helps = (over_cpu > eps and cpu[i] > 0.0) or (over_acc > eps and acc[i] > 0.0)
+            if not helps:
+                continue
+            cut[i] = True
+            over_cpu -= float(cpu[i])
+            over_acc -= float(acc[i])
+            if over_cpu <= eps and over_acc <= eps:
+                break
+        n_cut = int(cut.sum())
+        if n_cut:
+            self._inflight_cut += n_cut
+            self._ep_dropped += n_cut
+            self._last_drop = now
+        return cut
+
+    def poll(self, now: float) -> ShedTransition | None:
+        """``shedding.started`` after the first drop of an episode, ``shedding.stopped`` once no
+        optional work has been dropped for ``shed_quiet_ms`` (the totals of the episode)."""
+        if not self._shedding:
+            if self._ep_dropped > 0:
+                self._shedding = True
+                return ShedTransition(
+                    ShedEvent.STARTED, "server", now, self._ep_dropped, self._ep_extra,
+                    self._ep_strong,
+                )  # fmt: skip
+            return None
+        if (now - self._last_drop) * 1000.0 >= self.config.shed_quiet_ms:
+            t = ShedTransition(
+                ShedEvent.STOPPED, "server", now, self._ep_dropped, self._ep_extra, self._ep_strong
+            )
+            self._shedding = False
+            self._ep_dropped = self._ep_extra = self._ep_strong = 0
+            return t
+        return None
+
+    # -- introspection and state ----------------------------------------------------------
+
+    @property
+    def overloaded(self) -> bool:
+        """CoDel says the queue has stood above target for an interval, or slots are exhausted."""
+        return self._dropping or self._exh_cpu or self._exh_acc
+
+    @property
+    def shedding(self) -> bool:
+        return self._shedding
+
+    @property
+    def codel_steps(self) -> int:
+        """Loop iterations spent passing CoDel drop times since construction: a cost counter
+        (bounded per :meth:`observe` call), not part of the snapshot."""
+        return self._codel_steps
+
+    @property
+    def threshold(self) -> float:
+        """Current value-per-cost threshold θ (0 = everything passes)."""
+        return self._current_threshold()
+
+    @property
+    def shed_quantile(self) -> float:
+        """τ: the share of recent optional work (by cost, lowest vpc first) being shed."""
+        return self._tau()
+
+    @property
+    def tokens(self) -> tuple[float, float]:
+        """Token-bucket contents (cpu ms, accelerator ms)."""
+        return (self._tok_cpu, self._tok_acc)
+
+    @property
+    def stats(self) -> ServerShedStats:
+        return ServerShedStats(
+            decisions=sum(self._n),
+            admitted=self._n[Decision.ADMIT],
+            trimmed=self._n[Decision.TRIM],
+            downgraded=self._n[Decision.DOWNGRADE],
+            shed=self._n[Decision.SHED],
+            dropped_extra_candidates=self._dropped_extra,
+            dropped_strong=self._dropped_strong,
+            inflight_cut=self._inflight_cut,
+        )
+
+    _STATE = (
+        "_cap_cpu", "_cap_acc", "_tok_cpu", "_tok_acc", "_t", "_dem_cpu", "_dem_acc",
+        "_first_above", "_dropping", "_count", "_drop_next", "_queue_ms", "_exh_cpu", "_exh_acc",
+        "_reported_overload", "_tau_over", "_theta", "_theta_tau", "_since_refresh", "_dirty",
+        "_shedding", "_last_drop", "_ep_dropped", "_ep_extra", "_ep_strong", "_dropped_extra",
+        "_dropped_strong", "_inflight_cut",
+    )  # fmt: skip
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything the next decisions depend on, as plain data (JSON-able except ±inf)."""
+        state: dict[str, Any] = {k.lstrip("_"): _plain(getattr(self, k)) for k in self._STATE}
+        state["n"] = list(self._n)
+        state["hist"] = self._hist.snapshot()
+        return state
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Resume exactly from :meth:`snapshot` (the config is this object's own)."""
+        for k in self._STATE:
+            v = state[k.lstrip("_")]
+            setattr(self, k, float(v) if isinstance(v, str) else v)
+        self._n = [int(x) for x in state["n"]]
+        self._hist.restore(state["hist"])
+
+
+# --------------------------------------------------------------------------------------------
+# CoDel drop times in closed form
+# --------------------------------------------------------------------------------------------
+
+_CODEL_STEPS = 4  # drop times stepped one by one per observe() before the closed form takes over
+_ZETA_HALF = -1.4603545088095868  # ζ(1/2), the constant of the Euler–Maclaurin expansion of H
+_H_TABLE_SIZE = 64  # H(c) tabulated below this; the expansion is exact to float precision above
+
+
+def _h_table(size: int) -> list[float]:
+    table = [0.0]
+    for k in range(1, size):
+        table.append(table[-1] + 1.0 / math.sqrt(k))
+    return table
+
+
+_H_TABLE = _h_table(_H_TABLE_SIZE)
+
+
+def _h(c: int) -> float:
+    """``H(c) = Σ_{k=1..c} k^(−1/2)``: a table for small ``c``, else the Euler–Maclaurin expansion
+    ``ζ(1/2) + 2√c + 1/(2√c) − 1/(24 c^{3/2}) + 1/(384 c^{7/2}) − 1/(1024 c^{11/2})`` (Bernoulli
+    terms B₂, B₄, B₆; the next term is below 10⁻¹⁸ at c = 64)."""
+    if c < _H_TABLE_SIZE:
+        return _H_TABLE[c]
+    r = math.sqrt(c)
+    inv = 1.0 / c
+    return (
+        _ZETA_HALF + 2.0 * r + 0.5 / r
+        - inv / (24.0 * r) + inv**3 / (384.0 * r) - inv**5 / (1024.0 * r)
+    )  # fmt: skip
+
+
+class CodelCatchUp(NamedTuple):
+    """Where the CoDel control law stands after passing every drop time ``≤ now``."""
+
+    drops: int  # drops so far in this dropping episode (the shedder's CoDel count)
+    drop_next: float  # the next drop time, > now
+    steps: int  # loop iterations this took (a cost counter; bounded by a small constant)
+
+
+def codel_catch_up(count: int, drop_next: float, now: float, interval_s: float) -> CodelCatchUp:
+    """Pass every CoDel drop time ``≤ now`` in O(1), from state ``(count, drop_next)``.
+
+    CoDel's control law schedules drop ``c + 1`` at ``interval / √(c + 1)`` after drop ``c``, so
+    ``drop_next`` after ``c′`` drops is ``drop_next + interval·(H(c′) − H(count))``. The answer is
+    the smallest ``c′ > count`` that puts it after ``now`` (or ``count`` itself when
+    ``now < drop_next``). Inverting ``H(c) ≈ ζ(1/2) + 2u + 1/(2u)``, ``u = √c``, gives ``c′`` to
+    within one; a few exact comparisons settle it. Equal to :func:`codel_catch_up_stepping` up to
+    floating-point rounding (the stepping loop accumulates one rounding error per drop time).
+    """
+    if not now >= drop_next:
+        return CodelCatchUp(count, drop_next, 0)
+    h0 = _h(count)
+    y = h0 + (now - drop_next) / interval_s  # find the smallest c′ > count with H(c′) > y
+    a = y - _ZETA_HALF
+    u = (a + math.sqrt(max(a * a - 4.0, 0.0))) / 4.0  # 2u + 1/(2u) = a
+    guess = int(u * u) if u * u < 9.0e18 else 9 * 10**18
+    c = max(count + 1, guess)
+    steps = 1
+    while _h(c) <= y:
+        c += 1
+        steps += 1
+    while c - 1 > count and _h(c - 1) > y:
+        c -= 1
+        steps += 1
+    return CodelCatchUp(c, drop_next + interval_s * (_h(c) - h0), steps)
+
+
+def codel_catch_up_stepping(
+    count: int, drop_next: float, now: float, interval_s: float
+) -> CodelCatchUp:
+    """The textbook loop :func:`codel_catch_up` replaces: one iteration per drop time (its cost
+    grows with the square of the time spent dropping). Kept as the reference for tests."""
+    steps = 0
+    while now >= drop_next:
+        count += 1
+        drop_next += interval_s / math.sqrt(count)
+        steps += 1
+    return CodelCatchUp(count, drop_next, steps)
+
+
+_ADMIT_NOTHING = Verdict(Decision.ADMIT, 0, False)
+_ADMIT, _TRIM, _DOWNGRADE, _SHED = Decision.ADMIT, Decision.TRIM, Decision.DOWNGRADE, Decision.SHED
+
+
+def _plain(v: Any) -> Any:
+    """JSON has no infinities: store them as the strings float() reads back."""
+    if isinstance(v, float) and math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return v
+
+
+# --------------------------------------------------------------------------------------------
+# Client side
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ClientShedConfig:
+    """Client-side AIMD on the optional-work multiplier (sources in the module docstring)."""
+
+    decrease_factor: float = 0.5  # β: m ← m·β on overload (TCP halving)
+    decrease_interval_ms: float = 100.0  # at most one decrease per this interval
+    recovery_per_s: float = 0.2  # additive recovery: 0 → 1 in 5 s of healthy responses
+    overload_queue_ms: float | None = 50.0  # queue delay above this counts as overload too
+    zero_below: float = 0.01  # a multiplier under this snaps to 0 (no optional work)
+
+    def __post_init__(self) -> None:
+        p = "shedding.client"
+        problems = [
+            *_unit(f"{p}.decrease_factor", self.decrease_factor),
+            *_finite_nonneg(f"{p}.decrease_interval_ms", self.decrease_interval_ms),
+            *_positive(f"{p}.recovery_per_s", self.recovery_per_s),
+            *_unit(f"{p}.zero_below", self.zero_below),
+        ]
+        if self.decrease_factor >= 1.0:
+            problems.append(f"{p}.decrease_factor: must be < 1 (got {self.decrease_factor!r})")
+        if self.overload_queue_ms is not None:
+            problems += _finite_nonneg(f"{p}.overload_queue_ms", self.overload_queue_ms)
+        if problems:
+            raise ConfigError(problems)
+
+
+class ClientShedder:
+    """Client-side optional-work multiplier for one server (see the module docstring).
+
+    Keep one per server the client talks to; feed :meth:`on_response` with the health of every
+    response from that server and ask :meth:`apply` (or :meth:`keep_mask`) what each request
+    may keep.
+    """
+
+    def __init__(self, config: ClientShedConfig | None = None, now: float = 0.0) -> None:
+        self.config = config or ClientShedConfig()
+        self._m = 1.0
+        self._t = now
+        self._recovering = True
+        self._last_decrease: float | None = None
+        self._shedding = False
+        self._ep_dropped = 0
+        self._ep_extra = 0
+        self._ep_strong = 0
+        self._decreases = 0
+
+    def on_response(
+        self, now: float, overloaded: bool, queue_ms: float | None = None
+    ) -> ShedTransition | None:
+        """Fold in the health carried by one response; returns a transition when shedding
+        starts (multiplier leaves 1) or stops (multiplier back at 1)."""
+        cfg = self.config
+        if not overloaded and queue_ms is not None and cfg.overload_queue_ms is not None:
+            overloaded = queue_ms > cfg.overload_queue_ms
+        m = self.multiplier_at(now)
+        if now > self._t:
+            self._t = now
+        if overloaded:
+            self._recovering = False
+            if (
+                self._last_decrease is None
+                or (now - self._last_decrease) * 1000.0 >= cfg.decrease_interval_ms
+            ):
+                m *= cfg.decrease_factor
+                if m < cfg.zero_below:
+                    m = 0.0
+                self._last_decrease = now
+                self._decreases += 1
+        else:
+            self._recovering = True
+        self._m = m
+        return self.poll(now)
+
+    def poll(self, now: float) -> ShedTransition | None:
+        """The shedding transition due at ``now``, if any (recovery happens with time, so a
+        client with no traffic can still learn that shedding stopped)."""
+        m = self.multiplier_at(now)
+        if not self._shedding and m < 1.0:
+            self._shedding = True
+            return ShedTransition(ShedEvent.STARTED, "client", now, 0, multiplier=m)
+        if self._shedding and m >= 1.0:
+            t = ShedTransition(
+                ShedEvent.STOPPED, "client", now, self._ep_dropped, self._ep_extra,
+                self._ep_strong, multiplier=m,
+            )  # fmt: skip
+            self._shedding = False
+            self._ep_dropped = self._ep_extra = self._ep_strong = 0
+            return t
+        return None
+
+    @property
+    def multiplier(self) -> float:
+        """The multiplier as of the last call that carried a time."""
+        return self.multiplier_at(self._t)
+
+    @property
+    def shedding(self) -> bool:
+        return self._shedding
+
+    def multiplier_at(self, now: float) -> float:
+        """The multiplier including additive recovery up to ``now`` (does not change state)."""
+        m = self._m
+        if self._recovering and m < 1.0 and now > self._t:
+            m = m + self.config.recovery_per_s * (now - self._t)
+            if m >= 1.0 - 1e-9:  # (now − t) loses bits to rounding; full recovery is exact
+                m = 1.0
+        return m
+
+    def keeps(self, value_rank: float, now: float | None = None) -> bool:
+        """True when a request of this value rank keeps its optional work: m > 0 and
+        rank ≥ 1 − m, so the multiplier is spent on the highest-value requests."""
+        m = self.multiplier_at(self._t if now is None else now)
+        return m > 0.0 and value_rank >= 1.0 - m
+
+    def apply(self, now: float, value_rank: float, extra: int, strong: bool) -> tuple[int, bool]:
+        """Extra candidates and strong routing a request keeps; counts what is dropped."""
+        if extra <= 0 and not strong:
+            return (0, False)
+        if self.keeps(value_rank, now):
+            return (extra, strong)
+        self._ep_dropped += 1
+        self._ep_extra += max(0, extra)
+        self._ep_strong += int(strong)
+        return (0, False)
+
+    def keep_mask(self, now: float, value_rank: npt.ArrayLike) -> BoolArray:
+        """Array form of :meth:`keeps` for the simulator: pass the ranks of requests that ask for
+        optional work; every False is counted as one dropped request."""
+        ranks = np.asarray(value_rank, dtype=np.float64)
+        m = self.multiplier_at(now)
+        mask: BoolArray = (ranks >= 1.0 - m) if m > 0.0 else np.zeros(ranks.shape, np.bool_)
+        self._ep_dropped += int(ranks.size - int(mask.sum()))
+        return mask
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "m": self._m,
+            "t": self._t,
+            "recovering": self._recovering,
+            "last_decrease": self._last_decrease,
+            "shedding": self._shedding,
+            "ep_dropped": self._ep_dropped,
+            "ep_extra": self._ep_extra,
+            "ep_strong": self._ep_strong,
+            "decreases": self._decreases,
+        }
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        self._m = float(state["m"])
+        self._t = float(state["t"])
+        self._recovering = bool(state["recovering"])
+        ld = state["last_decrease"]
+        self._last_decrease = None if ld is None else float(ld)
+        self._shedding = bool(state["shedding"])
+        self._ep_dropped = int(state["ep_dropped"])
+        self._ep_extra = int(state["ep_extra"])
+        self._ep_strong = int(state["ep_strong"])
+        self._decreases = int(state["decreases"])

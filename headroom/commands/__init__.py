@@ -1,0 +1,3 @@
+"""The command line's commands: each module parses nothing, it runs one command
+from the arguments :mod:`headroom.cli` parsed.
+"""

@@ -1,0 +1,69 @@
+"""``headroom server --region R --pool P``: run one ranking replica until SIGINT/SIGTERM.
+
+Prints ``listening on HOST:PORT`` on stdout once it accepts connections (``--port 0`` picks a
+free port: this line says which), and ``metrics on http://…/metrics`` when ``--metrics-port`` is
+given. Logs are structlog JSON lines on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+
+from headroom.kernel.logs import configure
+from headroom.kernel.scenario_load import load_scenario
+from headroom.kernel.settings import default_scenario_path
+from headroom.streams.kafka import KafkaTarget
+
+
+def default_replica(region: str, pool: str) -> str:
+    return f"{region}-{pool[:3]}-{socket.gethostname()}-{os.getpid()}"
+
+
+def resolve_t0(flag: float | None) -> float:
+    """``--t0``, else ``$HEADROOM_T0``, else 0 (windows aligned to the Unix epoch)."""
+    if flag is not None:
+        return float(flag)
+    env = os.environ.get("HEADROOM_T0")
+    return float(env) if env else 0.0
+
+
+def server(args: argparse.Namespace) -> int:
+    configure()
+    from headroom.workers.metrics import process_metrics, serve_metrics
+    from headroom.workers.server import RankingServer, ServerConfig
+
+    scenario = load_scenario(args.scenario or default_scenario_path())
+    config = ServerConfig(
+        region=args.region,
+        pool=args.pool,
+        replica=args.replica or default_replica(args.region, args.pool),
+        share=float(getattr(args, "share", 1.0)),
+        host=getattr(args, "host", "127.0.0.1"),
+        port=int(args.port),
+        t0=resolve_t0(getattr(args, "t0", None)),
+        speed=float(getattr(args, "speed", 1.0) or 1.0),
+    )
+    kafka = KafkaTarget.from_args(args)
+    metrics = process_metrics()
+    if args.metrics_port is not None:
+        port = serve_metrics(args.metrics_port)
+        print(f"metrics on http://127.0.0.1:{port}/metrics", flush=True)
+
+    async def run() -> None:
+        service = RankingServer(config, scenario, kafka, metrics=metrics)
+
+        async def announce() -> None:
+            await service.ready.wait()
+            print(f"listening on {config.host}:{service.port}", flush=True)
+
+        task = asyncio.ensure_future(announce())
+        try:
+            await service.run_until_stopped()
+        finally:
+            task.cancel()
+
+    asyncio.run(run())
+    return 0

@@ -1,0 +1,155 @@
+"""The scenario model (docs/scenarios.md): typed, frozen, validated once.
+
+Field names mirror the YAML exactly, so ``scenario.regions[0].traffic.rps`` is
+``regions[0].traffic.rps`` in the file and in every error message. Loading and validation live
+in :mod:`headroom.kernel.scenario_load` (``load_scenario``); this module only declares the shapes,
+so every component (controller, workers, simulator) can import it without pulling in YAML.
+
+Traces are resolved at load time: a ``csv:`` trace becomes the same tuple of ``(t_s, value)``
+points as an inline ``trace:``, so nothing downstream reads files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Resource = Literal["cpu", "accelerator"]
+EventKind = Literal["preempt", "grant", "surge", "control_outage"]
+Point = tuple[float, float]
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    p99_ms: float
+    window_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class World:
+    ads: int
+    dim: int
+    base_candidates: int
+    max_candidates: int
+    holdout: float
+    # Optional precompute fields (docs/scenarios.md): None = no precompute possible.
+    drift_per_h: float | None = None
+    users: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    cpu_ms_per_candidate: float
+    accelerator_ms_per_candidate: float
+    hardware: tuple[str, ...]
+    load_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Models:
+    base: ModelSpec
+    strong: ModelSpec
+
+
+@dataclass(frozen=True, slots=True)
+class ValueDist:
+    """Log-normal request value: value = exp(N(ln(mean) - sigma²/2, sigma)) so E[value] = mean."""
+
+    mean: float
+    sigma: float
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    name: str
+    share: float
+    value: ValueDist
+    base_error: float
+    strong_error: float
+    return_rate_per_h: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Dedicated:
+    cpu: float
+    accelerator: float
+    hardware: str
+
+
+@dataclass(frozen=True, slots=True)
+class Traffic:
+    """Either synthetic (rps, daily_amplitude, …) or a trace (``csv``, resolved into ``trace``)."""
+
+    rps: float | None = None
+    daily_amplitude: float = 0.0
+    peak_s: float = 0.0
+    period_s: float = 86400.0
+    noise: float = 0.0
+    csv: str | None = None
+    trace: tuple[Point, ...] | None = None  # (t_s, rps), linear between rows
+
+
+@dataclass(frozen=True, slots=True)
+class Opportunistic:
+    resource: Resource
+    hardware: str
+    trace: tuple[Point, ...]  # (t_s, units), piecewise constant
+    expires_in_s: float | None = None
+    remote: bool = False
+    csv: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    name: str
+    dedicated: Dedicated
+    traffic: Traffic
+    opportunistic: tuple[Opportunistic, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ScenarioEvent:
+    at_s: float
+    kind: EventKind
+    region: str | None = None  # None for control_outage = every region
+    resource: Resource | None = None
+    hardware: str | None = None
+    units: float | None = None
+    factor: float | None = None
+    duration_s: float | None = None
+    remote: bool = False  # preempt/grant: the event applies to the region's remote pool
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    seed: int
+    duration_s: float
+    slo: Slo
+    world: World
+    models: Models
+    segments: tuple[Segment, ...]
+    regions: tuple[Region, ...]
+    events: tuple[ScenarioEvent, ...] = ()
+    source: str | None = field(default=None, compare=False)  # the file it came from
+
+    @property
+    def precompute_enabled(self) -> bool:
+        """True when the optional precompute fields are present (docs/scenarios.md)."""
+        return (
+            self.world.drift_per_h is not None
+            and self.world.users is not None
+            and any(s.return_rate_per_h is not None for s in self.segments)
+        )
+
+    def segment(self, name: str) -> Segment:
+        for s in self.segments:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def region(self, name: str) -> Region:
+        for r in self.regions:
+            if r.name == name:
+                return r
+        raise KeyError(name)

@@ -1,0 +1,1087 @@
+"""Load a scenario file (docs/scenarios.md) safely and validate it into
+:mod:`headroom.kernel.scenario`.
+
+Rules, in the order they are applied:
+
+1. **Safe YAML only.** The text is parsed by PyYAML's ``SafeLoader`` (the loader behind
+   ``yaml.safe_load``), extended in two ways that only *reject* more: a key repeated in one mapping
+   is a problem (plain ``safe_load`` silently keeps the last one), and a document with more than
+   :data:`MAX_ALIASES` aliases is refused (alias bombs). A tag such as ``!!python/object`` has no
+   constructor in the safe loader, so it is reported as a problem and never executed.
+2. **Every problem, not the first.** The whole document is walked and every problem is collected;
+   the result is one :class:`ScenarioError` (a :class:`~headroom.kernel.errors.ConfigError`) whose
+   ``problems`` are one line each, ``<field path>: <reason>``, e.g.
+   ``regions[1].traffic.rps: must be > 0``. Commands print them and exit 2; no traceback.
+3. **Unknown keys are rejected** ("unknown field"), with the closest known name when there is one,
+   so a typo never turns into a silently ignored setting.
+4. **Numbers are numbers**: a YAML bool (``true``) is not a number, and NaN and infinity are
+   refused everywhere. Integers must be written as integers.
+5. **Traces** — inline ``trace: [[t_s, value], …]`` or ``csv: FILE`` (columns ``t_s,rps`` for
+   traffic, ``t_s,units`` for capacity; a relative path resolves against the scenario file's
+   folder) — become tuples of ``(t_s, value)`` points, strictly increasing in time, with finite,
+   non-negative values.
+6. **Cross-field rules**: unique region and segment names; segment shares sum to 1 (±1e-6);
+   ``world.base_candidates <= world.max_candidates <= world.ads``; every event names a declared
+   region and, for ``preempt``/``grant``, a declared opportunistic pool of that region; the
+   dedicated accelerator type is one the base model runs on (the baseline must run there).
+
+Events are returned sorted by ``at_s`` (a stable sort: events at the same instant keep file order).
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import io
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from headroom.kernel.errors import ConfigError
+from headroom.kernel.scenario import (
+    Dedicated,
+    Models,
+    ModelSpec,
+    Opportunistic,
+    Point,
+    Region,
+    Scenario,
+    ScenarioEvent,
+    Segment,
+    Slo,
+    Traffic,
+    ValueDist,
+    World,
+)
+
+__all__ = [
+    "EVENT_KINDS",
+    "KEYS",
+    "MAX_FILE_BYTES",
+    "NAME_PATTERN",
+    "RESOURCES",
+    "ScenarioError",
+    "load_scenario",
+    "load_scenario_text",
+]
+
+NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"  # region names as docs/messages.md allows them
+_NAME_RE = re.compile(NAME_PATTERN)
+RESOURCES = ("cpu", "accelerator")
+EVENT_KINDS = ("preempt", "grant", "surge", "control_outage")
+SHARE_TOLERANCE = 1e-6  # docs/scenarios.md: "shares sum to 1"; float rounding of 0.1 + 0.2 + 0.7
+MAX_FILE_BYTES = 64 * 1024 * 1024  # a scenario or CSV trace larger than this is refused
+MAX_ALIASES = 10_000  # YAML aliases per document (an alias bomb is refused, not expanded)
+MAX_TRACE_POINTS = 2_000_000
+MAX_ROW_PROBLEMS = 5  # per CSV file: report this many bad rows, then a count
+MAX_ERROR = 10.0  # model error is relative to the utility spread; 10 spreads is pure noise
+
+# Every key each section accepts: (required, optional). The schema (headroom.kernel.scenario_schema)
+# declares the same names; tests/unit/test_scenario_load.py checks that the two agree.
+KEYS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    "scenario": (
+        frozenset({"name", "seed", "duration_s", "slo", "world", "models", "segments", "regions"}),
+        frozenset({"events"}),
+    ),
+    "slo": (frozenset({"p99_ms", "window_s"}), frozenset()),
+    "world": (
+        frozenset({"ads", "dim", "base_candidates", "max_candidates", "holdout"}),
+        frozenset({"drift_per_h", "users"}),
+    ),
+    "models": (frozenset({"base", "strong"}), frozenset()),
+    "model": (
+        frozenset({"cpu_ms_per_candidate", "accelerator_ms_per_candidate", "hardware"}),
+        frozenset({"load_s"}),
+    ),
+    "segment": (
+        frozenset({"name", "share", "value", "base_error", "strong_error"}),
+        frozenset({"return_rate_per_h"}),
+    ),
+    "value": (frozenset({"mean", "sigma"}), frozenset()),
+    "region": (frozenset({"name", "dedicated", "traffic"}), frozenset({"opportunistic"})),
+    "dedicated": (frozenset({"cpu", "accelerator", "hardware"}), frozenset()),
+    "traffic": (
+        frozenset(),
+        frozenset({"rps", "daily_amplitude", "peak_s", "period_s", "noise", "csv", "trace"}),
+    ),
+    "opportunistic": (
+        frozenset({"resource", "hardware"}),
+        frozenset({"trace", "csv", "expires_in_s", "remote"}),
+    ),
+    "event": (
+        frozenset({"at_s", "kind"}),
+        frozenset({"region", "resource", "hardware", "units", "factor", "duration_s", "remote"}),
+    ),
+}
+
+# The optional event fields each kind needs (required) or accepts (optional); others are refused.
+EVENT_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    "preempt": (frozenset({"region", "resource", "hardware", "units"}), frozenset({"remote"})),
+    "grant": (frozenset({"region", "resource", "hardware", "units"}), frozenset({"remote"})),
+    "surge": (frozenset({"region", "factor", "duration_s"}), frozenset()),
+    "control_outage": (frozenset({"duration_s"}), frozenset({"region"})),
+}
+
+
+class ScenarioError(ConfigError):
+    """A scenario that failed validation.
+
+    ``problems`` are the printable lines (prefixed with the file when there is one);
+    ``field_problems`` the same lines without the file prefix, for tests and tools.
+    """
+
+    def __init__(self, field_problems: Iterable[str], source: str | None = None) -> None:
+        self.field_problems: list[str] = [_one_line(p) for p in field_problems]
+        self.source = source
+        prefix = f"{_one_line(source)}: " if source else ""
+        super().__init__([prefix + p for p in self.field_problems])
+
+
+# ------------------------------------------------------------------------------------------------
+# Public entry points
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read, parse and validate a scenario file; raise :class:`ScenarioError` with every problem."""
+    p = Path(path)
+    label = str(path)
+    try:
+        if not p.exists():
+            raise ScenarioError(["no such file"], label)
+        if not p.is_file():
+            raise ScenarioError(["not a regular file"], label)
+        size = p.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise ScenarioError([f"file is {size} bytes; the limit is {MAX_FILE_BYTES}"], label)
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise ScenarioError([f"cannot read: {exc.strerror or exc}"], label) from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(
+            [f"not a YAML text file (not UTF-8 at byte {exc.start})"], label
+        ) from None
+    return _load(text, p.resolve().parent, label)
+
+
+def load_scenario_text(
+    text: str, base_dir: str | Path | None = None, *, source: str | None = None
+) -> Scenario:
+    """Validate scenario YAML given as text; relative CSV paths resolve against ``base_dir``
+    (default: the current directory). ``source`` labels the problems (default: none)."""
+    base = Path(base_dir) if base_dir is not None else Path.cwd()
+    return _load(text, base, source)
+
+
+# ------------------------------------------------------------------------------------------------
+# YAML: the safe loader, stricter
+
+
+class _StrictSafeLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that also refuses duplicate keys and alias bombs (constructs no more)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                event = self.peek_event()  # type: ignore[no-untyped-call]
+                raise yaml.composer.ComposerError(
+                    None, None, f"more than {MAX_ALIASES} aliases", event.start_mark
+                )
+        return super().compose_node(parent, index)
+
+
+def _construct_mapping_no_duplicates(loader: _StrictSafeLoader, node: yaml.MappingNode) -> Any:
+    loader.flatten_mapping(node)
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=False)
+        try:
+            duplicate = key in seen
+            seen.add(key)
+        except TypeError:  # an unhashable key: the base constructor reports it
+            continue
+        if duplicate:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping",
+                node.start_mark,
+                f"duplicate key {key!r}",
+                key_node.start_mark,
+            )
+    return loader.construct_mapping(node, deep=False)
+
+
+_StrictSafeLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+    _construct_mapping_no_duplicates,
+)
+
+
+def _parse_yaml(text: str) -> tuple[Any, str | None]:
+    """The document, or None and one problem line (with line and column) explaining why not."""
+    try:
+        loader = _StrictSafeLoader(text)
+        try:
+            return loader.get_single_data(), None
+        finally:
+            loader.dispose()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = exc.problem or exc.context or "malformed YAML"
+        if isinstance(exc, yaml.constructor.ConstructorError) and "constructor for the tag" in (
+            exc.problem or ""
+        ):
+            tag = exc.problem.split("tag", 1)[1].strip().strip("'") if exc.problem else "?"
+            problem = f"YAML tag {tag} is not allowed (scenario files are loaded safely)"
+        return None, f"{where}not valid scenario YAML: {problem}"
+    except yaml.YAMLError as exc:
+        return None, f"not valid YAML: {exc}"
+
+
+# ------------------------------------------------------------------------------------------------
+# The walk
+
+
+@dataclass
+class _Ctx:
+    base_dir: Path
+    problems: list[str]
+
+    def add(self, path: str, reason: str) -> None:
+        self.problems.append(_one_line(f"{path}: {reason}" if path else reason))
+
+
+def _one_line(text: str) -> str:
+    """Escape control characters (a newline in a key or a CSV cell) so a problem stays one line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+
+
+def _load(text: str, base_dir: Path, source: str | None) -> Scenario:
+    if not text.strip():
+        raise ScenarioError(["file is empty (expected a YAML mapping of scenario fields)"], source)
+    doc, problem = _parse_yaml(text)
+    if problem is not None:
+        raise ScenarioError([problem], source)
+    if doc is None:
+        raise ScenarioError(["file is empty (expected a YAML mapping of scenario fields)"], source)
+    if not isinstance(doc, dict):
+        raise ScenarioError(
+            [f"the top level must be a mapping of scenario fields, got {_describe(doc)}"], source
+        )
+    ctx = _Ctx(base_dir=base_dir, problems=[])
+    scenario = _scenario(ctx, doc, source)
+    if ctx.problems or scenario is None:
+        raise ScenarioError(ctx.problems or ["invalid scenario"], source)
+    return scenario
+
+
+def _scenario(ctx: _Ctx, doc: dict[Any, Any], source: str | None) -> Scenario | None:
+    before = len(ctx.problems)
+    m = _mapping(ctx, "", doc, "scenario")
+    if m is None:
+        return None
+    name = _string(ctx, "name", m.get("name"), pattern=True) if "name" in m else None
+    seed = _integer(ctx, "seed", m.get("seed"), ge=0, lt=2**63) if "seed" in m else None
+    duration = _number(ctx, "duration_s", m["duration_s"], gt=0) if "duration_s" in m else None
+    slo = _slo(ctx, m["slo"]) if "slo" in m else None
+    world = _world(ctx, m["world"]) if "world" in m else None
+    models = _models(ctx, m["models"]) if "models" in m else None
+    segments = _segments(ctx, m["segments"]) if "segments" in m else None
+    regions = _regions(ctx, m["regions"], models) if "regions" in m else None
+    events: tuple[ScenarioEvent, ...] = ()
+    if "events" in m and m["events"] is not None:
+        names = set(_raw_names(m.get("regions")))
+        events = _events(ctx, m["events"], names, regions, duration) or ()
+    if len(ctx.problems) != before:
+        return None
+    assert name is not None
+    assert seed is not None
+    assert duration is not None
+    assert slo is not None
+    assert world is not None
+    assert models is not None
+    assert segments is not None
+    assert regions is not None
+    return Scenario(
+        name=name,
+        seed=seed,
+        duration_s=duration,
+        slo=slo,
+        world=world,
+        models=models,
+        segments=segments,
+        regions=regions,
+        events=tuple(sorted(events, key=lambda e: e.at_s)),
+        source=source,
+    )
+
+
+def _slo(ctx: _Ctx, value: Any) -> Slo | None:
+    n = len(ctx.problems)
+    m = _mapping(ctx, "slo", value, "slo")
+    if m is None:
+        return None
+    p99 = _req_number(ctx, "slo", m, "p99_ms", gt=0)
+    window = _req_number(ctx, "slo", m, "window_s", gt=0)
+    if len(ctx.problems) != n or p99 is None or window is None:
+        return None
+    return Slo(p99_ms=p99, window_s=window)
+
+
+def _world(ctx: _Ctx, value: Any) -> World | None:
+    n = len(ctx.problems)
+    m = _mapping(ctx, "world", value, "world")
+    if m is None:
+        return None
+    ads = _req_int(ctx, "world", m, "ads", ge=1, le=10_000_000)
+    dim = _req_int(ctx, "world", m, "dim", ge=1, le=4096)
+    base = _req_int(ctx, "world", m, "base_candidates", ge=1)
+    top = _req_int(ctx, "world", m, "max_candidates", ge=1)
+    holdout = _req_number(ctx, "world", m, "holdout", gt=0, lt=1)
+    drift = _opt_number(ctx, "world", m, "drift_per_h", ge=0, lt=1)
+    users = _opt_int(ctx, "world", m, "users", ge=1, le=2**31)
+    if ads is not None and dim is not None and ads * dim > 200_000_000:
+        ctx.add("world", f"ads × dim = {ads * dim} embedding values; the limit is 200,000,000")
+    if base is not None and top is not None and base > top:
+        ctx.add("world.max_candidates", f"must be >= world.base_candidates ({base}), got {top}")
+    if top is not None and ads is not None and top > ads:
+        ctx.add("world.max_candidates", f"must be <= world.ads ({ads}), got {top}")
+    if len(ctx.problems) != n:
+        return None
+    assert ads is not None
+    assert dim is not None
+    assert base is not None
+    assert top is not None
+    assert holdout is not None
+    return World(
+        ads=ads,
+        dim=dim,
+        base_candidates=base,
+        max_candidates=top,
+        holdout=holdout,
+        drift_per_h=drift,
+        users=users,
+    )
+
+
+def _models(ctx: _Ctx, value: Any) -> Models | None:
+    m = _mapping(ctx, "models", value, "models")
+    if m is None:
+        return None
+    base = _model(ctx, "models.base", m["base"]) if "base" in m else None
+    strong = _model(ctx, "models.strong", m["strong"]) if "strong" in m else None
+    if base is None or strong is None:
+        return None
+    return Models(base=base, strong=strong)
+
+
+def _model(ctx: _Ctx, path: str, value: Any) -> ModelSpec | None:
+    n = len(ctx.problems)
+    m = _mapping(ctx, path, value, "model")
+    if m is None:
+        return None
+    cpu = _req_number(ctx, path, m, "cpu_ms_per_candidate", ge=0)
+    acc = _req_number(ctx, path, m, "accelerator_ms_per_candidate", ge=0)
+    load_s = _opt_number(ctx, path, m, "load_s", ge=0, nullable=False)
+    hardware: tuple[str, ...] | None = None
+    if "hardware" in m:
+        hardware = _hardware_list(ctx, f"{path}.hardware", m["hardware"])
+    if cpu is not None and acc is not None and cpu == 0 and acc == 0:
+        ctx.add(
+            path,
+            "a model must cost something: cpu_ms_per_candidate and "
+            "accelerator_ms_per_candidate are both 0",
+        )
+    if len(ctx.problems) != n or cpu is None or acc is None or hardware is None:
+        return None
+    return ModelSpec(
+        cpu_ms_per_candidate=cpu,
+        accelerator_ms_per_candidate=acc,
+        hardware=hardware,
+        load_s=0.0 if load_s is None else load_s,
+    )
+
+
+def _hardware_list(ctx: _Ctx, path: str, value: Any) -> tuple[str, ...] | None:
+    if not isinstance(value, list):
+        ctx.add(path, f"must be a list of accelerator type names, got {_describe(value)}")
+        return None
+    if not value:
+        ctx.add(path, "must name at least one accelerator type")
+        return None
+    out: list[str] = []
+    ok = True
+    for i, item in enumerate(value):
+        s = _string(ctx, f"{path}[{i}]", item, pattern=True)
+        if s is None:
+            ok = False
+        elif s == "any":
+            ctx.add(f"{path}[{i}]", "'any' names CPU capacity; list accelerator types")
+            ok = False
+        elif s in out:
+            ctx.add(f"{path}[{i}]", f"duplicate accelerator type {s!r}")
+            ok = False
+        else:
+            out.append(s)
+    return tuple(out) if ok else None
+
+
+def _segments(ctx: _Ctx, value: Any) -> tuple[Segment, ...] | None:
+    items = _list(ctx, "segments", value, nonempty=True)
+    if items is None:
+        return None
+    n = len(ctx.problems)
+    out: list[Segment] = []
+    for i, item in enumerate(items):
+        seg = _segment(ctx, f"segments[{i}]", item)
+        if seg is not None:
+            out.append(seg)
+    _duplicates(ctx, "segments", "segment", items)
+    if len(ctx.problems) == n:
+        total = math.fsum(s.share for s in out)
+        if abs(total - 1.0) > SHARE_TOLERANCE:
+            ctx.add("segments", f"shares must sum to 1 (±{SHARE_TOLERANCE:g}), got {total:.9g}")
+    return tuple(out) if len(ctx.problems) == n else None
+
+
+def _segment(ctx: _Ctx, path: str, value: Any) -> Segment | None:
+    n = len(ctx.problems)
+    m = _mapping(ctx, path, value, "segment")
+    if m is None:
+        return None
+    name = _string(ctx, f"{path}.name", m["name"], pattern=True) if "name" in m else None
+    share = _req_number(ctx, path, m, "share", gt=0, le=1)
+    dist = _value_dist(ctx, f"{path}.value", m["value"]) if "value" in m else None
+    base_error = _req_number(ctx, path, m, "base_error", ge=0, le=MAX_ERROR)
+    strong_error = _req_number(ctx, path, m, "strong_error", ge=0, le=MAX_ERROR)
+    rate = _opt_number(ctx, path, m, "return_rate_per_h", ge=0, le=3600)
+    if len(ctx.problems) != n:
+        return None
+    assert name is not None
+    assert share is not None
+    assert dist is not None
+    assert base_error is not None
+    assert strong_error is not None
+    return Segment(
+        name=name,
+        share=share,
+        value=dist,
+        base_error=base_error,
+        strong_error=strong_error,
+        return_rate_per_h=rate,
+    )
+
+
+def _value_dist(ctx: _Ctx, path: str, value: Any) -> ValueDist | None:
+    m = _mapping(ctx, path, value, "value")
+    if m is None:
+        return None
+    mean = _req_number(ctx, path, m, "mean", gt=0)
+    sigma = _req_number(ctx, path, m, "sigma", ge=0, le=5)
+    if mean is None or sigma is None:
+        return None
+    return ValueDist(mean=mean, sigma=sigma)
+
+
+def _regions(ctx: _Ctx, value: Any, models: Models | None) -> tuple[Region, ...] | None:
+    items = _list(ctx, "regions", value, nonempty=True)
+    if items is None:
+        return None
+    n = len(ctx.problems)
+    out: list[Region] = []
+    for i, item in enumerate(items):
+        region = _region(ctx, f"regions[{i}]", item, models)
+        if region is not None:
+            out.append(region)
+    _duplicates(ctx, "regions", "region", items)
+    return tuple(out) if len(ctx.problems) == n else None
+
+
+def _raw_names(items: Any) -> dict[str, int]:
+    """Name -> first index, from the raw list (so cross-checks work even when an item is bad)."""
+    names: dict[str, int] = {}
+    if isinstance(items, list):
+        for i, item in enumerate(items):
+            if isinstance(item, dict) and isinstance(item.get("name"), str):
+                names.setdefault(item["name"], i)
+    return names
+
+
+def _duplicates(ctx: _Ctx, path: str, what: str, items: list[Any]) -> None:
+    first = _raw_names(items)
+    for i, item in enumerate(items):
+        name = item.get("name") if isinstance(item, dict) else None
+        if isinstance(name, str) and first[name] != i:
+            ctx.add(
+                f"{path}[{i}].name",
+                f"duplicate {what} name {name!r} (also {path}[{first[name]}])",
+            )
+
+
+def _region(ctx: _Ctx, path: str, value: Any, models: Models | None) -> Region | None:
+    n = len(ctx.problems)
+    m = _mapping(ctx, path, value, "region")
+    if m is None:
+        return None
+    name = _string(ctx, f"{path}.name", m["name"], pattern=True) if "name" in m else None
+    dedicated = (
+        _dedicated(ctx, f"{path}.dedicated", m["dedicated"], models) if ("dedicated" in m) else None
+    )
+    traffic = _traffic(ctx, f"{path}.traffic", m["traffic"]) if "traffic" in m else None
+    pools: list[Opportunistic] = []
+    if "opportunistic" in m and m["opportunistic"] is not None:
+        items = _list(ctx, f"{path}.opportunistic", m["opportunistic"], nonempty=False)
+        seen: dict[tuple[str, str, bool], int] = {}
+        for j, item in enumerate(items or []):
+            ppath = f"{path}.opportunistic[{j}]"
+            pool = _opportunistic(ctx, ppath, item)
+            if pool is None:
+                continue
+            key = (pool.resource, pool.hardware, pool.remote)
+            if key in seen:
+                ctx.add(
+                    ppath,
+                    f"duplicate pool {pool.resource}/{pool.hardware}"
+                    f"{' (remote)' if pool.remote else ''} "
+                    f"(also {path}.opportunistic[{seen[key]}]); merge their traces",
+                )
+                continue
+            seen[key] = j
+            pools.append(pool)
+    if len(ctx.problems) != n:
+        return None
+    assert name is not None
+    assert dedicated is not None
+    assert traffic is not None
+    return Region(name=name, dedicated=dedicated, traffic=traffic, opportunistic=tuple(pools))
+
+
+def _dedicated(ctx: _Ctx, path: str, value: Any, models: Models | None) -> Dedicated | None:
+    n = len(ctx.problems)
+    m = _mapping(ctx, path, value, "dedicated")
+    if m is None:
+        return None
+    cpu = _req_number(ctx, path, m, "cpu", gt=0)
+    acc = _req_number(ctx, path, m, "accelerator", gt=0)
+    hw = _string(ctx, f"{path}.hardware", m["hardware"], pattern=True) if "hardware" in m else None
+    if hw == "any":
+        ctx.add(f"{path}.hardware", "must name the accelerator type of the dedicated replicas")
+    elif hw is not None and models is not None and hw not in models.base.hardware:
+        ctx.add(
+            f"{path}.hardware",
+            f"{hw!r} is not in models.base.hardware {list(models.base.hardware)}: the baseline "
+            "could not run on the dedicated replicas",
+        )
+    if len(ctx.problems) != n:
+        return None
+    assert cpu is not None
+    assert acc is not None
+    assert hw is not None
+    return Dedicated(cpu=cpu, accelerator=acc, hardware=hw)
+
+
+def _traffic(ctx: _Ctx, path: str, value: Any) -> Traffic | None:
+    n = len(ctx.problems)
+    m = _mapping(ctx, path, value, "traffic")
+    if m is None:
+        return None
+    given = [k for k in ("rps", "csv", "trace") if k in m]
+    if len(given) != 1:
+        ctx.add(
+            path,
+            "needs exactly one of rps (synthetic rate), csv (trace file) or trace (inline points)"
+            + (f", got {', '.join(given)}" if given else ""),
+        )
+        return None
+    synthetic = given[0] == "rps"
+    if not synthetic:
+        for k in ("daily_amplitude", "peak_s", "period_s"):
+            if k in m:
+                ctx.add(f"{path}.{k}", f"applies only to a synthetic rate (rps), not to {given[0]}")
+    rps = _req_number(ctx, path, m, "rps", gt=0) if synthetic else None
+    amplitude = _opt_number(ctx, path, m, "daily_amplitude", ge=0, le=1, nullable=False)
+    peak = _opt_number(ctx, path, m, "peak_s", nullable=False)
+    period = _opt_number(ctx, path, m, "period_s", gt=0, nullable=False)
+    noise = _opt_number(ctx, path, m, "noise", ge=0, le=1, nullable=False)
+    csv_name: str | None = None
+    trace: tuple[Point, ...] | None = None
+    if given[0] == "csv":
+        csv_name = _string(ctx, f"{path}.csv", m["csv"])
+        if csv_name is not None:
+            trace = _csv_trace(ctx, f"{path}.csv", csv_name, ("t_s", "rps"))
+    elif given[0] == "trace":
+        trace = _inline_trace(ctx, f"{path}.trace", m["trace"], "rps")
+    if trace is not None and all(v == 0 for _, v in trace):
+        where = f"{path}.csv" if csv_name else f"{path}.trace"
+        ctx.add(where, "every rate is 0: the region would receive no traffic")
+    if len(ctx.problems) != n:
+        return None
+    return Traffic(
+        rps=rps,
+        daily_amplitude=0.0 if amplitude is None else amplitude,
+        peak_s=0.0 if peak is None else peak,
+        period_s=86400.0 if period is None else period,
+        noise=0.0 if noise is None else noise,
+        csv=csv_name,
+        trace=trace,
+    )
+
+
+def _opportunistic(ctx: _Ctx, path: str, value: Any) -> Opportunistic | None:
+    n = len(ctx.problems)
+    m = _mapping(ctx, path, value, "opportunistic")
+    if m is None:
+        return None
+    resource = _enum(ctx, f"{path}.resource", m["resource"], RESOURCES) if "resource" in m else None
+    hw = _string(ctx, f"{path}.hardware", m["hardware"], pattern=True) if "hardware" in m else None
+    if resource == "cpu" and hw is not None and hw != "any":
+        ctx.add(f"{path}.hardware", f"must be 'any' for cpu capacity, got {hw!r}")
+    if resource == "accelerator" and hw == "any":
+        ctx.add(f"{path}.hardware", "must name the accelerator type (e.g. gpu-b), not 'any'")
+    expires = _opt_number(ctx, path, m, "expires_in_s", gt=0)
+    remote = _opt_bool(ctx, path, m, "remote")
+    given = [k for k in ("trace", "csv") if k in m]
+    trace: tuple[Point, ...] | None = None
+    csv_name: str | None = None
+    if len(given) != 1:
+        ctx.add(
+            path,
+            "needs exactly one of trace (inline points) or csv (trace file)"
+            + (", got both" if len(given) == 2 else ""),
+        )
+    elif given[0] == "trace":
+        trace = _inline_trace(ctx, f"{path}.trace", m["trace"], "units")
+    else:
+        csv_name = _string(ctx, f"{path}.csv", m["csv"])
+        if csv_name is not None:
+            trace = _csv_trace(ctx, f"{path}.csv", csv_name, ("t_s", "units"))
+    if len(ctx.problems) != n:
+        return None
+    assert resource is not None
+    assert hw is not None
+    assert trace is not None
+    return Opportunistic(
+        resource=resource,  # type: ignore[arg-type]  # checked against RESOURCES
+        hardware=hw,
+        trace=trace,
+        expires_in_s=expires,
+        remote=bool(remote),
+        csv=csv_name,
+    )
+
+
+def _events(
+    ctx: _Ctx,
+    value: Any,
+    names: set[str],
+    regions: tuple[Region, ...] | None,
+    duration: float | None,
+) -> tuple[ScenarioEvent, ...] | None:
+    """``names``: every region name in the file (checked even when a region itself is invalid);
+    ``regions``: the validated regions, or None when any was invalid (pools are then unchecked)."""
+    items = _list(ctx, "events", value, nonempty=False)
+    if items is None:
+        return None
+    out: list[ScenarioEvent] = []
+    by_name = {r.name: r for r in regions} if regions is not None else None
+    for i, item in enumerate(items):
+        event = _event(ctx, f"events[{i}]", item, names, by_name, duration)
+        if event is not None:
+            out.append(event)
+    return tuple(out)
+
+
+def _event(
+    ctx: _Ctx,
+    path: str,
+    value: Any,
+    names: set[str],
+    regions: Mapping[str, Region] | None,
+    duration: float | None,
+) -> ScenarioEvent | None:
+    n = len(ctx.problems)
+    m = _mapping(ctx, path, value, "event")
+    if m is None:
+        return None
+    at_s = _req_number(ctx, path, m, "at_s", ge=0)
+    if at_s is not None and duration is not None and at_s > duration:
+        ctx.add(f"{path}.at_s", f"{at_s:g} is after the end of the run (duration_s {duration:g})")
+    kind = _enum(ctx, f"{path}.kind", m["kind"], EVENT_KINDS) if "kind" in m else None
+    if kind is None:
+        return None
+    required, optional = EVENT_FIELDS[kind]
+    for key in sorted(required):
+        if key not in m or (m[key] is None and key != "region"):
+            ctx.add(f"{path}.{key}", f"required for a {kind} event")
+    if kind != "control_outage" and "region" in m and m["region"] is None:
+        ctx.add(f"{path}.region", f"required for a {kind} event")
+    for key in sorted(set(m) - required - optional - {"at_s", "kind"}):
+        if isinstance(key, str) and key in KEYS["event"][1]:
+            ctx.add(f"{path}.{key}", f"not allowed for a {kind} event")
+    region = None
+    if m.get("region") is not None:
+        region = _string(ctx, f"{path}.region", m["region"], pattern=True)
+        if region is not None and region not in names:
+            known = ", ".join(sorted(names)) or "none"
+            ctx.add(f"{path}.region", f"unknown region {region!r} (regions: {known})")
+    resource = hardware = None
+    units = factor = duration_s = None
+    if "resource" in m and m["resource"] is not None:
+        resource = _enum(ctx, f"{path}.resource", m["resource"], RESOURCES)
+    if "hardware" in m and m["hardware"] is not None:
+        hardware = _string(ctx, f"{path}.hardware", m["hardware"], pattern=True)
+    if "units" in m and m["units"] is not None:
+        units = _number(ctx, f"{path}.units", m["units"], ge=0)
+    if "factor" in m and m["factor"] is not None:
+        factor = _number(ctx, f"{path}.factor", m["factor"], gt=0)
+    if "duration_s" in m and m["duration_s"] is not None:
+        duration_s = _number(ctx, f"{path}.duration_s", m["duration_s"], gt=0)
+    remote = _opt_bool(ctx, path, m, "remote") if "remote" in m else None
+    if (
+        kind in ("preempt", "grant")
+        and len(ctx.problems) == n
+        and regions is not None
+        and region is not None
+        and region in regions
+    ):
+        pools = regions[region].opportunistic
+        if not any(
+            p.resource == resource and p.hardware == hardware and p.remote == bool(remote)
+            for p in pools
+        ):
+            have = ", ".join(
+                f"{p.resource}/{p.hardware}{' (remote)' if p.remote else ''}" for p in pools
+            )
+            ctx.add(
+                path,
+                f"region {region!r} has no opportunistic {resource}/{hardware}"
+                f"{' (remote)' if remote else ''} pool to {kind} (it has: {have or 'none'}); "
+                "declare the pool (a trace of [[0, 0]] if it starts empty)",
+            )
+    if len(ctx.problems) != n:
+        return None
+    assert at_s is not None
+    return ScenarioEvent(
+        at_s=at_s,
+        kind=kind,  # type: ignore[arg-type]  # checked against EVENT_KINDS
+        region=region,
+        resource=resource,  # type: ignore[arg-type]  # checked against RESOURCES
+        hardware=hardware,
+        units=units,
+        factor=factor,
+        duration_s=duration_s,
+        remote=bool(remote),
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Traces
+
+
+def _inline_trace(ctx: _Ctx, path: str, value: Any, what: str) -> tuple[Point, ...] | None:
+    if not isinstance(value, list):
+        ctx.add(path, f"must be a list of [t_s, {what}] points, got {_describe(value)}")
+        return None
+    if not value:
+        ctx.add(path, "must have at least one point")
+        return None
+    if len(value) > MAX_TRACE_POINTS:
+        ctx.add(path, f"has {len(value)} points; the limit is {MAX_TRACE_POINTS}")
+        return None
+    points: list[Point] = []
+    n = len(ctx.problems)
+    for i, item in enumerate(value):
+        where = f"{path}[{i}]"
+        if not isinstance(item, list) or len(item) != 2:
+            ctx.add(where, f"must be a [t_s, {what}] pair, got {_describe(item)}")
+            continue
+        t = _number(ctx, f"{where}[0]", item[0], ge=0)
+        v = _number(ctx, f"{where}[1]", item[1], ge=0)
+        if t is not None and v is not None:
+            points.append((t, v))
+    if len(ctx.problems) != n:
+        return None
+    return _check_order(ctx, points, lambda i: f"{path}[{i}][0]")
+
+
+def _check_order(
+    ctx: _Ctx, points: list[Point], where: Callable[[int], str]
+) -> tuple[Point, ...] | None:
+    for i in range(1, len(points)):
+        if points[i][0] <= points[i - 1][0]:
+            ctx.add(
+                where(i),
+                f"t_s {points[i][0]:g} is not after the previous point's {points[i - 1][0]:g} "
+                "(trace points must be in strictly increasing time)",
+            )
+            return None
+    return tuple(points)
+
+
+def _csv_trace(
+    ctx: _Ctx, path: str, name: str, columns: tuple[str, str]
+) -> tuple[Point, ...] | None:
+    file = Path(name)
+    if not file.is_absolute():
+        file = ctx.base_dir / file
+    try:
+        if not file.exists():
+            ctx.add(path, f"{name}: file not found (looked for {file})")
+            return None
+        if not file.is_file():
+            ctx.add(path, f"{name}: not a regular file")
+            return None
+        if file.stat().st_size > MAX_FILE_BYTES:
+            ctx.add(path, f"{name}: larger than {MAX_FILE_BYTES} bytes")
+            return None
+        raw = file.read_bytes()
+    except OSError as exc:
+        ctx.add(path, f"{name}: cannot read: {exc.strerror or exc}")
+        return None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        ctx.add(path, f"{name}: not a UTF-8 CSV file (bad byte at offset {exc.start})")
+        return None
+    reader = csv.reader(io.StringIO(text))
+    rows = [
+        (reader.line_num, row)  # the line the record ends on (a quoted cell may span lines)
+        for row in reader
+        if row and not (len(row) == 1 and not row[0].strip()) and not row[0].startswith("#")
+    ]
+    if not rows:
+        ctx.add(path, f"{name}: empty (expected a header {','.join(columns)} and rows)")
+        return None
+    header_line, header = rows[0]
+    if [c.strip() for c in header] != list(columns):
+        ctx.add(
+            path,
+            f"{name} line {header_line}: header must be {','.join(columns)}, "
+            f"got {','.join(header)}",
+        )
+        return None
+    if len(rows) == 1:
+        ctx.add(path, f"{name}: has a header but no rows")
+        return None
+    if len(rows) - 1 > MAX_TRACE_POINTS:
+        ctx.add(path, f"{name}: has {len(rows) - 1} rows; the limit is {MAX_TRACE_POINTS}")
+        return None
+    points: list[Point] = []
+    lines: list[int] = []
+    bad = 0
+    for lineno, row in rows[1:]:
+        reason = None
+        if len(row) != 2:
+            reason = f"expected 2 columns ({','.join(columns)}), got {len(row)}"
+        else:
+            try:
+                t, v = float(row[0]), float(row[1])
+            except ValueError:
+                reason = f"not numbers: {','.join(row)}"
+            else:
+                if not (math.isfinite(t) and math.isfinite(v)):
+                    reason = f"values must be finite, got {','.join(row)}"
+                elif t < 0:
+                    reason = f"{columns[0]} must be >= 0, got {row[0].strip()}"
+                elif v < 0:
+                    reason = f"{columns[1]} must be >= 0, got {row[1].strip()}"
+        if reason is not None:
+            bad += 1
+            if bad <= MAX_ROW_PROBLEMS:
+                ctx.add(path, f"{name} line {lineno}: {reason}")
+            continue
+        points.append((t, v))
+        lines.append(lineno)
+    if bad > MAX_ROW_PROBLEMS:
+        ctx.add(path, f"{name}: {bad - MAX_ROW_PROBLEMS} more bad rows not listed")
+    if bad:
+        return None
+    return _check_order(ctx, points, lambda i: f"{path}: {name} line {lines[i]}")
+
+
+# ------------------------------------------------------------------------------------------------
+# Field helpers: each reports its own problems and returns None when the value is unusable.
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"a bool ({str(value).lower()})"
+    if isinstance(value, int):
+        return f"an integer ({value})"
+    if isinstance(value, float):
+        return f"a number ({value:g})"
+    if isinstance(value, str):
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        return f"a string ({shown!r})"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return f"a list of {len(value)}"
+    return f"a {type(value).__name__} ({value!s:.40})"
+
+
+def _mapping(ctx: _Ctx, path: str, value: Any, section: str) -> dict[str, Any] | None:
+    """Check a mapping's keys against KEYS[section]: unknown keys and missing required ones."""
+    if not isinstance(value, dict):
+        ctx.add(path or "(top level)", f"must be a mapping, got {_describe(value)}")
+        return None
+    required, optional = KEYS[section]
+    known = required | optional
+    for key in value:
+        if not isinstance(key, str):
+            ctx.add(path or "(top level)", f"field names must be strings, got {_describe(key)}")
+        elif key not in known:
+            hint = difflib.get_close_matches(key, sorted(known), n=1)
+            ctx.add(
+                _join(path, key),
+                "unknown field" + (f" (did you mean {hint[0]!r}?)" if hint else ""),
+            )
+    for key in sorted(required - set(value)):
+        ctx.add(_join(path, key), "required field is missing")
+    # The known fields that are present are still validated after a problem here, so one run
+    # reports every problem; unknown keys are simply not read.
+    return {k: v for k, v in value.items() if isinstance(k, str) and k in known}
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _list(ctx: _Ctx, path: str, value: Any, *, nonempty: bool) -> list[Any] | None:
+    if not isinstance(value, list):
+        ctx.add(path, f"must be a list, got {_describe(value)}")
+        return None
+    if nonempty and not value:
+        ctx.add(path, "must not be empty")
+        return None
+    return value
+
+
+def _number(
+    ctx: _Ctx,
+    path: str,
+    value: Any,
+    *,
+    gt: float | None = None,
+    ge: float | None = None,
+    lt: float | None = None,
+    le: float | None = None,
+) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        ctx.add(path, f"must be a number, got {_describe(value)}")
+        return None
+    x = float(value)
+    if not math.isfinite(x):
+        ctx.add(path, f"must be a finite number, got {value}")
+        return None
+    if gt is not None and not x > gt:
+        ctx.add(path, f"must be > {gt:g}, got {x:g}")
+        return None
+    if ge is not None and not x >= ge:
+        ctx.add(path, f"must be >= {ge:g}, got {x:g}")
+        return None
+    if lt is not None and not x < lt:
+        ctx.add(path, f"must be < {lt:g}, got {x:g}")
+        return None
+    if le is not None and not x <= le:
+        ctx.add(path, f"must be <= {le:g}, got {x:g}")
+        return None
+    return x
+
+
+def _integer(
+    ctx: _Ctx,
+    path: str,
+    value: Any,
+    *,
+    ge: int | None = None,
+    le: int | None = None,
+    lt: int | None = None,
+) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        ctx.add(path, f"must be an integer, got {_describe(value)}")
+        return None
+    if ge is not None and value < ge:
+        ctx.add(path, f"must be >= {ge}, got {value}")
+        return None
+    if le is not None and value > le:
+        ctx.add(path, f"must be <= {le}, got {value}")
+        return None
+    if lt is not None and value >= lt:
+        ctx.add(path, f"must be < {lt}, got {value}")
+        return None
+    return value
+
+
+def _string(ctx: _Ctx, path: str, value: Any, *, pattern: bool = False) -> str | None:
+    if not isinstance(value, str):
+        ctx.add(path, f"must be a string, got {_describe(value)}")
+        return None
+    if pattern and not _NAME_RE.match(value):
+        ctx.add(path, f"must be 1-64 characters of [A-Za-z0-9_.-], got {value!r}")
+        return None
+    if not pattern and not value.strip():
+        ctx.add(path, "must not be empty")
+        return None
+    return value
+
+
+def _enum(ctx: _Ctx, path: str, value: Any, allowed: tuple[str, ...]) -> str | None:
+    if not isinstance(value, str) or value not in allowed:
+        shown = repr(value) if isinstance(value, str) else _describe(value)
+        ctx.add(path, f"unknown value {shown}; must be one of {', '.join(allowed)}")
+        return None
+    return value
+
+
+def _req_number(
+    ctx: _Ctx, path: str, m: Mapping[str, Any], key: str, **bounds: Any
+) -> float | None:
+    if key not in m:
+        return None  # already reported as missing
+    return _number(ctx, f"{path}.{key}", m[key], **bounds)
+
+
+def _opt_number(
+    ctx: _Ctx, path: str, m: Mapping[str, Any], key: str, *, nullable: bool = True, **bounds: Any
+) -> float | None:
+    if key not in m or (nullable and m[key] is None):
+        return None
+    return _number(ctx, f"{path}.{key}", m[key], **bounds)
+
+
+def _req_int(ctx: _Ctx, path: str, m: Mapping[str, Any], key: str, **bounds: Any) -> int | None:
+    if key not in m:
+        return None
+    return _integer(ctx, f"{path}.{key}", m[key], **bounds)
+
+
+def _opt_int(ctx: _Ctx, path: str, m: Mapping[str, Any], key: str, **bounds: Any) -> int | None:
+    if key not in m or m[key] is None:
+        return None
+    return _integer(ctx, f"{path}.{key}", m[key], **bounds)
+
+
+def _opt_bool(ctx: _Ctx, path: str, m: Mapping[str, Any], key: str) -> bool | None:
+    if key not in m:
+        return None
+    value = m[key]
+    if not isinstance(value, bool):
+        ctx.add(f"{path}.{key}", f"must be true or false, got {_describe(value)}")
+        return None
+    return value

@@ -1,0 +1,1 @@
+"""The ranking world and its measured value and cost curves (real numpy compute)."""
