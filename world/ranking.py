@@ -68,16 +68,14 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
-from enum import IntEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from headroom.kernel.scenario import Scenario
-
-if TYPE_CHECKING:
-    from headroom.world.curves import ValueCurves
+from headroom.kernel.vocab import Model
+from headroom.world.values import ValueCurves
 
 __all__ = [
     "WORLD_VERSION",
@@ -118,20 +116,6 @@ _NORMALISER_SAMPLE = (64, 512)  # users × ads used to standardise each model's 
 FloatArray = npt.NDArray[np.float64]
 F32 = npt.NDArray[np.float32]
 IntArray = npt.NDArray[np.int64]
-
-
-class Model(IntEnum):
-    BASE = 0
-    STRONG = 1
-
-    @classmethod
-    def of(cls, value: Model | str | int) -> Model:
-        if isinstance(value, str):
-            try:
-                return cls[value.upper()]
-            except KeyError:
-                raise ValueError(f"model must be 'base' or 'strong', got {value!r}") from None
-        return cls(int(value))
 
 
 @dataclass(frozen=True, slots=True)
@@ -484,9 +468,7 @@ class RankingWorld:
         ages_s: npt.ArrayLike | None = None,
         batch: int = 64,
     ) -> ValueCurves:
-        """Measure :class:`headroom.world.curves.ValueCurves` on this world (see that module)."""
-        from headroom.world.curves import ValueCurves
-
+        """Measure :class:`headroom.world.values.ValueCurves` on this world (see that module)."""
         p = self.params
         samples = samples_per_segment or DEFAULT_SAMPLES
         grid = np.unique(
