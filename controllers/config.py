@@ -18,58 +18,17 @@ tune them.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from headroom.controllers.levers import CostModel
+from headroom.kernel.checks import FieldChecker
+from headroom.kernel.checks import is_finite_number as _finite
 from headroom.kernel.errors import ConfigError
 from headroom.kernel.scenario import Scenario
 
 _PREFIX = "control"
-
-
-def _finite(x: float) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
-
-
-class FieldChecker:
-    """Collects problems as ``path: message`` lines (every settings block of the control cores
-    validates with it, so their messages read alike)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.problems: list[str] = []
-
-    def _bad(self, name: str, text: str, value: object) -> None:
-        self.problems.append(f"{self.path}.{name}: {text}, got {value!r}")
-
-    def between(
-        self,
-        name: str,
-        value: float,
-        lo: float,
-        hi: float,
-        *,
-        lo_open: bool = False,
-        hi_open: bool = False,
-    ) -> None:
-        if not _finite(value):
-            self._bad(name, "must be a finite number", value)
-            return
-        lo_ok = value > lo if lo_open else value >= lo
-        hi_ok = value < hi if hi_open else value <= hi
-        if not (lo_ok and hi_ok):
-            left = "(" if lo_open else "["
-            right = ")" if hi_open else "]"
-            self._bad(name, f"must be in {left}{lo:g}, {hi:g}{right}", value)
-
-    def at_least(self, name: str, value: float, lo: float, *, strict: bool = False) -> None:
-        if not _finite(value):
-            self._bad(name, "must be a finite number", value)
-        elif (value <= lo) if strict else (value < lo):
-            self._bad(name, f"must be {'>' if strict else '>='} {lo:g}", value)
 
 
 @dataclass(frozen=True, slots=True)

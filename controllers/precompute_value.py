@@ -65,11 +65,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from headroom.controllers.config import FieldChecker, ValueSettings
+from headroom.controllers.config import ValueSettings
 from headroom.controllers.levers import ValueBook
 from headroom.controllers.observe import arm_stats
 from headroom.controllers.precompute import UpliftModel
 from headroom.controllers.types import stratum_key
+from headroom.kernel.checks import FieldChecker
 from headroom.kernel.errors import ConfigError
 from headroom.streams.messages import ValueSignal
 

@@ -91,6 +91,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
+from headroom.kernel.checks import FieldChecker
 from headroom.kernel.errors import ConfigError
 from headroom.kernel.jsonstate import decode_big_ints, encode_big_ints
 
@@ -128,17 +129,10 @@ class ConcurrencyLimit(Protocol):
     def restore(self, state: Mapping[str, Any]) -> None: ...
 
 
-def _limits_problems(prefix: str, initial: int, low: int, high: int) -> list[str]:
-    problems = []
-    if low < 1:
-        problems.append(f"{prefix}.min_limit: must be ≥ 1 (got {low})")
-    if high < low:
-        problems.append(f"{prefix}.max_limit: must be ≥ min_limit (got {high} < {low})")
-    if not low <= initial <= high:
-        problems.append(
-            f"{prefix}.initial_limit: must lie in [min_limit, max_limit] (got {initial})"
-        )
-    return problems
+def _check_limits(c: FieldChecker, initial: int, low: int, high: int) -> None:
+    c.integer("min_limit", low, 1)
+    c.require(high >= low, "max_limit", f"must be >= min_limit ({low})", high)
+    c.require(low <= initial <= high, "initial_limit", "must be in [min_limit, max_limit]", initial)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,14 +144,11 @@ class AimdConfig:
     timeout_ms: float = 5000.0  # an RTT above this counts as a drop
 
     def __post_init__(self) -> None:
-        p = "peers.aimd"
-        problems = _limits_problems(p, self.initial_limit, self.min_limit, self.max_limit)
-        if not 0.5 <= self.backoff_ratio < 1.0:
-            problems.append(f"{p}.backoff_ratio: must lie in [0.5, 1) (got {self.backoff_ratio})")
-        if not (math.isfinite(self.timeout_ms) and self.timeout_ms > 0):
-            problems.append(f"{p}.timeout_ms: must be > 0 (got {self.timeout_ms})")
-        if problems:
-            raise ConfigError(problems)
+        c = FieldChecker("peers.aimd")
+        _check_limits(c, self.initial_limit, self.min_limit, self.max_limit)
+        c.between("backoff_ratio", self.backoff_ratio, 0.5, 1.0, hi_open=True)
+        c.positive("timeout_ms", self.timeout_ms)
+        c.raise_if_any()
 
 
 class AimdLimit:
@@ -201,20 +192,14 @@ class Gradient2Config:
     rtt_tolerance: float = 1.5  # ≥ 1: how much RTT growth is tolerated before shrinking
 
     def __post_init__(self) -> None:
-        p = "peers.gradient2"
-        problems = _limits_problems(p, self.initial_limit, self.min_limit, self.max_limit)
-        if not 0.0 < self.smoothing <= 1.0:
-            problems.append(f"{p}.smoothing: must lie in (0, 1] (got {self.smoothing})")
-        if not (math.isfinite(self.queue_size) and self.queue_size >= 0):
-            problems.append(f"{p}.queue_size: must be ≥ 0 (got {self.queue_size})")
-        if self.long_window < 1:
-            problems.append(f"{p}.long_window: must be ≥ 1 (got {self.long_window})")
-        if self.warmup < 0:
-            problems.append(f"{p}.warmup: must be ≥ 0 (got {self.warmup})")
-        if not (math.isfinite(self.rtt_tolerance) and self.rtt_tolerance >= 1.0):
-            problems.append(f"{p}.rtt_tolerance: must be ≥ 1 (got {self.rtt_tolerance})")
-        if problems:
-            raise ConfigError(problems)
+        c = FieldChecker("peers.gradient2")
+        _check_limits(c, self.initial_limit, self.min_limit, self.max_limit)
+        c.between("smoothing", self.smoothing, 0.0, 1.0, lo_open=True)
+        c.nonnegative("queue_size", self.queue_size)
+        c.integer("long_window", self.long_window, 1)
+        c.integer("warmup", self.warmup, 0)
+        c.at_least("rtt_tolerance", self.rtt_tolerance, 1.0)
+        c.raise_if_any()
 
 
 class Gradient2Limit:
@@ -290,36 +275,24 @@ class EnvoyGradientConfig:
     min_concurrency_retrigger: int = 5  # windows pinned at min_concurrency before remeasuring
 
     def __post_init__(self) -> None:
-        p = "peers.envoy_gradient"
-        problems = []
-        for name in ("min_rtt_calc_interval_s", "sample_interval_s"):
-            v = getattr(self, name)
-            if not (math.isfinite(v) and v > 0):
-                problems.append(f"{p}.{name}: must be > 0 (got {v})")
-        for name in ("jitter", "sample_percentile"):
-            v = getattr(self, name)
-            if not (math.isfinite(v) and 0.0 <= v <= 1.0):
-                problems.append(f"{p}.{name}: must lie in [0, 1] (got {v})")
-        if not (math.isfinite(self.min_rtt_buffer) and self.min_rtt_buffer >= 0):
-            problems.append(f"{p}.min_rtt_buffer: must be ≥ 0 (got {self.min_rtt_buffer})")
-        if self.min_concurrency < 1:
-            problems.append(f"{p}.min_concurrency: must be ≥ 1 (got {self.min_concurrency})")
-        if self.max_limit < self.min_concurrency:
-            problems.append(f"{p}.max_limit: must be ≥ min_concurrency (got {self.max_limit})")
-        if self.min_rtt_request_count < 1:
-            problems.append(
-                f"{p}.min_rtt_request_count: must be ≥ 1 (got {self.min_rtt_request_count})"
-            )
-        if self.min_concurrency_retrigger < 1:
-            problems.append(
-                f"{p}.min_concurrency_retrigger: must be ≥ 1 (got {self.min_concurrency_retrigger})"
-            )
-        if self.fixed_min_rtt_ms is not None and not (
-            math.isfinite(self.fixed_min_rtt_ms) and self.fixed_min_rtt_ms > 0
-        ):
-            problems.append(f"{p}.fixed_min_rtt_ms: must be > 0 (got {self.fixed_min_rtt_ms})")
-        if problems:
-            raise ConfigError(problems)
+        c = FieldChecker("peers.envoy_gradient")
+        c.positive("min_rtt_calc_interval_s", self.min_rtt_calc_interval_s)
+        c.positive("sample_interval_s", self.sample_interval_s)
+        c.share("jitter", self.jitter)
+        c.share("sample_percentile", self.sample_percentile)
+        c.nonnegative("min_rtt_buffer", self.min_rtt_buffer)
+        c.integer("min_concurrency", self.min_concurrency, 1)
+        c.require(
+            self.max_limit >= self.min_concurrency,
+            "max_limit",
+            f"must be >= min_concurrency ({self.min_concurrency})",
+            self.max_limit,
+        )
+        c.integer("min_rtt_request_count", self.min_rtt_request_count, 1)
+        c.integer("min_concurrency_retrigger", self.min_concurrency_retrigger, 1)
+        if self.fixed_min_rtt_ms is not None:
+            c.positive("fixed_min_rtt_ms", self.fixed_min_rtt_ms)
+        c.raise_if_any()
 
 
 class EnvoyGradientLimit:

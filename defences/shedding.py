@@ -82,6 +82,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from headroom.kernel.checks import FieldChecker
 from headroom.kernel.errors import ConfigError
 
 __all__ = [
@@ -309,16 +310,17 @@ class HistogramConfig:
     half_life: float = 2000.0
 
     def validate(self, prefix: str) -> list[str]:
-        problems = []
-        if not (math.isfinite(self.log10_min) and math.isfinite(self.log10_max)):
-            problems.append(f"{prefix}.log10_min/log10_max: must be finite")
-        elif self.log10_max <= self.log10_min:
-            problems.append(f"{prefix}.log10_max: must be > log10_min")
-        if self.bins < 2:
-            problems.append(f"{prefix}.bins: must be ≥ 2 (got {self.bins})")
-        if not (math.isfinite(self.half_life) and self.half_life > 0):
-            problems.append(f"{prefix}.half_life: must be > 0 (got {self.half_life})")
-        return problems
+        c = FieldChecker(prefix)
+        c.require(math.isfinite(self.log10_min), "log10_min", "must be finite", self.log10_min)
+        c.require(
+            not math.isfinite(self.log10_min) or self.log10_max > self.log10_min,
+            "log10_max",
+            "must be finite and > log10_min",
+            self.log10_max,
+        )
+        c.integer("bins", self.bins, 2)
+        c.positive("half_life", self.half_life)
+        return c.problems
 
 
 class DecayedLogHistogram:
@@ -470,24 +472,6 @@ class ValueRanker:
 # --------------------------------------------------------------------------------------------
 
 
-def _finite_nonneg(name: str, value: float) -> list[str]:
-    if not (math.isfinite(value) and value >= 0.0):
-        return [f"{name}: must be a finite number ≥ 0 (got {value!r})"]
-    return []
-
-
-def _positive(name: str, value: float) -> list[str]:
-    if not (math.isfinite(value) and value > 0.0):
-        return [f"{name}: must be a finite number > 0 (got {value!r})"]
-    return []
-
-
-def _unit(name: str, value: float) -> list[str]:
-    if not (math.isfinite(value) and 0.0 <= value <= 1.0):
-        return [f"{name}: must lie in [0, 1] (got {value!r})"]
-    return []
-
-
 @dataclass(frozen=True, slots=True)
 class ServerShedConfig:
     """Server-side shedding settings. Defaults cite their source in the module docstring."""
@@ -509,29 +493,27 @@ class ServerShedConfig:
 
     def __post_init__(self) -> None:
         p = "shedding.server"
-        problems = [
-            *_finite_nonneg(f"{p}.target_queue_ms", self.target_queue_ms),
-            *_positive(f"{p}.interval_ms", self.interval_ms),
-            *_unit(f"{p}.shed_step", self.shed_step),
-            *_unit(f"{p}.max_shed_quantile", self.max_shed_quantile),
-            *_finite_nonneg(f"{p}.recovery_per_s", self.recovery_per_s),
-            *_positive(f"{p}.burst_ms", self.burst_ms),
-            *_positive(f"{p}.demand_window_ms", self.demand_window_ms),
-            *_finite_nonneg(f"{p}.cpu_cost_weight", self.cpu_cost_weight),
-            *_finite_nonneg(f"{p}.accelerator_cost_weight", self.accelerator_cost_weight),
-            *_finite_nonneg(f"{p}.shed_quiet_ms", self.shed_quiet_ms),
-            *self.histogram.validate(f"{p}.histogram"),
-        ]
-        if self.shed_step <= 0.0:
-            problems.append(f"{p}.shed_step: must be > 0 (got {self.shed_step!r})")
-        if self.reserve_slots < 0:
-            problems.append(f"{p}.reserve_slots: must be ≥ 0 (got {self.reserve_slots!r})")
-        if self.threshold_refresh < 1:
-            problems.append(f"{p}.threshold_refresh: must be ≥ 1 (got {self.threshold_refresh!r})")
-        if self.cpu_cost_weight + self.accelerator_cost_weight <= 0.0:
-            problems.append(f"{p}.cpu_cost_weight: at least one cost weight must be > 0")
-        if problems:
-            raise ConfigError(problems)
+        c = FieldChecker(p)
+        c.nonnegative("target_queue_ms", self.target_queue_ms)
+        c.positive("interval_ms", self.interval_ms)
+        c.between("shed_step", self.shed_step, 0.0, 1.0, lo_open=True)
+        c.share("max_shed_quantile", self.max_shed_quantile)
+        c.nonnegative("recovery_per_s", self.recovery_per_s)
+        c.positive("burst_ms", self.burst_ms)
+        c.positive("demand_window_ms", self.demand_window_ms)
+        c.nonnegative("cpu_cost_weight", self.cpu_cost_weight)
+        c.nonnegative("accelerator_cost_weight", self.accelerator_cost_weight)
+        c.nonnegative("shed_quiet_ms", self.shed_quiet_ms)
+        c.integer("reserve_slots", self.reserve_slots, 0)
+        c.integer("threshold_refresh", self.threshold_refresh, 1)
+        c.require(
+            self.cpu_cost_weight + self.accelerator_cost_weight > 0.0,
+            "cpu_cost_weight",
+            "at least one cost weight must be > 0",
+            self.cpu_cost_weight,
+        )
+        c.problems += self.histogram.validate(f"{p}.histogram")
+        c.raise_if_any()
 
 
 class ServerShedder:
@@ -1238,19 +1220,14 @@ class ClientShedConfig:
     zero_below: float = 0.01  # a multiplier under this snaps to 0 (no optional work)
 
     def __post_init__(self) -> None:
-        p = "shedding.client"
-        problems = [
-            *_unit(f"{p}.decrease_factor", self.decrease_factor),
-            *_finite_nonneg(f"{p}.decrease_interval_ms", self.decrease_interval_ms),
-            *_positive(f"{p}.recovery_per_s", self.recovery_per_s),
-            *_unit(f"{p}.zero_below", self.zero_below),
-        ]
-        if self.decrease_factor >= 1.0:
-            problems.append(f"{p}.decrease_factor: must be < 1 (got {self.decrease_factor!r})")
+        c = FieldChecker("shedding.client")
+        c.between("decrease_factor", self.decrease_factor, 0.0, 1.0, hi_open=True)
+        c.nonnegative("decrease_interval_ms", self.decrease_interval_ms)
+        c.positive("recovery_per_s", self.recovery_per_s)
+        c.share("zero_below", self.zero_below)
         if self.overload_queue_ms is not None:
-            problems += _finite_nonneg(f"{p}.overload_queue_ms", self.overload_queue_ms)
-        if problems:
-            raise ConfigError(problems)
+            c.nonnegative("overload_queue_ms", self.overload_queue_ms)
+        c.raise_if_any()
 
 
 class ClientShedder:
