@@ -32,15 +32,12 @@ from headroom.kernel.errors import ConfigError, HeadroomError
 from headroom.kernel.scenario import Scenario
 from headroom.kernel.traces import PoolKey
 from headroom.sim.replay import (
-    IssueKind,
-    Recording,
-    ReplayConfig,
     ReplayContext,
     derived_scenario,
-    read_replay,
     replay_context,
     scenario_regions_text,
 )
+from headroom.sim.replay_read import IssueKind, Recording, ReplayConfig, read_replay
 
 __all__ = [
     "ReadProgress",

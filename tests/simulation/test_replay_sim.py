@@ -33,7 +33,8 @@ from headroom.analysis.events import EventLog
 from headroom.commands.sim_replay import write_derived
 from headroom.kernel.scenario import Scenario
 from headroom.kernel.scenario_load import load_scenario_text
-from headroom.sim.replay import Recording, read_replay, replay_context, write_feed_recording
+from headroom.sim.replay import replay_context, write_feed_recording
+from headroom.sim.replay_read import Recording, read_replay
 from headroom.sim.run import run_simulation
 from headroom.world.curves import curves_for
 

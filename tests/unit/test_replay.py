@@ -23,16 +23,12 @@ from headroom.kernel.scenario_load import load_scenario, load_scenario_text
 from headroom.kernel.traces import PoolKey
 from headroom.sim.config import SimConfig
 from headroom.sim.replay import (
-    IssueKind,
     RecordedPopulation,
-    Recording,
-    ReplayConfig,
     ReplayContext,
-    ValueGrid,
     derived_scenario,
-    read_replay,
     write_feed_recording,
 )
+from headroom.sim.replay_read import IssueKind, Recording, ReplayConfig, ValueGrid, read_replay
 from headroom.streams.recording import Envelope, encode_envelope
 
 T0 = 1_796_000_000.0
