@@ -84,7 +84,7 @@ class Controller:
 
     def restore_from(self, snapshot: dict[str, Any] | None) -> None:
         if snapshot:
-            self.plane = ControlPlane.restore(self.config, snapshot, self.rng)
+            self.plane.restore(snapshot)
             log.info("controller.state.restored", keys=sorted(snapshot))
         self.restored = True
 

@@ -43,6 +43,7 @@ Constants: :class:`headroom.controllers.config.CoverageSettings`; docs/controlle
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -50,6 +51,7 @@ from typing import Any
 from headroom.controllers.config import CoverageSettings
 from headroom.controllers.levers import CostModel
 from headroom.defences.admission import admissible_utilization
+from headroom.kernel.jsonstate import Snapshotting
 
 __all__ = ["CoverageController", "CoverageLimit", "CoverageResult", "strong_admissible"]
 
@@ -217,11 +219,14 @@ class CoverageController:
             "last_command": self.last_command,
         }
 
-    def restore_state(self, data: dict[str, Any]) -> None:
-        self.integral = float(data["integral"])
-        self.scale = float(data["scale"])
-        self.calibration = float(data["calibration"])
-        lr = data.get("last_reported")
-        lc = data.get("last_command")
+    def restore(self, state: Mapping[str, Any]) -> None:
+        self.integral = float(state["integral"])
+        self.scale = float(state["scale"])
+        self.calibration = float(state["calibration"])
+        lr = state.get("last_reported")
+        lc = state.get("last_command")
         self.last_reported = None if lr is None else float(lr)
         self.last_command = None if lc is None else float(lc)
+
+
+_SNAPSHOTTING: tuple[type[Snapshotting], ...] = (CoverageController,)  # checked by mypy

@@ -70,6 +70,7 @@ from headroom.controllers.types import (
     segment_of,
 )
 from headroom.defences.admission import admissible_utilization
+from headroom.kernel.jsonstate import Snapshotting
 
 if TYPE_CHECKING:
     from headroom.kernel.scenario import Models
@@ -407,30 +408,34 @@ class ValueBook:
         mean = s / n
         return math.sqrt(max(q / n - mean * mean, 0.0))
 
-    def snapshot(self) -> list[list[Any]]:
+    def snapshot(self) -> dict[str, Any]:
+        """``{"rows": [[segment, lever, arm, n, sum, sum_sq, cpu_ms, accelerator_ms], …]}``; the
+        units book as rows of arm ``"units"`` (``["", lever, "units", treated, units, 0.0]``)."""
         rows = [[k[0], k[1], k[2], *a] for k, a in sorted(self._sums.items())]
         rows += [
             ["", lever, _UNITS_ARM, u[0], u[1], 0.0] for lever, u in sorted(self._units.items())
         ]
-        return rows
+        return {"rows": rows}
 
-    @classmethod
-    def restore(cls, data: Iterable[Iterable[Any]]) -> ValueBook:
-        book = cls()
-        for row in data:
-            seg, lever, arm, n, s, q, *cost = row  # older snapshots have no cost columns
+    def restore(self, state: Mapping[str, Any] | Iterable[Iterable[Any]]) -> None:
+        """Replace the sums with those of a :meth:`snapshot`. Also reads the forms stored by
+        earlier versions: the bare list of rows (no ``{"rows": …}`` around it), and rows without
+        the two cost columns (cost 0)."""
+        rows: Iterable[Any] = state["rows"] if isinstance(state, Mapping) else state
+        sums: dict[ValueKey, list[float]] = {}
+        units: dict[str, list[float]] = {}
+        for row in rows:
+            seg, lever, arm, n, s, q, *cost = row
             if arm == _UNITS_ARM:
-                book._units[str(lever)] = [float(n), float(s)]
+                units[str(lever)] = [float(n), float(s)]
                 continue
             cpu, acc = (float(cost[0]), float(cost[1])) if len(cost) >= 2 else (0.0, 0.0)
-            book._sums[(str(seg), str(lever), str(arm))] = [
-                float(n),
-                float(s),
-                float(q),
-                cpu,
-                acc,
-            ]
-        return book
+            sums[(str(seg), str(lever), str(arm))] = [float(n), float(s), float(q), cpu, acc]
+        self._sums = sums
+        self._units = units
+
+
+_SNAPSHOTTING: tuple[type[Snapshotting], ...] = (ValueBook,)  # checked by mypy
 
 
 class Lever(ABC):

@@ -48,12 +48,14 @@ Constants: defaults in :class:`headroom.controllers.config.PidSettings`, tuned o
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 from headroom.controllers.config import PidSettings
 from headroom.controllers.levers import CostModel
+from headroom.kernel.jsonstate import Snapshotting
 
 __all__ = ["PidController", "PidState", "RmaController", "RmaLimit", "RmaResult"]
 
@@ -148,21 +150,19 @@ class PidController:
             "d": st.d,
         }
 
-    @classmethod
-    def restore(cls, settings: PidSettings, data: dict[str, Any]) -> PidController:
-        pid = cls(settings)
-        lm = data.get("last_measurement")
-        lt = data.get("last_time")
-        pid.state = PidState(
-            integral=float(data["integral"]),
-            output=float(data["output"]),
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state`` (a :meth:`snapshot`); the settings stay this controller's."""
+        lm = state.get("last_measurement")
+        lt = state.get("last_time")
+        self.state = PidState(
+            integral=float(state["integral"]),
+            output=float(state["output"]),
             last_measurement=None if lm is None else float(lm),
-            derivative=float(data.get("derivative", 0.0)),
+            derivative=float(state.get("derivative", 0.0)),
             last_time=None if lt is None else float(lt),
-            p=float(data.get("p", 0.0)),
-            d=float(data.get("d", 0.0)),
+            p=float(state.get("p", 0.0)),
+            d=float(state.get("d", 0.0)),
         )
-        return pid
 
 
 class RmaLimit(Enum):
@@ -294,5 +294,8 @@ class RmaController:
     def snapshot(self) -> dict[str, Any]:
         return self.pid.snapshot()
 
-    def restore_state(self, data: dict[str, Any]) -> None:
-        self.pid = PidController.restore(self.settings, data)
+    def restore(self, state: Mapping[str, Any]) -> None:
+        self.pid.restore(state)
+
+
+_SNAPSHOTTING: tuple[type[Snapshotting], ...] = (PidController, RmaController)  # checked by mypy

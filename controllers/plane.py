@@ -24,9 +24,10 @@ Epochs: ``max(previous + 1, floor(now))`` — consecutive within a run, and a co
 restarts *without* its snapshot still outranks every epoch it issued before (intervals are
 ≥ 1 s), so clients never ignore it.
 
-Bumpless hand-over: :meth:`ControlPlane.snapshot` / :meth:`ControlPlane.restore` carry every
-controller's state exactly (the next output after a restore equals the next output without
-one, given the same generator state). If a region went unstepped for longer than ``ttl_s`` (a
+Bumpless hand-over: :meth:`ControlPlane.snapshot` / :meth:`ControlPlane.restore` (the
+convention of :class:`headroom.kernel.jsonstate.Snapshotting`) carry every controller's state
+exactly (the next output after a restore equals the next output without one, given the same
+generator state). If a region went unstepped for longer than ``ttl_s`` (a
 control outage), its clients have fallen back to the baseline, so the loops first track the
 baseline (base candidates, no SBM) and ramp up from it by the rate limit instead of jumping back
 to the value they last issued.
@@ -56,10 +57,13 @@ from headroom.controllers.types import (
     RegionTargets,
 )
 from headroom.kernel.errors import HeadroomError
+from headroom.kernel.jsonstate import Snapshotting
 
 __all__ = ["ControlConfig", "ControlPlane", "Decision", "SnapshotError", "strong_replica_units"]
 
-SNAPSHOT_VERSION = 1
+# 2: a region's value book is ``{"rows": [...]}``; 1 (still read): the bare list of rows
+SNAPSHOT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 
 class SnapshotError(HeadroomError):
@@ -180,14 +184,14 @@ class _Region:
             "book": self.book.snapshot(),
         }
 
-    def restore(self, data: Mapping[str, Any]) -> None:
-        self.epoch = int(data["epoch"])
-        ln = data.get("last_now")
+    def restore(self, state: Mapping[str, Any]) -> None:
+        self.epoch = int(state["epoch"])
+        ln = state.get("last_now")
         self.last_now = None if ln is None else float(ln)
-        self.precompute_rate = float(data.get("precompute_rate", 0.0))
-        self.rma.restore_state(dict(data["rma"]))
-        self.coverage.restore_state(dict(data["coverage"]))
-        self.book = ValueBook.restore(data.get("book", []))
+        self.precompute_rate = float(state.get("precompute_rate", 0.0))
+        self.rma.restore(state["rma"])
+        self.coverage.restore(state["coverage"])
+        self.book.restore(state.get("book", []))
 
 
 class ControlPlane:
@@ -356,32 +360,34 @@ class ControlPlane:
     # -- snapshot / restore -------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
-        """Every region's controller state, JSON-serialisable (the generator is not included:
-        pass one to :meth:`restore`)."""
+        """Every region's controller state as plain JSON. The generator is not included: the
+        plane draws from the one it was constructed with (restore that one's state apart)."""
         return {
             "version": SNAPSHOT_VERSION,
             "levers": list(self.levers.names),
             "regions": {name: st.snapshot() for name, st in self._regions.items()},
         }
 
-    @classmethod
-    def restore(
-        cls,
-        config: ControlConfig,
-        snapshot: Mapping[str, Any],
-        rng: np.random.Generator,
-        levers: LeverRegistry | None = None,
-    ) -> ControlPlane:
-        """A plane that continues exactly where the one that took ``snapshot`` stopped."""
-        if not isinstance(snapshot, Mapping) or snapshot.get("version") != SNAPSHOT_VERSION:
-            version = snapshot.get("version") if isinstance(snapshot, Mapping) else None
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Continue exactly where the plane that took ``state`` stopped: every region's loops,
+        epoch and value book are replaced (regions not in ``state`` start afresh). Reads
+        snapshots of version 2 and of version 1 (the value book as a bare list of rows); any
+        other version, or a malformed region, raises :class:`SnapshotError` before anything
+        changes."""
+        version = state.get("version") if isinstance(state, Mapping) else None
+        if type(version) is not int or version not in READABLE_VERSIONS:
             raise SnapshotError(
-                f"control-plane snapshot: version {version!r} is not {SNAPSHOT_VERSION}"
+                f"control-plane snapshot: version {version!r} is not one of {READABLE_VERSIONS}"
             )
-        plane = cls(config, rng, levers)
+        regions: dict[str, _Region] = {}
         try:
-            for name, data in dict(snapshot.get("regions", {})).items():
-                plane._region(str(name)).restore(data)
-        except (KeyError, TypeError, ValueError) as exc:
+            for name, data in dict(state.get("regions", {})).items():
+                region = regions[str(name)] = _Region(self)
+                region.restore(data)
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise SnapshotError(f"control-plane snapshot: malformed region state ({exc})") from exc
-        return plane
+        self._regions = regions
+        self._decisions = {}
+
+
+_SNAPSHOTTING: tuple[type[Snapshotting], ...] = (_Region, ControlPlane)  # checked by mypy

@@ -104,7 +104,7 @@ from headroom.controllers.allocator import Pool, pools_from_capacity
 from headroom.controllers.levers import CapacityUse, CostModel, ResourceCost
 from headroom.controllers.types import CapacityLevel
 from headroom.kernel.errors import ConfigError
-from headroom.kernel.jsonstate import decode_big_ints, encode_big_ints
+from headroom.kernel.jsonstate import Snapshotting, decode_big_ints, encode_big_ints
 
 if TYPE_CHECKING:
     from headroom.kernel.scenario import Scenario
@@ -445,7 +445,10 @@ class UserBook:
         if max_users < 1:
             raise ValueError("max_users must be >= 1")
         self.max_users = max_users
-        cap = max(1, min(initial, max_users))
+        self._clear(max(1, min(initial, max_users)))
+
+    def _clear(self, cap: int) -> None:
+        """No users, room for ``cap`` before the arrays grow."""
         self._slot: dict[int, int] = {}
         self._free: list[int] = []
         self._n = 0  # slots ever handed out (high-water mark)
@@ -573,22 +576,21 @@ class UserBook:
             },
         }
 
-    @classmethod
-    def restore(cls, data: Mapping[str, Any]) -> UserBook:
-        cols = data["columns"]
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Replace the users with those of a :meth:`snapshot`. ``max_users`` stays this book's
+        own (the snapshot's is informative): a snapshot holding more users than it allows is
+        kept whole, and the least recently seen make room as new users arrive."""
+        cols = state["columns"]
         n = len(cols["ids"])
-        book = cls(int(data["max_users"]), initial=max(n, 1))
-        if n > len(book.ids):
-            book._grow(n)
-        for name in (*cls._COLUMNS, "active"):
-            arr = getattr(book, name)
+        self._clear(max(n, 1))
+        for name in (*self._COLUMNS, "active"):
+            arr = getattr(self, name)
             arr[:n] = np.asarray([_unplain(x) for x in cols[name]], dtype=arr.dtype)
-        book._n = n
-        book._free = [int(i) for i in data["free"]]
-        book.start = None if data["start"] is None else float(data["start"])
-        book.evicted = int(data["evicted"])
-        book._slot = {int(book.ids[i]): i for i in range(n) if book.active[i]}
-        return book
+        self._n = n
+        self._free = [int(i) for i in state["free"]]
+        self.start = None if state["start"] is None else float(state["start"])
+        self.evicted = int(state["evicted"])
+        self._slot = {int(self.ids[i]): i for i in range(n) if self.active[i]}
 
 
 def _plain(x: Any) -> Any:
@@ -725,10 +727,10 @@ class PrecomputePlanner:
             "rng": encode_big_ints(self.rng.bit_generator.state),
         }
 
-    def restore(self, data: Mapping[str, Any]) -> None:
+    def restore(self, state: Mapping[str, Any]) -> None:
         """Restore the book and the generator's state (config and uplift are given anew)."""
-        self.users = UserBook.restore(data["users"])
-        self.rng.bit_generator.state = decode_big_ints(data["rng"])
+        self.users.restore(state["users"])
+        self.rng.bit_generator.state = decode_big_ints(state["rng"])
 
 
 # -- budget --------------------------------------------------------------------------------------
@@ -775,11 +777,13 @@ class TokenBucket:
             "last": self.last,
         }
 
-    @classmethod
-    def restore(cls, data: Mapping[str, Any]) -> TokenBucket:
-        b = cls(float(data["rate"]), float(data["burst_s"]), data["last"])
-        b.tokens = float(data["tokens"])
-        return b
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Continue from a :meth:`snapshot`: its rate (set by :meth:`set_rate` since), tokens and
+        time; ``burst_s`` stays this bucket's own."""
+        last = state["last"]
+        self.rate = float(state["rate"])
+        self.tokens = float(state["tokens"])
+        self.last = None if last is None else float(last)
 
 
 # -- capacity and jobs ---------------------------------------------------------------------------
@@ -1037,28 +1041,41 @@ class JobBook:
             ],
         }
 
-    @classmethod
-    def restore(cls, cost: ResourceCost, duration_s: float, data: Mapping[str, Any]) -> JobBook:
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Replace pools, jobs and counters with those of a :meth:`snapshot`; the job cost and
+        duration stay this book's own."""
+
         def key(x: Any) -> PoolKey | None:
             return None if x is None else (str(x[0]), str(x[1]), bool(x[2]))
 
-        book = cls(cost, duration_s)
-        book.next_id = int(data["next_id"])
-        st = data["stats"]
-        book.stats = JobStats(
+        st = state["stats"]
+        stats = JobStats(
             int(st["started"]),
             int(st["completed"]),
             int(st["stopped"]),
             float(st["cpu_unit_s"]),
             float(st["accelerator_unit_s"]),
         )
-        for r, hw, units, announced, remote, life in data["pools"]:
+        pools: dict[PoolKey, Pool] = {}
+        for r, hw, units, announced, remote, life in state["pools"]:
             p = Pool(str(r), str(hw), float(units), float(announced), bool(remote), float(life))
-            book.pools[(p.resource, p.hardware, p.remote)] = p
-        for jid, user, seg, t0, t1, cpu, acc, dc, da in data["jobs"]:
+            pools[(p.resource, p.hardware, p.remote)] = p
+        jobs: dict[int, Job] = {}
+        for jid, user, seg, t0, t1, cpu, acc, dc, da in state["jobs"]:
             job = Job(
                 *(int(jid), int(user), int(seg), float(t0), float(t1)),
                 *(key(cpu), key(acc), float(dc), float(da)),
             )
-            book.jobs[job.id] = job
-        return book
+            jobs[job.id] = job
+        self.next_id = int(state["next_id"])
+        self.stats = stats
+        self.pools = pools
+        self.jobs = jobs
+
+
+_SNAPSHOTTING: tuple[type[Snapshotting], ...] = (  # checked by mypy
+    UserBook,
+    PrecomputePlanner,
+    TokenBucket,
+    JobBook,
+)

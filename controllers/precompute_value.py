@@ -72,6 +72,7 @@ from headroom.controllers.precompute import UpliftModel
 from headroom.controllers.types import stratum_key
 from headroom.kernel.checks import FieldChecker
 from headroom.kernel.errors import ConfigError
+from headroom.kernel.jsonstate import Snapshotting
 from headroom.streams.messages import ValueSignal
 
 __all__ = [
@@ -331,12 +332,17 @@ class UpliftCalibrator:
             "ignored": dict(self.ignored),
         }
 
-    def restore(self, data: Mapping[str, Any]) -> None:
-        self._window = None if data["window"] is None else int(data["window"])
-        self.book = ValueBook.restore(data["book"])
-        hist = np.asarray(data["staleness"], dtype=np.float64)
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Continue from a :meth:`snapshot`; its ``book`` may be in any form
+        :meth:`ValueBook.restore` reads."""
+        hist = np.asarray(state["staleness"], dtype=np.float64)
         if hist.shape != self._staleness.shape:
             raise ValueError(f"staleness histogram must have shape {self._staleness.shape}")
+        self._window = None if state["window"] is None else int(state["window"])
+        self.book.restore(state["book"])
         self._staleness = hist
-        self.used = int(data["used"])
-        self.ignored = Counter({str(k): int(v) for k, v in data["ignored"].items()})
+        self.used = int(state["used"])
+        self.ignored = Counter({str(k): int(v) for k, v in state["ignored"].items()})
+
+
+_SNAPSHOTTING: tuple[type[Snapshotting], ...] = (UpliftCalibrator,)  # checked by mypy

@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
 
+from headroom.kernel.jsonstate import Snapshotting
 from headroom.streams.messages import Precompute
 
 __all__ = [
@@ -356,18 +357,30 @@ class PrecomputeStore:
             ],
         }
 
-    @classmethod
-    def restore(cls, data: Mapping[str, Any]) -> PrecomputeStore:
-        store = cls(max_results=int(data["max_results"]))
-        for raw, served in data["entries"]:
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Replace results and counters with those of a :meth:`snapshot`. ``max_results`` stays
+        this store's own: if the snapshot holds more results, those closest to their expiry are
+        evicted (and counted) until the bound holds."""
+        counts = StoreCounts(**state["counts"])
+        window_base = StoreCounts(**state["window_base"])
+        staleness = [float(x) for x in state["staleness"]]
+        entries: dict[Key, _Entry] = {}
+        seq = 0
+        for raw, served in state["entries"]:
             result = Precompute.from_dict(raw)
-            store._seq += 1
-            store._entries[(result.region, result.user)] = _Entry(result, store._seq, int(served))
-        store._compact_heap()
-        store.counts = StoreCounts(**data["counts"])
-        store._window_base = StoreCounts(**data["window_base"])
-        store._staleness = [float(x) for x in data["staleness"]]
-        return store
+            seq += 1
+            entries[(result.region, result.user)] = _Entry(result, seq, int(served))
+        self._entries = entries
+        self._seq = seq
+        self._compact_heap()
+        self.counts = counts
+        self._window_base = window_base
+        self._staleness = staleness
+        while len(self._entries) > self.max_results:
+            self._evict_one()
+
+
+_SNAPSHOTTING: tuple[type[Snapshotting], ...] = (PrecomputeStore,)  # checked by mypy
 
 
 def quantile_samples(sorted_values: list[float], k: int) -> tuple[float, ...]:

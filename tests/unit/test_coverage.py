@@ -117,7 +117,7 @@ def test_snapshot_then_restore_gives_identical_next_outputs(history, future) -> 
     a = controller()
     run(a, history)
     b = controller()
-    b.restore_state(a.snapshot())
+    b.restore(a.snapshot())
     for p99, observed, rps, cpu, acc in future:
         assert a.step(p99, observed, rps, cpu, acc, 1.0) == b.step(
             p99, observed, rps, cpu, acc, 1.0

@@ -169,8 +169,41 @@ def test_value_book_snapshot_round_trips_through_json() -> None:
     book = ValueBook()
     book.add({("casual", "rma", "treatment"): arm_stats(rng, 100, 1.0, 0.2)})
     book.decay(0.7)
-    again = ValueBook.restore(json.loads(json.dumps(book.snapshot())))
+    again = ValueBook()
+    again.restore(json.loads(json.dumps(book.snapshot())))
     assert again.snapshot() == book.snapshot()
+
+
+def test_value_book_reads_the_list_of_rows_earlier_versions_stored() -> None:
+    rng = np.random.default_rng(2)
+    book = ValueBook()
+    book.add({("casual", "rma", "treatment"): arm_stats(rng, 100, 1.0, 0.2, cpu_ms=500.0)})
+    book.add({("casual", "rma", "control"): arm_stats(rng, 100, 0.9, 0.2)})
+    book.add_units("rma", 100.0, 40.0)
+    unit = ResourceCost(0.001, 0.0)
+    assert book.per_unit("rma", unit) is not None
+    rows = book.snapshot()["rows"]
+    old = ValueBook()
+    old.restore(json.loads(json.dumps(rows)))  # the bare list earlier versions stored
+    assert old.snapshot() == book.snapshot()
+    assert old.uplift("rma") == book.uplift("rma")
+    # rows without the cost columns (older still) read as no cost
+    bare = ValueBook()
+    bare.restore([r[:6] for r in rows])
+    assert bare.uplift("rma") == book.uplift("rma")
+    assert bare.per_unit("rma", unit) is None
+    assert bare.mean_units("rma") == book.mean_units("rma")
+
+
+def test_value_book_restore_replaces_what_it_held() -> None:
+    rng = np.random.default_rng(3)
+    a, b = ValueBook(), ValueBook()
+    a.add({("casual", "rma", "treatment"): arm_stats(rng, 100, 1.0, 0.2)})
+    b.add({("premium", "sbm", "control"): arm_stats(rng, 100, 1.0, 0.2)})
+    b.add_units("sbm", 10.0, 1.0)
+    b.restore(a.snapshot())
+    assert b.snapshot() == a.snapshot()
+    assert b.mean_units("sbm") is None
 
 
 def _proven(lever: str, rng: np.random.Generator) -> dict[tuple[str, str, str], ArmStats]:

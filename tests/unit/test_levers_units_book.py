@@ -25,7 +25,8 @@ def test_units_survive_a_snapshot_round_trip() -> None:
     book = ValueBook()
     book.add({("casual", "rma", "treatment"): ArmStats(50, 30.0, 25.0)})
     book.add_units("rma", 50.0, 320.0)
-    again = ValueBook.restore(book.snapshot())
+    again = ValueBook()
+    again.restore(book.snapshot())
     assert again.mean_units("rma") == pytest.approx(320.0)
     assert again.snapshot() == book.snapshot()
 

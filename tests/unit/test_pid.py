@@ -185,7 +185,7 @@ def test_snapshot_then_restore_gives_identical_next_outputs(history, future) -> 
     a = rma()
     drive(a, history)
     b = rma()
-    b.restore_state(a.snapshot())
+    b.restore(a.snapshot())
     for i, (p99, rps, cpu, acc) in enumerate(future):
         ra = a.step(p99, 1e6 + i, 1.0, rps, cpu, acc)
         rb = b.step(p99, 1e6 + i, 1.0, rps, cpu, acc)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
@@ -181,7 +182,8 @@ def test_snapshot_then_restore_gives_identical_next_outputs(before, after, seed)
     for obs in before:
         a.step(obs)
     snap = json.loads(json.dumps(a.snapshot()))  # through JSON, as a table would store it
-    b = ControlPlane.restore(CFG_PRE, snap, np.random.Generator(np.random.PCG64()))
+    b = ControlPlane(CFG_PRE, np.random.Generator(np.random.PCG64()))
+    b.restore(snap)
     b.rng.bit_generator.state = a.rng.bit_generator.state
     for obs in after:
         ta, tb = a.step(obs), b.step(obs)
@@ -345,12 +347,47 @@ def test_precompute_rate_is_published_when_the_scenario_enables_it() -> None:
 
 
 def test_restore_rejects_a_foreign_snapshot() -> None:
-    with pytest.raises(SnapshotError, match="version"):
-        ControlPlane.restore(CFG, {"version": 99}, np.random.default_rng(0))
+    plane = ControlPlane(CFG, np.random.default_rng(0))
+    for version in (99, 0, None, "2", True, 2.0):
+        with pytest.raises(SnapshotError, match="version"):
+            plane.restore({"version": version})
+    good = ControlPlane(CFG, np.random.default_rng(0))
+    good.step(observation(60.0))
+    region = good.snapshot()["regions"]["us-east"]
+    for broken in ({"epoch": 1}, {**region, "rma": 5}, {**region, "book": {"rows": [[1]]}}, 7):
+        with pytest.raises(SnapshotError, match="malformed"):
+            plane.restore({"version": 2, "regions": {"r": broken}})
     with pytest.raises(SnapshotError, match="malformed"):
-        ControlPlane.restore(
-            CFG, {"version": 1, "regions": {"r": {"epoch": 1}}}, np.random.default_rng(0)
-        )
+        plane.restore({"version": 2, "regions": [1, 2]})
+
+
+def test_a_refused_snapshot_leaves_the_plane_as_it_was() -> None:
+    plane = ControlPlane(CFG, np.random.default_rng(0))
+    plane.step(observation(60.0))
+    before = plane.snapshot()
+    bad = copy.deepcopy(before)
+    bad["regions"]["s"] = {"epoch": 1}  # a second region without its loops
+    with pytest.raises(SnapshotError, match="malformed"):
+        plane.restore(bad)
+    assert plane.snapshot() == before
+    assert plane.decision("us-east") is not None
+
+
+def test_restore_reads_version_1_snapshots_and_replaces_every_region() -> None:
+    a = ControlPlane(CFG, np.random.default_rng(0))
+    for i in range(3):
+        a.step(observation(60.0 * (i + 1), value=proven(np.random.default_rng(i))))
+    snap = json.loads(json.dumps(a.snapshot()))
+    old = copy.deepcopy(snap)  # what version 1 stored: the value book as a bare list of rows
+    old["version"] = 1
+    for region in old["regions"].values():
+        region["book"] = region["book"]["rows"]
+    b = ControlPlane(CFG, np.random.default_rng(5))
+    b.step(observation(30.0, region="elsewhere"))
+    b.restore(old)
+    assert b.regions == a.regions
+    assert b.decision("elsewhere") is None
+    assert b.snapshot() == snap
 
 
 # -- configuration ---------------------------------------------------------------------------

@@ -300,7 +300,8 @@ def test_user_book_is_bounded_and_evicts_the_least_recently_seen() -> None:
     assert 2 not in book
     assert 0 in book
     assert 1000 in book
-    restored = UserBook.restore(book.snapshot())
+    restored = UserBook(max_users=32)
+    restored.restore(book.snapshot())
     assert len(restored) == len(book)
     assert restored.slot(1000) == book.slot(1000)
 
@@ -517,7 +518,8 @@ def test_job_book_snapshot_restores_jobs_pools_and_counters() -> None:
         0.0,
     )
     book.start(0.0, [(u, 1) for u in range(10)])
-    restored = JobBook.restore(book.cost, book.duration_s, book.snapshot())
+    restored = JobBook(book.cost, book.duration_s)
+    restored.restore(book.snapshot())
     assert restored.jobs == book.jobs
     assert restored.pools == book.pools
     assert restored.stats == book.stats

@@ -147,7 +147,8 @@ def test_snapshot_restore_keeps_results_served_counts_and_counters() -> None:
         store.put(result(user, ts=float(user), expires_at=100.0 + user), now=float(user))
     store.visit(REGION, 2, now=10.0)
     store.expire(now=0.0)
-    restored = PrecomputeStore.restore(store.snapshot())
+    restored = PrecomputeStore(max_results=10)
+    restored.restore(store.snapshot())
     assert restored.counts == store.counts
     assert restored.served(REGION, 2) == 1
     assert [r.user for r in restored.expire(now=102.5).unused] == [0, 1]
