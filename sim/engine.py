@@ -53,7 +53,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -68,6 +68,7 @@ from headroom.controllers.types import (
     segment_of,
     stratum_key,
 )
+from headroom.defences.plan import CellPlanner, PlanRule
 from headroom.kernel import seeds
 from headroom.kernel.scenario import Scenario
 from headroom.kernel.sketch import bin_values
@@ -164,8 +165,13 @@ class SimContext:
         w = scenario.world
         self.n0 = int(w.base_candidates)
         self.nmax = int(w.max_candidates)
-        self.holdout = float(w.holdout)
-        self.treat = 1.0 - self.holdout
+        # the client plan (defences/plan.py): its rule, the clients' flags set per policy
+        self.plan_rule = PlanRule(
+            holdout=float(w.holdout), base=self.n0, max=self.nmax, bins=self.pop.bins
+        )
+        self.plan_cache: dict[Any, FloatArray] = {}  # value-ranked RMA's thresholds
+        self.holdout = self.plan_rule.holdout
+        self.treat = self.plan_rule.treat
         self.eligible = float(cfg.eligible_share)
         self.costs = CostModel.from_models(scenario.models, self.n0)
         self.window_s = float(scenario.slo.window_s)
@@ -610,6 +616,16 @@ class RegionRun:
         self.count_rng = ctx.rng(r, 4)
         self.quotas = Quotas(0.0, 0.0, 0.0, 0.0)
         self.pending: list[_Pending] = []
+        self.planner = CellPlanner(
+            replace(
+                ctx.plan_rule,
+                value_ranked_rma=bool(policy.value_ranked_rma),
+                value_ranked_sbm=bool(getattr(policy, "value_ranked_sbm", False)),
+            ),
+            ctx.pop,
+            eligible=ctx.eligible,
+            cache=ctx.plan_cache,
+        )
         self.base_mix = build_mix(ctx, baseline_plan(ctx))
         self.mix = self.base_mix
         self._mix_key: Any = ("base",)
@@ -841,25 +857,9 @@ class RegionRun:
             return self.mix
         ctx = self.ctx
         pop = ctx.pop
-        extra = max(0, min(tg.rma_candidates, ctx.nmax) - ctx.n0)
-        r_seg = np.array([tg.sbm_segments.get(s, 0.0) for s in ctx.segment_names])
-        if getattr(pol, "value_ranked_sbm", False):
-            # each segment's routing probability is spent on its highest-value requests
-            routed = ctx.eligible * pop.top_in_segment(r_seg)
-        else:
-            routed = ctx.eligible * np.clip(r_seg, 0.0, 1.0)[pop.seg]
-        sbm_req = routed * pop.keep_top(m_sbm)
-        if extra > 0 and pol.value_ranked_rma:
-            # the target's extra candidates are a budget spent highest value first on the
-            # requests the strong model did not take: the top share of those by value gets
-            # the maximum, the rest none (the same mean work per request)
-            span_max = ctx.nmax - ctx.n0
-            rma_req = pop.keep_top_among(m_rma * extra / span_max, 1.0 - routed)
-            extra = span_max
-        elif extra > 0:
-            rma_req = (1.0 - routed) * pop.keep_top(m_rma)
-        else:
-            rma_req = np.zeros(pop.n_cells)
+        # what the clients ask for: the one client plan (defences/plan.py), over the cells
+        asked = self.planner.plan(tg, m_rma, m_sbm)
+        rma_req, sbm_req, extra = asked.rma, asked.sbm, asked.extra
         adm = pol.admit(now, span, rma_req, sbm_req, self) if sheds else None
         if adm is None:
             rma_adm, sbm_adm = rma_req, sbm_req

@@ -4,6 +4,7 @@ window lines and value signals count lever ``precompute``."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -88,7 +89,8 @@ def _client(
     client = RankingClient(
         config, scenario, KafkaTarget("127.0.0.1:9", "t."), clock=clock, world=world, cache=cache
     )
-    client.router.holdout = holdout  # 0: nobody held out; 0.999…: everybody
+    # 0: nobody held out; 0.999…: everybody
+    client.planner.rule = dataclasses.replace(client.planner.rule, holdout=holdout)
     return client
 
 
@@ -316,7 +318,7 @@ def test_a_seeded_client_draws_the_same_holdout_for_precompute_and_live_levers(
     for u in users:
         cache.apply(None, _result(u, ts=T0, life_s=600.0), clock())
     client = _client(scenario, world, cache, clock, holdout=scenario.world.holdout)
-    client.router.rng = np.random.default_rng(3)
+    client.planner.rng = np.random.default_rng(3)
 
     async def run() -> list[Outcome]:
         return [await client.serve_request(_request(u), 0, u) for u in users]
