@@ -59,6 +59,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from headroom.analysis.events import WindowTraffic, window_event
 from headroom.controllers.levers import CostModel
 from headroom.controllers.types import (
     LEVER_PRECOMPUTE,
@@ -1238,49 +1239,54 @@ class RegionRun:
             t0, t1 = rec["t0"], rec["t1"]
             win = rec["win"]
             n_to = round(float(timeouts[w]))
+            treated = {"rma": float(treated_rma[w]), "sbm": float(treated_sbm[w])}
+            if pre is not None:
+                treated["precompute"] = float(pre.fields[w]["hits"])
+            traffic = WindowTraffic(
+                requests=int(n_req[w]),
+                # a request that does not finish within the timeout delivers nothing: it fails
+                errors=n_to,
+                timeouts=n_to,
+                sketch=sketches[w][0],
+                sketch_base=sketches[w][1],
+                # ground truth: the conditional expectation given the window's arrivals
+                # (spread over the cells by their shares), the counts the bound uses too
+                value_total=float(s_value[w].sum()),
+                value_baseline=float(s_base[w].sum()),
+                inc={
+                    "rma": float(inc_rma[w]),
+                    "sbm": float(inc_sbm[w]),
+                    "precompute": float(pre.inc[w]) if pre is not None else 0.0,
+                },
+                # the holdout sums and the intent-to-treat sums the control plane learned
+                # from are drawn once per control interval: on its last window
+                arms=arms if w == n_w - 1 else {},
+                itt=_itt_of(value_obs) if w == n_w - 1 else {},
+                eligible_treated=treated,
+                segments={
+                    seg: {
+                        "requests": int(n_seg[w, si]),
+                        "sbm": float(seg_sbm[w, si]),
+                        "inc": float(s_value[w, si] - s_base[w, si]),
+                    }
+                    for si, seg in enumerate(ctx.segment_names)
+                },
+                targets=rec["targets"],
+            )
             self.emit(
                 "window",
                 t0,
-                {
-                    "t_start": t0,
-                    "t_end": t1,
-                    "requests": int(n_req[w]),
-                    "errors": n_to,
-                    "timeouts": n_to,
-                    "sketch": sketches[w][0],
-                    "sketch_base": sketches[w][1],
-                    # ground truth: the conditional expectation given the window's arrivals
-                    # (spread over the cells by their shares), the counts the bound uses too
-                    "value_total": float(s_value[w].sum()),
-                    "value_baseline": float(s_base[w].sum()),
-                    "inc": {
-                        "rma": float(inc_rma[w]),
-                        "sbm": float(inc_sbm[w]),
-                        "precompute": float(pre.inc[w]) if pre is not None else 0.0,
-                    },
-                    "arms": arms if w == n_w - 1 else {},
-                    # the intent-to-treat sums the control plane learned from (docs/events.md)
-                    "itt": _itt_of(value_obs) if w == n_w - 1 else {},
-                    "eligible_treated": {
-                        "rma": round(float(treated_rma[w])),
-                        "sbm": round(float(treated_sbm[w])),
-                    },
-                    "segments": {
-                        seg: {
-                            "requests": int(n_seg[w, si]),
-                            "sbm": round(float(seg_sbm[w, si])),
-                            "inc": float(s_value[w, si] - s_base[w, si]),
-                        }
-                        for si, seg in enumerate(ctx.segment_names)
-                    },
-                    "offered_unit_s": ctx.traces.offered_unit_s(self.r, t0, t1),
-                    "used_unit_s": {"cpu": win[0], "accelerator": win[1]},
-                    "demand_unit_s": {"cpu": win[2], "accelerator": win[3]},
-                    "targets": rec["targets"],
-                    "capacity": rec["capacity"],
-                    "quotas": rec["quotas"],
-                    **({"precompute": pre.fields[w]} if pre is not None else {}),
-                },
+                window_event(
+                    t0,
+                    t1,
+                    traffic,
+                    offered_unit_s=ctx.traces.offered_unit_s(self.r, t0, t1),
+                    used_unit_s={"cpu": win[0], "accelerator": win[1]},
+                    demand_unit_s={"cpu": win[2], "accelerator": win[3]},
+                    capacity=rec["capacity"],
+                    quotas=rec["quotas"],
+                    precompute=pre.fields[w] if pre is not None else None,
+                ),
             )
 
     def _arms(

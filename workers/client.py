@@ -98,6 +98,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import numpy as np
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 
+from headroom.analysis.events import WindowTraffic, window_event
 from headroom.defences.plan import VALUE_BINS, PlanRule, RequestPlanner, value_stratum
 from headroom.defences.shedding import (
     ClientShedConfig,
@@ -591,36 +592,32 @@ class WindowBook:
     def event_fields(
         self, w: _Window, *, targets: Mapping[str, Any], source: str
     ) -> dict[str, Any]:
-        """The ``window`` line of docs/events.md (without the common fields)."""
-        arms: dict[str, dict[str, Any]] = {}
-        for seg, by_arm in w.arms.items():
-            present = {name: arm.sums() for name, arm in by_arm.items() if arm.n > 0}
-            if present:
-                arms[seg] = present
-        return {
-            "t_start": w.index * self.window_s,
-            "t_end": (w.index + 1) * self.window_s,
-            "requests": w.requests,
-            "errors": w.errors,
-            "timeouts": w.timeouts,
-            "sketch": w.sketch.to_dict(),
-            "sketch_base": w.sketch_base.to_dict(),
-            "value_total": w.value_total,
-            "value_baseline": w.value_baseline,
-            "inc": dict(w.inc),
-            "arms": arms,
+        """The ``window`` line of docs/events.md (without the common fields), built by
+        :func:`headroom.analysis.events.window_event` as the simulator's are."""
+        traffic = WindowTraffic(
+            requests=w.requests,
+            errors=w.errors,
+            timeouts=w.timeouts,
+            sketch=w.sketch.to_dict(),
+            sketch_base=w.sketch_base.to_dict(),
+            value_total=w.value_total,
+            value_baseline=w.value_baseline,
+            inc=w.inc,
+            arms={seg: {a: arm.sums() for a, arm in by.items()} for seg, by in w.arms.items()},
             # the intent-to-treat sums behind the value signals (headroom.value), per segment
-            "itt": {
-                seg: {lever: arm.sums() for lever, arm in by.items() if arm.n > 0}
-                for seg, by in w.itt.items()
-            },
-            "eligible_treated": dict(w.treated),
-            "segments": w.segments,
-            "targets": dict(targets),
-            "offsets": {str(p): span for p, span in sorted(w.offsets.items())},
-            "client": source,
-            **({} if w.pre is None else {"precompute": self.precompute_fields(w)}),
-        }
+            itt={seg: {lv: arm.sums() for lv, arm in by.items()} for seg, by in w.itt.items()},
+            eligible_treated=w.treated,
+            segments=w.segments,
+            targets=targets,
+        )
+        return window_event(
+            w.index * self.window_s,
+            (w.index + 1) * self.window_s,
+            traffic,
+            precompute=None if w.pre is None else self.precompute_fields(w),
+            offsets=w.offsets,
+            client=source,
+        )
 
     @staticmethod
     def precompute_fields(w: _Window) -> dict[str, Any]:
@@ -1356,12 +1353,8 @@ class RankingClient(Service):
             if any(self._pre_pending.values()):
                 # results that expired unused while no request was published: a line of their own
                 k = self.windows.index(self.scenario_time(now))
-                fields = {
-                    "t_start": k * self.windows.window_s,
-                    "t_end": (k + 1) * self.windows.window_s,
-                    "requests": 0,
-                    "client": self.config.name,
-                }
+                ws = self.windows.window_s
+                fields = window_event(k * ws, (k + 1) * ws, client=self.config.name)
                 self._attach_cache_counts(fields)
                 futures.append(await self._send_event("window", fields, now))
             if futures:

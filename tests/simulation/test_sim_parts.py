@@ -345,3 +345,63 @@ def test_the_engine_asks_what_the_client_plan_says(
     # the holdout's share of every cell takes the base path
     assert float(mix.frac[0]) >= ctx.holdout - 1e-12
     assert ctx.holdout == rule.holdout
+
+
+def test_both_engines_write_the_window_line_with_one_builder() -> None:
+    """The simulator's window lines and the streaming client's come from one builder
+    (headroom.analysis.events.window_event): the requests' part has the same fields, and the
+    analyzer reads both alike."""
+    from headroom.analysis.metrics import MetricsAccumulator
+    from headroom.sim.engine import RegionRun, SimContext, Targets
+    from headroom.sim.policies import StaticRegion
+    from headroom.workers.client import Outcome, WindowBook
+    from tests.simulation.test_sim_runs import curves_of
+
+    class Clients(StaticRegion):
+        value_ranked_rma = True
+        value_ranked_sbm = True
+
+    s = scenario()
+    ctx = SimContext(s, curves_of(s))
+    lines: list[dict[str, object]] = []
+    run = RegionRun(ctx, 0, Clients(), lambda kind, t, f: lines.append(f), 60.0)
+    run.targets = Targets(
+        epoch=1, issued_at=0.0, ttl_s=600.0, rma_candidates=800,
+        sbm_segments={"premium": 0.5, "casual": 0.1}, sbm_coverage=0.2,
+    )  # fmt: skip
+    for w in range(6):  # one control interval: its windows are written together
+        run.run_window(w)
+    assert len(lines) == 6
+    sim = lines[-1]
+    book = WindowBook("r1", 10.0, ctx.segment_names)
+    for i in range(4):
+        book.add(
+            Outcome(
+                partition=0, offset=i, segment="casual", end_t=1.0, latency_ms=20.0, ok=True,
+                timeout=False, control=i == 0, lever="rma" if i == 1 else None, sbm_served=False,
+                routed=None if i == 0 else "rma", value_total=1.0 + i, value_baseline=1.0,
+                stratum=0,
+            )
+        )  # fmt: skip
+    w0 = book.take(0)
+    assert w0 is not None
+    client = book.event_fields(
+        w0, targets={"rma_candidates": 800, "sbm_coverage": 0.2}, source="c1"
+    )
+    capacity = {"offered_unit_s", "used_unit_s", "demand_unit_s", "capacity", "quotas"}
+    assert set(sim) - capacity == set(client) - {"offsets", "client"}
+    for key in ("inc", "eligible_treated", "targets"):
+        assert set(sim[key]) == set(client[key])  # type: ignore[arg-type]
+    assert set(sim["segments"]["casual"]) == set(client["segments"]["casual"])  # type: ignore[index]
+    acc = MetricsAccumulator()
+    for source, line, policy in (("sim", sim, "a"), ("client", client, "b")):
+        acc.add({"v": 1, "ts": 0.0, "kind": "run.started", "source": source, "policy": policy,
+                 "region": None, "duration_s": 60.0, "t0": 0.0,
+                 "slo": {"p99_ms": 200.0, "window_s": 10.0}, "segments": ["premium", "casual"],
+                 "regions": ["r1"]})  # fmt: skip
+        acc.add({"v": 1, "ts": 0.0, "kind": "window", "source": source, "policy": policy,
+                 "region": "r1", **line})  # fmt: skip
+    doc = acc.result()["policies"]
+    assert doc["a"]["requests"]["total"] == sim["requests"]
+    assert doc["b"]["requests"]["total"] == 4
+    assert doc["b"]["value"]["incremental_rma"] == pytest.approx(client["inc"]["rma"])  # type: ignore[index]

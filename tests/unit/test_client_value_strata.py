@@ -34,6 +34,7 @@ from headroom.workers.client import (
 REPO = Path(__file__).parents[2]
 SCENARIO = REPO / "tests" / "integration" / "scenarios" / "precompute-short.yaml"  # it-pre
 T0 = 1_800_000_000.0
+TARGETS = {"rma_candidates": 100, "sbm_coverage": 0.0}  # in force at the window's end
 
 
 def _signal(**kw: Any) -> messages.ValueSignal:
@@ -190,8 +191,8 @@ def test_per_stratum_value_signals_add_up_to_the_per_segment_ones(
         assert got[0] == want[0]
         assert got[1:] == pytest.approx(want[1:], rel=1e-9, abs=1e-9)
     # the window line stays per segment, exactly as without strata
-    fields_s = book_s.event_fields(w_s, targets={}, source="c")
-    fields_p = book_p.event_fields(w_p, targets={}, source="c")
+    fields_s = book_s.event_fields(w_s, targets=TARGETS, source="c")
+    fields_p = book_p.event_fields(w_p, targets=TARGETS, source="c")
     assert fields_s == fields_p
 
 

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from headroom.analysis.events import WindowTraffic, window_event
 from headroom.defences.plan import VALUE_BINS, PlanRule
 from headroom.kernel.errors import ConfigError
 from headroom.streams import messages
@@ -194,6 +195,59 @@ def _outcome(offset: int, end_t: float, **kw: object) -> Outcome:
     if base["control"]:
         base["routed"] = None
     return Outcome(**base)  # type: ignore[arg-type]
+
+
+def _traffic(**kw: object) -> WindowTraffic:
+    args: dict[str, object] = {
+        "requests": 3, "errors": 0, "timeouts": 0,
+        "sketch": {"alpha": 0.01, "bins": {}, "zeros": 0},
+        "sketch_base": {"alpha": 0.01, "bins": {}, "zeros": 0},
+        "value_total": 3.0, "value_baseline": 2.5, "inc": {"rma": 0.5},
+        "arms": {}, "itt": {}, "eligible_treated": {"rma": 1},
+        "segments": {"casual": {"requests": 3, "sbm": 0, "inc": 0.5}},
+        "targets": {"rma_candidates": 200, "sbm_coverage": 0.0},
+    }  # fmt: skip
+    args.update(kw)
+    return WindowTraffic(**args)  # type: ignore[arg-type]
+
+
+def test_the_window_builder_writes_every_field_alike_whoever_calls_it() -> None:
+    """analysis/events.py window_event: the one builder of the window line (the client's and
+    the simulator's), normalised so both engines write the same fields alike."""
+    sums = {"n": 2, "value_sum": 3, "value_sq_sum": 5}
+    f = window_event(
+        0, 10, _traffic(
+            arms={"casual": {"control": sums, "rma": {**sums, "n": 0}}, "premium": {"none": {
+                "n": 0, "value_sum": 0.0, "value_sq_sum": 0.0}}},
+            itt={"casual": {"rma": sums}},
+            eligible_treated={"rma": 4.4, "precompute": 2},
+        ),
+        offered_unit_s={"cpu": 1}, used_unit_s={"cpu": 0.5, "accelerator": 0},
+        capacity={"cpu": 2, "accelerator": 1}, offsets={3: (7, 9), 1: [0, 4]}, client="c1",
+    )  # fmt: skip
+    assert list(f) == [
+        "t_start", "t_end", "requests", "errors", "timeouts", "sketch", "sketch_base",
+        "value_total", "value_baseline", "inc", "arms", "itt", "eligible_treated", "segments",
+        "offered_unit_s", "used_unit_s", "targets", "capacity", "offsets", "client",
+    ]  # fmt: skip
+    assert (f["t_start"], f["t_end"]) == (0.0, 10.0)
+    assert isinstance(f["t_start"], float)
+    # every lever's ground truth, every live lever's count (whole numbers), others kept
+    assert f["inc"] == {"rma": 0.5, "sbm": 0.0, "precompute": 0.0}
+    assert f["eligible_treated"] == {"rma": 4, "sbm": 0, "precompute": 2}
+    # empty arms and segments are left out; sums are (int, float, float)
+    assert f["arms"] == {"casual": {"control": {"n": 2, "value_sum": 3.0, "value_sq_sum": 5.0}}}
+    assert isinstance(f["arms"]["casual"]["control"]["value_sum"], float)
+    assert f["itt"] == {"casual": {"rma": {"n": 2, "value_sum": 3.0, "value_sq_sum": 5.0}}}
+    assert f["offsets"] == {"1": [0, 4], "3": [7, 9]}
+    assert f["used_unit_s"] == {"cpu": 0.5, "accelerator": 0.0}
+    assert f["targets"] == {"rma_candidates": 200, "sbm_coverage": 0.0}
+    # a line of a source that served no request: zero counts and its own groups only
+    bare = window_event(10.0, 20.0, used_unit_s={"cpu": 1.0, "accelerator": 0.0}, replica="r0")
+    assert bare == {
+        "t_start": 10.0, "t_end": 20.0, "requests": 0, "errors": 0, "timeouts": 0,
+        "used_unit_s": {"cpu": 1.0, "accelerator": 0.0}, "replica": "r0",
+    }  # fmt: skip
 
 
 def test_a_window_line_adds_up_requests_value_and_arms() -> None:
