@@ -116,8 +116,11 @@ def _unit(x: float) -> float:
 
 def _bin_share(k: Any, q: Any, bins: int) -> Any:
     """The part of value bin ``k``'s ranks ``[k/K, (k+1)/K)`` at or above ``1 − q``:
-    ``clip(k + 1 − (1 − q)·K, 0, 1)``. Scalars or numpy arrays (broadcast)."""
-    return np.clip((k + 1.0) - (1.0 - q) * bins, 0.0, 1.0)
+    ``clip(k + 1 − (1 − q)·K, 0, 1)``. Floats (one request) or numpy arrays (broadcast)."""
+    x = (k + 1.0) - (1.0 - q) * bins
+    if isinstance(x, float):  # one request: no numpy call on its path
+        return min(max(x, 0.0), 1.0)
+    return np.clip(x, 0.0, 1.0)
 
 
 def rma_among(share: float, left: float) -> float:
@@ -214,7 +217,7 @@ class PlanRule:
         q = _unit(p)
         if not self.value_ranked_sbm:
             return q
-        return float(_bin_share(float(stratum), q, self.bins))
+        return float(_bin_share(float(stratum), q, self.bins))  # the same formula, one bin
 
     def rma(self, candidates: int, multiplier: float) -> RmaSpend:
         """What RMA asks when the target asks for ``candidates`` and the client-side multiplier
