@@ -1,5 +1,9 @@
 """Reading and writing the structured event log (docs/events.md): JSON lines, one object a line.
 
+:func:`window_event` builds the fields of a ``window`` line, the per-window aggregate both engines
+write (the simulator's regions, the streaming client): one builder, so the fields and their
+meaning are the same whichever engine wrote them (docs/events.md documents them once).
+
 :class:`EventWriter` is what the simulator and the workers use to write a log: orjson, one object
 and a newline per :meth:`EventWriter.write`, buffered, numpy scalars and arrays accepted.
 
@@ -13,7 +17,7 @@ line number and the reason, and skipped. Kinds this version does not know are pa
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -188,3 +192,141 @@ class EventLog:
 def read_events(path: str | Path) -> list[dict[str, Any]]:
     """Every event of a (small) log in a list: for tests and tools; analysis streams instead."""
     return list(EventLog(path))
+
+
+# ------------------------------------------------------------------------------------------------
+# The window line
+# ------------------------------------------------------------------------------------------------
+
+# every lever a window's ground truth is split by (``inc``), and the live-path levers that always
+# have an ``eligible_treated`` count
+WINDOW_LEVERS = ("rma", "sbm", "precompute")
+LIVE_LEVERS = ("rma", "sbm")
+
+Sums = Mapping[str, Any]  # {n, value_sum, value_sq_sum}
+
+
+@dataclass(frozen=True, slots=True)
+class WindowTraffic:
+    """What the requests that ended in one SLO window did, as a ``window`` line reports them
+    (docs/events.md, *Per-window aggregates*: every field's meaning is there).
+
+    ``arms`` and ``itt`` are ``{SEG: {ARM or LEVER: {n, value_sum, value_sq_sum}}}``;
+    ``segments`` ``{SEG: {requests, sbm, inc}}``; ``targets`` the targets in force at the end of
+    the window, ``{rma_candidates, sbm_coverage}``."""
+
+    requests: int
+    errors: int
+    timeouts: int
+    sketch: Mapping[str, Any]
+    sketch_base: Mapping[str, Any]
+    value_total: float
+    value_baseline: float
+    inc: Mapping[str, float]
+    arms: Mapping[str, Mapping[str, Sums]]
+    itt: Mapping[str, Mapping[str, Sums]]
+    eligible_treated: Mapping[str, float]
+    segments: Mapping[str, Mapping[str, Any]]
+    targets: Mapping[str, Any]
+
+
+def _sums(d: Sums) -> dict[str, Any]:
+    return {
+        "n": int(d["n"]),
+        "value_sum": float(d["value_sum"]),
+        "value_sq_sum": float(d["value_sq_sum"]),
+    }
+
+
+def _groups(by_seg: Mapping[str, Mapping[str, Sums]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per segment and group, the sums, leaving out empty groups and then empty segments."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for seg, groups in by_seg.items():
+        present = {name: _sums(d) for name, d in groups.items() if int(d["n"]) > 0}
+        if present:
+            out[seg] = present
+    return out
+
+
+def _units(d: Mapping[str, Any]) -> dict[str, float]:
+    return {str(k): float(v) for k, v in d.items()}
+
+
+def window_event(
+    t_start: float,
+    t_end: float,
+    traffic: WindowTraffic | None = None,
+    *,
+    offered_unit_s: Mapping[str, float] | None = None,
+    used_unit_s: Mapping[str, float] | None = None,
+    demand_unit_s: Mapping[str, float] | None = None,
+    capacity: Mapping[str, float] | None = None,
+    quotas: Mapping[str, float] | None = None,
+    precompute: Mapping[str, Any] | None = None,
+    offsets: Mapping[int, Sequence[int]] | None = None,
+    **source: Any,
+) -> dict[str, Any]:
+    """The fields of one ``window`` line (without the common ones: ``v``, ``ts``, ``kind``,
+    ``source``, ``policy``, ``region``), in the order docs/events.md lists them.
+
+    ``traffic``: the requests of the window (None: a line of a source that served none, whose
+    counts are then 0 and which carries only its own groups). Each other group is written when
+    given: ``offered_unit_s``, ``used_unit_s``, ``demand_unit_s``, ``capacity``, ``quotas``
+    (``{resource or quota: units}``), ``precompute`` (as given), ``offsets`` (``{partition:
+    [first, last]}``, written with string keys in partition order). ``source`` adds the
+    writer's own identification (e.g. ``client=NAME``) at the end.
+
+    Normalised so both engines write alike: counts are ints, sums floats; ``inc`` has every
+    lever of :data:`WINDOW_LEVERS` (0.0 when absent); ``eligible_treated`` every live lever
+    (0 when absent) plus any other given, as whole numbers; empty arms and segments are left
+    out of ``arms`` and ``itt``."""
+    out: dict[str, Any] = {"t_start": float(t_start), "t_end": float(t_end)}
+    if traffic is None:
+        out.update(requests=0, errors=0, timeouts=0)
+    else:
+        tr = traffic
+        treated = {lever: 0.0 for lever in LIVE_LEVERS}
+        treated.update(tr.eligible_treated)
+        out.update(
+            requests=int(tr.requests),
+            errors=int(tr.errors),
+            timeouts=int(tr.timeouts),
+            sketch=dict(tr.sketch),
+            sketch_base=dict(tr.sketch_base),
+            value_total=float(tr.value_total),
+            value_baseline=float(tr.value_baseline),
+            inc={lever: float(tr.inc.get(lever, 0.0)) for lever in WINDOW_LEVERS},
+            arms=_groups(tr.arms),
+            itt=_groups(tr.itt),
+            eligible_treated={k: round(float(v)) for k, v in treated.items()},
+            segments={
+                seg: {
+                    "requests": int(d["requests"]),
+                    "sbm": round(float(d["sbm"])),
+                    "inc": float(d["inc"]),
+                }
+                for seg, d in tr.segments.items()
+            },
+        )
+    for key, units in (
+        ("offered_unit_s", offered_unit_s),
+        ("used_unit_s", used_unit_s),
+        ("demand_unit_s", demand_unit_s),
+    ):
+        if units is not None:
+            out[key] = _units(units)
+    if traffic is not None:
+        out["targets"] = {
+            "rma_candidates": int(traffic.targets["rma_candidates"]),
+            "sbm_coverage": float(traffic.targets["sbm_coverage"]),
+        }
+    if capacity is not None:
+        out["capacity"] = _units(capacity)
+    if quotas is not None:
+        out["quotas"] = _units(quotas)
+    if precompute is not None:
+        out["precompute"] = dict(precompute)
+    if offsets is not None:
+        out["offsets"] = {str(p): [int(x) for x in span] for p, span in sorted(offsets.items())}
+    out.update(source)
+    return out

@@ -53,12 +53,13 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from headroom.analysis.events import WindowTraffic, window_event
 from headroom.controllers.levers import CostModel
 from headroom.controllers.types import (
     LEVER_PRECOMPUTE,
@@ -68,6 +69,7 @@ from headroom.controllers.types import (
     segment_of,
     stratum_key,
 )
+from headroom.defences.plan import CellPlanner, PlanRule
 from headroom.kernel import seeds
 from headroom.kernel.scenario import Scenario
 from headroom.kernel.sketch import bin_values
@@ -164,8 +166,13 @@ class SimContext:
         w = scenario.world
         self.n0 = int(w.base_candidates)
         self.nmax = int(w.max_candidates)
-        self.holdout = float(w.holdout)
-        self.treat = 1.0 - self.holdout
+        # the client plan (defences/plan.py): its rule, the clients' flags set per policy
+        self.plan_rule = PlanRule(
+            holdout=float(w.holdout), base=self.n0, max=self.nmax, bins=self.pop.bins
+        )
+        self.plan_cache: dict[Any, FloatArray] = {}  # value-ranked RMA's thresholds
+        self.holdout = self.plan_rule.holdout
+        self.treat = self.plan_rule.treat
         self.eligible = float(cfg.eligible_share)
         self.costs = CostModel.from_models(scenario.models, self.n0)
         self.window_s = float(scenario.slo.window_s)
@@ -610,6 +617,16 @@ class RegionRun:
         self.count_rng = ctx.rng(r, 4)
         self.quotas = Quotas(0.0, 0.0, 0.0, 0.0)
         self.pending: list[_Pending] = []
+        self.planner = CellPlanner(
+            replace(
+                ctx.plan_rule,
+                value_ranked_rma=bool(policy.value_ranked_rma),
+                value_ranked_sbm=bool(getattr(policy, "value_ranked_sbm", False)),
+            ),
+            ctx.pop,
+            eligible=ctx.eligible,
+            cache=ctx.plan_cache,
+        )
         self.base_mix = build_mix(ctx, baseline_plan(ctx))
         self.mix = self.base_mix
         self._mix_key: Any = ("base",)
@@ -841,25 +858,9 @@ class RegionRun:
             return self.mix
         ctx = self.ctx
         pop = ctx.pop
-        extra = max(0, min(tg.rma_candidates, ctx.nmax) - ctx.n0)
-        r_seg = np.array([tg.sbm_segments.get(s, 0.0) for s in ctx.segment_names])
-        if getattr(pol, "value_ranked_sbm", False):
-            # each segment's routing probability is spent on its highest-value requests
-            routed = ctx.eligible * pop.top_in_segment(r_seg)
-        else:
-            routed = ctx.eligible * np.clip(r_seg, 0.0, 1.0)[pop.seg]
-        sbm_req = routed * pop.keep_top(m_sbm)
-        if extra > 0 and pol.value_ranked_rma:
-            # the target's extra candidates are a budget spent highest value first on the
-            # requests the strong model did not take: the top share of those by value gets
-            # the maximum, the rest none (the same mean work per request)
-            span_max = ctx.nmax - ctx.n0
-            rma_req = pop.keep_top_among(m_rma * extra / span_max, 1.0 - routed)
-            extra = span_max
-        elif extra > 0:
-            rma_req = (1.0 - routed) * pop.keep_top(m_rma)
-        else:
-            rma_req = np.zeros(pop.n_cells)
+        # what the clients ask for: the one client plan (defences/plan.py), over the cells
+        asked = self.planner.plan(tg, m_rma, m_sbm)
+        rma_req, sbm_req, extra = asked.rma, asked.sbm, asked.extra
         adm = pol.admit(now, span, rma_req, sbm_req, self) if sheds else None
         if adm is None:
             rma_adm, sbm_adm = rma_req, sbm_req
@@ -1238,49 +1239,54 @@ class RegionRun:
             t0, t1 = rec["t0"], rec["t1"]
             win = rec["win"]
             n_to = round(float(timeouts[w]))
+            treated = {"rma": float(treated_rma[w]), "sbm": float(treated_sbm[w])}
+            if pre is not None:
+                treated["precompute"] = float(pre.fields[w]["hits"])
+            traffic = WindowTraffic(
+                requests=int(n_req[w]),
+                # a request that does not finish within the timeout delivers nothing: it fails
+                errors=n_to,
+                timeouts=n_to,
+                sketch=sketches[w][0],
+                sketch_base=sketches[w][1],
+                # ground truth: the conditional expectation given the window's arrivals
+                # (spread over the cells by their shares), the counts the bound uses too
+                value_total=float(s_value[w].sum()),
+                value_baseline=float(s_base[w].sum()),
+                inc={
+                    "rma": float(inc_rma[w]),
+                    "sbm": float(inc_sbm[w]),
+                    "precompute": float(pre.inc[w]) if pre is not None else 0.0,
+                },
+                # the holdout sums and the intent-to-treat sums the control plane learned
+                # from are drawn once per control interval: on its last window
+                arms=arms if w == n_w - 1 else {},
+                itt=_itt_of(value_obs) if w == n_w - 1 else {},
+                eligible_treated=treated,
+                segments={
+                    seg: {
+                        "requests": int(n_seg[w, si]),
+                        "sbm": float(seg_sbm[w, si]),
+                        "inc": float(s_value[w, si] - s_base[w, si]),
+                    }
+                    for si, seg in enumerate(ctx.segment_names)
+                },
+                targets=rec["targets"],
+            )
             self.emit(
                 "window",
                 t0,
-                {
-                    "t_start": t0,
-                    "t_end": t1,
-                    "requests": int(n_req[w]),
-                    "errors": n_to,
-                    "timeouts": n_to,
-                    "sketch": sketches[w][0],
-                    "sketch_base": sketches[w][1],
-                    # ground truth: the conditional expectation given the window's arrivals
-                    # (spread over the cells by their shares), the counts the bound uses too
-                    "value_total": float(s_value[w].sum()),
-                    "value_baseline": float(s_base[w].sum()),
-                    "inc": {
-                        "rma": float(inc_rma[w]),
-                        "sbm": float(inc_sbm[w]),
-                        "precompute": float(pre.inc[w]) if pre is not None else 0.0,
-                    },
-                    "arms": arms if w == n_w - 1 else {},
-                    # the intent-to-treat sums the control plane learned from (docs/events.md)
-                    "itt": _itt_of(value_obs) if w == n_w - 1 else {},
-                    "eligible_treated": {
-                        "rma": round(float(treated_rma[w])),
-                        "sbm": round(float(treated_sbm[w])),
-                    },
-                    "segments": {
-                        seg: {
-                            "requests": int(n_seg[w, si]),
-                            "sbm": round(float(seg_sbm[w, si])),
-                            "inc": float(s_value[w, si] - s_base[w, si]),
-                        }
-                        for si, seg in enumerate(ctx.segment_names)
-                    },
-                    "offered_unit_s": ctx.traces.offered_unit_s(self.r, t0, t1),
-                    "used_unit_s": {"cpu": win[0], "accelerator": win[1]},
-                    "demand_unit_s": {"cpu": win[2], "accelerator": win[3]},
-                    "targets": rec["targets"],
-                    "capacity": rec["capacity"],
-                    "quotas": rec["quotas"],
-                    **({"precompute": pre.fields[w]} if pre is not None else {}),
-                },
+                window_event(
+                    t0,
+                    t1,
+                    traffic,
+                    offered_unit_s=ctx.traces.offered_unit_s(self.r, t0, t1),
+                    used_unit_s={"cpu": win[0], "accelerator": win[1]},
+                    demand_unit_s={"cpu": win[2], "accelerator": win[3]},
+                    capacity=rec["capacity"],
+                    quotas=rec["quotas"],
+                    precompute=pre.fields[w] if pre is not None else None,
+                ),
             )
 
     def _arms(

@@ -10,9 +10,12 @@ per request is out of the question. Requests are therefore simulated as *cells*:
 (``value = exp(N(μ_s, σ_s))`` with ``μ_s = ln(mean_s) − σ_s²/2``, so ``E[value] = mean_s``). A
 step's arrivals are spread over the cells by their shares ``share_s / K``; every decision a policy
 takes (RMA candidates, SBM routing, shedding lowest value first) is a *fraction* of each cell's
-requests. Ground truth is exact for that model: the value of a cell's request is known only
-through its bin, so ``E[value × quality | cell, option] = E[value | bin] × Q(option)`` with the
-bin's conditional moments computed in closed form::
+requests (the clients' part of it is the plan's, :class:`headroom.defences.plan.CellPlanner`,
+which reads the value distribution through :meth:`Population.share_above` and
+:meth:`Population.keep_top`). Ground truth is exact for that model: the value of a cell's
+request is known only through its bin, so
+``E[value × quality | cell, option] = E[value | bin] × Q(option)`` with the bin's conditional
+moments computed in closed form::
 
     E[Vʲ | bin k] = exp(jμ + j²σ²/2) · K · (Φ(z_{k+1} − jσ) − Φ(z_k − jσ)),   z_k = Φ⁻¹(k/K)
 
@@ -65,7 +68,6 @@ class Population:
     sigma: FloatArray
     seg_share: FloatArray  # (S,)
     _keep_cache: dict[float, FloatArray] = field(default_factory=dict, repr=False)
-    _among_cache: dict[tuple[float, bytes], FloatArray] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         for arr in (self.seg, self.share, self.v_mean, self.v_moments, self.v_lo, self.v_hi):
@@ -148,8 +150,7 @@ class Population:
             return 0.0
         if q >= 1.0:
             return math.inf
-        lo = float((self.mu - 8.0 * self.sigma - 1.0).min())
-        hi = float((self.mu + 8.0 * self.sigma + 1.0).max())
+        lo, hi = self.ln_value_range()
         for _ in range(60):
             mid = 0.5 * (lo + hi)
             if self.value_cdf(math.exp(mid)) < q:
@@ -157,6 +158,12 @@ class Population:
             else:
                 hi = mid
         return math.exp(0.5 * (lo + hi))
+
+    def ln_value_range(self) -> tuple[float, float]:
+        """A bracket of ``ln v`` for bisections: ``μ ∓ (8σ + 1)`` over the segments."""
+        lo = float((self.mu - 8.0 * self.sigma - 1.0).min())
+        hi = float((self.mu + 8.0 * self.sigma + 1.0).max())
+        return lo, hi
 
     def share_above(self, v: float) -> FloatArray:
         """Per cell, the share of its requests whose value is ≥ ``v``."""
@@ -176,7 +183,8 @@ class Population:
 
     def keep_top(self, share: float) -> FloatArray:
         """Per cell, the share of its requests among the top ``share`` of all requests by value
-        (the client shedder's rule: keep optional work when value rank ≥ 1 − multiplier).
+        (what a client-side multiplier keeps: value rank ≥ 1 − multiplier; the plan's
+        :class:`headroom.defences.plan.CellPlanner` spends it).
         Cached by ``share`` rounded to 1e-4 (the arrays are read-only)."""
         if share >= 1.0:
             return self._ones
@@ -190,46 +198,6 @@ class Population:
             if len(self._keep_cache) < 20_000:
                 self._keep_cache[key] = got
         return got
-
-    def keep_top_among(self, share: float, avail: FloatArray) -> FloatArray:
-        """Per cell, the share of its requests that get a budget of ``share`` (of all requests)
-        spent highest value first on the *available* requests only: ``avail[c]`` of cell ``c``'s
-        requests are available, spread evenly over its values (the bin's routing to the strong
-        model is random within the bin). The threshold ``θ`` solves
-        ``Σ_c share_c · avail_c · P(V ≥ θ | c) = share``; every available request when the
-        budget exceeds them. Cached by the rounded inputs."""
-        avail = np.clip(np.asarray(avail, dtype=np.float64), 0.0, 1.0)
-        if share <= 0.0:
-            return self._zeros
-        key = (round(share, 4), np.round(avail, 6).tobytes())
-        got = self._among_cache.get(key)
-        if got is not None:
-            return got
-        if float((self.share * avail).sum()) <= share:
-            got = avail.copy()
-        else:
-            lo = float((self.mu - 8.0 * self.sigma - 1.0).min())
-            hi = float((self.mu + 8.0 * self.sigma + 1.0).max())
-            for _ in range(50):
-                mid = 0.5 * (lo + hi)
-                if float((self.share * avail * self.share_above(math.exp(mid))).sum()) > share:
-                    lo = mid
-                else:
-                    hi = mid
-            got = avail * self.share_above(math.exp(hi))
-        got.setflags(write=False)
-        if len(self._among_cache) < 20_000:
-            self._among_cache[key] = got
-        return got
-
-    def top_in_segment(self, share: FloatArray) -> FloatArray:
-        """Per cell, the share of its requests among the top ``share[s]`` of *its segment's*
-        requests by value (bins are equal-probability, so bin ``k`` of ``K`` holds the value
-        ranks ``[k/K, (k+1)/K)`` within the segment): the value-ranked SBM routing rule."""
-        p = np.clip(np.asarray(share, dtype=np.float64), 0.0, 1.0)[self.seg]
-        k = (np.arange(self.n_cells) % self.bins).astype(np.float64)
-        lo = 1.0 - p  # ranks at or above this are routed
-        return np.clip((k + 1.0) - lo * self.bins, 0.0, 1.0)
 
     def sample_values(self, cells: IntArray, u: FloatArray) -> FloatArray:
         """Values of requests of the given cells; ``u`` (uniform in [0, 1)) places each in a bin."""

@@ -7,30 +7,23 @@ region, so a region's partitions are shared by that region's clients), and for e
    :class:`TargetBook`). Past ``ts + ttl_s`` the target is expired: the client falls back to the
    baseline (base candidates, no SBM) and says so once (``target.expired``); a newer target ends the
    fallback (``target.applied``).
-2. **Plan** (:class:`Router`) — the holdout arm first: a ``world.holdout`` share of requests gets no
-   optional work at all (the control arm of every lever's estimate). Then SBM: the segment's
-   routing probability ``p = sbm.segments[seg]`` is spent on its highest-value requests, value
-   bin by value bin (the simulator's ``headroom`` clients do the same, ``top_in_segment``): bin
-   ``k`` of :data:`VALUE_BINS` (the request's value rank within its segment) routes the share
-   ``clip(k + 1 − (1 − p)·K, 0, 1)`` of its eligible requests — the top bins all, the boundary bin
-   a random part, the rest none — if the client-side multiplier of the strong replica keeps a
-   request of its value rank (lowest value dropped first); ``value_ranked_sbm=False`` routes a
-   uniform random share p instead. Otherwise RMA:
-   ``m × (rma.candidates − base)`` extra candidates per request on average, ``m`` the client-side
-   multiplier of the dedicated replica it picked (AIMD on the health in every response,
-   :class:`headroom.defences.shedding.ClientShedder`), spent highest value first on the requests the
-   strong model did not take: with ``s = m × (candidates − base) / (max − base)`` and ``r̂`` the
-   recent share of treatment requests routed to SBM, the non-routed requests in the top
-   ``min(1, s / (1 − r̂))`` share by value *among non-routed treatment requests* get
-   ``max − base`` extras, the others none — a share ``s`` of all treatment requests, the same
-   mean work (the simulator's ``headroom`` clients do the same, ``keep_top_among``).
+2. **Plan** — the one client plan of both engines (:mod:`headroom.defences.plan`,
+   :class:`~headroom.defences.plan.RequestPlanner`): the ``world.holdout`` share is the control
+   arm (no optional work); an eligible request goes to the strong model with its value bin's
+   share of the segment's routing probability (the segment's highest values first) if the
+   strong replica's client-side multiplier keeps a request of its value rank; otherwise RMA's
+   budget, ``m × (candidates − base)`` extras per treatment request, ``m`` the multiplier of the
+   dedicated replica it picked (:class:`headroom.defences.shedding.ClientShedder`), goes highest
+   value first to the requests the strong model did not take. The client supplies the ranks:
+   the request's value rank within its segment (its value bin, :func:`value_stratum`) and among
+   all requests (the multipliers' order), each from a
+   :class:`~headroom.defences.shedding.ValueRanker`.
 3. **Serve** — over real loopback connections (:mod:`headroom.workers.wire`). An SBM request goes
-to a
-   strong-model replica; if that replica refuses it (``downgraded``), is unreachable, dies or is
-   preempted mid-request, or does not answer within its budget, the request returns to the base
-   model on a dedicated replica (the path provisioned for it). A baseline or RMA request
-   goes to the dedicated replica with the fewest calls in flight; if that replica is lost mid-call,
-   the request is retried once on another (the retry budget), inside the SLO.
+   to a strong-model replica; if that replica refuses it (``downgraded``), is unreachable, dies
+   or is preempted mid-request, or does not answer within its budget, the request returns to the
+   base model on a dedicated replica (the path provisioned for it). A baseline or RMA request
+   goes to the dedicated replica with the fewest calls in flight; if that replica is lost
+   mid-call, the request is retried once on another (the retry budget), inside the SLO.
 4. **Measure** — the delivered value is the ground truth of the world: ``value × quality`` of the ad
    ranked first; the baseline's value is the same for the ad the baseline ranks first (the server
    returns it); the difference is the lever's incremental value.
@@ -105,10 +98,11 @@ from typing import Any, Generic, Protocol, TypeVar
 import numpy as np
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 
+from headroom.analysis.events import WindowTraffic, window_event
+from headroom.defences.plan import VALUE_BINS, PlanRule, RequestPlanner, value_stratum
 from headroom.defences.shedding import (
     ClientShedConfig,
     ClientShedder,
-    HistogramConfig,
     ShedTransition,
     ValueRanker,
 )
@@ -131,48 +125,25 @@ from headroom.workers.wire import RankRequest, RankResponse, ServerUnavailable, 
 from headroom.world.ranking import RankingWorld
 
 __all__ = [
+    "VALUE_BINS",
     "ClientConfig",
     "OffsetTracker",
     "Outcome",
-    "Plan",
     "PrecomputeLookup",
     "PrecomputePath",
     "RankingClient",
-    "RoutedShare",
-    "Router",
     "ServerAddress",
     "TargetBook",
     "TargetState",
     "WindowBook",
     "in_flight_limit",
-    "sbm_bin_share",
     "value_stratum",
 ]
 
 T = TypeVar("T")
-LEVERS = ("rma", "sbm")  # the live-path levers (the Router's)
+LEVERS = ("rma", "sbm")  # the live-path levers (the plan's)
 ALL_LEVERS = ("rma", "sbm", "precompute")
 SKETCH_ALPHA = 0.01
-# Value bins per segment of the value signals (``ValueSignal.stratum``): the simulator's default
-# ``value_bins``, so both engines hand the control plane the same strata.
-VALUE_BINS = 8
-
-
-def value_stratum(segment_rank: float, bins: int = VALUE_BINS) -> int:
-    """The value bin of a request whose value rank within its segment is ``segment_rank``:
-    ``min(bins − 1, floor(bins · rank))`` (a rank outside [0, 1] or NaN is clamped)."""
-    r = segment_rank if segment_rank == segment_rank else 0.0  # NaN -> the lowest bin
-    return min(bins - 1, max(0, math.floor(bins * min(max(r, 0.0), 1.0))))
-
-
-def sbm_bin_share(stratum: int, p: float, bins: int = VALUE_BINS) -> float:
-    """The share of value bin ``stratum`` that value-ranked SBM routes when its segment's routing
-    probability is ``p``: the part of the bin's ranks ``[k/K, (k+1)/K)`` at or above ``1 − p``,
-    ``clip(k + 1 − (1 − p)·K, 0, 1)`` (``headroom.sim.population.Population.top_in_segment``). Over
-    the
-    ``K`` bins it averages to ``p``."""
-    q = min(max(p, 0.0), 1.0) if p == p else 0.0
-    return min(max(stratum + 1.0 - (1.0 - q) * bins, 0.0), 1.0)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -220,8 +191,8 @@ class ClientConfig:
     seed: int = 0
     policy: str = "headroom"
     instance: str | None = None  # static group membership: a restart keeps the partitions
-    value_ranked_rma: bool = True  # RMA extras spent highest value first (see Router)
-    value_ranked_sbm: bool = True  # SBM routing spent on each segment's highest values (Router)
+    value_ranked_rma: bool = True  # RMA extras spent highest value first (PlanRule)
+    value_ranked_sbm: bool = True  # SBM routing spent on each segment's highest values (PlanRule)
     # Requests being served at once: back-pressure on the consumer, and a bound on the burst a
     # restarted client sends its servers while it catches up with the requests that queued up
     # (in_flight_limit sizes it from the scenario's traffic).
@@ -342,155 +313,6 @@ class TargetBook:
             self._announced_epoch = t.epoch
             out.append(("target.applied", t.epoch))
         return out
-
-
-# ------------------------------------------------------------------------------------------------
-# Routing (pure; randomness injected)
-# ------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """What one request asks for: the control arm gets nothing optional."""
-
-    control: bool
-    strong: bool
-    extra: int
-
-    @property
-    def lever(self) -> str | None:
-        if self.strong:
-            return "sbm"
-        if self.extra > 0:
-            return "rma"
-        return None
-
-
-class Router:
-    """Holdout arm, SBM routing by segment probability, RMA extra candidates (module docstring).
-
-    SBM, ``value_ranked_sbm`` (the default, as the simulator's ``headroom`` policy): a segment's
-    routing probability ``p`` goes to its highest-value requests, by value bin. A request's bin
-    is ``k = value_stratum(segment_rank)`` (its value's CDF among recent requests *of its
-    segment*, in :data:`VALUE_BINS` equal-probability bins); it is routed iff
-    ``u_sbm < clip(k + 1 − (1 − p)·K, 0, 1)``: the bins above rank 1 − p entirely, the bin
-    holding 1 − p a uniform random part, lower bins none — a share ``p`` of the segment, as the
-    simulator's ``Population.top_in_segment``. Random *within* a bin, not by exact rank, so that
-    in every value bin the routed requests (SBM's intent-to-treat group) and the others (RMA's)
-    are random samples of the bin: the holdout estimate post-stratified on the bin is unbiased.
-    (Routing by exact rank ≥ 1 − p puts the boundary bin's highest values in SBM's group and
-    its lowest in RMA's; with log-normal values and p = 0.03 that overstated SBM's uplift
-    per request about ninefold even post-stratified.) Otherwise (``value_ranked_sbm=False``)
-    ``u_sbm < p``.
-
-    RMA, ``value_ranked`` (the default, as the simulator's ``headroom`` policy): the target's
-    ``m × (candidates − base)`` extra candidates per *treatment* request are a mean spent highest
-    value first on the requests the strong model did not take (a routed request gets no extras):
-    ``s = m × (candidates − base) / (max − base)`` is the share of treatment requests the budget
-    gives ``max − base`` extras; with ``r̂`` the recent share of treatment requests routed to
-    the strong model (:class:`RoutedShare`), a non-routed request gets them iff its value rank
-    *among recent non-routed treatment requests* (:attr:`rma_ranker`, which observes each one
-    before ranking it) is ≥ ``1 − min(1, s / (1 − r̂))``, the others none — the same mean work
-    per treatment request, on the requests where a better ad is worth most (the simulator's
-    ``Population.keep_top_among``). Ranking among *all* requests instead would leave the share
-    ``≈ r`` of the budget that falls on requests SBM took unspent. ``uniform``
-    (``value_ranked=False``): every non-routed treatment request gets
-    ``round(m × (candidates − base))``.
-
-    ``rng`` is the only source of randomness (one uniform draw for the arm, one for SBM; both
-    are drawn whatever the rule, so the stream is the same under either).
-    """
-
-    def __init__(
-        self,
-        holdout: float,
-        base_candidates: int,
-        rng: np.random.Generator,
-        *,
-        max_candidates: int,
-        value_ranked: bool = True,
-        value_ranked_sbm: bool = True,
-        histogram: HistogramConfig | None = None,
-    ) -> None:
-        if not 0.0 <= holdout < 1.0:
-            raise ConfigError(f"world.holdout: must lie in [0, 1), got {holdout}")
-        self.holdout = holdout
-        self.base = base_candidates
-        self.max = max(base_candidates, max_candidates)
-        self.value_ranked = value_ranked
-        self.value_ranked_sbm = value_ranked_sbm
-        self.rng = rng
-        # value-ranked RMA's order: values of recent non-routed treatment requests, and the
-        # recent share of treatment requests routed to the strong model (the same horizon)
-        self.rma_ranker = ValueRanker(histogram)
-        self.routed_share = RoutedShare((histogram or HistogramConfig()).half_life)
-
-    def plan(
-        self,
-        *,
-        segment: str,
-        eligible: bool,
-        target: TargetState,
-        rma_multiplier: float,
-        sbm_keeps: bool,
-        sbm_available: bool,
-        value: float | None = None,
-        segment_rank: float = 1.0,
-    ) -> Plan:
-        """``value``: the request's value (value-ranked RMA ranks it among the non-routed
-        treatment requests; None, in tests only: not observed, ranked at the top);
-        ``segment_rank``: its value rank among its segment's (value-ranked SBM's order)."""
-        u_arm, u_sbm = self.rng.random(2)
-        if u_arm < self.holdout:
-            return Plan(control=True, strong=False, extra=0)
-        p = float(target.sbm_segments.get(segment, 0.0)) if target.sbm_coverage > 0.0 else 0.0
-        # value-ranked: the top p of the segment by value bin; else a uniform share p
-        share = sbm_bin_share(value_stratum(segment_rank), p) if self.value_ranked_sbm else p
-        routed = bool(u_sbm < share)
-        strong = eligible and sbm_available and routed and sbm_keeps
-        r_hat = self.routed_share.add(strong)
-        if strong:
-            return Plan(control=False, strong=True, extra=0)
-        rank = 1.0
-        if value is not None:
-            self.rma_ranker.observe(value)
-            rank = self.rma_ranker.rank(value)
-        m = min(1.0, max(0.0, rma_multiplier))
-        wanted = max(0, min(target.rma_candidates, self.max) - self.base)
-        span = self.max - self.base
-        if not self.value_ranked or span <= 0 or wanted <= 0:
-            return Plan(control=False, strong=False, extra=round(m * wanted))
-        # the budget, a share of treatment requests, spent on the non-routed ones only
-        budget = m * wanted / span
-        left = 1.0 - r_hat
-        among = 1.0 if left <= budget else budget / left
-        extra = span if among > 0.0 and rank >= 1.0 - among else 0
-        return Plan(control=False, strong=False, extra=extra)
-
-
-class RoutedShare:
-    """The recent share of treatment requests routed to the strong model, ``r̂``: a mean of
-    the 0/1 routing outcomes weighted ``2^(−age / half_life)``, age in treatment requests (the
-    :class:`ValueRanker`'s horizon, ``HistogramConfig.half_life``). Normalised by the decayed
-    count, so it has no start-up bias (0.0 before any request)."""
-
-    def __init__(self, half_life: float = HistogramConfig().half_life) -> None:
-        if not (math.isfinite(half_life) and half_life > 0.0):
-            raise ConfigError(f"half_life: must be > 0, got {half_life}")
-        self.half_life = half_life
-        self._decay = 2.0 ** (-1.0 / half_life)
-        self._routed = 0.0
-        self._count = 0.0
-
-    def add(self, routed: bool) -> float:
-        """Count one treatment request; return the share with it counted."""
-        self._routed = self._routed * self._decay + (1.0 if routed else 0.0)
-        self._count = self._count * self._decay + 1.0
-        return self.value
-
-    @property
-    def value(self) -> float:
-        return self._routed / self._count if self._count > 0.0 else 0.0
 
 
 # ------------------------------------------------------------------------------------------------
@@ -770,36 +592,32 @@ class WindowBook:
     def event_fields(
         self, w: _Window, *, targets: Mapping[str, Any], source: str
     ) -> dict[str, Any]:
-        """The ``window`` line of docs/events.md (without the common fields)."""
-        arms: dict[str, dict[str, Any]] = {}
-        for seg, by_arm in w.arms.items():
-            present = {name: arm.sums() for name, arm in by_arm.items() if arm.n > 0}
-            if present:
-                arms[seg] = present
-        return {
-            "t_start": w.index * self.window_s,
-            "t_end": (w.index + 1) * self.window_s,
-            "requests": w.requests,
-            "errors": w.errors,
-            "timeouts": w.timeouts,
-            "sketch": w.sketch.to_dict(),
-            "sketch_base": w.sketch_base.to_dict(),
-            "value_total": w.value_total,
-            "value_baseline": w.value_baseline,
-            "inc": dict(w.inc),
-            "arms": arms,
+        """The ``window`` line of docs/events.md (without the common fields), built by
+        :func:`headroom.analysis.events.window_event` as the simulator's are."""
+        traffic = WindowTraffic(
+            requests=w.requests,
+            errors=w.errors,
+            timeouts=w.timeouts,
+            sketch=w.sketch.to_dict(),
+            sketch_base=w.sketch_base.to_dict(),
+            value_total=w.value_total,
+            value_baseline=w.value_baseline,
+            inc=w.inc,
+            arms={seg: {a: arm.sums() for a, arm in by.items()} for seg, by in w.arms.items()},
             # the intent-to-treat sums behind the value signals (headroom.value), per segment
-            "itt": {
-                seg: {lever: arm.sums() for lever, arm in by.items() if arm.n > 0}
-                for seg, by in w.itt.items()
-            },
-            "eligible_treated": dict(w.treated),
-            "segments": w.segments,
-            "targets": dict(targets),
-            "offsets": {str(p): span for p, span in sorted(w.offsets.items())},
-            "client": source,
-            **({} if w.pre is None else {"precompute": self.precompute_fields(w)}),
-        }
+            itt={seg: {lv: arm.sums() for lv, arm in by.items()} for seg, by in w.itt.items()},
+            eligible_treated=w.treated,
+            segments=w.segments,
+            targets=targets,
+        )
+        return window_event(
+            w.index * self.window_s,
+            (w.index + 1) * self.window_s,
+            traffic,
+            precompute=None if w.pre is None else self.precompute_fields(w),
+            offsets=w.offsets,
+            client=source,
+        )
 
     @staticmethod
     def precompute_fields(w: _Window) -> dict[str, Any]:
@@ -993,13 +811,16 @@ class RankingClient(Service):
         self.base = w.base_candidates
         self.world = world
         self.targets = TargetBook(config.region, w.base_candidates)
-        self.router = Router(
-            w.holdout,
-            w.base_candidates,
+        self.planner = RequestPlanner(
+            PlanRule(
+                holdout=w.holdout,
+                base=w.base_candidates,
+                max=w.max_candidates,
+                value_ranked_rma=config.value_ranked_rma,
+                value_ranked_sbm=config.value_ranked_sbm,
+                bins=VALUE_BINS,
+            ),
             np.random.default_rng(config.seed),
-            max_candidates=w.max_candidates,
-            value_ranked=config.value_ranked_rma,
-            value_ranked_sbm=config.value_ranked_sbm,
         )
         self.windows = WindowBook(
             config.region, scenario.slo.window_s, [s.name for s in scenario.segments]
@@ -1275,13 +1096,14 @@ class RankingClient(Service):
         strong = self._strong()
         m = dedicated.shedder.multiplier_at(wall) if dedicated is not None else 0.0
         keeps = strong is not None and strong.shedder.keeps(rank, wall)
-        plan = self.router.plan(
+        plan = self.planner.plan(
             segment=msg.segment,
             eligible=msg.eligible,
             target=target,
             rma_multiplier=m,
             sbm_keeps=keeps,
             sbm_available=strong is not None,
+            rma_keeps=dedicated is not None and dedicated.shedder.keeps(rank, wall),
             value=msg.value,
             segment_rank=seg_rank,
         )
@@ -1531,12 +1353,8 @@ class RankingClient(Service):
             if any(self._pre_pending.values()):
                 # results that expired unused while no request was published: a line of their own
                 k = self.windows.index(self.scenario_time(now))
-                fields = {
-                    "t_start": k * self.windows.window_s,
-                    "t_end": (k + 1) * self.windows.window_s,
-                    "requests": 0,
-                    "client": self.config.name,
-                }
+                ws = self.windows.window_s
+                fields = window_event(k * ws, (k + 1) * ws, client=self.config.name)
                 self._attach_cache_counts(fields)
                 futures.append(await self._send_event("window", fields, now))
             if futures:

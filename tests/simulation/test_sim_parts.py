@@ -302,20 +302,106 @@ def test_joint_dual_bound_with_precompute_is_valid_and_tight_on_random_budgets()
     assert float(np.median(gaps)) < 1.05
 
 
-def test_rma_budget_goes_to_the_highest_value_requests_the_strong_model_left() -> None:
-    pop = Population.from_scenario(scenario(), bins=8)
-    routed = pop.top_in_segment(np.array([0.25] * pop.n_segments))  # top two bins of each
-    avail = 1.0 - routed
-    got = pop.keep_top_among(0.2, avail)
-    # the same mean work: a fifth of all requests get the extras, none of them routed
-    assert float((pop.share * got).sum()) == pytest.approx(0.2, rel=1e-6)
-    assert np.all(got <= avail + 1e-12)
-    assert np.all(got[routed >= 1.0] == 0.0)
-    # highest value first: a cell gets extras only if every more valuable available cell does
-    order = np.argsort(-pop.v_mean)
-    partial = [c for c in order if 1e-9 < got[c] < avail[c] - 1e-9]
-    assert len(partial) <= pop.n_segments  # the threshold cuts at most one bin per segment
-    # without routing it is the plain top share; a budget beyond the available is all of it
-    assert np.allclose(pop.keep_top_among(0.2, np.ones(pop.n_cells)), pop.keep_top(0.2), atol=1e-6)
-    assert np.allclose(pop.keep_top_among(0.9, avail), avail)
-    assert not pop.keep_top_among(0.0, avail).any()
+@pytest.mark.parametrize(
+    ("ranked", "m_rma", "m_sbm"), [(True, 1.0, 1.0), (True, 0.5, 0.3), (False, 0.7, 1.0)]
+)
+def test_the_engine_asks_what_the_client_plan_says(
+    ranked: bool, m_rma: float, m_sbm: float
+) -> None:
+    """The engine's clients are the one client plan (headroom.defences.plan, tested in
+    tests/unit/test_plan.py) over the population's cells: the shares a region's mix asks for are
+    the plan's, with the policy's ranking flags, and the holdout takes the base path."""
+    from headroom.defences.plan import CellPlanner
+    from headroom.sim.engine import RegionRun, SimContext, Targets
+    from headroom.sim.policies import StaticRegion
+    from tests.simulation.test_sim_runs import curves_of
+
+    class Clients(StaticRegion):
+        value_ranked_rma = ranked
+        value_ranked_sbm = ranked
+
+        def multipliers(self, now: float) -> tuple[float, float]:
+            return m_rma, m_sbm
+
+    s = scenario()
+    ctx = SimContext(s, curves_of(s))
+    run = RegionRun(ctx, 0, Clients(), lambda *_: None, 60.0)
+    rule = run.planner.rule
+    assert (rule.value_ranked_rma, rule.value_ranked_sbm) == (ranked, ranked)
+    assert (rule.holdout, rule.base, rule.max, rule.bins) == (0.02, 400, 1200, ctx.pop.bins)
+    tg = Targets(
+        epoch=1, issued_at=0.0, ttl_s=60.0, rma_candidates=800,
+        sbm_segments={"premium": 0.7, "casual": 0.1}, sbm_coverage=0.2,
+    )  # fmt: skip
+    run.targets = tg
+    mix = run._current_mix(0.0, 1.0)
+    want = CellPlanner(rule, ctx.pop, eligible=ctx.eligible).plan(tg, m_rma, m_sbm)
+    assert mix.plan.levels == (want.extra,)
+    assert want.extra == (800 if ranked else 400)
+    assert np.array_equal(mix.plan.rma[0], want.rma)
+    # no strong replica is loaded yet: what the strong model takes fails over
+    assert np.array_equal(mix.plan.sbm + mix.plan.down + mix.plan.fail, want.sbm)
+    assert want.sbm.any()
+    # the holdout's share of every cell takes the base path
+    assert float(mix.frac[0]) >= ctx.holdout - 1e-12
+    assert ctx.holdout == rule.holdout
+
+
+def test_both_engines_write_the_window_line_with_one_builder() -> None:
+    """The simulator's window lines and the streaming client's come from one builder
+    (headroom.analysis.events.window_event): the requests' part has the same fields, and the
+    analyzer reads both alike."""
+    from headroom.analysis.metrics import MetricsAccumulator
+    from headroom.sim.engine import RegionRun, SimContext, Targets
+    from headroom.sim.policies import StaticRegion
+    from headroom.workers.client import Outcome, WindowBook
+    from tests.simulation.test_sim_runs import curves_of
+
+    class Clients(StaticRegion):
+        value_ranked_rma = True
+        value_ranked_sbm = True
+
+    s = scenario()
+    ctx = SimContext(s, curves_of(s))
+    lines: list[dict[str, object]] = []
+    run = RegionRun(ctx, 0, Clients(), lambda kind, t, f: lines.append(f), 60.0)
+    run.targets = Targets(
+        epoch=1, issued_at=0.0, ttl_s=600.0, rma_candidates=800,
+        sbm_segments={"premium": 0.5, "casual": 0.1}, sbm_coverage=0.2,
+    )  # fmt: skip
+    for w in range(6):  # one control interval: its windows are written together
+        run.run_window(w)
+    assert len(lines) == 6
+    sim = lines[-1]
+    book = WindowBook("r1", 10.0, ctx.segment_names)
+    for i in range(4):
+        book.add(
+            Outcome(
+                partition=0, offset=i, segment="casual", end_t=1.0, latency_ms=20.0, ok=True,
+                timeout=False, control=i == 0, lever="rma" if i == 1 else None, sbm_served=False,
+                routed=None if i == 0 else "rma", value_total=1.0 + i, value_baseline=1.0,
+                stratum=0,
+            )
+        )  # fmt: skip
+    w0 = book.take(0)
+    assert w0 is not None
+    client = book.event_fields(
+        w0, targets={"rma_candidates": 800, "sbm_coverage": 0.2}, source="c1"
+    )
+    capacity = {"offered_unit_s", "used_unit_s", "demand_unit_s", "capacity", "quotas"}
+    assert set(sim) - capacity == set(client) - {"offsets", "client"}
+    for key in ("inc", "eligible_treated", "targets"):
+        assert set(sim[key]) == set(client[key])  # type: ignore[arg-type]
+    assert set(sim["segments"]["casual"]) == set(client["segments"]["casual"])  # type: ignore[index]
+    acc = MetricsAccumulator()
+    for source, line, policy in (("sim", sim, "a"), ("client", client, "b")):
+        acc.add({"v": 1, "ts": 0.0, "kind": "run.started", "source": source, "policy": policy,
+                 "region": None, "duration_s": 60.0, "t0": 0.0,
+                 "slo": {"p99_ms": 200.0, "window_s": 10.0}, "segments": ["premium", "casual"],
+                 "regions": ["r1"]})  # fmt: skip
+        acc.add({"v": 1, "ts": 0.0, "kind": "window", "source": source, "policy": policy,
+                 "region": "r1", **line})  # fmt: skip
+    doc = acc.result()["policies"]
+    assert doc["a"]["requests"]["total"] == sim["requests"]
+    assert doc["b"]["requests"]["total"] == 4
+    assert doc["b"]["value"]["incremental_rma"] == pytest.approx(client["inc"]["rma"])  # type: ignore[index]

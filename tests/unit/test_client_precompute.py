@@ -4,6 +4,7 @@ window lines and value signals count lever ``precompute``."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +54,9 @@ class Clock:
         return self.now
 
 
+TARGETS = {"rma_candidates": 100, "sbm_coverage": 0.0}  # in force at the window's end
+
+
 def _result(
     user: int, *, ts: float, life_s: float, segment: str = "premium", first: int = 7
 ) -> messages.Precompute:
@@ -88,7 +92,8 @@ def _client(
     client = RankingClient(
         config, scenario, KafkaTarget("127.0.0.1:9", "t."), clock=clock, world=world, cache=cache
     )
-    client.router.holdout = holdout  # 0: nobody held out; 0.999…: everybody
+    # 0: nobody held out; 0.999…: everybody
+    client.planner.rule = dataclasses.replace(client.planner.rule, holdout=holdout)
     return client
 
 
@@ -237,7 +242,7 @@ def test_hits_and_held_out_requests_are_the_arms_of_lever_precompute() -> None:
         book.add(_outcome(i, kind, value=1.0 + i))
     w = book.take(0)
     assert w is not None
-    f = book.event_fields(w, targets={}, source="c")
+    f = book.event_fields(w, targets=TARGETS, source="c")
     assert f["inc"]["precompute"] == pytest.approx(1.5)  # three hits, 0.5 each above baseline
     assert f["arms"]["premium"]["precompute"]["n"] == 3
     assert f["arms"]["premium"]["control"]["n"] == 3  # the holdout, with and without a result
@@ -264,7 +269,7 @@ def test_without_precompute_the_window_line_has_no_precompute_field() -> None:
     book.add(Outcome(**{**{k: getattr(plain, k) for k in plain.__slots__}, "precompute": None}))
     w = book.take(0)
     assert w is not None
-    f = book.event_fields(w, targets={}, source="c")
+    f = book.event_fields(w, targets=TARGETS, source="c")
     assert "precompute" not in f
     assert {(s.lever, s.arm) for s in book.value_signals(w, ts=T0)} == {
         ("rma", "control"),
@@ -288,7 +293,7 @@ def test_the_precompute_value_signals_add_up_to_the_visits_that_found_a_result(
         book.add(_outcome(i, kind, ok=ok or kind == "hit"))  # a hit never fails: no call
     w = book.take(0)
     assert w is not None
-    pre = book.event_fields(w, targets={}, source="c")["precompute"]
+    pre = book.event_fields(w, targets=TARGETS, source="c")["precompute"]
     signals = {(s.lever, s.arm): s.n for s in book.value_signals(w, ts=T0)}
     held_ok = sum(1 for kind, ok in draws if kind == "held_out" and ok)
     found = pre["hits"] + pre["held_out"]
@@ -316,7 +321,7 @@ def test_a_seeded_client_draws_the_same_holdout_for_precompute_and_live_levers(
     for u in users:
         cache.apply(None, _result(u, ts=T0, life_s=600.0), clock())
     client = _client(scenario, world, cache, clock, holdout=scenario.world.holdout)
-    client.router.rng = np.random.default_rng(3)
+    client.planner.rng = np.random.default_rng(3)
 
     async def run() -> list[Outcome]:
         return [await client.serve_request(_request(u), 0, u) for u in users]

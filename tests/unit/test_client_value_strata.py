@@ -1,10 +1,10 @@
-"""Value signals per (segment, value bin) stratum and value-ranked SBM routing in the streaming
-client: the ``ValueSignal.stratum`` extension, the client's per-segment value ranks, the strata
-adding up to the per-segment sums (the window line unchanged), and the controller's keys."""
+"""Value signals per (segment, value bin) stratum in the streaming client: the
+``ValueSignal.stratum`` extension, the client's per-segment value ranks, the strata adding up to
+the per-segment sums (the window line unchanged), and the controller's keys. (Value-ranked SBM
+routing by those bins is the plan's: tests/unit/test_plan.py.)"""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from headroom.controllers.observe import RegionAggregator
 from headroom.controllers.types import ArmStats, stratum_key
+from headroom.defences import plan
 from headroom.kernel.scenario_load import load_scenario
 from headroom.sim.config import SimConfig
-from headroom.sim.population import Population
 from headroom.streams import messages
 from headroom.streams.kafka import KafkaTarget
 from headroom.workers.client import (
@@ -26,18 +26,15 @@ from headroom.workers.client import (
     ClientConfig,
     Outcome,
     RankingClient,
-    Router,
     ServerAddress,
-    TargetState,
     WindowBook,
-    sbm_bin_share,
     value_stratum,
 )
 
-BASE = 100
 REPO = Path(__file__).parents[2]
 SCENARIO = REPO / "tests" / "integration" / "scenarios" / "precompute-short.yaml"  # it-pre
 T0 = 1_800_000_000.0
+TARGETS = {"rma_candidates": 100, "sbm_coverage": 0.0}  # in force at the window's end
 
 
 def _signal(**kw: Any) -> messages.ValueSignal:
@@ -105,103 +102,13 @@ def test_a_null_stratum_reads_as_absent() -> None:
 # -- strata ---------------------------------------------------------------------------------------
 
 
-def test_value_stratum_is_the_equal_probability_bin_of_the_segment_rank() -> None:
-    assert SimConfig().value_bins == VALUE_BINS  # both engines hand the plane the same strata
+def test_the_client_bins_values_as_the_plan_and_the_simulator_do() -> None:
+    """The client's value bins are the plan's (headroom.defences.plan, tested there) and the
+    simulator's default: both engines hand the control plane the same strata."""
+    assert VALUE_BINS is plan.VALUE_BINS
+    assert value_stratum is plan.value_stratum
+    assert SimConfig().value_bins == VALUE_BINS
     assert VALUE_BINS - 1 <= messages.MAX_STRATUM
-    assert [value_stratum(r) for r in (0.0, 0.124, 0.125, 0.5, 0.874, 0.875, 0.999, 1.0)] == [
-        0,
-        0,
-        1,
-        4,
-        6,
-        7,
-        7,
-        7,
-    ]
-    assert value_stratum(-0.5) == 0
-    assert value_stratum(1.5) == 7
-    assert value_stratum(math.nan) == 0
-    ranks = np.linspace(0.0, 1.0, 8000, endpoint=False)
-    counts = np.bincount([value_stratum(float(r)) for r in ranks], minlength=VALUE_BINS)
-    assert counts.tolist() == [1000] * VALUE_BINS
-
-
-# -- value-ranked SBM routing ---------------------------------------------------------------------
-
-
-def _plan(router: Router, *, p: float, segment_rank: float, **kw: Any) -> Any:
-    args: dict[str, Any] = {
-        "segment": "casual",
-        "eligible": True,
-        "target": TargetState(1, BASE, 0.3, {"casual": p, "premium": 0.0}, False),
-        "rma_multiplier": 1.0,
-        "sbm_keeps": True,
-        "sbm_available": True,
-        "value": 3.0,
-        "segment_rank": segment_rank,
-    }
-    args.update(kw)
-    return router.plan(**args)
-
-
-def test_sbm_bin_share_is_the_simulators_top_in_segment() -> None:
-    assert [sbm_bin_share(k, 0.25) for k in range(VALUE_BINS)] == [0.0] * 6 + [1.0, 1.0]
-    assert [sbm_bin_share(k, 0.05) for k in range(VALUE_BINS)] == pytest.approx([0.0] * 7 + [0.4])
-    assert [sbm_bin_share(k, 0.0) for k in range(VALUE_BINS)] == [0.0] * VALUE_BINS
-    assert [sbm_bin_share(k, 1.0) for k in range(VALUE_BINS)] == [1.0] * VALUE_BINS
-    for p in (0.0, 0.03, 0.2, 0.5, 0.77, 1.0):
-        mean = np.mean([sbm_bin_share(k, p) for k in range(VALUE_BINS)])
-        assert mean == pytest.approx(p)  # a share p of the segment, as the uniform rule
-    # the simulator's population cells route the same shares (one segment's cells, in order)
-    pop = Population.from_scenario(load_scenario(SCENARIO), VALUE_BINS)
-    for p in (0.03, 0.3, 0.9):
-        share = np.full(pop.n_segments, p)
-        sim = pop.top_in_segment(share)[:VALUE_BINS]
-        assert sim == pytest.approx([sbm_bin_share(k, p) for k in range(VALUE_BINS)])
-
-
-def test_value_ranked_sbm_routes_the_segments_highest_value_bins_first() -> None:
-    router = Router(0.0, BASE, np.random.default_rng(7), max_candidates=300)
-    ranks = np.random.default_rng(8).random(40_000)
-    bins = np.array([value_stratum(float(r)) for r in ranks])
-    for p in (0.0, 0.05, 0.25, 0.6, 1.0):
-        strong = np.array([_plan(router, p=p, segment_rank=float(r)).strong for r in ranks])
-        assert abs(strong.mean() - p) < 0.01  # the same share as the uniform rule
-        for k in range(VALUE_BINS):
-            want = sbm_bin_share(k, p)
-            got = strong[bins == k].mean()
-            if want in (0.0, 1.0):
-                assert got == want  # bins above 1 - p all routed, bins below none
-            else:  # the boundary bin: a random part of it, not its highest ranks
-                assert abs(got - want) < 0.05
-                inside = ranks[bins == k]
-                routed = strong[bins == k]
-                assert abs(inside[routed].mean() - inside[~routed].mean()) < 0.005
-    # at the same p, a high-value request goes before a low-value one
-    assert _plan(router, p=0.25, segment_rank=0.9).strong
-    assert not _plan(router, p=0.25, segment_rank=0.6).strong
-    # p = 0 routes nothing, even the highest value; the value itself (RMA's order) plays no part
-    assert not _plan(router, p=0.0, segment_rank=1.0).strong
-    assert _plan(router, p=0.25, segment_rank=0.9, value=1e-3).strong
-    assert not _plan(router, p=0.25, segment_rank=0.6, value=1e3).strong
-    # the other gates still apply
-    for gate in ({"eligible": False}, {"sbm_keeps": False}, {"sbm_available": False}):
-        assert not _plan(router, p=1.0, segment_rank=1.0, **gate).strong
-    assert not _plan(router, p=1.0, segment_rank=1.0, segment="premium").strong
-
-
-def test_value_ranked_and_uniform_sbm_draw_the_same_random_stream() -> None:
-    a = Router(0.1, BASE, np.random.default_rng(11), max_candidates=300)
-    b = Router(0.1, BASE, np.random.default_rng(11), max_candidates=300, value_ranked_sbm=False)
-    ranks = np.random.default_rng(3).random(500)
-    plans_a = [_plan(a, p=0.3, segment_rank=float(r)) for r in ranks]
-    plans_b = [_plan(b, p=0.3, segment_rank=float(r)) for r in ranks]
-    assert [x.control for x in plans_a] == [x.control for x in plans_b]  # the same holdout
-    assert a.rng.random() == b.rng.random()  # and the generators are in the same state
-    # the uniform rule ignores the rank: its routed share does not depend on it
-    routed_b = np.array([x.strong for x in plans_b])
-    assert 0.2 < routed_b.mean() < 0.4
-    assert routed_b[ranks < 0.7].any()  # low-value requests are routed too
 
 
 # -- per-stratum value signals --------------------------------------------------------------------
@@ -284,8 +191,8 @@ def test_per_stratum_value_signals_add_up_to_the_per_segment_ones(
         assert got[0] == want[0]
         assert got[1:] == pytest.approx(want[1:], rel=1e-9, abs=1e-9)
     # the window line stays per segment, exactly as without strata
-    fields_s = book_s.event_fields(w_s, targets={}, source="c")
-    fields_p = book_p.event_fields(w_p, targets={}, source="c")
+    fields_s = book_s.event_fields(w_s, targets=TARGETS, source="c")
+    fields_p = book_p.event_fields(w_p, targets=TARGETS, source="c")
     assert fields_s == fields_p
 
 

@@ -1,22 +1,24 @@
-"""The client's pure parts: target TTL fallback, routing with the holdout arm, windows and value
-signals, and the offsets it may commit."""
+"""The client's pure parts: target TTL fallback, what it hands the one client plan (the plan
+itself: test_plan.py), windows and value signals, and the offsets it may commit."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from headroom.analysis.events import WindowTraffic, window_event
+from headroom.defences.plan import VALUE_BINS, PlanRule
 from headroom.kernel.errors import ConfigError
 from headroom.streams import messages
 from headroom.workers.client import (
     ClientConfig,
     OffsetTracker,
     Outcome,
-    Router,
     ServerAddress,
     TargetBook,
     TargetState,
@@ -100,123 +102,74 @@ def test_candidates_in_force_stay_within_base_and_max(candidates: int, top: int)
     assert BASE <= c <= top
 
 
-# -- routing --------------------------------------------------------------------------------------
+# -- the plan (headroom.defences.plan, tested in test_plan.py): what the client gives it ----------
 
 
-def _live(coverage: float = 0.5, p: float = 1.0, candidates: int = 300) -> TargetState:
-    return TargetState(1, candidates, coverage, {"casual": p, "premium": p}, False)
+def _client(**config: object) -> Any:
+    from pathlib import Path
+
+    from headroom.kernel.scenario_load import load_scenario
+    from headroom.streams.kafka import KafkaTarget
+    from headroom.workers.client import RankingClient
+
+    scenario = load_scenario(
+        Path(__file__).parents[1] / "integration" / "scenarios" / "stack-short.yaml"
+    )
+    args: dict[str, Any] = {
+        "region": "it-east",
+        "servers": (ServerAddress("dedicated", "127.0.0.1", 9),),  # never connected
+        "group": "g",
+        "t0": 1_800_000_000.0,
+        "precompute": False,
+    }
+    args.update(config)
+    return RankingClient(
+        ClientConfig(**args), scenario, KafkaTarget("127.0.0.1:1", "t."), clock=lambda: 1.8e9
+    )
 
 
-def test_the_holdout_share_gets_no_optional_work() -> None:
-    router = Router(0.2, BASE, np.random.default_rng(1), max_candidates=300)
-    plans = [
-        router.plan(
-            segment="casual",
-            eligible=True,
-            target=_live(),
-            rma_multiplier=1.0,
-            sbm_keeps=True,
-            sbm_available=True,
+def test_the_client_plans_with_the_scenarios_world_and_its_own_flags() -> None:
+    client = _client(value_ranked_rma=False, seed=5)
+    w = client.scenario.world
+    assert client.planner.rule == PlanRule(
+        holdout=w.holdout,
+        base=w.base_candidates,
+        max=w.max_candidates,
+        value_ranked_rma=False,
+        value_ranked_sbm=True,
+        bins=VALUE_BINS,
+    )
+    assert client.planner.rng.random() == np.random.default_rng(5).random()
+
+
+async def test_every_request_is_planned_once_in_its_arm() -> None:
+    """Through serve_request: the holdout share is the control arm (no lever, no intent-to-treat
+    group), every other request is in RMA's group here (no strong replica is configured, so none
+    is routed), and each is binned by its value rank within its segment."""
+    client = _client()
+    holdout = client.scenario.world.holdout
+    client.targets.offer(
+        messages.Target(
+            ts=1.8e9, region="it-east", epoch=1, ttl_s=60.0,
+            rma=messages.RmaTarget(candidates=BASE + 50, base=BASE, max=300),
+            sbm=messages.SbmTarget(coverage=1.0, segments={"casual": 1.0, "premium": 1.0}),
+            budget=messages.Budget(cpu=1.0, accelerator=1.0), reason="pid",
         )
-        for _ in range(5000)
-    ]
-    control = [p for p in plans if p.control]
-    assert 0.17 < len(control) / len(plans) < 0.23
-    assert all(not p.strong and p.extra == 0 and p.lever is None for p in control)
-    assert all(p.lever == "sbm" for p in plans if not p.control)  # p = 1: every other goes SBM
-
-
-def test_uniform_sbm_routes_by_segment_probability_only_for_eligible_requests() -> None:
-    router = Router(0.0, BASE, np.random.default_rng(2), max_candidates=300, value_ranked_sbm=False)
-    target = TargetState(1, 300, 0.3, {"casual": 0.25, "premium": 0.0}, False)
-
-    def share(segment: str, eligible: bool = True, keeps: bool = True) -> float:
-        plans = [
-            router.plan(
-                segment=segment,
-                eligible=eligible,
-                target=target,
-                rma_multiplier=1.0,
-                sbm_keeps=keeps,
-                sbm_available=True,
-            )
-            for _ in range(4000)
-        ]
-        return sum(p.strong for p in plans) / len(plans)
-
-    assert 0.22 < share("casual") < 0.28
-    assert share("premium") == 0.0
-    assert share("casual", eligible=False) == 0.0
-    assert share("casual", keeps=False) == 0.0  # the strong replica's multiplier drops it
-
-
-def test_rma_asks_for_the_multiplier_times_the_extra_candidates() -> None:
-    router = Router(0.0, BASE, np.random.default_rng(3), max_candidates=300, value_ranked=False)
-    target = TargetState(1, 300, 0.0, {}, False)
-    for m, want in ((1.0, 200), (0.5, 100), (0.0, 0), (1.7, 200)):
-        plan = router.plan(
-            segment="casual",
-            eligible=True,
-            target=target,
-            rma_multiplier=m,
-            sbm_keeps=True,
-            sbm_available=True,
-        )
-        assert plan.extra == want
-        assert plan.lever == ("rma" if want else None)
-
-
-def test_value_ranked_rma_gives_the_top_share_by_value_the_maximum() -> None:
-    # no SBM here (r = 0): the top quarter of the requests by value get the whole span
-    target = TargetState(1, 150, 0.0, {}, False)  # 50 of a 200-candidate span: a quarter
-    values = np.random.default_rng(6).lognormal(1.0, 0.8, 12_000)
-    cut = float(np.quantile(values, 0.75))
-
-    def extras(m: float) -> np.ndarray:
-        router = Router(0.0, BASE, np.random.default_rng(5), max_candidates=300)
-        return np.array(
-            [
-                router.plan(
-                    segment="casual",
-                    eligible=True,
-                    target=target,
-                    rma_multiplier=m,
-                    sbm_keeps=True,
-                    sbm_available=True,
-                    value=float(v),
-                ).extra
-                for v in values
-            ]
-        )[2000:]  # after the ranker's first half-life
-
-    full = extras(1.0)
-    late = values[2000:]
-    assert set(full.tolist()) == {0, 200}
-    assert np.mean(full) == pytest.approx(50.0, abs=2.0)  # the same work on average
-    assert np.mean(full[late >= cut * 1.05] == 200) > 0.99  # the top quarter gets it
-    assert np.mean(full[late < cut / 1.05] == 0) > 0.99  # the rest none
-    assert np.mean(extras(0.5)) == pytest.approx(25.0, abs=2.0)  # the multiplier halves it
-    assert set(extras(0.0).tolist()) == {0}
-
-
-def test_a_fallen_back_target_routes_nothing_optional() -> None:
-    router = Router(0.0, BASE, np.random.default_rng(4), max_candidates=300)
-    baseline = TargetState(3, BASE, 0.0, {}, True)
-    for _ in range(100):
-        plan = router.plan(
-            segment="casual",
-            eligible=True,
-            target=baseline,
-            rma_multiplier=1.0,
-            sbm_keeps=True,
-            sbm_available=True,
-        )
-        assert plan.lever is None
-
-
-def test_router_rejects_a_holdout_outside_the_unit_interval() -> None:
-    with pytest.raises(ConfigError, match="holdout"):
-        Router(1.0, BASE, np.random.default_rng(0), max_candidates=300)
+    )  # fmt: skip
+    outs = []
+    for i, v in enumerate(np.random.default_rng(3).lognormal(0.0, 1.0, 3000)):
+        msg = messages.Request(
+            ts=1.8e9, id=f"q{i}", region="it-east", segment="casual", value=float(v),
+            eligible=True, user=i,
+        )  # fmt: skip
+        outs.append(await client.serve_request(msg, 0, i))
+    control = np.array([o.control for o in outs])
+    n = len(outs)
+    assert abs(control.mean() - holdout) < 4.5 * np.sqrt(holdout * (1 - holdout) / n) + 1e-9
+    assert all(o.routed is None and o.lever is None for o in outs if o.control)
+    assert {o.routed for o in outs if not o.control} == {"rma"}
+    strata = np.array([o.stratum for o in outs[1000:]])
+    assert set(strata.tolist()) == set(range(VALUE_BINS))
 
 
 # -- windows and value signals --------------------------------------------------------------------
@@ -242,6 +195,59 @@ def _outcome(offset: int, end_t: float, **kw: object) -> Outcome:
     if base["control"]:
         base["routed"] = None
     return Outcome(**base)  # type: ignore[arg-type]
+
+
+def _traffic(**kw: object) -> WindowTraffic:
+    args: dict[str, object] = {
+        "requests": 3, "errors": 0, "timeouts": 0,
+        "sketch": {"alpha": 0.01, "bins": {}, "zeros": 0},
+        "sketch_base": {"alpha": 0.01, "bins": {}, "zeros": 0},
+        "value_total": 3.0, "value_baseline": 2.5, "inc": {"rma": 0.5},
+        "arms": {}, "itt": {}, "eligible_treated": {"rma": 1},
+        "segments": {"casual": {"requests": 3, "sbm": 0, "inc": 0.5}},
+        "targets": {"rma_candidates": 200, "sbm_coverage": 0.0},
+    }  # fmt: skip
+    args.update(kw)
+    return WindowTraffic(**args)  # type: ignore[arg-type]
+
+
+def test_the_window_builder_writes_every_field_alike_whoever_calls_it() -> None:
+    """analysis/events.py window_event: the one builder of the window line (the client's and
+    the simulator's), normalised so both engines write the same fields alike."""
+    sums = {"n": 2, "value_sum": 3, "value_sq_sum": 5}
+    f = window_event(
+        0, 10, _traffic(
+            arms={"casual": {"control": sums, "rma": {**sums, "n": 0}}, "premium": {"none": {
+                "n": 0, "value_sum": 0.0, "value_sq_sum": 0.0}}},
+            itt={"casual": {"rma": sums}},
+            eligible_treated={"rma": 4.4, "precompute": 2},
+        ),
+        offered_unit_s={"cpu": 1}, used_unit_s={"cpu": 0.5, "accelerator": 0},
+        capacity={"cpu": 2, "accelerator": 1}, offsets={3: (7, 9), 1: [0, 4]}, client="c1",
+    )  # fmt: skip
+    assert list(f) == [
+        "t_start", "t_end", "requests", "errors", "timeouts", "sketch", "sketch_base",
+        "value_total", "value_baseline", "inc", "arms", "itt", "eligible_treated", "segments",
+        "offered_unit_s", "used_unit_s", "targets", "capacity", "offsets", "client",
+    ]  # fmt: skip
+    assert (f["t_start"], f["t_end"]) == (0.0, 10.0)
+    assert isinstance(f["t_start"], float)
+    # every lever's ground truth, every live lever's count (whole numbers), others kept
+    assert f["inc"] == {"rma": 0.5, "sbm": 0.0, "precompute": 0.0}
+    assert f["eligible_treated"] == {"rma": 4, "sbm": 0, "precompute": 2}
+    # empty arms and segments are left out; sums are (int, float, float)
+    assert f["arms"] == {"casual": {"control": {"n": 2, "value_sum": 3.0, "value_sq_sum": 5.0}}}
+    assert isinstance(f["arms"]["casual"]["control"]["value_sum"], float)
+    assert f["itt"] == {"casual": {"rma": {"n": 2, "value_sum": 3.0, "value_sq_sum": 5.0}}}
+    assert f["offsets"] == {"1": [0, 4], "3": [7, 9]}
+    assert f["used_unit_s"] == {"cpu": 0.5, "accelerator": 0.0}
+    assert f["targets"] == {"rma_candidates": 200, "sbm_coverage": 0.0}
+    # a line of a source that served no request: zero counts and its own groups only
+    bare = window_event(10.0, 20.0, used_unit_s={"cpu": 1.0, "accelerator": 0.0}, replica="r0")
+    assert bare == {
+        "t_start": 10.0, "t_end": 20.0, "requests": 0, "errors": 0, "timeouts": 0,
+        "used_unit_s": {"cpu": 1.0, "accelerator": 0.0}, "replica": "r0",
+    }  # fmt: skip
 
 
 def test_a_window_line_adds_up_requests_value_and_arms() -> None:

@@ -1,0 +1,477 @@
+"""The client plan: which requests get optional work. One rule, for both engines.
+
+Pure: no clock, no I/O, no global random state (the per-request form draws from an injected
+``numpy.random.Generator``). The streaming client (:mod:`headroom.workers.client`) plans each
+request with :class:`RequestPlanner`; the simulator (:mod:`headroom.sim.engine`) plans the shares
+of its population's cells with :class:`CellPlanner`. Both read the rule from one
+:class:`PlanRule`, so the engines cannot drift apart.
+
+The rule
+========
+A request of segment ``s`` has a value, and a *value bin* ``k`` (its **stratum**): one of
+``K`` (:data:`VALUE_BINS`) equal-probability bins of its value rank *within its segment*,
+``k = min(K − 1, ⌊K · rank⌋)`` (:func:`value_stratum`). The target in force gives the RMA
+candidates, the SBM coverage and each segment's routing probability ``p_s``; the client-side
+multipliers ``m_rma``, ``m_sbm`` (AIMD on the health of responses,
+:class:`headroom.defences.shedding.ClientShedder`) scale what is asked of the replicas.
+
+1. **Holdout.** A share ``holdout`` (``world.holdout``) of all requests is the control arm: no
+   optional work at all, whatever the target. Everything below is about the *treatment*
+   requests, the other ``1 − holdout``.
+2. **SBM routing.** ``p_s`` (0 while the target's coverage is 0; clipped to [0, 1]) is spent on
+   the segment's highest values, bin by bin: an eligible request of bin ``k`` is routed with
+   probability ``clip(k + 1 − (1 − p_s)·K, 0, 1)`` (:meth:`PlanRule.sbm_shares`) — the bins above
+   value rank ``1 − p_s`` all, the bin holding it a random part, lower bins none; over the
+   ``K`` bins that is a share ``p_s`` of the segment. Random *within* a bin, so that in every
+   bin the routed requests (SBM's intent-to-treat group) and the others (RMA's) are random
+   samples of the bin and the holdout estimate post-stratified on the bin stays unbiased.
+   ``value_ranked_sbm=False`` routes a uniform share ``p_s`` of every bin instead.
+3. **The strong replica's multiplier.** A routed request is *taken* by the strong model if its
+   value rank among all recent requests is ≥ ``1 − m_sbm`` (the client shedder's rule: lowest
+   value dropped first). A routed request not taken goes on to RMA like any other.
+4. **RMA.** ``wanted = min(candidates, max) − base`` extra candidates per treatment request, times
+   ``m_rma``, is a *budget* (:meth:`PlanRule.rma`). Value-ranked (the default): the share
+   ``s = m_rma · wanted / (max − base)`` of all treatment requests gets ``max − base`` extras,
+   spent highest value first on the requests the strong model did not take: the top
+   ``min(1, s / left)`` of them by value, ``left`` the share of treatment requests not taken
+   (:func:`rma_among`) — the same mean work per treatment request, where a better ad is worth
+   most. Uniform (``value_ranked_rma=False``): every request not taken asks for ``wanted``
+   extras and keeps them if its value rank is ≥ ``1 − m_rma`` (the client shedder's rule).
+
+The two forms
+=============
+*Per request* (:class:`RequestPlanner`, the client): two uniform draws per request, one for the
+arm and one for SBM, drawn whatever the rule so the random stream does not depend on it. The
+bin comes from the request's rank among recent requests of its segment, the strong multiplier's
+keep from its rank among all recent requests (the caller's rankers); RMA's ``left`` is
+``1 − r̂``, ``r̂`` the recent share of treatment requests the strong model took
+(:class:`RoutedShare`), and "the top ``min(1, s/left)`` by value" is the request's rank among
+recent not-taken treatment requests (a :class:`~headroom.defences.shedding.ValueRanker` that
+observes each one before ranking it) being ≥ ``1 − min(1, s/left)``.
+
+*Vectorised* (:class:`CellPlanner`, the simulator): the same rule as shares of the cells of a
+:class:`ValueCells` population (segment × value bin, the value distribution known per cell):
+``routed[c] = eligible · sbm_share(k, p_s)``; the strong replica keeps the share
+``A_s[c] = P(V ≥ θ_s | c)`` of a cell, ``θ_s`` the value at global rank ``1 − m_sbm``, so it
+takes ``routed · A_s``; a value threshold ``θ`` gives a cell's not-taken requests above it as
+``(1 − routed) · A(θ) + routed · max(0, A(θ) − A_s)`` (routing is random within a bin, the
+multiplier cuts by value), and value-ranked RMA's ``θ`` solves ``Σ_c share_c · that = s`` (every
+not-taken request when ``s`` exceeds them: ``min(1, s/left)`` again). That is the exact
+expectation of the per-request rule under the cell model.
+
+Exploration is not the plan's: the controller's router keeps every segment's ``p_s`` at its
+exploration floor while SBM runs (controllers/router.py), and the plan spends ``p_s`` as given.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from headroom.defences.shedding import HistogramConfig, ValueRanker
+from headroom.kernel.errors import ConfigError
+
+__all__ = [
+    "VALUE_BINS",
+    "CellPlan",
+    "CellPlanner",
+    "PlanRule",
+    "PlanTarget",
+    "RequestPlan",
+    "RequestPlanner",
+    "RmaSpend",
+    "RoutedShare",
+    "ValueCells",
+    "rma_among",
+    "value_stratum",
+]
+
+FloatArray = npt.NDArray[np.float64]
+
+# Value bins per segment: the strata of the value signals (``ValueSignal.stratum``) and the bins
+# SBM routing is spent over. The simulator's default ``value_bins``, so both engines hand the
+# control plane the same strata.
+VALUE_BINS = 8
+
+# cached threshold results kept at most (the arrays are read-only)
+_CACHE_MAX = 20_000
+
+
+def value_stratum(segment_rank: float, bins: int = VALUE_BINS) -> int:
+    """The value bin of a request whose value rank within its segment is ``segment_rank``:
+    ``min(bins − 1, floor(bins · rank))`` (a rank outside [0, 1] or NaN is clamped)."""
+    r = segment_rank if segment_rank == segment_rank else 0.0  # NaN -> the lowest bin
+    return min(bins - 1, max(0, math.floor(bins * min(max(r, 0.0), 1.0))))
+
+
+def _unit(x: float) -> float:
+    """``x`` clipped to [0, 1]; NaN is 0."""
+    return min(max(x, 0.0), 1.0) if x == x else 0.0
+
+
+def _bin_share(k: Any, q: Any, bins: int) -> Any:
+    """The part of value bin ``k``'s ranks ``[k/K, (k+1)/K)`` at or above ``1 − q``:
+    ``clip(k + 1 − (1 − q)·K, 0, 1)``. Floats (one request) or numpy arrays (broadcast)."""
+    x = (k + 1.0) - (1.0 - q) * bins
+    if isinstance(x, float):  # one request: no numpy call on its path
+        return min(max(x, 0.0), 1.0)
+    return np.clip(x, 0.0, 1.0)
+
+
+def rma_among(share: float, left: float) -> float:
+    """The part of the requests the strong model did not take that value-ranked RMA treats: a
+    budget of ``share`` (of all treatment requests) over ``left`` (the share not taken),
+    ``min(1, share / left)`` — every one of them when the budget covers them."""
+    if share <= 0.0:
+        return 0.0
+    return 1.0 if left <= share else share / left
+
+
+class PlanTarget(Protocol):
+    """What the plan reads of a target (the client's ``TargetState``, the simulator's
+    ``Targets``)."""
+
+    @property
+    def rma_candidates(self) -> int: ...
+
+    @property
+    def sbm_coverage(self) -> float: ...
+
+    @property
+    def sbm_segments(self) -> Mapping[str, float]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RmaSpend:
+    """What RMA asks under a target: ``extra`` candidates for each request that gets RMA (0: no
+    RMA); value-ranked, ``share`` of all treatment requests get them (the budget); uniform, the
+    requests not taken by the strong model whose value rank is ≥ ``1 − multiplier``."""
+
+    extra: int
+    share: float
+    multiplier: float
+    ranked: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PlanRule:
+    """The plan's settings: the holdout share, the candidate range and the two ranking rules.
+
+    ``bins`` is the number of value bins per segment (:data:`VALUE_BINS` for the client; the
+    simulator's population's ``value_bins``)."""
+
+    holdout: float
+    base: int
+    max: int
+    value_ranked_rma: bool = True
+    value_ranked_sbm: bool = True
+    bins: int = VALUE_BINS
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not (isinstance(self.holdout, int | float) and 0.0 <= self.holdout < 1.0):
+            problems.append(f"world.holdout: must lie in [0, 1), got {self.holdout}")
+        if self.base < 0:
+            problems.append(f"world.base_candidates: must be >= 0, got {self.base}")
+        if not 1 <= self.bins <= 64:
+            problems.append(f"value_bins: must be an integer in [1, 64], got {self.bins}")
+        if problems:
+            raise ConfigError(problems)
+        object.__setattr__(self, "max", max(self.base, self.max))
+
+    @property
+    def treat(self) -> float:
+        """The treatment share, ``1 − holdout``."""
+        return 1.0 - self.holdout
+
+    @property
+    def span(self) -> int:
+        """Extra candidates a value-ranked RMA request gets: ``max − base``."""
+        return self.max - self.base
+
+    def segment_probability(self, target: PlanTarget | None, segment: str) -> float:
+        """``p_s``: the target's routing probability of ``segment``, clipped to [0, 1]; 0 with no
+        target, while its coverage is 0, or for a segment it does not name."""
+        if target is None or not target.sbm_coverage > 0.0:
+            return 0.0
+        return _unit(float(target.sbm_segments.get(segment, 0.0)))
+
+    def sbm_shares(self, p: npt.ArrayLike) -> FloatArray:
+        """Per value bin, the share of an eligible treatment request routed to the strong model,
+        for segment probabilities ``p`` (any shape; the bins are a new last axis of length
+        ``bins``). Value-ranked: :func:`_bin_share`, which averages to ``p`` over the bins;
+        uniform: ``p`` in every bin."""
+        q = np.clip(np.nan_to_num(np.asarray(p, dtype=np.float64), nan=0.0), 0.0, 1.0)[..., None]
+        if not self.value_ranked_sbm:
+            return np.repeat(q, self.bins, axis=-1)
+        k = np.arange(self.bins, dtype=np.float64)
+        return np.asarray(_bin_share(k, q, self.bins), dtype=np.float64)
+
+    def sbm_share(self, stratum: int, p: float) -> float:
+        """:meth:`sbm_shares` for one request of value bin ``stratum``."""
+        q = _unit(p)
+        if not self.value_ranked_sbm:
+            return q
+        return float(_bin_share(float(stratum), q, self.bins))  # the same formula, one bin
+
+    def rma(self, candidates: int, multiplier: float) -> RmaSpend:
+        """What RMA asks when the target asks for ``candidates`` and the client-side multiplier
+        of the dedicated replicas is ``multiplier`` (module docstring, step 4)."""
+        m = _unit(multiplier)
+        wanted = max(0, min(candidates, self.max) - self.base)
+        if wanted <= 0:
+            return RmaSpend(0, 0.0, m, self.value_ranked_rma)
+        if self.value_ranked_rma:
+            return RmaSpend(self.span, m * wanted / self.span, m, True)
+        return RmaSpend(wanted, m, m, False)
+
+
+# ------------------------------------------------------------------------------------------------
+# Per request (the streaming client)
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RequestPlan:
+    """What one request asks for: the control arm gets nothing optional."""
+
+    control: bool
+    strong: bool
+    extra: int
+
+    @property
+    def lever(self) -> str | None:
+        if self.strong:
+            return "sbm"
+        if self.extra > 0:
+            return "rma"
+        return None
+
+
+class RoutedShare:
+    """The recent share of treatment requests the strong model took, ``r̂``: a mean of the 0/1
+    outcomes weighted ``2^(−age / half_life)``, age in treatment requests (the
+    :class:`ValueRanker`'s horizon, ``HistogramConfig.half_life``). Normalised by the decayed
+    count, so it has no start-up bias (0.0 before any request)."""
+
+    def __init__(self, half_life: float = HistogramConfig().half_life) -> None:
+        if not (math.isfinite(half_life) and half_life > 0.0):
+            raise ConfigError(f"half_life: must be > 0, got {half_life}")
+        self.half_life = half_life
+        self._decay = 2.0 ** (-1.0 / half_life)
+        self._routed = 0.0
+        self._count = 0.0
+
+    def add(self, routed: bool) -> float:
+        """Count one treatment request; return the share with it counted."""
+        self._routed = self._routed * self._decay + (1.0 if routed else 0.0)
+        self._count = self._count * self._decay + 1.0
+        return self.value
+
+    @property
+    def value(self) -> float:
+        return self._routed / self._count if self._count > 0.0 else 0.0
+
+
+class RequestPlanner:
+    """The plan of one request at a time (module docstring, *Per request*).
+
+    ``rng`` is the only source of randomness: one uniform for the arm, one for SBM, both drawn
+    for every request whatever the rule, so the stream is the same under either.
+    :attr:`rma_ranker` holds the values of recent not-taken treatment requests (value-ranked
+    RMA's order), :attr:`routed_share` ``r̂`` over the same horizon.
+    """
+
+    def __init__(
+        self,
+        rule: PlanRule,
+        rng: np.random.Generator,
+        histogram: HistogramConfig | None = None,
+    ) -> None:
+        self.rule = rule
+        self.rng = rng
+        self.rma_ranker = ValueRanker(histogram)
+        self.routed_share = RoutedShare((histogram or HistogramConfig()).half_life)
+
+    def plan(
+        self,
+        *,
+        segment: str,
+        eligible: bool,
+        target: PlanTarget,
+        rma_multiplier: float,
+        sbm_keeps: bool,
+        sbm_available: bool,
+        rma_keeps: bool = True,
+        value: float | None = None,
+        segment_rank: float = 1.0,
+    ) -> RequestPlan:
+        """``sbm_keeps`` / ``rma_keeps``: the strong / dedicated replica's client-side multiplier
+        keeps a request of this value rank (``ClientShedder.keeps``; ``rma_keeps`` matters to
+        uniform RMA only); ``sbm_available``: a strong replica is reachable at all; ``value``:
+        the request's value (value-ranked RMA ranks it among the not-taken treatment requests;
+        None, in tests only: not observed, ranked at the top); ``segment_rank``: its value rank
+        within its segment (the value bin)."""
+        rule = self.rule
+        u_arm, u_sbm = self.rng.random(2)
+        if u_arm < rule.holdout:
+            return RequestPlan(control=True, strong=False, extra=0)
+        p = rule.segment_probability(target, segment)
+        routed = bool(u_sbm < rule.sbm_share(value_stratum(segment_rank, rule.bins), p))
+        strong = eligible and sbm_available and routed and sbm_keeps
+        r_hat = self.routed_share.add(strong)
+        if strong:
+            return RequestPlan(control=False, strong=True, extra=0)
+        rank = 1.0
+        if value is not None:
+            self.rma_ranker.observe(value)
+            rank = self.rma_ranker.rank(value)
+        spend = rule.rma(target.rma_candidates, rma_multiplier)
+        if spend.extra <= 0:
+            return RequestPlan(control=False, strong=False, extra=0)
+        if not spend.ranked:
+            return RequestPlan(control=False, strong=False, extra=spend.extra if rma_keeps else 0)
+        among = rma_among(spend.share, 1.0 - r_hat)
+        extra = spend.extra if among > 0.0 and rank >= 1.0 - among else 0
+        return RequestPlan(control=False, strong=False, extra=extra)
+
+
+# ------------------------------------------------------------------------------------------------
+# Vectorised over a population's cells (the simulator)
+# ------------------------------------------------------------------------------------------------
+
+
+class ValueCells(Protocol):
+    """A request population as cells, segment ``s`` × value bin ``k`` of ``bins``
+    equal-probability bins of the segment's value (index ``s·bins + k``), with its value
+    distribution: :class:`headroom.sim.population.Population`."""
+
+    @property
+    def segments(self) -> tuple[str, ...]: ...
+
+    @property
+    def bins(self) -> int: ...
+
+    @property
+    def n_cells(self) -> int: ...
+
+    @property
+    def share(self) -> FloatArray: ...  # (C,) share of all requests in each cell
+
+    def share_above(self, v: float) -> FloatArray:
+        """Per cell, the share of its requests whose value is ≥ ``v``."""
+        ...
+
+    def keep_top(self, share: float) -> FloatArray:
+        """Per cell, the share of its requests among the top ``share`` of all by value."""
+        ...
+
+    def ln_value_range(self) -> tuple[float, float]:
+        """Bounds of ``ln v`` holding every value that matters (a bisection's bracket)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class CellPlan:
+    """Per cell, shares of its *treatment* requests (the holdout gets nothing)."""
+
+    routed: FloatArray  # (C,) routed to the strong model by the target
+    sbm: FloatArray  # (C,) taken by the strong model (routed, kept by its multiplier)
+    rma: FloatArray  # (C,) given ``extra`` extra candidates
+    extra: int  # extra candidates of an RMA request (0: no RMA)
+
+
+@dataclass
+class CellPlanner:
+    """The plan over the cells of ``cells`` (module docstring, *Vectorised*); ``eligible`` is
+    the share of requests that may go to the strong model (spread evenly over the values).
+
+    ``cache`` holds value-ranked RMA's thresholds, keyed by the budget rounded to 1e-4 and the
+    routed and kept shares rounded to 1e-6 (pass one dict to planners of the same population to
+    share it)."""
+
+    rule: PlanRule
+    cells: ValueCells
+    eligible: float = 1.0
+    cache: dict[Any, FloatArray] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.cells.bins != self.rule.bins:
+            raise ConfigError(
+                f"value_bins: the plan has {self.rule.bins} bins, the population {self.cells.bins}"
+            )
+
+    def probabilities(self, target: PlanTarget | None) -> FloatArray:
+        """``p_s`` of every segment, in the population's order."""
+        return np.array(
+            [self.rule.segment_probability(target, s) for s in self.cells.segments],
+            dtype=np.float64,
+        )
+
+    def routed(self, target: PlanTarget | None) -> FloatArray:
+        """Per cell, the share of treatment requests the target routes to the strong model."""
+        return self.eligible * self.rule.sbm_shares(self.probabilities(target)).ravel()
+
+    def plan(self, target: PlanTarget, m_rma: float = 1.0, m_sbm: float = 1.0) -> CellPlan:
+        """The cells' shares under ``target`` and the client-side multipliers."""
+        cells = self.cells
+        routed = self.routed(target)
+        keep_s = cells.keep_top(m_sbm)
+        sbm = routed * keep_s
+        spend = self.rule.rma(target.rma_candidates, m_rma)
+        if spend.extra <= 0:
+            rma = np.zeros(cells.n_cells)
+        elif spend.ranked:
+            rma = self.top_among(spend.share, routed, keep_s)
+        else:
+            rma = self._not_taken_above(cells.keep_top(spend.multiplier), routed, keep_s)
+        return CellPlan(routed=routed, sbm=sbm, rma=rma, extra=spend.extra)
+
+    @staticmethod
+    def _not_taken_above(above: FloatArray, routed: FloatArray, keep_s: FloatArray) -> FloatArray:
+        """Per cell, the share of its treatment requests the strong model did not take whose
+        value is above a threshold, ``above`` being the cell's share above it: the requests not
+        routed (random within the cell) plus the routed ones its multiplier dropped (below
+        ``θ_s``)."""
+        free = np.clip(1.0 - routed, 0.0, 1.0)
+        return np.asarray(free * above + routed * np.maximum(above - keep_s, 0.0))
+
+    def top_among(self, share: float, routed: FloatArray, keep_s: FloatArray) -> FloatArray:
+        """Value-ranked RMA over the cells: per cell, the share of its treatment requests that
+        get the budget ``share`` (of all treatment requests), spent highest value first on the
+        requests the strong model did not take. The threshold ``θ`` solves
+        ``Σ_c share_c · not_taken_above_c(θ) = share`` (bisection on ``ln θ``); every request
+        not taken when the budget covers them (:func:`rma_among` is 1)."""
+        cells = self.cells
+        if share <= 0.0:
+            return np.zeros(cells.n_cells)
+        routed = np.clip(np.asarray(routed, dtype=np.float64), 0.0, 1.0)
+        free = np.clip(1.0 - routed, 0.0, 1.0)
+        key = (round(share, 4), np.round(free, 6).tobytes(), np.round(keep_s, 6).tobytes())
+        got = self.cache.get(key)
+        if got is not None:
+            return got
+        w_free = cells.share * free
+        w_routed = cells.share * routed
+        left = float((w_free + w_routed * (1.0 - keep_s)).sum())
+        if rma_among(share, left) >= 1.0:
+            got = free + routed * (1.0 - keep_s)
+        else:
+            lo, hi = cells.ln_value_range()
+            for _ in range(50):
+                mid = 0.5 * (lo + hi)
+                a = cells.share_above(math.exp(mid))
+                if float((w_free * a + w_routed * np.maximum(a - keep_s, 0.0)).sum()) > share:
+                    lo = mid
+                else:
+                    hi = mid
+            got = self._not_taken_above(cells.share_above(math.exp(hi)), routed, keep_s)
+        got.setflags(write=False)
+        if len(self.cache) < _CACHE_MAX:
+            self.cache[key] = got
+        return got
