@@ -420,17 +420,20 @@ class MetricsAccumulator:
             self._run_started(policy, event)
             return
         if kind == "oracle.bound":
-            target = (
-                self._policy(policy).oracle if isinstance(policy, str) else self._oracle_default
-            )
-            region = event.get("region")
-            target[region if isinstance(region, str) else None] = dict(event)
+            self._oracle_bound(policy, event)
             return
-        if not isinstance(policy, str):
-            if kind not in _KNOWN:
-                self.unknown_kinds[str(kind)] += 1
-            return
-        state = self._policy(policy)
+        if isinstance(policy, str):
+            self._policy_event(self._policy(policy), kind, event)
+        elif kind not in _KNOWN:
+            self.unknown_kinds[str(kind)] += 1
+
+    def _oracle_bound(self, policy: Any, event: Mapping[str, Any]) -> None:
+        target = self._policy(policy).oracle if isinstance(policy, str) else self._oracle_default
+        region = event.get("region")
+        target[region if isinstance(region, str) else None] = dict(event)
+
+    def _policy_event(self, state: _PolicyState, kind: Any, event: Mapping[str, Any]) -> None:
+        """A counted line of one policy: reclaims, releases, shedding, targets, fallbacks."""
         if kind == "capacity.reclaimed":
             state.reclaims += 1
         elif kind == "optional.released":
@@ -488,16 +491,7 @@ class MetricsAccumulator:
                 state.inc[lever] = state.inc.get(lever, 0.0) + _num(v)
         arms = e.get("arms")
         if isinstance(arms, dict):
-            for segment, by_arm in arms.items():
-                if not isinstance(by_arm, dict):
-                    continue
-                seg = state.arms.setdefault(segment, {})
-                for arm, sums in by_arm.items():
-                    if isinstance(sums, dict):
-                        a = seg.get(arm)
-                        if a is None:
-                            a = seg[arm] = ArmSums()
-                        a.add(sums)
+            self._window_arms(state, arms)
         for key, target in (("offered_unit_s", state.offered), ("used_unit_s", state.used)):
             d = e.get(key)
             if isinstance(d, dict):
@@ -505,26 +499,50 @@ class MetricsAccumulator:
                     target[resource] = target.get(resource, 0.0) + _num(v)
         segments = e.get("segments")
         if isinstance(segments, dict):
-            for name, d in segments.items():
-                if not isinstance(d, dict):
-                    continue
-                s = state.segments.get(name)
-                if s is None:
-                    s = state.segments[name] = _SegmentSums()
-                s.requests += _count(d.get("requests"))
-                s.sbm += _count(d.get("sbm"))
-                s.inc += _num(d.get("inc"))
+            self._window_segments(state, segments)
         pre = e.get("precompute")
         if isinstance(pre, dict):
-            if state.precompute is None:
-                state.precompute = dict.fromkeys(_PRECOMPUTE_SUMS, 0.0)
-            for key in _PRECOMPUTE_SUMS:
-                state.precompute[key] += _num(pre.get(key))
-            samples = pre.get("staleness_s")
-            if isinstance(samples, list):
-                state.staleness.extend(
-                    float(x) for x in samples if isinstance(x, int | float) and math.isfinite(x)
-                )
+            self._window_precompute(state, pre)
+
+    @staticmethod
+    def _window_arms(state: _PolicyState, arms: Mapping[str, Any]) -> None:
+        """A window's holdout sums, per segment and arm."""
+        for segment, by_arm in arms.items():
+            if not isinstance(by_arm, dict):
+                continue
+            seg = state.arms.setdefault(segment, {})
+            for arm, sums in by_arm.items():
+                if isinstance(sums, dict):
+                    a = seg.get(arm)
+                    if a is None:
+                        a = seg[arm] = ArmSums()
+                    a.add(sums)
+
+    @staticmethod
+    def _window_segments(state: _PolicyState, segments: Mapping[str, Any]) -> None:
+        """A window's requests, strong-model requests and value gained, per segment."""
+        for name, d in segments.items():
+            if not isinstance(d, dict):
+                continue
+            s = state.segments.get(name)
+            if s is None:
+                s = state.segments[name] = _SegmentSums()
+            s.requests += _count(d.get("requests"))
+            s.sbm += _count(d.get("sbm"))
+            s.inc += _num(d.get("inc"))
+
+    @staticmethod
+    def _window_precompute(state: _PolicyState, pre: Mapping[str, Any]) -> None:
+        """A window's precompute sums and staleness samples."""
+        if state.precompute is None:
+            state.precompute = dict.fromkeys(_PRECOMPUTE_SUMS, 0.0)
+        for key in _PRECOMPUTE_SUMS:
+            state.precompute[key] += _num(pre.get(key))
+        samples = pre.get("staleness_s")
+        if isinstance(samples, list):
+            state.staleness.extend(
+                float(x) for x in samples if isinstance(x, int | float) and math.isfinite(x)
+            )
 
     # -- output ---------------------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ import html
 import itertools
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -241,6 +241,43 @@ def collect(
     the buckets are known), else from the span of those events.
     """
     it = iter(events)
+    head, data = _buckets(it, metrics, stats)
+    t0: dict[str | None, float] = {}
+    regions: dict[str, None] = {}
+    for e in itertools.chain(head, it):
+        data.acc.add(e)
+        kind = e.get("kind")
+        policy = e.get("policy")
+        region = e.get("region")
+        if kind == "window":
+            if isinstance(policy, str):
+                if isinstance(region, str):
+                    regions.setdefault(region)
+                _collect_window(data, e, policy, region)
+        elif kind == "run.started":
+            t0[policy if isinstance(policy, str) else None] = _num(e.get("t0"))
+            for r in e.get("regions") or []:
+                if isinstance(r, str):
+                    regions.setdefault(r)
+        elif isinstance(policy, str):
+            _collect_event(data, e, policy, region, t0)
+        elif kind not in KNOWN_KINDS:
+            _keep_raw(data, e)
+    for p in data.acc.policy_names():
+        if p not in data.policies:
+            data.policies.append(p)
+    data.regions = list(regions)
+    data.acc.flush()  # judges the windows still open, so every p99 is in the series
+    return data
+
+
+def _buckets(
+    it: Iterator[Mapping[str, Any]],
+    metrics: Mapping[str, Any] | None,
+    stats: LogStats | None,
+) -> tuple[list[Mapping[str, Any]], ReportData]:
+    """The empty report with its time buckets (see :func:`collect`), and the events read from
+    ``it`` to find them (to be collected first)."""
     head: list[Mapping[str, Any]] = []
     if metrics is not None:
         policies_m: Mapping[str, Any] = metrics.get("policies") or {}
@@ -270,116 +307,119 @@ def collect(
         stats=stats if stats is not None else LogStats(),
         acc=MetricsAccumulator(),
     )
-    t0: dict[str | None, float] = {}
-    regions: dict[str, None] = {}
-    for e in itertools.chain(head, it):
-        data.acc.add(e)
-        kind = e.get("kind")
-        policy = e.get("policy")
-        region = e.get("region")
-        if kind == "window":
-            if not isinstance(policy, str):
-                continue
-            if isinstance(region, str):
-                regions.setdefault(region)
-            t_start = _num(e.get("t_start"))
-            t_end = _num(e.get("t_end"))
-            length = t_end - t_start if t_end > t_start else data.bin_s
-            b = data.bin_of(t_start)
-            w = data.binned(data.window, (policy, str(region)))
-            targets = e.get("targets") or {}
-            capacity = e.get("capacity") or {}
-            used = e.get("used_unit_s") or {}
-            offered = e.get("offered_unit_s") or {}
-            for name, source in (
-                ("rma_candidates", targets),
-                ("sbm_coverage", targets),
-            ):
-                v = _num(source.get(name)) if isinstance(source, dict) else math.nan
-                if math.isfinite(v):
-                    w.add(name, b, v)
-            for r in ("cpu", "accelerator"):
-                for prefix, source, scale in (
-                    ("capacity_", capacity, 1.0),
-                    ("used_", used, 1.0 / length),
-                    ("offered_", offered, 1.0 / length),
-                ):
-                    v = _num(source.get(r)) if isinstance(source, dict) else math.nan
-                    if math.isfinite(v):
-                        w.add(prefix + r, b, v * scale)
-            inc = e.get("inc")
-            if isinstance(inc, dict):
-                vb = data.binned(data.value, policy)
-                for lever, v in inc.items():
-                    x = _num(v)
-                    if math.isfinite(x):
-                        vb.add(str(lever), b, x)
-            pre = e.get("precompute")
-            if isinstance(pre, dict):
-                pb = data.binned(data.precompute, policy)
-                pb.add("_span", b, length)  # seconds of windows in the bucket
-                for name in _PRECOMPUTE_SERIES:
-                    x = _num(pre.get(name))
-                    if math.isfinite(x):
-                        pb.add(name, b, x)
-                samples = [x for x in (pre.get("staleness_s") or []) if math.isfinite(_num(x))]
-                if samples:  # the window's median age at use, averaged per bucket
-                    pb.add("staleness_p50", b, float(np.median(np.asarray(samples, float))))
-            for which, key in (("all", "sketch"), ("base", "sketch_base")):
-                sk = e.get(key)
-                if sk is not None:
-                    s = data.sketches.get((policy, which))
-                    if s is None:
-                        s = data.sketches[(policy, which)] = _SketchSum()
-                    s.add(sk)
-            continue
-        if kind == "run.started":
-            t0[policy if isinstance(policy, str) else None] = _num(e.get("t0"))
-            for r in e.get("regions") or []:
-                if isinstance(r, str):
-                    regions.setdefault(r)
-            continue
-        if not isinstance(policy, str):
-            if kind not in KNOWN_KINDS:
-                _keep_raw(data, e)
-            continue
-        t = _num(e.get("t"))
-        if not math.isfinite(t):
-            base = t0.get(policy, t0.get(None, math.nan))
-            t = _num(e.get("ts")) - base
-        b = data.bin_of(t)
-        if kind == "optional.released":
-            v = _num(e.get("release_ms"))
+    return head, data
+
+
+def _collect_window(data: ReportData, e: Mapping[str, Any], policy: str, region: Any) -> None:
+    """A ``window`` line: its levels, value by lever, precompute sums and sketches."""
+    t_start = _num(e.get("t_start"))
+    t_end = _num(e.get("t_end"))
+    length = t_end - t_start if t_end > t_start else data.bin_s
+    b = data.bin_of(t_start)
+    _window_levels(data.binned(data.window, (policy, str(region))), e, b, length)
+    inc = e.get("inc")
+    if isinstance(inc, dict):
+        vb = data.binned(data.value, policy)
+        for lever, v in inc.items():
+            x = _num(v)
+            if math.isfinite(x):
+                vb.add(str(lever), b, x)
+    pre = e.get("precompute")
+    if isinstance(pre, dict):
+        _window_precompute(data.binned(data.precompute, policy), pre, b, length)
+    for which, key in (("all", "sketch"), ("base", "sketch_base")):
+        sk = e.get(key)
+        if sk is not None:
+            s = data.sketches.get((policy, which))
+            if s is None:
+                s = data.sketches[(policy, which)] = _SketchSum()
+            s.add(sk)
+
+
+def _window_levels(w: _Binned, e: Mapping[str, Any], b: int, length: float) -> None:
+    """A window's targets, capacity, and used and offered rates, per resource."""
+    targets = e.get("targets") or {}
+    capacity = e.get("capacity") or {}
+    used = e.get("used_unit_s") or {}
+    offered = e.get("offered_unit_s") or {}
+    for name, source in (
+        ("rma_candidates", targets),
+        ("sbm_coverage", targets),
+    ):
+        v = _num(source.get(name)) if isinstance(source, dict) else math.nan
+        if math.isfinite(v):
+            w.add(name, b, v)
+    for r in ("cpu", "accelerator"):
+        for prefix, source, scale in (
+            ("capacity_", capacity, 1.0),
+            ("used_", used, 1.0 / length),
+            ("offered_", offered, 1.0 / length),
+        ):
+            v = _num(source.get(r)) if isinstance(source, dict) else math.nan
             if math.isfinite(v):
-                data.release_ms[policy].append(v)
-        elif kind == "capacity.reclaimed":
-            data.reclaims[(policy, str(region))].append(t)
-        elif kind == "shedding.started":
-            side = e.get("side")
-            data.binned(data.shedding, policy).add(str(side), b, 1.0)
-        elif kind == "target.issued":
-            alloc = data.binned(data.allocation, (policy, str(region)))
-            alloc.add("_steps", b, 1.0)
-            for share in e.get("allocation") or []:
-                if not isinstance(share, dict):
-                    continue
-                lever = str(share.get("lever"))
-                for r in ("cpu", "accelerator"):
-                    v = _num(share.get(r))
-                    if math.isfinite(v):
-                        alloc.add(f"{lever}:{r}", b, v)
-            if e.get("fallback"):
-                data.binned(data.fallbacks, policy).add("target", b, 1.0)
-        elif kind == "allocator.fallback":
-            data.binned(data.fallbacks, policy).add("allocator", b, 1.0)
-        elif kind not in KNOWN_KINDS:
-            _keep_raw(data, e)
-    for p in data.acc.policy_names():
-        if p not in data.policies:
-            data.policies.append(p)
-    data.regions = list(regions)
-    data.acc.flush()  # judges the windows still open, so every p99 is in the series
-    return data
+                w.add(prefix + r, b, v * scale)
+
+
+def _window_precompute(pb: _Binned, pre: Mapping[str, Any], b: int, length: float) -> None:
+    """A window's precompute sums and the median age of what it served."""
+    pb.add("_span", b, length)  # seconds of windows in the bucket
+    for name in _PRECOMPUTE_SERIES:
+        x = _num(pre.get(name))
+        if math.isfinite(x):
+            pb.add(name, b, x)
+    samples = [x for x in (pre.get("staleness_s") or []) if math.isfinite(_num(x))]
+    if samples:  # the window's median age at use, averaged per bucket
+        pb.add("staleness_p50", b, float(np.median(np.asarray(samples, float))))
+
+
+def _collect_event(
+    data: ReportData,
+    e: Mapping[str, Any],
+    policy: str,
+    region: Any,
+    t0: Mapping[str | None, float],
+) -> None:
+    """A timed line of one policy (release, reclaim, shedding, target, fallback), binned at its
+    ``t`` (else its ``ts`` less the run's start); an unknown kind is kept raw."""
+    kind = e.get("kind")
+    t = _num(e.get("t"))
+    if not math.isfinite(t):
+        base = t0.get(policy, t0.get(None, math.nan))
+        t = _num(e.get("ts")) - base
+    b = data.bin_of(t)
+    if kind == "optional.released":
+        v = _num(e.get("release_ms"))
+        if math.isfinite(v):
+            data.release_ms[policy].append(v)
+    elif kind == "capacity.reclaimed":
+        data.reclaims[(policy, str(region))].append(t)
+    elif kind == "shedding.started":
+        side = e.get("side")
+        data.binned(data.shedding, policy).add(str(side), b, 1.0)
+    elif kind == "target.issued":
+        _collect_target(data, e, policy, region, b)
+    elif kind == "allocator.fallback":
+        data.binned(data.fallbacks, policy).add("allocator", b, 1.0)
+    elif kind not in KNOWN_KINDS:
+        _keep_raw(data, e)
+
+
+def _collect_target(
+    data: ReportData, e: Mapping[str, Any], policy: str, region: Any, b: int
+) -> None:
+    """A ``target.issued`` line: the allocation by lever and resource, and its fallback flag."""
+    alloc = data.binned(data.allocation, (policy, str(region)))
+    alloc.add("_steps", b, 1.0)
+    for share in e.get("allocation") or []:
+        if not isinstance(share, dict):
+            continue
+        lever = str(share.get("lever"))
+        for r in ("cpu", "accelerator"):
+            v = _num(share.get(r))
+            if math.isfinite(v):
+                alloc.add(f"{lever}:{r}", b, v)
+    if e.get("fallback"):
+        data.binned(data.fallbacks, policy).add("target", b, 1.0)
 
 
 def _keep_raw(data: ReportData, e: Mapping[str, Any]) -> None:
@@ -694,41 +734,57 @@ def plot_allocator(
 ) -> None:
     fig = _figure(11, 6.4)
     (ax1, ax2), (ax3, ax4) = fig.subplots(2, 2)
-    tx, label = _time_axis(data)
     if featured is not None:
         for ax, resource in ((ax1, "accelerator"), (ax2, "cpu")):
-            per_lever: dict[str, np.ndarray] = {}
-            for region in data.regions:
-                alloc = data.allocation.get((featured, region))
-                if alloc is None:
-                    continue
-                steps = alloc.total("_steps")
-                for name in alloc.sums:
-                    if not name.endswith(f":{resource}"):
-                        continue
-                    lever = name.split(":", 1)[0]
-                    # a target stays in force until the next one: carry it over empty buckets
-                    mean = _carry_forward(alloc.total(name), steps)
-                    per_lever[lever] = per_lever.get(lever, np.zeros(data.n_bins)) + mean
-            if per_lever:
-                levers = sorted(per_lever, key=lambda lv: (lv not in LEVERS, lv))
-                ax.stackplot(
-                    tx,
-                    *[per_lever[lv] for lv in levers],
-                    labels=levers,
-                    colors=[_LEVER_COLOURS.get(lv, "#999999") for lv in levers],
-                    alpha=0.85,
-                )
-                _legend(ax, fontsize=7, loc="upper left")
-            fb = data.fallbacks.get(featured)
-            if fb is not None:
-                any_fb = sum((fb.total(r) for r in fb.sums), np.zeros(data.n_bins))
-                marks = tx[any_fb > 0]
-                ax.plot(marks, np.zeros_like(marks), "|", color="red", ms=12, label="fallback")
-            ax.set_title(f"{featured}: allocated {resource} by lever (all regions)", fontsize=10)
-            ax.set_xlabel(label)
-            ax.set_ylabel("units")
-    pols = data.policies
+            _plot_allocated(ax, data, featured, resource)
+    _plot_allocator_counts(ax3, ax4, metrics, data.policies)
+    _save(fig, path)
+
+
+def _allocated_by_lever(data: ReportData, policy: str, resource: str) -> dict[str, np.ndarray]:
+    """Per lever, the units of ``resource`` allocated to it in each bucket, summed over regions."""
+    per_lever: dict[str, np.ndarray] = {}
+    for region in data.regions:
+        alloc = data.allocation.get((policy, region))
+        if alloc is None:
+            continue
+        steps = alloc.total("_steps")
+        for name in alloc.sums:
+            if not name.endswith(f":{resource}"):
+                continue
+            lever = name.split(":", 1)[0]
+            # a target stays in force until the next one: carry it over empty buckets
+            mean = _carry_forward(alloc.total(name), steps)
+            per_lever[lever] = per_lever.get(lever, np.zeros(data.n_bins)) + mean
+    return per_lever
+
+
+def _plot_allocated(ax: Any, data: ReportData, featured: str, resource: str) -> None:
+    """The featured policy's allocation of one resource, stacked by lever, fallbacks marked."""
+    tx, label = _time_axis(data)
+    per_lever = _allocated_by_lever(data, featured, resource)
+    if per_lever:
+        levers = sorted(per_lever, key=lambda lv: (lv not in LEVERS, lv))
+        ax.stackplot(
+            tx,
+            *[per_lever[lv] for lv in levers],
+            labels=levers,
+            colors=[_LEVER_COLOURS.get(lv, "#999999") for lv in levers],
+            alpha=0.85,
+        )
+        _legend(ax, fontsize=7, loc="upper left")
+    fb = data.fallbacks.get(featured)
+    if fb is not None:
+        any_fb = sum((fb.total(r) for r in fb.sums), np.zeros(data.n_bins))
+        marks = tx[any_fb > 0]
+        ax.plot(marks, np.zeros_like(marks), "|", color="red", ms=12, label="fallback")
+    ax.set_title(f"{featured}: allocated {resource} by lever (all regions)", fontsize=10)
+    ax.set_xlabel(label)
+    ax.set_ylabel("units")
+
+
+def _plot_allocator_counts(ax3: Any, ax4: Any, metrics: Mapping[str, Any], pols: list[str]) -> None:
+    """Fallbacks by reason and share caps reached by lever, a bar per policy."""
     reasons: list[str] = []
     caps: list[str] = []
     for p in pols:
@@ -758,7 +814,6 @@ def plot_allocator(
         ax.set_ylabel("count")
     if reasons:
         _legend(ax3, fontsize=7)
-    _save(fig, path)
 
 
 def plot_precompute(data: ReportData, path: Path) -> None:

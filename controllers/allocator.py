@@ -507,18 +507,7 @@ class Allocator:
         """One split: fallback or exploration, then the LP, on the pools as ``pinned`` and
         ``dropped`` reshape them (a pinned lever's need is a slot only it may use)."""
         s = self.settings
-        slots: list[_Slot] = []
-        for i, p in enumerate(pools):
-            rest = p.units if usable[i] else 0.0
-            for name, j in pinned:
-                if j != i:
-                    continue
-                lever = self.levers[name]
-                need = min(self.need(lever, p), rest)
-                devices = min(lever.min_hold(p.resource), p.announced)
-                slots.append(_Slot(i, need, name, devices))
-                rest -= need
-            slots.append(_Slot(i, max(rest, 0.0), None, p.announced))
+        slots = self._slots(pools, usable, pinned)
         dropped_slots = {
             (name, k) for k, sl in enumerate(slots) for name, i in dropped if sl.origin == i
         }
@@ -541,6 +530,61 @@ class Allocator:
             return run
 
         # pinned slots first: their lever gets what it can use there and holds the rest
+        self._fill_pinned(pools, slots, variables, demand, acc)
+
+        proven = [n for n in variables if estimates[n].known and estimates[n].lcb > 0.0]
+        hopeful = [n for n in variables if not estimates[n].known or estimates[n].ucb > 0.0]
+        fallback = self._fallback(variables, estimates, value_age_s, proven, hopeful)
+        if fallback is not None:
+            measured = list(variables) if fallback is FallbackReason.NO_VALUE else hopeful
+            self._flat(measured, variables, demand, slot_pools, acc, s.fallback_share)
+            run.fallback = fallback
+        else:
+            measured = [n for n in hopeful if n not in proven]
+            if measured and s.explore_share > 0.0:
+                self._flat(measured, variables, demand, slot_pools, acc, s.explore_share)
+            run.cap_bound = self._optimise(
+                proven, variables, demand, estimates, slot_pools, [x.units for x in slots], acc
+            )
+        # remote capacity the proven levers left is worth nothing to them and the live path
+        # cannot touch it: the levers being measured that may run there get all of it
+        self._flat(measured, variables, demand, slot_pools, acc, 1.0, remote_only=True)
+        run.explored = measured
+        return run
+
+    def _slots(
+        self,
+        pools: Sequence[Pool],
+        usable: Sequence[bool],
+        pinned: Sequence[tuple[str, int]],
+    ) -> list[_Slot]:
+        """Every pool as the LPs see it: a slot per lever pinned there (its need, as far as the
+        pool reaches), then the rest (nothing of a pool that is not usable)."""
+        slots: list[_Slot] = []
+        for i, p in enumerate(pools):
+            rest = p.units if usable[i] else 0.0
+            for name, j in pinned:
+                if j != i:
+                    continue
+                lever = self.levers[name]
+                need = min(self.need(lever, p), rest)
+                devices = min(lever.min_hold(p.resource), p.announced)
+                slots.append(_Slot(i, need, name, devices))
+                rest -= need
+            slots.append(_Slot(i, max(rest, 0.0), None, p.announced))
+        return slots
+
+    def _fill_pinned(
+        self,
+        pools: Sequence[Pool],
+        slots: Sequence[_Slot],
+        variables: Mapping[str, list[_Var]],
+        demand: Mapping[str, float],
+        acc: _Acc,
+    ) -> None:
+        """Each pinned slot to its lever: what the lever can use there by an LP of its own,
+        and the rest of the slot held for it all the same."""
+        slot_pools = [pools[sl.origin] for sl in slots]
         for k, sl in enumerate(slots):
             if sl.owner is None or sl.owner not in variables:
                 continue
@@ -568,34 +612,23 @@ class Allocator:
                 hw = None if col == 0 else pools[sl.origin].hardware
                 acc.per_hw.setdefault((sl.owner, hw), [0.0, 0.0])[col] += held
 
-        # which fallback, if any
-        fallback: FallbackReason | None = None
+    def _fallback(
+        self,
+        variables: Mapping[str, list[_Var]],
+        estimates: Mapping[str, ValueEstimate],
+        value_age_s: float | None,
+        proven: Sequence[str],
+        hopeful: Sequence[str],
+    ) -> FallbackReason | None:
+        """Which fallback, if any: no value estimate at all, a stale one, or none proven."""
         any_known = any(estimates[n].known for n in variables)
-        proven = [n for n in variables if estimates[n].known and estimates[n].lcb > 0.0]
-        hopeful = [n for n in variables if not estimates[n].known or estimates[n].ucb > 0.0]
         if value_age_s is None or not any_known:
-            fallback = FallbackReason.NO_VALUE
-        elif not math.isfinite(value_age_s) or value_age_s > s.value_stale_s:
-            fallback = FallbackReason.STALE_VALUE
-        elif not proven and hopeful:
-            fallback = FallbackReason.UNCERTAIN_VALUE
-
-        if fallback is not None:
-            measured = list(variables) if fallback is FallbackReason.NO_VALUE else hopeful
-            self._flat(measured, variables, demand, slot_pools, acc, s.fallback_share)
-            run.fallback = fallback
-        else:
-            measured = [n for n in hopeful if n not in proven]
-            if measured and s.explore_share > 0.0:
-                self._flat(measured, variables, demand, slot_pools, acc, s.explore_share)
-            run.cap_bound = self._optimise(
-                proven, variables, demand, estimates, slot_pools, [x.units for x in slots], acc
-            )
-        # remote capacity the proven levers left is worth nothing to them and the live path
-        # cannot touch it: the levers being measured that may run there get all of it
-        self._flat(measured, variables, demand, slot_pools, acc, 1.0, remote_only=True)
-        run.explored = measured
-        return run
+            return FallbackReason.NO_VALUE
+        if not math.isfinite(value_age_s) or value_age_s > self.settings.value_stale_s:
+            return FallbackReason.STALE_VALUE
+        if not proven and hopeful:
+            return FallbackReason.UNCERTAIN_VALUE
+        return None
 
     # -- the two LPs -----------------------------------------------------------------------
 
@@ -699,27 +732,54 @@ class Allocator:
         vs = [v for n in names if values[n] > 0.0 for v in variables[n]]
         if not vs:
             return []
-        npool = len(limits)
         rows: list[list[float]] = []
         rhs: list[float] = []
-        cap_rows: list[tuple[int, str]] = []  # (row index, lever)
-
-        def pool_row(i: int, lever: str | None) -> list[float]:
-            row = [0.0] * len(vs)
-            for j, v in enumerate(vs):
-                if lever is not None and v.lever != lever:
-                    continue
-                if v.cpu_pool == i:
-                    row[j] += v.cpu
-                if v.acc_pool == i:
-                    row[j] += v.acc
-            return row
-
-        for i in range(npool):
-            row = pool_row(i, None)
+        for i in range(len(limits)):
+            row = self._pool_row(vs, i, None)
             if any(row):
                 rows.append(row)
                 rhs.append(max(limits[i], 0.0))
+        cap_rows = self._lever_rows(
+            vs, demand, acc, caps, cap_units, contested, len(limits), rows, rhs
+        )
+        a = np.array(rows)
+        b = np.array(rhs)
+        x, _ = solve_lp([values[v.lever] for v in vs], a, b)
+        used = a @ x
+        bound = [n for r, n in cap_rows if b[r] > 0.0 and used[r] >= b[r] * (1.0 - 1e-7)]
+        self._book(vs, x, pools, acc)
+        return bound
+
+    @staticmethod
+    def _pool_row(vs: Sequence[_Var], i: int, lever: str | None) -> list[float]:
+        """The LP row of pool ``i``: what each variable (of ``lever`` only, unless None) uses
+        there."""
+        row = [0.0] * len(vs)
+        for j, v in enumerate(vs):
+            if lever is not None and v.lever != lever:
+                continue
+            if v.cpu_pool == i:
+                row[j] += v.cpu
+            if v.acc_pool == i:
+                row[j] += v.acc
+        return row
+
+    @staticmethod
+    def _lever_rows(
+        vs: Sequence[_Var],
+        demand: Mapping[str, float],
+        acc: _Acc,
+        caps: Mapping[str, float],
+        cap_units: Sequence[float],
+        contested: Sequence[bool] | None,
+        npool: int,
+        rows: list[list[float]],
+        rhs: list[float],
+    ) -> list[tuple[int, str]]:
+        """Append each lever's demand row and its cap rows (on the contested pools, or every
+        pool with ``contested=None``) to ``rows``/``rhs``; returns the cap rows as (row index,
+        lever)."""
+        cap_rows: list[tuple[int, str]] = []
         for n in dict.fromkeys(v.lever for v in vs):
             # every variable of a lever has the same scale (work units per scaled unit), so the
             # demand row Σ x·scale ≤ D is written Σ x ≤ D / scale, in resource units like the rest
@@ -732,16 +792,16 @@ class Allocator:
             for i in range(npool):
                 if contested is not None and not contested[i]:
                     continue
-                row = pool_row(i, n)
+                row = Allocator._pool_row(vs, i, n)
                 if any(row):
                     cap_rows.append((len(rows), n))
                     rows.append(row)
                     rhs.append(max(cap * cap_units[i], 0.0))
-        a = np.array(rows)
-        b = np.array(rhs)
-        x, _ = solve_lp([values[v.lever] for v in vs], a, b)
-        used = a @ x
-        bound = [n for r, n in cap_rows if b[r] > 0.0 and used[r] >= b[r] * (1.0 - 1e-7)]
+        return cap_rows
+
+    @staticmethod
+    def _book(vs: Sequence[_Var], x: np.ndarray, pools: Sequence[Pool], acc: _Acc) -> None:
+        """Add an LP's solution ``x`` to ``acc``: capacity left, pool use, budgets, rates."""
         for j, v in enumerate(vs):
             xj = float(x[j])
             if xj <= 0.0:
@@ -764,4 +824,3 @@ class Allocator:
             slot = acc.per_hw.setdefault((v.lever, hw), [0.0, 0.0])
             slot[0] += cpu
             slot[1] += a_
-        return bound

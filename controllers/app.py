@@ -30,6 +30,7 @@ commit for no control benefit (and has open faust issues, see docs/kafka.md).
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,26 +129,7 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
     overrides["ttl_s"] = settings.ttl_s if settings.ttl_s is not None else 3 * settings.interval_s
     config = ControlConfig.from_scenario(settings.scenario, **overrides)
     ctl = Controller(settings, config)
-    app = faust.App(
-        settings.id,
-        broker=[f"kafka://{b.strip()}" for b in settings.bootstrap.split(",") if b.strip()],
-        value_serializer="raw",
-        key_serializer="raw",
-        store="memory://",
-        datadir=str(settings.data_dir),
-        topic_partitions=settings.partitions,
-        topic_replication_factor=1,
-        table_standby_replicas=0,
-        web_enabled=False,
-        worker_redirect_stdouts=False,
-        stream_wait_empty=False,
-        broker_session_timeout=10.0,
-        broker_heartbeat_interval=1.0,
-        broker_rebalance_timeout=10.0,
-        broker_commit_interval=0.5,
-        consumer_auto_offset_reset="latest",
-        processing_guarantee="at_least_once",
-    )
+    app = _faust_app(settings)
 
     def topic(kind: str) -> Any:
         return app.topic(
@@ -183,49 +165,18 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
     )
 
     async def deadletter(event: Any, error: ValidationError | str) -> None:
-        msg = event.message
-        dl = messages.DeadLetter.for_payload(
-            ts=time.time(),
-            topic=msg.topic,
-            partition=msg.partition,
-            offset=msg.offset,
-            error=str(error),
-            payload=msg.value,
-            key=msg.key,
-        )
-        await deadletter_topic.send(key=msg.key, value=messages.encode(dl))
-        ctl.deadlettered += 1
-        log.warning(
-            "controller.message.deadlettered",
-            total=ctl.deadlettered,
-            topic=msg.topic,
-            partition=msg.partition,
-            offset=msg.offset,
-            error=str(error),
-        )
-
-    async def decoded(stream: Any, kind: str) -> Any:
-        async for event in stream.events():
-            try:
-                msg = messages.decode(kind, event.value)
-            except ValidationError as exc:
-                await deadletter(event, exc)
-                continue
-            if msg is None:  # a tombstone where none is expected
-                await deadletter(event, "value: null (tombstone) is not a valid message here")
-                continue
-            yield event, msg
+        await _deadletter(ctl, deadletter_topic, event, error)
 
     @app.agent(latency_topic)
     async def latency_agent(stream: Any) -> None:
-        async for _event, msg in decoded(stream, "latency"):
+        async for _event, msg in _decoded(stream, "latency", deadletter):
             ctl.aggregator.add_latency(
                 msg.region, msg.ts, msg.path, msg.count, msg.sketch, msg.samples_ms, msg.window_s
             )
 
     @app.agent(capacity_topic)
     async def capacity_agent(stream: Any) -> None:
-        async for event, msg in decoded(stream, "capacity"):
+        async for event, msg in _decoded(stream, "capacity", deadletter):
             level = capacity_level(msg)
             if ctl.aggregator.add_capacity(msg.region, level):
                 key = f"{msg.region}|{msg.resource}|{msg.hardware}|{msg.pool}|{int(msg.remote)}"
@@ -233,7 +184,7 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
 
     @app.agent(value_topic)
     async def value_agent(stream: Any) -> None:
-        async for _event, msg in decoded(stream, "value"):
+        async for _event, msg in _decoded(stream, "value", deadletter):
             ctl.aggregator.add_value_signal(msg)  # keyed by (segment, value bin) where it has one
 
     @app.timer(interval=settings.interval_s)  # type: ignore[untyped-decorator]
@@ -247,50 +198,132 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
 
     async def run_tick(now: float) -> None:
         if not ctl.restored:
-            raw = state_table.get("plane")
-            ctl.restore_from(loads(raw) if raw else None)
-            for key in list(capacity_table.keys()):
-                raw_cap = capacity_table.get(key)
-                if raw_cap is None:
-                    continue
-                try:
-                    msg = messages.decode("capacity", raw_cap)
-                except ValidationError:
-                    continue
-                ctl.aggregator.add_capacity(msg.region, capacity_level(msg))
+            _restore(ctl, state_table, capacity_table)
         for region in ctl.aggregator.regions:
-            obs = ctl.aggregator.observe(region, now)
-            t = ctl.plane.step(obs)
-            decision = ctl.plane.decision(region)
-            assert decision is not None  # step() just made it
-            fields = decision.event_fields()
-            fields["inputs"] = {
-                **fields.get("inputs", {}),
-                "p99_ms": dict(obs.p99_ms),
-                "request_rps": obs.request_rps,
-                "window_s": obs.window_s,
-                "observed_coverage": obs.observed_coverage,
-            }
-            key = region.encode()
-            await targets_topic.send(key=key, value=messages.encode(targets_message(t)))
-            events = [("target.issued", fields), *decision.allocator_events()]
-            for kind, extra in events:
-                try:
-                    ev = region_event(t.ts, region, kind, extra)
-                except ValidationError as exc:  # e.g. an infinite input: log it, never stop
-                    log.warning("controller.event.invalid", kind=kind, error=str(exc))
-                    continue
-                await events_topic.send(key=key, value=messages.encode(ev))
-            log.info(
-                "controller.target.issued",
-                region=region,
-                epoch=t.epoch,
-                rma_candidates=t.rma_candidates,
-                sbm_coverage=t.sbm_coverage,
-                reason=t.reason,
-                fallback=t.fallback,
-                p99_ms=obs.p99_ms.get("all"),
-            )
+            await _publish_region(ctl, region, now, targets_topic, events_topic)
         state_table["plane"] = dumps(ctl.plane.snapshot())
 
     return app, ctl
+
+
+def _faust_app(settings: ControllerSettings) -> faust.App:
+    """The Faust app of these settings: in-memory tables changelogged to Kafka, no web server,
+    at-least-once processing, new consumers from the latest offsets."""
+    return faust.App(
+        settings.id,
+        broker=[f"kafka://{b.strip()}" for b in settings.bootstrap.split(",") if b.strip()],
+        value_serializer="raw",
+        key_serializer="raw",
+        store="memory://",
+        datadir=str(settings.data_dir),
+        topic_partitions=settings.partitions,
+        topic_replication_factor=1,
+        table_standby_replicas=0,
+        web_enabled=False,
+        worker_redirect_stdouts=False,
+        stream_wait_empty=False,
+        broker_session_timeout=10.0,
+        broker_heartbeat_interval=1.0,
+        broker_rebalance_timeout=10.0,
+        broker_commit_interval=0.5,
+        consumer_auto_offset_reset="latest",
+        processing_guarantee="at_least_once",
+    )
+
+
+async def _deadletter(
+    ctl: Controller, deadletter_topic: Any, event: Any, error: ValidationError | str
+) -> None:
+    """Send a message that does not validate to the dead-letter topic, and count and log it."""
+    msg = event.message
+    dl = messages.DeadLetter.for_payload(
+        ts=time.time(),
+        topic=msg.topic,
+        partition=msg.partition,
+        offset=msg.offset,
+        error=str(error),
+        payload=msg.value,
+        key=msg.key,
+    )
+    await deadletter_topic.send(key=msg.key, value=messages.encode(dl))
+    ctl.deadlettered += 1
+    log.warning(
+        "controller.message.deadlettered",
+        total=ctl.deadlettered,
+        topic=msg.topic,
+        partition=msg.partition,
+        offset=msg.offset,
+        error=str(error),
+    )
+
+
+async def _decoded(
+    stream: Any,
+    kind: str,
+    deadletter: Callable[[Any, ValidationError | str], Awaitable[None]],
+) -> AsyncIterator[tuple[Any, Any]]:
+    """The stream's events with their decoded messages; what does not decode is dead-lettered."""
+    async for event in stream.events():
+        try:
+            msg = messages.decode(kind, event.value)
+        except ValidationError as exc:
+            await deadletter(event, exc)
+            continue
+        if msg is None:  # a tombstone where none is expected
+            await deadletter(event, "value: null (tombstone) is not a valid message here")
+            continue
+        yield event, msg
+
+
+def _restore(ctl: Controller, state_table: Any, capacity_table: Any) -> None:
+    """First tick after a (re)start: the plane from the ``state`` table, the capacity levels
+    from the ``capacity`` table."""
+    raw = state_table.get("plane")
+    ctl.restore_from(loads(raw) if raw else None)
+    for key in list(capacity_table.keys()):
+        raw_cap = capacity_table.get(key)
+        if raw_cap is None:
+            continue
+        try:
+            msg = messages.decode("capacity", raw_cap)
+        except ValidationError:
+            continue
+        ctl.aggregator.add_capacity(msg.region, capacity_level(msg))
+
+
+async def _publish_region(
+    ctl: Controller, region: str, now: float, targets_topic: Any, events_topic: Any
+) -> None:
+    """One control step of a region: its targets message, its events and the log line."""
+    obs = ctl.aggregator.observe(region, now)
+    t = ctl.plane.step(obs)
+    decision = ctl.plane.decision(region)
+    assert decision is not None  # step() just made it
+    fields = decision.event_fields()
+    fields["inputs"] = {
+        **fields.get("inputs", {}),
+        "p99_ms": dict(obs.p99_ms),
+        "request_rps": obs.request_rps,
+        "window_s": obs.window_s,
+        "observed_coverage": obs.observed_coverage,
+    }
+    key = region.encode()
+    await targets_topic.send(key=key, value=messages.encode(targets_message(t)))
+    events = [("target.issued", fields), *decision.allocator_events()]
+    for kind, extra in events:
+        try:
+            ev = region_event(t.ts, region, kind, extra)
+        except ValidationError as exc:  # e.g. an infinite input: log it, never stop
+            log.warning("controller.event.invalid", kind=kind, error=str(exc))
+            continue
+        await events_topic.send(key=key, value=messages.encode(ev))
+    log.info(
+        "controller.target.issued",
+        region=region,
+        epoch=t.epoch,
+        rma_candidates=t.rma_candidates,
+        sbm_coverage=t.sbm_coverage,
+        reason=t.reason,
+        fallback=t.fallback,
+        p99_ms=obs.p99_ms.get("all"),
+    )

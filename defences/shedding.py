@@ -874,16 +874,7 @@ class ServerShedder:
             if now > self._t:
                 self._advance(now)
             return BatchVerdict(codes, out_extra, out_strong)
-        if span_s > 0.0:
-            start = max(self._t, now - span_s)  # never pay twice for time already counted
-            self._advance(start)
-            start_cpu, start_acc = self._tok_cpu, self._tok_acc
-            self._advance(now)
-            span_ms = max(0.0, now - start) * 1000.0
-            self._tok_cpu = start_cpu + self._cap_cpu * span_ms
-            self._tok_acc = start_acc + self._cap_acc * span_ms
-        elif now > self._t:
-            self._advance(now)
+        self._refill(now, span_s)
 
         cpu = ec + sc
         acc = ea + sa
@@ -899,10 +890,73 @@ class ServerShedder:
 
         idx = np.flatnonzero(optional & (vpc >= theta))
         idx = idx[np.argsort(-vpc[idx], kind="stable")]
-        keep_strong = np.zeros(m, dtype=np.bool_)
-        n = np.zeros(m, dtype=np.int64)
         tok_cpu = 0.0 if self._exh_cpu else self._tok_cpu
         tok_acc = 0.0 if self._exh_acc else self._tok_acc
+        keep_strong, n, spent_cpu, spent_acc = self._fill(
+            m, idx, tok_cpu, tok_acc, extra_i, has_extra, ec, ea, strong_b, sc, sa
+        )
+        burst = self.config.burst_ms
+        self._tok_cpu = min(self._cap_cpu * burst, self._tok_cpu - spent_cpu)
+        self._tok_acc = min(self._cap_acc * burst, self._tok_acc - spent_acc)
+
+        lost_strong = strong_b & ~keep_strong
+        lost_extra = np.where(has_extra, extra_i - n, 0)
+        codes[optional] = Decision.ADMIT
+        trimmed = optional & ~lost_strong & (lost_extra > 0)
+        codes[trimmed] = np.where((n[trimmed] > 0) | keep_strong[trimmed], 1, 3)
+        codes[lost_strong] = np.where((n[lost_strong] > 0) | ~has_extra[lost_strong], 2, 3)
+        out_extra = np.where(has_extra, n, 0)
+        out_strong = keep_strong
+        counts = np.bincount(codes[optional], minlength=4)
+        for d in range(4):
+            self._n[d] += int(counts[d])
+        n_dropped = int(n_opt - counts[0])
+        if n_dropped:
+            lost_e = int(lost_extra.sum())
+            lost_s = int(lost_strong.sum())
+            self._dropped_extra += lost_e
+            self._dropped_strong += lost_s
+            self._ep_dropped += n_dropped
+            self._ep_extra += lost_e
+            self._ep_strong += lost_s
+            self._last_drop = now
+        return BatchVerdict(codes, out_extra, out_strong)
+
+    def _refill(self, now: float, span_s: float) -> None:
+        """Bring the buckets to ``now``; a batch that stands for ``(now − span_s, now]`` also
+        gets what the level can do during the span (see :meth:`decide_batch`)."""
+        if span_s > 0.0:
+            start = max(self._t, now - span_s)  # never pay twice for time already counted
+            self._advance(start)
+            start_cpu, start_acc = self._tok_cpu, self._tok_acc
+            self._advance(now)
+            span_ms = max(0.0, now - start) * 1000.0
+            self._tok_cpu = start_cpu + self._cap_cpu * span_ms
+            self._tok_acc = start_acc + self._cap_acc * span_ms
+        elif now > self._t:
+            self._advance(now)
+
+    @staticmethod
+    def _fill(
+        m: int,
+        idx: npt.NDArray[np.intp],
+        tok_cpu: float,
+        tok_acc: float,
+        extra_i: npt.NDArray[np.int64],
+        has_extra: npt.NDArray[np.bool_],
+        ec: npt.NDArray[np.float64],
+        ea: npt.NDArray[np.float64],
+        strong_b: npt.NDArray[np.bool_],
+        sc: npt.NDArray[np.float64],
+        sa: npt.NDArray[np.float64],
+    ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64], float, float]:
+        """Fill the tokens with the admitted requests ``idx`` of the ``m`` in their order
+        (decreasing vpc):
+        the strong parts first, then the extras, the first extra that no longer fits trimmed.
+        Returns which keep the strong model, the extras each keeps, and the CPU and accelerator
+        spent."""
+        keep_strong = np.zeros(m, dtype=np.bool_)
+        n = np.zeros(m, dtype=np.int64)
         spent_cpu = spent_acc = 0.0
         if idx.size:
             # Strong parts: indivisible, greedy prefix in vpc order.
@@ -941,32 +995,7 @@ class ServerShedder:
                         n[j] = part
                         spent_cpu += float(ec[j]) * part / float(extra_i[j])
                         spent_acc += float(ea[j]) * part / float(extra_i[j])
-        burst = self.config.burst_ms
-        self._tok_cpu = min(self._cap_cpu * burst, self._tok_cpu - spent_cpu)
-        self._tok_acc = min(self._cap_acc * burst, self._tok_acc - spent_acc)
-
-        lost_strong = strong_b & ~keep_strong
-        lost_extra = np.where(has_extra, extra_i - n, 0)
-        codes[optional] = Decision.ADMIT
-        trimmed = optional & ~lost_strong & (lost_extra > 0)
-        codes[trimmed] = np.where((n[trimmed] > 0) | keep_strong[trimmed], 1, 3)
-        codes[lost_strong] = np.where((n[lost_strong] > 0) | ~has_extra[lost_strong], 2, 3)
-        out_extra = np.where(has_extra, n, 0)
-        out_strong = keep_strong
-        counts = np.bincount(codes[optional], minlength=4)
-        for d in range(4):
-            self._n[d] += int(counts[d])
-        n_dropped = int(n_opt - counts[0])
-        if n_dropped:
-            lost_e = int(lost_extra.sum())
-            lost_s = int(lost_strong.sum())
-            self._dropped_extra += lost_e
-            self._dropped_strong += lost_s
-            self._ep_dropped += n_dropped
-            self._ep_extra += lost_e
-            self._ep_strong += lost_s
-            self._last_drop = now
-        return BatchVerdict(codes, out_extra, out_strong)
+        return keep_strong, n, spent_cpu, spent_acc
 
     def trim_inflight(self, now: float, inflight: Sequence[InflightWork]) -> list[InflightCut]:
         """Which running optional work to cut so the rest fits the current level.

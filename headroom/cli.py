@@ -39,13 +39,23 @@ def _add_kafka_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _scenario_help() -> str:
+    """Every scenario argument: a path to a file, else the name of a scenario shipped with the
+    package (:func:`headroom.kernel.settings.resolve_scenario`)."""
+    from headroom.kernel.settings import shipped_scenarios
+
+    return "a scenario YAML file, or the name of one shipped with the package: " + ", ".join(
+        shipped_scenarios()
+    )
+
+
 def _add_scenario_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--scenario",
         metavar="FILE",
         default=None,
-        help="scenario whose slo, world, models and segments configure this component "
-        "(default: the quickstart scenario)",
+        help="scenario whose slo, world, models and segments configure this component: a file, "
+        "or the name of a shipped scenario (default: quickstart)",
     )
 
 
@@ -234,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
         "virtual-time run of a scenario, policies side by side (no broker needed)",
         ("headroom.commands.simulate", "simulate"),
     )
-    p.add_argument("scenario", metavar="SCENARIO", help="scenario YAML file")
+    p.add_argument("scenario", metavar="SCENARIO", help=_scenario_help())
     p.add_argument(
         "--policy",
         action="append",
@@ -275,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
         "validate a scenario file (exit 0 if valid, else 2 with one line per problem)",
         ("headroom.commands.scenario", "scenario_check"),
     )
-    q.add_argument("file", metavar="FILE")
+    q.add_argument("file", metavar="FILE", help=_scenario_help())
     q = cmd(
         ssub,
         "from-recording",
@@ -287,7 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--base",
         metavar="SCENARIO",
         required=True,
-        help="scenario giving slo, world, models, segments",
+        help="scenario giving slo, world, models, segments: a file, or the name of a shipped "
+        "scenario",
     )
     q.add_argument("--out", metavar="NEW.yaml", required=True, help="scenario file to write")
     _add_default_dedicated_flag(q)
@@ -441,7 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
         "publish a scenario's capacity levels and request traffic",
         ("headroom.commands.feed", "feed"),
     )
-    p.add_argument("scenario", metavar="SCENARIO")
+    p.add_argument("scenario", metavar="SCENARIO", help=_scenario_help())
     p.add_argument(
         "--speed",
         type=_positive_float,
@@ -458,7 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
         "run the whole streaming stack locally against Kafka",
         ("headroom.commands.up", "up"),
     )
-    p.add_argument("scenario", metavar="SCENARIO")
+    p.add_argument("scenario", metavar="SCENARIO", help=_scenario_help())
     p.add_argument("--out", metavar="DIR", default=None)
     _add_up_flags(p)
     _add_kafka_flags(p)

@@ -722,21 +722,8 @@ def _event(
     kind = _enum(ctx, f"{path}.kind", m["kind"], EVENT_KINDS) if "kind" in m else None
     if kind is None:
         return None
-    required, optional = EVENT_FIELDS[kind]
-    for key in sorted(required):
-        if key not in m or (m[key] is None and key != "region"):
-            ctx.add(f"{path}.{key}", f"required for a {kind} event")
-    if kind != "control_outage" and "region" in m and m["region"] is None:
-        ctx.add(f"{path}.region", f"required for a {kind} event")
-    for key in sorted(set(m) - required - optional - {"at_s", "kind"}):
-        if isinstance(key, str) and key in KEYS["event"][1]:
-            ctx.add(f"{path}.{key}", f"not allowed for a {kind} event")
-    region = None
-    if m.get("region") is not None:
-        region = _string(ctx, f"{path}.region", m["region"], pattern=True)
-        if region is not None and region not in names:
-            known = ", ".join(sorted(names)) or "none"
-            ctx.add(f"{path}.region", f"unknown region {region!r} (regions: {known})")
+    _event_keys(ctx, path, m, kind)
+    region = _event_region(ctx, path, m, names)
     resource = hardware = None
     units = factor = duration_s = None
     if "resource" in m and m["resource"] is not None:
@@ -757,20 +744,7 @@ def _event(
         and region is not None
         and region in regions
     ):
-        pools = regions[region].opportunistic
-        if not any(
-            p.resource == resource and p.hardware == hardware and p.remote == bool(remote)
-            for p in pools
-        ):
-            have = ", ".join(
-                f"{p.resource}/{p.hardware}{' (remote)' if p.remote else ''}" for p in pools
-            )
-            ctx.add(
-                path,
-                f"region {region!r} has no opportunistic {resource}/{hardware}"
-                f"{' (remote)' if remote else ''} pool to {kind} (it has: {have or 'none'}); "
-                "declare the pool (a trace of [[0, 0]] if it starts empty)",
-            )
+        _event_pool(ctx, path, kind, regions[region], resource, hardware, remote)
     if len(ctx.problems) != n:
         return None
     assert at_s is not None
@@ -785,6 +759,57 @@ def _event(
         duration_s=duration_s,
         remote=bool(remote),
     )
+
+
+def _event_keys(ctx: _Ctx, path: str, m: Mapping[str, Any], kind: str) -> None:
+    """The fields a ``kind`` event requires are there; the event fields it does not take are
+    not."""
+    required, optional = EVENT_FIELDS[kind]
+    for key in sorted(required):
+        if key not in m or (m[key] is None and key != "region"):
+            ctx.add(f"{path}.{key}", f"required for a {kind} event")
+    if kind != "control_outage" and "region" in m and m["region"] is None:
+        ctx.add(f"{path}.region", f"required for a {kind} event")
+    for key in sorted(set(m) - required - optional - {"at_s", "kind"}):
+        if isinstance(key, str) and key in KEYS["event"][1]:
+            ctx.add(f"{path}.{key}", f"not allowed for a {kind} event")
+
+
+def _event_region(ctx: _Ctx, path: str, m: Mapping[str, Any], names: set[str]) -> str | None:
+    """The event's region, if it names one: a region of the file."""
+    if m.get("region") is None:
+        return None
+    region = _string(ctx, f"{path}.region", m["region"], pattern=True)
+    if region is not None and region not in names:
+        known = ", ".join(sorted(names)) or "none"
+        ctx.add(f"{path}.region", f"unknown region {region!r} (regions: {known})")
+    return region
+
+
+def _event_pool(
+    ctx: _Ctx,
+    path: str,
+    kind: str,
+    region: Region,
+    resource: str | None,
+    hardware: str | None,
+    remote: bool | None,
+) -> None:
+    """A preempt or grant event acts on an opportunistic pool the region declares."""
+    pools = region.opportunistic
+    if not any(
+        p.resource == resource and p.hardware == hardware and p.remote == bool(remote)
+        for p in pools
+    ):
+        have = ", ".join(
+            f"{p.resource}/{p.hardware}{' (remote)' if p.remote else ''}" for p in pools
+        )
+        ctx.add(
+            path,
+            f"region {region.name!r} has no opportunistic {resource}/{hardware}"
+            f"{' (remote)' if remote else ''} pool to {kind} (it has: {have or 'none'}); "
+            "declare the pool (a trace of [[0, 0]] if it starts empty)",
+        )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -834,6 +859,34 @@ def _check_order(
 def _csv_trace(
     ctx: _Ctx, path: str, name: str, columns: tuple[str, str]
 ) -> tuple[Point, ...] | None:
+    text = _csv_text(ctx, path, name)
+    if text is None:
+        return None
+    rows = _csv_records(ctx, path, name, text, columns)
+    if rows is None:
+        return None
+    points: list[Point] = []
+    lines: list[int] = []
+    bad = 0
+    for lineno, row in rows:
+        point, reason = _csv_point(row, columns)
+        if point is None:
+            bad += 1
+            if bad <= MAX_ROW_PROBLEMS:
+                ctx.add(path, f"{name} line {lineno}: {reason}")
+            continue
+        points.append(point)
+        lines.append(lineno)
+    if bad > MAX_ROW_PROBLEMS:
+        ctx.add(path, f"{name}: {bad - MAX_ROW_PROBLEMS} more bad rows not listed")
+    if bad:
+        return None
+    return _check_order(ctx, points, lambda i: f"{path}: {name} line {lines[i]}")
+
+
+def _csv_text(ctx: _Ctx, path: str, name: str) -> str | None:
+    """The text of a trace's CSV file (relative to the scenario's folder), within the size
+    limit and UTF-8."""
     file = Path(name)
     if not file.is_absolute():
         file = ctx.base_dir / file
@@ -852,10 +905,17 @@ def _csv_trace(
         ctx.add(path, f"{name}: cannot read: {exc.strerror or exc}")
         return None
     try:
-        text = raw.decode("utf-8-sig")
+        return raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         ctx.add(path, f"{name}: not a UTF-8 CSV file (bad byte at offset {exc.start})")
         return None
+
+
+def _csv_records(
+    ctx: _Ctx, path: str, name: str, text: str, columns: tuple[str, str]
+) -> list[tuple[int, list[str]]] | None:
+    """The data rows of a trace's CSV with their line numbers (blank and ``#`` lines skipped),
+    after a header of ``columns``; at least one, at most ``MAX_TRACE_POINTS``."""
     reader = csv.reader(io.StringIO(text))
     rows = [
         (reader.line_num, row)  # the line the record ends on (a quoted cell may span lines)
@@ -879,37 +939,24 @@ def _csv_trace(
     if len(rows) - 1 > MAX_TRACE_POINTS:
         ctx.add(path, f"{name}: has {len(rows) - 1} rows; the limit is {MAX_TRACE_POINTS}")
         return None
-    points: list[Point] = []
-    lines: list[int] = []
-    bad = 0
-    for lineno, row in rows[1:]:
-        reason = None
-        if len(row) != 2:
-            reason = f"expected 2 columns ({','.join(columns)}), got {len(row)}"
-        else:
-            try:
-                t, v = float(row[0]), float(row[1])
-            except ValueError:
-                reason = f"not numbers: {','.join(row)}"
-            else:
-                if not (math.isfinite(t) and math.isfinite(v)):
-                    reason = f"values must be finite, got {','.join(row)}"
-                elif t < 0:
-                    reason = f"{columns[0]} must be >= 0, got {row[0].strip()}"
-                elif v < 0:
-                    reason = f"{columns[1]} must be >= 0, got {row[1].strip()}"
-        if reason is not None:
-            bad += 1
-            if bad <= MAX_ROW_PROBLEMS:
-                ctx.add(path, f"{name} line {lineno}: {reason}")
-            continue
-        points.append((t, v))
-        lines.append(lineno)
-    if bad > MAX_ROW_PROBLEMS:
-        ctx.add(path, f"{name}: {bad - MAX_ROW_PROBLEMS} more bad rows not listed")
-    if bad:
-        return None
-    return _check_order(ctx, points, lambda i: f"{path}: {name} line {lines[i]}")
+    return rows[1:]
+
+
+def _csv_point(row: list[str], columns: tuple[str, str]) -> tuple[Point | None, str]:
+    """One data row as a point, or None and why it is not one."""
+    if len(row) != 2:
+        return None, f"expected 2 columns ({','.join(columns)}), got {len(row)}"
+    try:
+        t, v = float(row[0]), float(row[1])
+    except ValueError:
+        return None, f"not numbers: {','.join(row)}"
+    if not (math.isfinite(t) and math.isfinite(v)):
+        return None, f"values must be finite, got {','.join(row)}"
+    if t < 0:
+        return None, f"{columns[0]} must be >= 0, got {row[0].strip()}"
+    if v < 0:
+        return None, f"{columns[1]} must be >= 0, got {row[1].strip()}"
+    return (t, v), ""
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Where every command resolves its Kafka address, topic prefix and default paths — one place.
+"""Where every command resolves its Kafka address, topic prefix, scenario argument and default
+paths — one place.
 
 Resolution order for ``--bootstrap``: the flag, else ``$KAFKA_BOOTSTRAP_SERVERS``, else the
 address the local broker (``headroom kafka start``) recorded in its state directory. For
@@ -17,6 +18,8 @@ DEFAULT_PREFIX = "headroom."
 DEFAULT_BROKER_PORT = 19092
 # the package ``headroom`` itself, with its data: broker/ and the shipped scenarios/
 PACKAGE_DIR = Path(headroom.__file__).resolve().parent
+# the scenarios shipped with the package (package data of ``headroom.scenarios``)
+SCENARIOS_DIR = PACKAGE_DIR / "scenarios"
 
 
 def default_state_dir() -> Path:
@@ -60,4 +63,33 @@ def resolve_bootstrap(flag: str | None) -> str:
 
 def default_scenario_path() -> Path:
     """The quickstart scenario shipped with the package."""
-    return PACKAGE_DIR / "scenarios" / "quickstart.yaml"
+    return SCENARIOS_DIR / "quickstart.yaml"
+
+
+def shipped_scenarios() -> list[str]:
+    """The names of the scenarios shipped with the package (``quickstart``, …), sorted."""
+    return sorted(p.stem for p in SCENARIOS_DIR.glob("*.yaml") if p.is_file())
+
+
+def resolve_scenario(arg: str | os.PathLike[str] | None) -> Path:
+    """The scenario file a ``SCENARIO`` argument (or ``--scenario FILE``) names: a path to an
+    existing file as given; else ``NAME`` or ``NAME.yaml`` among the scenarios shipped with the
+    package (their CSV traces lie beside them, inside the package); ``None`` is the quickstart.
+    Anything else is a :class:`ConfigError` that lists the shipped names."""
+    if arg is None:
+        return default_scenario_path()
+    path = Path(arg)
+    if path.is_file():
+        return path
+    name = os.fspath(arg)
+    # a bare name only: nothing that could reach outside the shipped folder
+    if name and Path(name).name == name and not name.startswith("."):
+        for candidate in (name, f"{name}.yaml"):
+            shipped = SCENARIOS_DIR / candidate
+            if shipped.is_file():
+                return shipped
+    what = "not a regular file" if name and path.exists() else "no such file"
+    raise ConfigError(
+        f"{name}: {what}, nor the name of a shipped scenario "
+        f"({', '.join(shipped_scenarios()) or 'none found'})"
+    )

@@ -109,8 +109,22 @@ def worldcup(args: argparse.Namespace) -> None:
 def google_pool(args: argparse.Namespace) -> None:
     source = Path(args.source or DEFAULT_TRACES / "google2011_machine_events.csv")
     w0 = args.start_h * 3600.0
-    w1 = w0 + args.hours * 3600.0
-    events: list[tuple[float, int, int]] = []  # (t_s in window, machine, type)
+    events = _google_events(source, w0, w0 + args.hours * 3600.0)
+    pool = _google_burst_pool(events, args)
+    out = _google_levels(events, pool, args)
+    _write(Path(args.out), ("t_s", "units"), out)
+    drops = sum(1 for a, b in itertools.pairwise(out) if b[1] < a[1])
+    print(
+        f"{len(out)} levels, {drops} steps down, min {min(v for _, v in out):g}, "
+        f"max {max(v for _, v in out):g}",
+        file=sys.stderr,
+    )
+
+
+def _google_events(source: Path, w0: float, w1: float) -> list[tuple[float, int, int]]:
+    """The ADD and REMOVE machine events in the window [w0, w1) s, as (t_s in the window,
+    machine, type), in time order."""
+    events: list[tuple[float, int, int]] = []
     with source.open(newline="") as f:
         for row in csv.reader(f):
             if not row or row[0].startswith("#"):
@@ -120,6 +134,12 @@ def google_pool(args: argparse.Namespace) -> None:
             if kind in (GOOGLE_ADD, GOOGLE_REMOVE) and w0 <= t < w1:
                 events.append((t - w0, int(row[1]), kind))
     events.sort()
+    return events
+
+
+def _google_burst_pool(events: list[tuple[float, int, int]], args: argparse.Namespace) -> list[int]:
+    """The pool: the machines REMOVEd in the ``--burst-rank``-th largest ``--burst-s`` burst,
+    at most ``--machines`` of them, the first removed first."""
     removes = [(t, m) for t, m, k in events if k == GOOGLE_REMOVE]
     if not removes:
         _fail("no REMOVE events in the window")
@@ -135,13 +155,20 @@ def google_pool(args: argparse.Namespace) -> None:
         if m not in pool:
             pool.append(m)
     pool = pool[: args.machines]
-    members = set(pool)
     print(
         f"burst #{args.burst_rank}: {len(burst)} REMOVE events in "
         f"[{index * args.burst_s:g}, {(index + 1) * args.burst_s:g}) s; pool of {len(pool)} "
         "machines",
         file=sys.stderr,
     )
+    return pool
+
+
+def _google_levels(
+    events: list[tuple[float, int, int]], pool: list[int], args: argparse.Namespace
+) -> list[tuple[float, float]]:
+    """The pool's level over the window, a row whenever it changes (whole seconds)."""
+    members = set(pool)
     # A machine whose first event in the window is an ADD was absent before it.
     present: dict[int, bool] = {}
     for _t, m, k in events:
@@ -170,13 +197,7 @@ def google_pool(args: argparse.Namespace) -> None:
     for t, v in rows:
         if not out or v != out[-1][1]:
             out.append((t, v))
-    _write(Path(args.out), ("t_s", "units"), out)
-    drops = sum(1 for a, b in itertools.pairwise(out) if b[1] < a[1])
-    print(
-        f"{len(out)} levels, {drops} steps down, min {min(v for _, v in out):g}, "
-        f"max {max(v for _, v in out):g}",
-        file=sys.stderr,
-    )
+    return out
 
 
 # ------------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import socket
 from headroom.commands.server import resolve_t0
 from headroom.kernel.logs import configure
 from headroom.kernel.scenario_load import load_scenario
-from headroom.kernel.settings import default_scenario_path
+from headroom.kernel.settings import resolve_scenario
 from headroom.streams.kafka import KafkaTarget
 
 
@@ -26,7 +26,7 @@ def client(args: argparse.Namespace) -> int:
     from headroom.workers.client import ClientConfig, RankingClient, ServerAddress, in_flight_limit
     from headroom.workers.metrics import process_metrics, serve_metrics
 
-    scenario = load_scenario(args.scenario or default_scenario_path())
+    scenario = load_scenario(resolve_scenario(args.scenario))
     kafka = KafkaTarget.from_args(args)
     servers = tuple(ServerAddress.parse(text) for text in args.server)
     config = ClientConfig(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from headroom.kernel.logs import configure, get_logger
 from headroom.kernel.scenario_load import load_scenario
-from headroom.kernel.settings import default_scenario_path, resolve_bootstrap, resolve_prefix
+from headroom.kernel.settings import resolve_bootstrap, resolve_prefix, resolve_scenario
 
 
 async def _prepare_topics(bootstrap: str, prefix: str) -> int:
@@ -35,7 +35,7 @@ def controller(args: argparse.Namespace) -> int:
 
     from headroom.controllers.app import ControllerSettings, create_app
 
-    scenario = load_scenario(args.scenario or default_scenario_path())
+    scenario = load_scenario(resolve_scenario(args.scenario))
     bootstrap = resolve_bootstrap(args.bootstrap)
     prefix = resolve_prefix(args.prefix)
     partitions = asyncio.run(_prepare_topics(bootstrap, prefix))

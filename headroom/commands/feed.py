@@ -14,6 +14,7 @@ import time
 
 from headroom.kernel.logs import configure
 from headroom.kernel.scenario_load import load_scenario
+from headroom.kernel.settings import resolve_scenario
 from headroom.streams.kafka import KafkaTarget, create_topics
 from headroom.streams.topics import topics
 
@@ -22,7 +23,7 @@ def feed(args: argparse.Namespace) -> int:
     configure()
     from headroom.workers.feed import FeedConfig, TrafficFeed
 
-    scenario = load_scenario(args.scenario)
+    scenario = load_scenario(resolve_scenario(args.scenario))
     kafka = KafkaTarget.from_args(args)
     t0 = args.t0
     if t0 is None:

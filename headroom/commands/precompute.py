@@ -19,7 +19,7 @@ import os
 from headroom.kernel.errors import ConfigError
 from headroom.kernel.logs import configure
 from headroom.kernel.scenario_load import load_scenario
-from headroom.kernel.settings import default_scenario_path
+from headroom.kernel.settings import resolve_scenario
 from headroom.streams.kafka import KafkaTarget
 
 
@@ -43,7 +43,7 @@ def precompute(args: argparse.Namespace) -> int:
     from headroom.workers.metrics import process_metrics, serve_metrics
     from headroom.workers.precompute import PrecomputeMetrics, PrecomputeWorker, WorkerSettings
 
-    scenario = load_scenario(args.scenario or default_scenario_path())
+    scenario = load_scenario(resolve_scenario(args.scenario))
     if not scenario.precompute_enabled:  # bad input (exit 2), before any broker call
         raise ConfigError(
             f"--scenario: {scenario.name!r} has no precompute fields "

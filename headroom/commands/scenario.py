@@ -13,6 +13,7 @@ import sys
 
 from headroom.kernel.scenario import Region, Scenario
 from headroom.kernel.scenario_load import load_scenario
+from headroom.kernel.settings import resolve_scenario
 
 
 def scenario_schema(args: argparse.Namespace) -> int:
@@ -24,7 +25,8 @@ def scenario_schema(args: argparse.Namespace) -> int:
 
 
 def scenario_check(args: argparse.Namespace) -> int:
-    scenario = load_scenario(args.file)  # ScenarioError -> exit 2, one line per problem
+    # a file, else a shipped scenario's name; ScenarioError/ConfigError -> exit 2, a line a problem
+    scenario = load_scenario(resolve_scenario(args.file))
     print(summary(scenario, args.file))
     return 0
 

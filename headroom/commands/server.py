@@ -14,7 +14,7 @@ import socket
 
 from headroom.kernel.logs import configure
 from headroom.kernel.scenario_load import load_scenario
-from headroom.kernel.settings import default_scenario_path
+from headroom.kernel.settings import resolve_scenario
 from headroom.streams.kafka import KafkaTarget
 
 
@@ -35,7 +35,7 @@ def server(args: argparse.Namespace) -> int:
     from headroom.workers.metrics import process_metrics, serve_metrics
     from headroom.workers.server import RankingServer, ServerConfig
 
-    scenario = load_scenario(args.scenario or default_scenario_path())
+    scenario = load_scenario(resolve_scenario(args.scenario))
     config = ServerConfig(
         region=args.region,
         pool=args.pool,

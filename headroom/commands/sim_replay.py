@@ -287,8 +287,9 @@ def _scenario_name(stem: str) -> str:
 
 def scenario_from_recording(args: argparse.Namespace) -> int:
     from headroom.kernel.scenario_load import load_scenario
+    from headroom.kernel.settings import resolve_scenario
 
-    base = load_scenario(args.base)
+    base = load_scenario(resolve_scenario(args.base))
     out = Path(args.out)
     if out.exists() and out.is_dir():
         raise ConfigError(f"--out: {out} is a directory; give the scenario file to write")

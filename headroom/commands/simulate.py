@@ -59,10 +59,11 @@ class Progress:
 
 def simulate(args: argparse.Namespace) -> int:
     from headroom.kernel.scenario_load import load_scenario
+    from headroom.kernel.settings import resolve_scenario
     from headroom.sim.policies import parse_policies
 
     policies = parse_policies(args.policy)
-    scenario = load_scenario(args.scenario)
+    scenario = load_scenario(resolve_scenario(args.scenario))
     replayed = None
     if getattr(args, "replay", None):  # a recording drives the run (sim/replay.py)
         from headroom.commands.sim_replay import replay_for_simulate

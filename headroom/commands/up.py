@@ -23,6 +23,7 @@ from headroom.analysis.metrics import compute_metrics
 from headroom.kernel.logs import configure, get_logger
 from headroom.kernel.scenario import Scenario
 from headroom.kernel.scenario_load import load_scenario
+from headroom.kernel.settings import resolve_scenario
 from headroom.streams.kafka import KafkaTarget
 from headroom.workers.up import Action, Stack, StackConfig, run_stack
 
@@ -109,7 +110,7 @@ def up(args: argparse.Namespace) -> int:
     from headroom.analysis.metrics import write_metrics
     from headroom.analysis.table import format_table
 
-    scenario_path = Path(args.scenario).resolve()
+    scenario_path = resolve_scenario(args.scenario).resolve()
     scenario = load_scenario(scenario_path)
     kafka = KafkaTarget.from_args(args)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())

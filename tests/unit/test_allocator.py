@@ -157,6 +157,17 @@ def test_every_allocation_respects_hardware_durability_remote_caps_and_pools(
     alloc_ = allocator(max_share=max_share)
     ctx = LeverContext(rps, rps * 0.9, 100.0, 0.0)
     a = alloc_.allocate(cap, 0.0, ctx, book_with(up, n=n), age)
+    per_pool = check_pool_rules(alloc_, a)
+    for name, rate in a.rates.items():
+        assert rate <= LEVERS[name].demand(ctx) * (1 + 1e-7) + 1e-9
+    check_precompute_not_left_short(alloc_, a, ctx, per_pool)
+    if a.fallback is None:
+        check_share_caps(alloc_, a, ctx, max_share)
+
+
+def check_pool_rules(alloc_: Allocator, a) -> dict[int, float]:
+    """Every pool use is of an eligible pool (hardware, durability, never remote for the live
+    levers) and no pool gives more than its safe units; returns the units used per pool."""
     pools = a.pools
     per_pool: dict[int, float] = {}
     for name, i, units in a.pool_use:
@@ -173,51 +184,63 @@ def test_every_allocation_respects_hardware_durability_remote_caps_and_pools(
         per_pool[i] = per_pool.get(i, 0.0) + units
     for i, used in per_pool.items():
         assert used <= pools[i].announced * (1 - alloc_.settings.safety_margin) * (1 + 1e-7) + 1e-9
-    for name, rate in a.rates.items():
-        assert rate <= LEVERS[name].demand(ctx) * (1 + 1e-7) + 1e-9
-    # precompute being measured is never left short while a remote pair it may use is idle
+    return per_pool
+
+
+def check_precompute_not_left_short(
+    alloc_: Allocator, a, ctx: LeverContext, per_pool: dict[int, float]
+) -> None:
+    """Precompute being measured is never left short while a remote pair it may use is idle."""
     pre = LEVERS["precompute"]
-    if "precompute" in a.explored and a.rates.get("precompute", 0.0) < pre.demand(ctx) * (1 - 1e-6):
-        settings_ = alloc_.settings
+    short = a.rates.get("precompute", 0.0) < pre.demand(ctx) * (1 - 1e-6)
+    if not ("precompute" in a.explored and short):
+        return
+    settings_ = alloc_.settings
 
-        def idle(p, i) -> bool:
-            return (
-                p.remote
-                and p.units >= settings_.min_pool_units
-                and alloc_.eligible(pre, p)
-                and p.units - per_pool.get(i, 0.0) > 1e-6 * max(p.units, 1.0)
-            )
+    def idle(p, i) -> bool:
+        return (
+            p.remote
+            and p.units >= settings_.min_pool_units
+            and alloc_.eligible(pre, p)
+            and p.units - per_pool.get(i, 0.0) > 1e-6 * max(p.units, 1.0)
+        )
 
-        idle_cpu = [i for i, p in enumerate(pools) if p.resource == "cpu" and idle(p, i)]
-        idle_acc = [i for i, p in enumerate(pools) if p.resource != "cpu" and idle(p, i)]
-        assert not (idle_cpu and idle_acc), (idle_cpu, idle_acc, a)
-    if a.fallback is None:
-        usable = [p.units >= alloc_.settings.min_pool_units for p in pools]
+    pools = a.pools
+    idle_cpu = [i for i, p in enumerate(pools) if p.resource == "cpu" and idle(p, i)]
+    idle_acc = [i for i, p in enumerate(pools) if p.resource != "cpu" and idle(p, i)]
+    assert not (idle_cpu and idle_acc), (idle_cpu, idle_acc, a)
 
-        def uses(lv, p) -> bool:
-            cost = lv.unit_cost()
-            need = cost.cpu_s if p.resource == "cpu" else cost.accelerator_s
-            return need > 0 and alloc_.eligible(lv, p)
 
-        def runnable(lv) -> bool:  # has a usable pool of every resource it needs
-            cost = lv.unit_cost()
-            return lv.demand(ctx) > 0 and all(
-                any(usable[i] and p.resource == res and uses(lv, p) for i, p in enumerate(pools))
-                for res, need in (("cpu", cost.cpu_s), ("accelerator", cost.accelerator_s))
-                if need > 0
-            )
+def check_share_caps(alloc_: Allocator, a, ctx: LeverContext, max_share: float) -> None:
+    """Without a fallback, a proven lever takes at most ``max_share`` of a pool that another
+    runnable lever could also use."""
+    pools = a.pools
+    usable = [p.units >= alloc_.settings.min_pool_units for p in pools]
 
-        contested = {
-            i
-            for i, p in enumerate(pools)
-            if sum(1 for lv in LEVERS if runnable(lv) and uses(lv, p)) >= 2
-        }
-        for name in a.rates:
-            if name in a.explored:
-                continue
-            for i, used in use_of(a, name).items():
-                if i in contested:
-                    assert used <= max_share * pools[i].units * (1 + 1e-7) + 1e-9
+    def uses(lv, p) -> bool:
+        cost = lv.unit_cost()
+        need = cost.cpu_s if p.resource == "cpu" else cost.accelerator_s
+        return need > 0 and alloc_.eligible(lv, p)
+
+    def runnable(lv) -> bool:  # has a usable pool of every resource it needs
+        cost = lv.unit_cost()
+        return lv.demand(ctx) > 0 and all(
+            any(usable[i] and p.resource == res and uses(lv, p) for i, p in enumerate(pools))
+            for res, need in (("cpu", cost.cpu_s), ("accelerator", cost.accelerator_s))
+            if need > 0
+        )
+
+    contested = {
+        i
+        for i, p in enumerate(pools)
+        if sum(1 for lv in LEVERS if runnable(lv) and uses(lv, p)) >= 2
+    }
+    for name in a.rates:
+        if name in a.explored:
+            continue
+        for i, used in use_of(a, name).items():
+            if i in contested:
+                assert used <= max_share * pools[i].units * (1 + 1e-7) + 1e-9
 
 
 def test_rma_runs_only_where_cpu_and_accelerator_budget_both_exist() -> None:

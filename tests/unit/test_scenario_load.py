@@ -731,11 +731,21 @@ def schema_problems(schema: Any, value: Any, path: str = "$") -> list[str]:
         return []
     if schema is False:
         return [f"{path}: not allowed"]
-    out: list[str] = []
     if "type" in schema:
         types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
         if not any(_is_type(value, t) for t in types):
             return [f"{path}: {value!r} is not {types}"]
+    out = _scalar_problems(schema, value, path)
+    if isinstance(value, dict):
+        out += _object_problems(schema, value, path)
+    if isinstance(value, list):
+        out += _array_problems(schema, value, path)
+    return out + _applicator_problems(schema, value, path)
+
+
+def _scalar_problems(schema: Any, value: Any, path: str) -> list[str]:
+    """const, enum, the numeric bounds and the string keywords."""
+    out: list[str] = []
     if "const" in schema and value != schema["const"]:
         out.append(f"{path}: not {schema['const']!r}")
     if "enum" in schema and value not in schema["enum"]:
@@ -754,25 +764,41 @@ def schema_problems(schema: Any, value: Any, path: str = "$") -> list[str]:
             out.append(f"{path}: does not match {schema['pattern']}")
         if len(value) < schema.get("minLength", 0):
             out.append(f"{path}: too short")
-    if isinstance(value, dict):
-        props = schema.get("properties", {})
-        for key in schema.get("required", []):
-            if key not in value:
-                out.append(f"{path}.{key}: required")
-        for key, v in value.items():
-            if key in props:
-                out += schema_problems(props[key], v, f"{path}.{key}")
-            elif schema.get("additionalProperties") is False:
-                out.append(f"{path}.{key}: additional property")
-    if isinstance(value, list):
-        prefix = schema.get("prefixItems", [])
-        for i, v in enumerate(value):
-            sub = prefix[i] if i < len(prefix) else schema.get("items", True)
-            out += schema_problems(sub, v, f"{path}[{i}]")
-        if len(value) < schema.get("minItems", 0):
-            out.append(f"{path}: fewer than {schema['minItems']} items")
-        if schema.get("uniqueItems") and len({repr(v) for v in value}) != len(value):
-            out.append(f"{path}: items not unique")
+    return out
+
+
+def _object_problems(schema: Any, value: dict[Any, Any], path: str) -> list[str]:
+    """required, properties and additionalProperties: false."""
+    out: list[str] = []
+    props = schema.get("properties", {})
+    for key in schema.get("required", []):
+        if key not in value:
+            out.append(f"{path}.{key}: required")
+    for key, v in value.items():
+        if key in props:
+            out += schema_problems(props[key], v, f"{path}.{key}")
+        elif schema.get("additionalProperties") is False:
+            out.append(f"{path}.{key}: additional property")
+    return out
+
+
+def _array_problems(schema: Any, value: list[Any], path: str) -> list[str]:
+    """prefixItems, items, minItems and uniqueItems."""
+    out: list[str] = []
+    prefix = schema.get("prefixItems", [])
+    for i, v in enumerate(value):
+        sub = prefix[i] if i < len(prefix) else schema.get("items", True)
+        out += schema_problems(sub, v, f"{path}[{i}]")
+    if len(value) < schema.get("minItems", 0):
+        out.append(f"{path}: fewer than {schema['minItems']} items")
+    if schema.get("uniqueItems") and len({repr(v) for v in value}) != len(value):
+        out.append(f"{path}: items not unique")
+    return out
+
+
+def _applicator_problems(schema: Any, value: Any, path: str) -> list[str]:
+    """allOf, anyOf, oneOf, not and if/then/else."""
+    out: list[str] = []
     for sub in schema.get("allOf", []):
         out += schema_problems(sub, value, path)
     if "anyOf" in schema and not any(not schema_problems(s, value, path) for s in schema["anyOf"]):
