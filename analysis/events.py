@@ -26,6 +26,7 @@ from typing import IO, Any
 import orjson
 
 from headroom.kernel.errors import ConfigError, HeadroomError
+from headroom.kernel.vocab import LEVERS, LIVE_LEVERS
 
 # Every kind docs/events.md defines. Anything else is "unknown": read, counted, otherwise ignored.
 KNOWN_KINDS: frozenset[str] = frozenset(
@@ -200,8 +201,7 @@ def read_events(path: str | Path) -> list[dict[str, Any]]:
 
 # every lever a window's ground truth is split by (``inc``), and the live-path levers that always
 # have an ``eligible_treated`` count
-WINDOW_LEVERS = ("rma", "sbm", "precompute")
-LIVE_LEVERS = ("rma", "sbm")
+WINDOW_LEVERS = LEVERS
 
 Sums = Mapping[str, Any]  # {n, value_sum, value_sq_sum}
 

@@ -58,9 +58,8 @@ import orjson
 
 from headroom.analysis.events import KNOWN_KINDS as _KNOWN
 from headroom.kernel.errors import ConfigError, HeadroomError
+from headroom.kernel.vocab import LEVERS, RESOURCES
 
-LEVERS: tuple[str, ...] = ("rma", "sbm", "precompute")
-RESOURCES: tuple[str, ...] = ("cpu", "accelerator")
 CONTROL_ARM = "control"
 # 97.5th percentile of the standard normal: the two-sided 95% interval.
 Z_95 = 1.959963984540054

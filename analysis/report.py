@@ -41,9 +41,10 @@ import numpy as np
 import orjson
 
 from headroom.analysis.events import KNOWN_KINDS, EventLog, LogStats
-from headroom.analysis.metrics import LEVERS, MetricsAccumulator
+from headroom.analysis.metrics import MetricsAccumulator
 from headroom.analysis.table import fmt_value
 from headroom.kernel.errors import HeadroomError
+from headroom.kernel.vocab import LEVERS
 
 PEEK_EVENTS = 10_000  # events held back while looking for run.started
 MAX_BINS = 480  # time buckets per series: 3 minutes over 24 h, one per window over an hour

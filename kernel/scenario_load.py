@@ -58,6 +58,7 @@ from headroom.kernel.scenario import (
     ValueDist,
     World,
 )
+from headroom.kernel.vocab import RESOURCES
 
 __all__ = [
     "EVENT_KINDS",
@@ -72,7 +73,6 @@ __all__ = [
 
 NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"  # region names as docs/messages.md allows them
 _NAME_RE = re.compile(NAME_PATTERN)
-RESOURCES = ("cpu", "accelerator")
 EVENT_KINDS = ("preempt", "grant", "surge", "control_outage")
 SHARE_TOLERANCE = 1e-6  # docs/scenarios.md: "shares sum to 1"; float rounding of 0.1 + 0.2 + 0.7
 MAX_FILE_BYTES = 64 * 1024 * 1024  # a scenario or CSV trace larger than this is refused

@@ -77,9 +77,10 @@ class Model(IntEnum):
         return cls(int(value))
 
 
-LEVERS: tuple[str, ...] = tuple(Lever)
-LIVE_LEVERS: tuple[str, ...] = (Lever.RMA, Lever.SBM)
-RESOURCES: tuple[str, ...] = tuple(Resource)
-POOLS: tuple[str, ...] = tuple(Pool)
-PATHS: tuple[str, ...] = tuple(Path)
-ARMS: tuple[str, ...] = tuple(Arm)
+# The names as plain strings, in declaration order (for keys of messages, events and arrays).
+LEVERS: tuple[str, ...] = tuple(m.value for m in Lever)
+LIVE_LEVERS: tuple[str, ...] = (Lever.RMA.value, Lever.SBM.value)
+RESOURCES: tuple[str, ...] = tuple(m.value for m in Resource)
+POOLS: tuple[str, ...] = tuple(m.value for m in Pool)
+PATHS: tuple[str, ...] = tuple(m.value for m in Path)
+ARMS: tuple[str, ...] = tuple(m.value for m in Arm)

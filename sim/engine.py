@@ -118,7 +118,6 @@ _KEY_SPAN = 2048  # dense latency-key histogram size: keys 0..2047 cover 1 ms ..
 _EPS = 1e-9
 
 PATH_BASE, PATH_RMA, PATH_SBM = 0, 1, 2
-PATH_NAMES = ("base", "rma", "sbm")
 
 
 # --------------------------------------------------------------------------------------------

@@ -109,6 +109,7 @@ from headroom.defences.shedding import (
 from headroom.kernel.errors import ConfigError, HeadroomError
 from headroom.kernel.scenario import Scenario
 from headroom.kernel.sketch import LatencySketch
+from headroom.kernel.vocab import LEVERS, LIVE_LEVERS
 from headroom.streams import messages
 from headroom.streams.consume import ConsumerLoop, LoopConfig, Received
 from headroom.streams.kafka import KafkaTarget, make_consumer, make_producer, started
@@ -141,8 +142,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-LEVERS = ("rma", "sbm")  # the live-path levers (the plan's)
-ALL_LEVERS = ("rma", "sbm", "precompute")
 SKETCH_ALPHA = 0.01
 
 
@@ -470,7 +469,7 @@ class _Window:
     sketch_base: LatencySketch = field(default_factory=lambda: LatencySketch(SKETCH_ALPHA))
     value_total: float = 0.0
     value_baseline: float = 0.0
-    inc: dict[str, float] = field(default_factory=lambda: dict.fromkeys(ALL_LEVERS, 0.0))
+    inc: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LEVERS, 0.0))
     arms: dict[str, dict[str, _Arm]] = field(default_factory=dict)
     itt: dict[str, dict[str, _Arm]] = field(default_factory=dict)  # segment -> lever -> sums
     # the value signals' sums, per (segment, stratum): the intent-to-treat groups (lever ->
@@ -478,7 +477,7 @@ class _Window:
     # | "precompute" (found one: the control of precompute)
     strata_itt: dict[tuple[str, int | None], dict[str, _Arm]] = field(default_factory=dict)
     controls: dict[tuple[str, int | None], dict[str, _Arm]] = field(default_factory=dict)
-    treated: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LEVERS, 0))
+    treated: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LIVE_LEVERS, 0))
     segments: dict[str, dict[str, Any]] = field(default_factory=dict)
     offsets: dict[int, list[int]] = field(default_factory=dict)
     # precompute look-ups of the requests of this window (None: precompute off)
@@ -647,7 +646,7 @@ class WindowBook:
         for key in sorted(keys, key=lambda k: (k[0], -1 if k[1] is None else k[1])):
             seg, stratum = key
             controls = w.controls.get(key, {})
-            for lever in ALL_LEVERS:
+            for lever in LEVERS:
                 control = controls.get("precompute" if lever == "precompute" else "live")
                 treated = w.strata_itt.get(key, {}).get(lever)
                 for arm_name, arm in (("treatment", treated), ("control", control)):
