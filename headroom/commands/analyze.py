@@ -36,7 +36,8 @@ def analyze(args: argparse.Namespace) -> int:
         print(f"metrics: {metrics_path}")
         return 0
 
-    from headroom.analysis.report import collect, render_report
+    from headroom.analysis.report import render_report
+    from headroom.analysis.report_data import collect
 
     data = collect(log)  # one pass: the metrics and the report's series together
     data.stats = log.stats

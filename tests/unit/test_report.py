@@ -12,13 +12,9 @@ import pytest
 
 from headroom.analysis.events import EventLog, read_events
 from headroom.analysis.metrics import compute_metrics
-from headroom.analysis.report import (
-    _carry_forward,
-    _SketchSum,
-    collect,
-    consistency_checks,
-    write_report,
-)
+from headroom.analysis.plots import _carry_forward
+from headroom.analysis.report import consistency_checks, write_report
+from headroom.analysis.report_data import _SketchSum, collect
 from headroom.analysis.testing import LogBuilder, arm, synthetic_run
 from headroom.cli import main
 from headroom.kernel.sketch import LatencySketch
