@@ -103,6 +103,7 @@ import numpy.typing as npt
 from headroom.controllers.allocator import Pool, pools_from_capacity
 from headroom.controllers.levers import CapacityUse, CostModel, ResourceCost
 from headroom.controllers.types import CapacityLevel
+from headroom.kernel.checks import FieldChecker
 from headroom.kernel.errors import ConfigError
 from headroom.kernel.jsonstate import Snapshotting, decode_big_ints, encode_big_ints
 
@@ -153,26 +154,6 @@ class JobOutcome(Enum):
 # -- configuration -------------------------------------------------------------------------------
 
 
-def _bad(problems: list[str], name: str, text: str, value: object) -> None:
-    problems.append(f"{_PREFIX}.{name}: {text}, got {value!r}")
-
-
-def _finite(problems: list[str], name: str, value: float, lo: float, hi: float = math.inf) -> None:
-    """A number (not a bool), finite and within [lo, hi]."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        _bad(problems, name, "must be a number", value)
-    elif not (math.isfinite(value) and lo <= value <= hi):
-        _bad(problems, name, f"must be a finite number in [{lo:g}, {hi:g}]", value)
-
-
-def _positive_int(problems: list[str], name: str, value: int) -> None:
-    """An integer (not a bool) of at least 1."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        _bad(problems, name, "must be an integer", value)
-    elif value < 1:
-        _bad(problems, name, "must be >= 1", value)
-
-
 @dataclass(frozen=True, slots=True)
 class PrecomputeConfig:
     """Settings of the precompute policy; validated once, errors name ``precompute.<field>``.
@@ -203,51 +184,44 @@ class PrecomputeConfig:
     max_users: int = 250_000  # users remembered (least recently seen evicted beyond)
 
     def __post_init__(self) -> None:
-        problems: list[str] = []
-        _positive_int(problems, "candidates", self.candidates)
-        if isinstance(self.keep, bool) or not isinstance(self.keep, int) or self.keep < 1:
-            _bad(problems, "keep", "must be an integer >= 1", self.keep)
-        self._segment_problems(problems)
-        _finite(problems, "max_ttl_s", self.max_ttl_s, 0.0)
-        if not problems and self.max_ttl_s <= 0.0:
-            _bad(problems, "max_ttl_s", "must be > 0", self.max_ttl_s)
-        _finite(problems, "expiry_margin", self.expiry_margin, 0.0, 1.0)
-        if not isinstance(self.visit_model, VisitModel):
-            _bad(
-                problems,
-                "visit_model",
-                f"must be one of {[m.value for m in VisitModel]}",
-                self.visit_model,
-            )
-        _finite(problems, "rate_shape", self.rate_shape, 1e-6)
-        _finite(problems, "refresh_after", self.refresh_after, 0.0, 1.0)
-        _finite(problems, "min_gain", self.min_gain, 0.0)
-        _finite(problems, "explore_share", self.explore_share, 0.0, 1.0)
-        _finite(problems, "default_jobs_per_s", self.default_jobs_per_s, 0.0)
-        _finite(problems, "burst_s", self.burst_s, 1e-3, 3600.0)
-        _finite(problems, "job_duration_s", self.job_duration_s, 1e-3, 3600.0)
-        _finite(problems, "safety_margin", self.safety_margin, 0.0, 0.999)
-        _positive_int(problems, "max_users", self.max_users)
-        if problems:
-            raise ConfigError(problems)
+        c = FieldChecker(_PREFIX)
+        c.integer("candidates", self.candidates, 1)
+        c.integer("keep", self.keep, 1)
+        self._check_segments(c)
+        c.positive("max_ttl_s", self.max_ttl_s)
+        c.share("expiry_margin", self.expiry_margin)
+        c.require(
+            isinstance(self.visit_model, VisitModel),
+            "visit_model",
+            f"must be one of {[m.value for m in VisitModel]}",
+            self.visit_model,
+        )
+        c.at_least("rate_shape", self.rate_shape, 1e-6)
+        c.share("refresh_after", self.refresh_after)
+        c.nonnegative("min_gain", self.min_gain)
+        c.share("explore_share", self.explore_share)
+        c.nonnegative("default_jobs_per_s", self.default_jobs_per_s)
+        c.between("burst_s", self.burst_s, 1e-3, 3600.0)
+        c.between("job_duration_s", self.job_duration_s, 1e-3, 3600.0)
+        c.between("safety_margin", self.safety_margin, 0.0, 0.999)
+        c.integer("max_users", self.max_users, 1)
+        c.raise_if_any()
 
-    def _segment_problems(self, problems: list[str]) -> None:
+    def _check_segments(self, c: FieldChecker) -> None:
         """One name, value and return rate per segment: at least one segment, values and rates
         finite and not negative (rates at most one a second)."""
         n = len(self.segment_names)
-        if n == 0:
-            _bad(problems, "segment_names", "must name at least one segment", self.segment_names)
-        if len(self.segment_values) != n or len(self.return_rates_per_h) != n:
-            _bad(
-                problems,
-                "segment_values",
-                f"segment_values and return_rates_per_h need {n} entries (one per segment)",
-                (len(self.segment_values), len(self.return_rates_per_h)),
-            )
+        c.require(n > 0, "segment_names", "must name at least one segment", self.segment_names)
+        c.require(
+            len(self.segment_values) == n and len(self.return_rates_per_h) == n,
+            "segment_values",
+            f"segment_values and return_rates_per_h need {n} entries (one per segment)",
+            (len(self.segment_values), len(self.return_rates_per_h)),
+        )
         for i, v in enumerate(self.segment_values):
-            _finite(problems, f"segment_values[{i}]", v, 0.0)
+            c.nonnegative(f"segment_values[{i}]", v)
         for i, r in enumerate(self.return_rates_per_h):
-            _finite(problems, f"return_rates_per_h[{i}]", r, 0.0, 3600.0)
+            c.between(f"return_rates_per_h[{i}]", r, 0.0, 3600.0)
 
     @classmethod
     def from_scenario(cls, scenario: Scenario, **overrides: Any) -> PrecomputeConfig:
