@@ -3,10 +3,12 @@
 * ``kafka_produce_msgs_per_s`` — latency messages (a 100-bin sketch and 3 samples, ~1 kB)
   sent with the project's producer settings (``headroom.streams.kafka.make_producer``: acks=all,
   idempotent, linger 5 ms) to a 4-partition topic, until the broker acknowledged all of them.
-* ``kafka_consume_msgs_per_s`` — the same messages read back through the shared consumer loop
-  (``headroom.streams.consume``: decode and validate every message, hand it on, commit per batch);
-  baseline: raw aiokafka ``getmany`` of the same records in the same run, so the ratio is the
-  share of raw consumption speed the loop keeps.
+* ``consume_validated_msgs_per_s`` — the same messages read back through the shared consumer
+  loop (``headroom.streams.consume``: decode and validate every message, dead-letter the bad
+  ones, hand the good ones on, commit per batch once every dead letter is acknowledged); goal
+  ≥ 100,000 msg/s. Baseline: raw aiokafka ``getmany`` of the same records in the same run, so
+  the ratio is the share of raw consumption speed the loop keeps. The messages are all valid,
+  so no dead letter is sent; the loop still pays for the check on every one.
 * ``broker_cold_start_s`` — ``headroom.streams.broker.start`` from nothing: Maven resolves the
 broker's
   jars into an empty libs folder (into an empty temporary local repository, i.e. a real first
@@ -187,6 +189,7 @@ def consume_rate(ctx: BenchContext) -> BenchResult:
     return BenchResult(
         value=round(value),
         unit="msg/s",
+        goal=100_000,
         baseline=round(baseline),
         ratio=round(value / baseline, 3),
         extra={"messages": n + 1, "bytes_per_message": len(payloads[0])},
@@ -256,7 +259,7 @@ def warm_start(ctx: BenchContext) -> BenchResult:
 
 BENCHMARKS = {
     "kafka_produce_msgs_per_s": produce_rate,
-    "kafka_consume_msgs_per_s": consume_rate,
+    "consume_validated_msgs_per_s": consume_rate,
     "broker_cold_start_s": cold_start,
     "broker_warm_start_s": warm_start,
 }
