@@ -255,3 +255,30 @@ async def test_an_async_handler_is_awaited_before_the_commit() -> None:
     assert done == [0, 1]
     assert stats.processed == 2
     assert consumer.commits == [{TP: 2}]
+
+
+async def test_a_commit_overlaps_the_next_batch_and_commits_stay_in_order() -> None:
+    events: list[str] = []
+    loop, consumer, _, _ = make_loop(
+        [[record(0, good(0))], [record(1, good(1))], [record(2, good(2))]],
+        lambda r: events.append(f"handled {r.offset}"),
+        LoopConfig(idle_timeout_s=0.2),
+    )
+    plain_commit = consumer.commit
+
+    async def slow_commit(offsets: dict[TopicPartition, int]) -> None:
+        events.append(f"commit {offsets[TP]} sent")
+        await asyncio.sleep(0.05)  # the coordinator's round trip
+        await plain_commit(offsets)
+        events.append(f"commit {offsets[TP]} done")
+
+    consumer.commit = slow_commit  # type: ignore[method-assign]
+    stats = await loop.run()
+    assert stats.commits == 3
+    assert consumer.commits == [{TP: 1}, {TP: 2}, {TP: 3}]
+    # The second batch is handled while the first commit is under way; a commit is sent only
+    # after the one before it is done, and the last is done before run returns.
+    assert events.index("handled 1") < events.index("commit 1 done")
+    assert events.index("commit 1 done") < events.index("commit 2 sent")
+    assert events.index("commit 2 done") < events.index("commit 3 sent")
+    assert events[-1] == "commit 3 done"
