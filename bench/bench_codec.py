@@ -14,7 +14,8 @@
   region's p99 read. Samples per second on one core; goal ≥ 100,000 (BENCHMARKS.md).
 
 Each figure is the best of a few timed rounds (the least disturbed by the other processes on a
-shared machine); inputs are generated from a fixed seed before the clock starts.
+shared machine), the rounds of ours and of the baseline interleaved so that the ratio compares
+rounds run under the same load; inputs are generated from a fixed seed before the clock starts.
 """
 
 from __future__ import annotations
@@ -34,12 +35,19 @@ _SEED = 20240601
 
 def _best_rate(fn: Callable[[], int], rounds: int) -> float:
     """Items per second of ``fn`` (which returns how many items it processed): best round."""
-    best = 0.0
+    return _best_rates([fn], rounds)[0]
+
+
+def _best_rates(fns: list[Callable[[], int]], rounds: int) -> list[float]:
+    """:func:`_best_rate` of each of ``fns``, their rounds interleaved (one round of each in
+    turn), so that a ratio between them compares rounds run under the same load."""
+    best = [0.0] * len(fns)
     for _ in range(rounds):
-        start = time.perf_counter()
-        items = fn()
-        elapsed = time.perf_counter() - start
-        best = max(best, items / elapsed)
+        for i, fn in enumerate(fns):
+            start = time.perf_counter()
+            items = fn()
+            elapsed = time.perf_counter() - start
+            best[i] = max(best[i], items / elapsed)
     return best
 
 
@@ -87,8 +95,7 @@ def codec_msgs_per_s(ctx: BenchContext) -> BenchResult:
 
     data = encode(msg)
     assert decode("latency", data) == msg
-    ours_rate = _best_rate(ours, rounds)
-    base_rate = _best_rate(baseline, rounds)
+    ours_rate, base_rate = _best_rates([ours, baseline], rounds)
 
     def encode_only() -> int:
         for _ in range(n):
