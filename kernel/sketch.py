@@ -450,7 +450,7 @@ class LatencySketch:
         the one rule that depends on alpha, the range of the keys, and dropping empty bins as
         :meth:`from_dict` does. A :class:`CommonSketchWire` has no empty bins, and its keys lie
         in the range of every alpha up to ``DEFAULT_ALPHA``: only a coarser alpha checks them."""
-        m = _mapping(wire.alpha)
+        m = _MAPPINGS.get(wire.alpha) or _mapping(wire.alpha)
         bins = wire.bins
         total = wire.zeros
         if bins:
@@ -652,7 +652,12 @@ class SketchWire(msgspec.Struct, frozen=True, gc=False):
     a sketch decoded inside a message and one decoded on its own give the same error."""
 
     alpha: Annotated[float, msgspec.Meta(ge=MIN_ALPHA, lt=1.0)]
-    bins: Annotated[dict[int, Count], msgspec.Meta(max_length=MAX_BINS)]
+    # Keys within 64 bits: a longer one is refused by msgspec, and then worded by from_dict's
+    # checked path, as a key that is not canonical (20 digits) or out of range (19).
+    bins: Annotated[
+        dict[Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)], Count],
+        msgspec.Meta(max_length=MAX_BINS),
+    ]
     zeros: Count = 0
 
     @classmethod

@@ -274,7 +274,7 @@ def _builtins_hook(obj: Any) -> Any:
 
 
 def _encode_hook(obj: Any) -> Any:
-    if isinstance(obj, LatencySketch):
+    if type(obj) is LatencySketch or isinstance(obj, LatencySketch):
         return obj._wire_dict()  # integer keys, ascending: msgspec writes them as "372"
     if isinstance(obj, MappingProxyType):
         return dict(obj)

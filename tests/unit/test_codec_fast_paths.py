@@ -284,6 +284,22 @@ def test_a_sketch_inside_a_message_is_judged_like_the_sketch_alone(raw: dict[str
             assert route == alone
 
 
+@pytest.mark.parametrize(
+    "key", ["1" * 19, "9" * 19, "1" * 20, "-" + "1" * 20, "9" * 25, "-0", "05", "+5", "1e3"]
+)
+@pytest.mark.parametrize("count", [0, 1])
+def test_long_and_odd_keys_get_the_words_of_the_sketch_alone(key: str, count: int) -> None:
+    raw = {"alpha": 0.01, "bins": {"100": 1, key: count}}
+    d = copy.deepcopy(LATENCY) | {"sketch": raw}
+    alone = _outcome(LatencySketch.from_dict, _frozen(raw))
+    for route in _routes(d):
+        if alone[0] == "ok":
+            assert route[0] == "ok"
+            assert route[1].sketch == alone[1]
+        else:
+            assert route == alone
+
+
 def _wire(msg: Latency) -> bytes:
     return json.dumps(msg.to_dict()).encode()  # not our encoder: plain JSON from elsewhere
 
