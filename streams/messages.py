@@ -210,7 +210,7 @@ def _convert(cls: type[_Model], obj: Any) -> Any:
         return msgspec.convert(obj, cls, str_keys=True)
     except msgspec.ValidationError as exc:
         error: Exception = exc
-    plain = _plain(obj)  # numpy values, tuples, read-only mappings: try again with plain ones
+    plain = _plain(obj)  # numpy values, read-only mappings: try again with plain ones
     if plain is not obj:
         try:
             return msgspec.convert(plain, cls, str_keys=True)
@@ -244,8 +244,8 @@ def _version_error(d: Mapping[str, Any]) -> ValidationError | None:
 
 
 def _plain(value: Any) -> Any:
-    """``value`` with numpy scalars and arrays, tuples and read-only mappings turned into plain
-    Python values (the same object when nothing needed it)."""
+    """``value`` with numpy scalars and arrays and read-only mappings turned into plain Python
+    values, inside lists, tuples and maps too (the same object when nothing needed it)."""
     if isinstance(value, np.ndarray):
         return value.tolist()
     if isinstance(value, np.generic):
