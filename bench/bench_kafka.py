@@ -3,10 +3,14 @@
 * ``kafka_produce_msgs_per_s`` — latency messages (a 100-bin sketch and 3 samples, ~1 kB)
   sent with the project's producer settings (``headroom.streams.kafka.make_producer``: acks=all,
   idempotent, linger 5 ms) to a 4-partition topic, until the broker acknowledged all of them.
-* ``kafka_consume_msgs_per_s`` — the same messages read back through the shared consumer loop
-  (``headroom.streams.consume``: decode and validate every message, hand it on, commit per batch);
-  baseline: raw aiokafka ``getmany`` of the same records in the same run, so the ratio is the
-  share of raw consumption speed the loop keeps.
+* ``consume_validated_msgs_per_s`` — the same messages read back through the shared consumer
+  loop (``headroom.streams.consume``: decode and validate every message, dead-letter the bad
+  ones, hand the good ones on, commit per batch once every dead letter is acknowledged); goal
+  ≥ 100,000 msg/s. Baseline: raw aiokafka ``getmany`` of the same records in the same run, so
+  the ratio is the share of raw consumption speed the loop keeps. The messages are all valid,
+  so no dead letter is sent; the loop still pays for the check on every one. Best of three
+  rounds each (one with ``--quick``), raw and loop interleaved, each loop round a new consumer
+  group reading the topic from its start.
 * ``broker_cold_start_s`` — ``headroom.streams.broker.start`` from nothing: Maven resolves the
 broker's
   jars into an empty libs folder (into an empty temporary local repository, i.e. a real first
@@ -122,7 +126,9 @@ async def _raw_consume(bootstrap: str, topic: str, n: int) -> float:
         return time.perf_counter() - (began or time.perf_counter())
 
 
-async def _loop_consume(bootstrap: str, prefix: str, topic: str, n: int) -> float:
+async def _loop_consume(
+    bootstrap: str, prefix: str, topic: str, n: int, group: str = "bench"
+) -> float:
     marks: dict[str, float] = {}
     loops: list[ConsumerLoop] = []
 
@@ -139,7 +145,7 @@ async def _loop_consume(bootstrap: str, prefix: str, topic: str, n: int) -> floa
         [topic],
         handle,
         prefix=prefix,
-        group_id=f"{prefix}bench",
+        group_id=f"{prefix}{group}",
         from_beginning=True,
         config=LoopConfig(batch_max=2000),
         on_loop=loops.append,
@@ -172,14 +178,18 @@ def consume_rate(ctx: BenchContext) -> BenchResult:
     if bootstrap is None:
         return BenchResult(value=None, unit="msg/s", skipped=_SKIP_NO_BROKER)
     n = 2_000 if ctx.quick else 20_000
+    rounds = 1 if ctx.quick else 3
     payloads = [_message(i) for i in range(n)]
 
     async def run() -> tuple[float, float]:
         async with _Topic(bootstrap) as t:
             await _produce(bootstrap, t.latency, payloads)
-            raw = await _raw_consume(bootstrap, t.latency, n + 1)  # + the warm-up record
-            loop = await _loop_consume(bootstrap, t.prefix, t.latency, n + 1)
-            return raw, loop
+            raw, loop = [], []
+            for r in range(rounds):  # interleaved: each ratio compares rounds of the same load
+                raw.append(await _raw_consume(bootstrap, t.latency, n + 1))  # + the warm-up
+                # A new consumer group each round: every round reads the topic from the start.
+                loop.append(await _loop_consume(bootstrap, t.prefix, t.latency, n + 1, f"b{r}"))
+            return min(raw), min(loop)
 
     raw_s, loop_s = asyncio.run(run())
     value = (n + 1) / loop_s
@@ -187,9 +197,10 @@ def consume_rate(ctx: BenchContext) -> BenchResult:
     return BenchResult(
         value=round(value),
         unit="msg/s",
+        goal=100_000,
         baseline=round(baseline),
         ratio=round(value / baseline, 3),
-        extra={"messages": n + 1, "bytes_per_message": len(payloads[0])},
+        extra={"messages": n + 1, "bytes_per_message": len(payloads[0]), "rounds": rounds},
     )
 
 
@@ -256,7 +267,7 @@ def warm_start(ctx: BenchContext) -> BenchResult:
 
 BENCHMARKS = {
     "kafka_produce_msgs_per_s": produce_rate,
-    "kafka_consume_msgs_per_s": consume_rate,
+    "consume_validated_msgs_per_s": consume_rate,
     "broker_cold_start_s": cold_start,
     "broker_warm_start_s": warm_start,
 }

@@ -47,18 +47,21 @@ import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, Final, cast
+from typing import Annotated, Any, Final, cast
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 
-from headroom.kernel.codec import ValidationError
+from headroom.kernel.codec import Count, ValidationError, type_name
 
 __all__ = [
     "DEFAULT_ALPHA",
     "MAX_BINS",
     "MIN_ALPHA",
+    "CommonSketchWire",
     "LatencySketch",
+    "SketchWire",
     "bin_keys",
     "bin_values",
     "quantiles_from_counts",
@@ -440,6 +443,34 @@ class LatencySketch:
         out._count = total
         return out
 
+    @classmethod
+    def from_wire(cls, wire: SketchWire | CommonSketchWire, field: str = "sketch") -> LatencySketch:
+        """Build from a :class:`SketchWire` (or :class:`CommonSketchWire`) that msgspec has
+        decoded and checked (alpha, counts, sizes), adopting its map of bins: what is left is
+        the one rule that depends on alpha, the range of the keys, and dropping empty bins as
+        :meth:`from_dict` does. A :class:`CommonSketchWire` has no empty bins, and its keys lie
+        in the range of every alpha up to ``DEFAULT_ALPHA``: only a coarser alpha checks them."""
+        m = _MAPPINGS.get(wire.alpha) or _mapping(wire.alpha)
+        bins = wire.bins
+        total = wire.zeros
+        if bins:
+            common = type(wire) is CommonSketchWire
+            if (not common or m.alpha > DEFAULT_ALPHA) and (
+                min(bins) < m.key_min or max(bins) > m.key_max
+            ):
+                key = next(k for k in bins if not m.key_min <= k <= m.key_max)
+                raise ValidationError(f"{field}.bins.{key}", _range_reason(m))
+            counts = bins.values()
+            total += sum(counts)
+            if not common and not all(counts):
+                bins = {k: c for k, c in bins.items() if c}
+        out = cls.__new__(cls)
+        out._m = m
+        out._bins = bins
+        out._zeros = wire.zeros
+        out._count = total
+        return out
+
 
 # -- decoding the wire form -------------------------------------------------------------------
 #
@@ -582,21 +613,22 @@ def _parse_bins(raw: Mapping[Any, Any], m: _Mapping, field: str) -> dict[int, in
             )
         key = int(skey)
         if not m.key_min <= key <= m.key_max:
-            raise ValidationError(
-                f"{field}.bins.{skey}",
-                f"key out of the range of finite positive values for alpha {m.alpha} "
-                f"([{m.key_min}, {m.key_max}])",
-            )
+            raise ValidationError(f"{field}.bins.{skey}", _range_reason(m))
         _remember(skey, key)
         if c:
             bins[key] = c
     return bins
 
 
+def _range_reason(m: _Mapping) -> str:
+    return (
+        f"key out of the range of finite positive values for alpha {m.alpha} "
+        f"([{m.key_min}, {m.key_max}])"
+    )
+
+
 def _type_name(value: object) -> str:
-    if value is None:
-        return "null"
-    return type(value).__name__
+    return type_name(value)
 
 
 def _count_reason(value: object) -> str:
@@ -605,3 +637,52 @@ def _count_reason(value: object) -> str:
             return f"must be a non-negative integer, got {value}"
         return f"must be at most 2**63-1, got {value}"
     return f"must be a non-negative integer, got {_type_name(value)}"
+
+
+# -- the wire form as a msgspec type ----------------------------------------------------------
+
+
+class SketchWire(msgspec.Struct, frozen=True, gc=False):
+    """The contract form ``{"alpha": 0.01, "bins": {"372": 10}, "zeros": 0}`` as msgspec decodes
+    it inside a message: alpha in ``[MIN_ALPHA, 1)``, at most ``MAX_BINS`` bins with integer keys
+    and counts in [0, 2⁶³−1], ``zeros`` likewise (0 if absent); unknown fields ignored.
+    :meth:`LatencySketch.from_wire` adds the range of the keys, which depends on alpha.
+
+    A fault is worded by :meth:`LatencySketch.from_dict`'s checked path (``__explain__``), so
+    a sketch decoded inside a message and one decoded on its own give the same error."""
+
+    alpha: Annotated[float, msgspec.Meta(ge=MIN_ALPHA, lt=1.0)]
+    # Keys within 64 bits: a longer one is refused by msgspec, and then worded by from_dict's
+    # checked path, as a key that is not canonical (20 digits) or out of range (19).
+    bins: Annotated[
+        dict[Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)], Count],
+        msgspec.Meta(max_length=MAX_BINS),
+    ]
+    zeros: Count = 0
+
+    @classmethod
+    def __explain__(cls, raw: object, field: str) -> ValidationError | None:
+        try:
+            _from_dict_checked(raw, field)
+        except ValidationError as exc:
+            return exc
+        return None
+
+
+_DEFAULT_MAPPING: Final = _mapping(DEFAULT_ALPHA)
+
+
+class CommonSketchWire(SketchWire, frozen=True, gc=False):
+    """:class:`SketchWire` narrowed to what producers send: no empty bins (counts ≥ 1) and keys
+    in the range of ``DEFAULT_ALPHA`` (hence of every finer alpha too). Decoding a message tries
+    this first, which spares :meth:`LatencySketch.from_wire` two passes over the bins; a sketch
+    that does not fit (an empty bin, a key only a finer alpha allows) is decoded again as a
+    :class:`SketchWire`, so both accept exactly the same sketches."""
+
+    bins: Annotated[
+        dict[
+            Annotated[int, msgspec.Meta(ge=_DEFAULT_MAPPING.key_min, le=_DEFAULT_MAPPING.key_max)],
+            Annotated[int, msgspec.Meta(ge=1, le=_MAX_COUNT)],
+        ],
+        msgspec.Meta(max_length=MAX_BINS),
+    ]

@@ -3,23 +3,25 @@
 The algorithm, per batch (``getmany``, up to ``batch_max`` records, partitions in any order,
 each partition's records in offset order):
 
-1. **Decode** each record with :func:`headroom.streams.messages.decode` for the topic's kind (the
-topic
-   name without the prefix). A tombstone (null value) is handed on only where the contract
-   allows one (``precompute``); ``decode`` says so.
-2. **Handle** a good message: ``await handler(record)`` (a plain function works too).
+1. **Decode** each record with :func:`headroom.streams.messages.decode` for the topic's kind
+   (the topic name without the prefix). A tombstone (null value) is handed on only where the
+   contract allows one (``precompute``); ``decode`` says so.
+2. **Handle** a good message: ``handler(record)``, awaited when it returns an awaitable (a plain
+   function works too, and costs no await).
 3. **Dead-letter** a bad one — a :class:`headroom.streams.messages.ValidationError`, or an
-exception from
-   the handler (unless ``handler_errors=RAISE``) — to ``<prefix>deadletter`` with the reason,
-   source topic, partition, offset and the original bytes in base64 (docs/messages.md), keyed by the
-   source key so one region's dead letters stay ordered. Counted, logged
-   (``consumer.message.deadlettered``), reported to ``on_deadletter``; the loop goes on.
+   exception from the handler (unless ``handler_errors=RAISE``) — to ``<prefix>deadletter``
+   with the reason, source topic, partition, offset and the original bytes in base64
+   (docs/messages.md), keyed by the source key so one region's dead letters stay ordered.
+   Counted, logged (``consumer.message.deadlettered``), reported to ``on_deadletter``; the loop
+   goes on.
    A bad message *on the dead-letter topic itself* is counted and logged but never sent back
    there (that would loop forever).
 4. **Commit** (consumer groups only) once every record of the batch was handled and every dead
-   letter acknowledged by the broker: offset = last offset + 1 per partition. A crash before
-   the commit redelivers the batch: at-least-once, so handlers must be idempotent (the
-   contract's messages are levels with ``ts`` and ids, designed for that).
+   letter acknowledged by the broker: offset = last offset + 1 per partition. The commit runs
+   while the next batch is fetched and handled (commits stay in order; the last one is awaited
+   before :meth:`ConsumerLoop.run` returns). A crash before the commit redelivers the batch:
+   at-least-once, so handlers must be idempotent (the contract's messages are levels with
+   ``ts`` and ids, designed for that).
 
 Shutdown: :meth:`ConsumerLoop.stop` (or a signal, with :func:`stop_on_signals`) lets the current
 batch finish and commit, then :meth:`ConsumerLoop.run` returns its :class:`LoopStats`. With
@@ -39,6 +41,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
+import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError
 
@@ -50,6 +53,13 @@ from headroom.streams.topics import kind_of, topic_name
 # A dead letter is at most 1 MiB encoded (messages.DeadLetter.for_payload clips the payload);
 # the producer's request limit leaves room for the batch header on top.
 DEADLETTER_MAX_REQUEST_BYTES = 2 * 1024 * 1024
+# Turns of the event loop given away after each getmany, before the batch is handled (which
+# awaits nothing while records are good). aiokafka's fetcher sends its next fetch request only
+# once getmany has drained a partition's buffer, and needs a few turns to do it (wake up, build
+# the request, write it), as does the commit of the batch before: given them now, the broker
+# prepares the next batch while this one is decoded. Measured on the 2-core machine: 2 turns
+# +15 %, 4 turns +20 % in consume_validated_msgs_per_s, 8 no better than 4.
+_FETCH_TURNS = 4
 
 
 class HandlerErrors(Enum):
@@ -65,9 +75,9 @@ class Outcome(Enum):
     REJECTED = "rejected"  # invalid, but read from the dead-letter topic: not sent back
 
 
-@dataclass(frozen=True)
-class Received:
-    """A decoded record handed to the handler."""
+class Received(msgspec.Struct, frozen=True, gc=False):
+    """A decoded record handed to the handler (a frozen msgspec struct: one is built per
+    record, and it costs a tenth of a frozen dataclass)."""
 
     topic: str
     kind: str
@@ -125,14 +135,20 @@ class LoopStats:
         return self.deadlettered + self.rejected
 
     def count(self, topic: str, outcome: Outcome) -> None:
+        self.add(topic, outcome, 1)
+
+    def add(self, topic: str, outcome: Outcome, n: int) -> None:
+        """Count ``n`` records of ``topic`` with ``outcome``."""
         if outcome is Outcome.PROCESSED:
-            self.processed += 1
+            self.processed += n
         elif outcome is Outcome.DEADLETTERED:
-            self.deadlettered += 1
+            self.deadlettered += n
         else:
-            self.rejected += 1
-        per = self.by_topic.setdefault(topic, {o.value: 0 for o in Outcome})
-        per[outcome.value] += 1
+            self.rejected += n
+        per = self.by_topic.get(topic)
+        if per is None:
+            per = self.by_topic[topic] = {o.value: 0 for o in Outcome}
+        per[outcome.value] += n
 
 
 class ConsumerLoop:
@@ -184,25 +200,41 @@ class ConsumerLoop:
     async def run(self) -> LoopStats:
         loop = asyncio.get_running_loop()
         idle_since: float | None = None
-        while not self._stopping.is_set():
-            batch = await self._consumer.getmany(
-                timeout_ms=int(self._config.poll_timeout_s * 1000),
-                max_records=self._config.batch_max,
-            )
-            now = loop.time()
-            if batch:
-                idle_since = now
-                await self._process(batch)
-                if self._commits:
-                    await self._commit(batch)
-            elif not self._consumer.assignment():
-                idle_since = None  # not consuming yet (joining the group): not idle
-            elif idle_since is None:
-                idle_since = now
-            idle = self._config.idle_timeout_s
-            if idle is not None and idle_since is not None and now - idle_since >= idle:
-                self._log.info("consumer.loop.idled", idle_s=idle, **self._summary())
-                break
+        # The commit of a batch is a round trip to the broker (the group coordinator writes the
+        # offsets): it runs while the next batch is fetched and handled. Commits stay in order,
+        # each waiting for the one before, and the last one is awaited before run returns.
+        committing: asyncio.Future[None] | None = None
+        try:
+            while not self._stopping.is_set():
+                batch = await self._consumer.getmany(
+                    timeout_ms=int(self._config.poll_timeout_s * 1000),
+                    max_records=self._config.batch_max,
+                )
+                now = loop.time()
+                if batch:
+                    idle_since = now
+                    for _ in range(_FETCH_TURNS):
+                        await asyncio.sleep(0)
+                    await self._process(batch)
+                    if self._commits:
+                        if committing is not None:
+                            await committing
+                        committing = asyncio.ensure_future(self._commit(batch))
+                elif not self._consumer.assignment():
+                    idle_since = None  # not consuming yet (joining the group): not idle
+                elif idle_since is None:
+                    idle_since = now
+                idle = self._config.idle_timeout_s
+                if idle is not None and idle_since is not None and now - idle_since >= idle:
+                    self._log.info("consumer.loop.idled", idle_s=idle, **self._summary())
+                    break
+            if committing is not None:
+                await committing
+                committing = None
+        finally:
+            if committing is not None:  # leaving on an error: the handled batch still commits
+                with contextlib.suppress(Exception):
+                    await committing
         self._log.info("consumer.loop.stopped", **self._summary())
         return self.stats
 
@@ -221,53 +253,82 @@ class ConsumerLoop:
         return self._kinds[topic]
 
     async def _process(self, batch: dict[TopicPartition, list[ConsumerRecord[Any, Any]]]) -> None:
+        # The hot path, one plain loop per partition: decode, build the Received, call the
+        # handler; only a record that is rejected, or a handler that returns an awaitable,
+        # costs an await. Processed records are counted once per partition batch.
         pending: list[asyncio.Future[Any]] = []
+        handler = self._handler
+        decode = messages.decode
+        invalid = messages.ValidationError
         for records in batch.values():
-            for record in records:
-                outcome, future = await self._one(record)
-                self.stats.count(record.topic, outcome)
-                if future is not None:
-                    pending.append(future)
+            topic: str | None = None
+            kind: str | None = None
+            processed = 0
+            try:
+                for record in records:
+                    if record.topic != topic:
+                        if processed and topic is not None:
+                            self.stats.add(topic, Outcome.PROCESSED, processed)
+                            processed = 0
+                        topic = record.topic
+                        kind = self._kind(topic)
+                    if kind is None:
+                        error = (
+                            f"topic: {record.topic!r} is not a headroom topic under prefix "
+                            f"{self._prefix!r}"
+                        )
+                        await self._rejected(record, error, pending)
+                        continue
+                    try:
+                        message = decode(kind, record.value)
+                    except invalid as exc:
+                        await self._rejected(record, str(exc), pending)
+                        continue
+                    received = Received(
+                        record.topic,
+                        kind,
+                        record.partition,
+                        record.offset,
+                        record.key,
+                        record.timestamp,
+                        message,
+                    )
+                    try:
+                        result = handler(received)
+                        if result is not None and inspect.isawaitable(result):
+                            await result
+                    except Exception as exc:
+                        self.stats.handler_errors += 1
+                        if self._config.handler_errors is HandlerErrors.RAISE:
+                            raise
+                        self._log.exception(
+                            "consumer.handler.failed",
+                            topic=record.topic,
+                            partition=record.partition,
+                            offset=record.offset,
+                        )
+                        await self._rejected(
+                            record, f"handler: {type(exc).__name__}: {exc}", pending
+                        )
+                        continue
+                    processed += 1
+            finally:
+                if processed and topic is not None:
+                    self.stats.add(topic, Outcome.PROCESSED, processed)
         if pending:
             # Commit only after the broker acknowledged every dead letter: nothing is lost.
             await asyncio.gather(*pending)
 
-    async def _one(
-        self, record: ConsumerRecord[Any, Any]
-    ) -> tuple[Outcome, asyncio.Future[Any] | None]:
-        kind = self._kind(record.topic)
-        if kind is None:
-            error = f"topic: {record.topic!r} is not a headroom topic under prefix {self._prefix!r}"
-            return await self._reject(record, error)
-        try:
-            message = messages.decode(kind, record.value)
-        except messages.ValidationError as exc:
-            return await self._reject(record, str(exc))
-        received = Received(
-            topic=record.topic,
-            kind=kind,
-            partition=record.partition,
-            offset=record.offset,
-            key=record.key,
-            timestamp_ms=record.timestamp,
-            message=message,
-        )
-        try:
-            result = self._handler(received)
-            if inspect.isawaitable(result):
-                await result
-        except Exception as exc:
-            self.stats.handler_errors += 1
-            if self._config.handler_errors is HandlerErrors.RAISE:
-                raise
-            self._log.exception(
-                "consumer.handler.failed",
-                topic=record.topic,
-                partition=record.partition,
-                offset=record.offset,
-            )
-            return await self._reject(record, f"handler: {type(exc).__name__}: {exc}")
-        return Outcome.PROCESSED, None
+    async def _rejected(
+        self,
+        record: ConsumerRecord[Any, Any],
+        error: str,
+        pending: list[asyncio.Future[Any]],
+    ) -> None:
+        outcome, future = await self._reject(record, error)
+        self.stats.count(record.topic, outcome)
+        if future is not None:
+            pending.append(future)
 
     async def _reject(
         self, record: ConsumerRecord[Any, Any], error: str

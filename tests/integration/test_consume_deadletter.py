@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -282,3 +283,51 @@ async def test_the_loop_ends_on_its_own_after_the_idle_timeout(kafka_target: Kaf
         30.0,
     )
     assert stats.processed == 1
+
+
+async def test_kcat_reads_what_we_write_as_plain_json(kafka_target: KafkaTarget) -> None:
+    # msgspec writes the bytes now: a third-party client (kcat) and the standard library's json
+    # must read every message back as its contract form, floats to the last bit.
+    sketch = messages.LatencySketch.from_values([0.0, 0.25, 41.2, 97.5, 1e6, 3.3e-7])
+    sent: list[messages.Latency] = [
+        messages.Latency(
+            ts=1_796_000_001.5 + i,
+            region=REGION,
+            replica=f"rank-{i}",
+            pool="dedicated",
+            path="sbm",
+            window_s=10.0,
+            count=2**63 - 1 if i else 0,
+            samples_ms=(1e300, 5e-324, 0.1, 123456789.125) if i else None,
+            sketch=sketch,
+            inflight=i,
+            queue_ms=0.0,
+        )
+        for i in range(3)
+    ]
+    await produce(kafka_target, "latency", [(REGION.encode(), messages.encode(m)) for m in sent])
+    kcat = await asyncio.create_subprocess_exec(
+        "kcat",
+        "-C",
+        "-b",
+        kafka_target.bootstrap,
+        "-t",
+        kafka_target.topic("latency"),
+        "-o",
+        "beginning",
+        "-e",
+        "-q",
+        "-f",
+        "%s\n",
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await asyncio.wait_for(kcat.communicate(), 60)
+    assert kcat.returncode == 0
+    lines = [line for line in out.splitlines() if line]
+    assert len(lines) == len(sent)
+    by_replica = {m.replica: m for m in sent}
+    for line in lines:
+        plain = json.loads(line)
+        msg = by_replica[plain["replica"]]
+        assert plain == msg.to_dict()
+        assert messages.decode("latency", line) == msg

@@ -2,22 +2,29 @@
 the checked paths they shortcut: for any input, the same message or the same error, and the same
 bytes out.
 
-``LatencySketch.from_dict`` and ``Latency.from_dict`` validate a plain ``dict`` in bulk and fall
-back to the field-by-field path at the first oddity; a mapping that is not a ``dict``
-(``MappingProxyType``) always takes the field-by-field path, which makes it the reference here
-(the sketch in a latency message takes its own paths, compared on their own).
-``encode`` writes a latency message's sketch from integer bin keys; the reference is
-``orjson.dumps(msg.to_dict())``.
+``LatencySketch.from_dict`` validates a plain ``dict`` in bulk and falls back to the
+field-by-field path at the first oddity; a mapping that is not a ``dict`` (``MappingProxyType``)
+always takes the field-by-field path, which makes it the reference here.
+
+``decode("latency", data)`` lets msgspec decode the bytes straight into the message, its sketch
+as a ``CommonSketchWire`` (no empty bins, keys in the range of the default alpha); anything that
+does not fit is decoded again as plain JSON and goes through ``Latency.from_dict`` (a
+``SketchWire``: every sketch the contract allows), which also words the error. The two routes must
+agree, and with ``LatencySketch.from_dict`` on the sketch.
+``encode`` writes a latency message's sketch from integer bin keys in ascending order; the
+reference is the JSON of ``msg.to_dict()``.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import math
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
+import msgspec
 import numpy as np
 import orjson
 import pytest
@@ -26,7 +33,8 @@ from hypothesis import strategies as st
 
 from headroom.kernel import codec, sketch
 from headroom.kernel.sketch import MAX_BINS, LatencySketch
-from headroom.streams.messages import Latency, ValidationError, _latency_fast, decode, encode
+from headroom.streams import messages
+from headroom.streams.messages import Latency, ValidationError, decode, encode
 
 ALPHAS = (0.01, 0.02, 0.5)
 
@@ -205,12 +213,26 @@ _odd = st.one_of(
     st.lists(st.one_of(st.floats(), st.integers(-2, 2)), max_size=4),
     st.floats(),
     st.integers(),
+    _raw_sketches,
 )
+
+
+def _routes(d: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The outcome of every route for one message: the dict, the read-only mapping and, when the
+    dict is JSON (finite numbers, 64-bit integers), its bytes through decode."""
+    out = [_outcome(Latency.from_dict, d), _outcome(Latency.from_dict, _frozen(d))]
+    try:
+        data = json.dumps(d, allow_nan=False).encode()
+        orjson.dumps(d)  # refuses integers beyond 64 bits, as the wire does
+    except (ValueError, TypeError):
+        return out
+    out.append(_outcome(decode, "latency", data))
+    return out
 
 
 @settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
-def test_latency_fast_path_agrees_with_the_checked_path(data: st.DataObject) -> None:
+def test_latency_routes_agree(data: st.DataObject) -> None:
     d = copy.deepcopy(LATENCY)
     for name in data.draw(st.lists(st.sampled_from(_FIELDS), max_size=3, unique=True)):
         if data.draw(st.booleans()):
@@ -220,17 +242,16 @@ def test_latency_fast_path_agrees_with_the_checked_path(data: st.DataObject) -> 
     if data.draw(st.booleans()):
         d["v"] = data.draw(st.sampled_from([1, 2, 1.0, True, "1", None]))
     if data.draw(st.booleans()):
-        d["extension"] = data.draw(_odd)  # unknown fields are ignored on both paths
-    fast = _outcome(Latency.from_dict, d)
-    checked = _outcome(Latency.from_dict, MappingProxyType(d))
-    assert fast == checked  # the same message (all fields compared) or the same error
+        d["extension"] = data.draw(_odd)  # unknown fields are ignored on every route
+    first, *others = _routes(d)
+    assert all(o == first for o in others), (first, others)
 
 
 _EDGES = [
     *[0, 0.0, -0.0, 1, -1, -1.5, 1.5, 2**63 - 1, 2**63, 2**64, math.nan, math.inf, -math.inf],
     *[1e308, 5e-324, True, False, None, "", "x", "us east", "r" * 64, "r" * 65, "x" * 256],
     *["x" * 257, [], {}, (), [1.0], [1], [-1.0], [True], [math.inf], (1.0,)],
-    *["base", "rma", "sbm", "dedicated", "opportunistic", "precompute", "Rma"],
+    *["base", "rma", "sbm", "dedicated", "opportunistic", "precompute", "Rma", "us-east\n"],
 ]
 
 
@@ -239,26 +260,106 @@ def test_every_edge_value_in_every_latency_field_gives_the_same_outcome() -> Non
         for value in _EDGES:
             d = copy.deepcopy(LATENCY)
             d[name] = value
-            fast = _outcome(Latency.from_dict, d)
-            assert fast == _outcome(Latency.from_dict, MappingProxyType(d)), (name, value)
+            first, *others = _routes(d)
+            assert all(o == first for o in others), (name, value, first, others)
         d = copy.deepcopy(LATENCY)
         del d[name]
-        fast = _outcome(Latency.from_dict, d)
-        assert fast == _outcome(Latency.from_dict, MappingProxyType(d)), name
+        first, *others = _routes(d)
+        assert all(o == first for o in others), name
+        if name not in ("samples_ms", "sketch"):
+            assert first == ("error", (name, "missing"))
 
 
-def test_a_plain_latency_message_takes_the_fast_path() -> None:
-    d = copy.deepcopy(LATENCY)
-    s = LatencySketch.from_dict(d["sketch"])
-    fast = _latency_fast(Latency, d, s)
-    assert fast is not None
-    reference = Latency(**{k: v for k, v in d.items() if k != "sketch"}, sketch=s)
-    assert fast == reference
-    assert fast.samples_ms == (41.2, 38.0, 97.5)
-    # A field the fast path does not vouch for sends it to the checked path.
-    for name, value in [("ts", 1796000001), ("count", 1.0), ("samples_ms", (1.0,))]:
-        odd = dict(d, **{name: value})
-        assert _latency_fast(Latency, odd, s) is None
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(raw=_raw_sketches)
+def test_a_sketch_inside_a_message_is_judged_like_the_sketch_alone(raw: dict[str, Any]) -> None:
+    d = copy.deepcopy(LATENCY) | {"sketch": raw}
+    alone = _outcome(LatencySketch.from_dict, _frozen(raw))
+    for route in _routes(d):
+        if alone[0] == "ok":
+            assert route[0] == "ok"
+            assert route[1].sketch == alone[1]
+            assert route[1].sketch.count == alone[1].count
+        else:
+            assert route == alone
+
+
+@pytest.mark.parametrize(
+    "key", ["1" * 19, "9" * 19, "1" * 20, "-" + "1" * 20, "9" * 25, "-0", "05", "+5", "1e3"]
+)
+@pytest.mark.parametrize("count", [0, 1])
+def test_long_and_odd_keys_get_the_words_of_the_sketch_alone(key: str, count: int) -> None:
+    raw = {"alpha": 0.01, "bins": {"100": 1, key: count}}
+    d = copy.deepcopy(LATENCY) | {"sketch": raw}
+    alone = _outcome(LatencySketch.from_dict, _frozen(raw))
+    for route in _routes(d):
+        if alone[0] == "ok":
+            assert route[0] == "ok"
+            assert route[1].sketch == alone[1]
+        else:
+            assert route == alone
+
+
+def _wire(msg: Latency) -> bytes:
+    return json.dumps(msg.to_dict()).encode()  # not our encoder: plain JSON from elsewhere
+
+
+def test_a_message_from_a_producer_takes_the_direct_route(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = LatencySketch.from_values(np.geomspace(0.5, 5000.0, 400))
+    s.add(0.0, 3)
+    msg = Latency(
+        ts=1796000001.0,
+        region="us-east",
+        replica="rank-3",
+        pool="opportunistic",
+        path="rma",
+        window_s=1.0,
+        count=s.count,
+        samples_ms=(41.2, 38.0),
+        sketch=s,
+        inflight=12,
+        queue_ms=3.1,
+    )
+
+    def no_fallback(*_args: Any) -> Any:
+        raise AssertionError("took the plain-JSON route")
+
+    monkeypatch.setattr(messages, "_checked", no_fallback)
+    for data in (encode(msg), _wire(msg)):
+        back = decode("latency", data)
+        assert back == msg
+        assert isinstance(back.sketch, LatencySketch)
+        assert back.sketch.count == s.count
+        assert back.samples_ms == (41.2, 38.0)
+
+
+@pytest.mark.parametrize(
+    ("sketch_dict", "why"),
+    [
+        ({"alpha": 0.01, "bins": {"100": 0, "101": 4}}, "an empty bin"),
+        ({"alpha": 1e-4, "bins": {"60000": 2}}, "a key only a finer alpha reaches"),
+    ],
+)
+def test_a_sketch_the_common_form_does_not_fit_is_still_accepted(
+    sketch_dict: dict[str, Any], why: str
+) -> None:
+    d = copy.deepcopy(LATENCY) | {"sketch": sketch_dict}
+    with pytest.raises(msgspec.ValidationError):  # the direct route refuses it ...
+        msgspec.json.decode(orjson.dumps(d), type=Latency)
+    msg = decode("latency", orjson.dumps(d))  # ... and decode takes the plain route: accepted
+    assert isinstance(msg, Latency)
+    assert msg.sketch == LatencySketch.from_dict(sketch_dict), why
+    assert 0 not in msg.sketch.bins.values()
+
+
+def test_keys_of_a_coarse_alpha_are_range_checked_on_the_direct_route() -> None:
+    # 5000 lies in the range of the default alpha (the common form lets it through) but not
+    # in that of alpha 0.5 ([-678, 646]).
+    d = copy.deepcopy(LATENCY) | {"sketch": {"alpha": 0.5, "bins": {"5": 1, "5000": 1}}}
+    with pytest.raises(ValidationError) as info:
+        decode("latency", orjson.dumps(d))
+    assert info.value.field == "sketch.bins.5000"
+    assert "out of the range" in info.value.reason
 
 
 # -- encoding ------------------------------------------------------------------------------------
@@ -285,7 +386,7 @@ def _sketches() -> st.SearchStrategy[LatencySketch]:
     samples=st.one_of(st.none(), st.lists(st.floats(0.0, 1e4), max_size=5)),
     count=st.integers(0, 2**63 - 1),
 )
-def test_encoding_a_latency_message_writes_the_bytes_of_to_dict(
+def test_encoding_a_latency_message_writes_the_json_of_to_dict(
     s: LatencySketch, samples: list[float] | None, count: int
 ) -> None:
     msg = Latency(
@@ -302,7 +403,8 @@ def test_encoding_a_latency_message_writes_the_bytes_of_to_dict(
         queue_ms=0.0,
     )
     data = encode(msg)
-    assert data == orjson.dumps(msg.to_dict())
+    assert data == msgspec.json.encode(msg.to_dict())  # the same bytes, field for field
+    assert orjson.loads(data) == json.loads(data) == msg.to_dict()
     assert list(orjson.loads(data)["sketch"]["bins"]) == sorted(
         orjson.loads(data)["sketch"]["bins"], key=int
     )

@@ -8,6 +8,7 @@ import base64
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 import pytest
 from aiokafka import ConsumerRecord, TopicPartition
 
@@ -187,3 +188,97 @@ def test_loop_config_problems_name_the_field() -> None:
         "poll_timeout_s",
         "idle_timeout_s",
     ]
+
+
+def latency(i: int, **changes: Any) -> bytes:
+    d = {
+        "v": 1,
+        "ts": 1.0 + i,
+        "region": "us-east",
+        "replica": "rank-3",
+        "pool": "opportunistic",
+        "path": "rma",
+        "window_s": 1.0,
+        "count": 17,
+        "sketch": {"alpha": 0.01, "bins": {"372": 10, "373": 7}, "zeros": 0},
+        "inflight": 12,
+        "queue_ms": 3.1,
+    }
+    d.update(changes)
+    return orjson.dumps(d)
+
+
+async def test_mixed_batches_are_counted_per_topic_and_every_bad_record_is_named() -> None:
+    lat = f"{PREFIX}latency"
+    bad_bins = {"alpha": 0.01, "bins": {"372": 10, "12x": 7}, "zeros": 0}
+    batch = [
+        record(0, good(0)),
+        record(1, latency(1), topic=lat),
+        record(2, latency(2, sketch=bad_bins), topic=lat),
+        record(3, latency(3, queue_ms=-1.0), topic=lat),
+        record(4, latency(4).replace(b'"window_s":1.0', b'"window_s":1e400'), topic=lat),
+        record(5, good(5)),
+        record(6, latency(6, v=2), topic=lat),
+        record(7, None),
+    ]
+    got: list[Received] = []
+    loop, consumer, producer, _ = make_loop([batch], got.append)
+    stats = await loop.run()
+    assert [(r.offset, r.kind) for r in got] == [(0, "capacity"), (1, "latency"), (5, "capacity")]
+    assert (stats.processed, stats.deadlettered, stats.rejected) == (3, 5, 0)
+    assert stats.by_topic == {
+        TOPIC: {"processed": 2, "deadlettered": 1, "rejected": 0},
+        lat: {"processed": 1, "deadlettered": 4, "rejected": 0},
+    }
+    errors = {}
+    for _, value, _ in producer.sent:
+        letter = messages.decode("deadletter", value)
+        assert isinstance(letter, messages.DeadLetter)
+        errors[letter.offset] = letter.error
+    assert errors[2].startswith("sketch.bins.12x: ")
+    assert errors[3].startswith("queue_ms: must be >= 0")
+    assert errors[4].startswith("window_s: must be a finite number")
+    assert errors[6].startswith("v: unsupported schema version 2")
+    assert errors[7].startswith("$: a tombstone")
+    assert consumer.commits == [{TP: 8}]
+
+
+async def test_an_async_handler_is_awaited_before_the_commit() -> None:
+    done: list[int] = []
+
+    async def handler(r: Received) -> None:
+        await asyncio.sleep(0.001)
+        done.append(r.offset)
+
+    loop, consumer, _, _ = make_loop([[record(0, good(0)), record(1, good(1))]], handler)
+    stats = await loop.run()
+    assert done == [0, 1]
+    assert stats.processed == 2
+    assert consumer.commits == [{TP: 2}]
+
+
+async def test_a_commit_overlaps_the_next_batch_and_commits_stay_in_order() -> None:
+    events: list[str] = []
+    loop, consumer, _, _ = make_loop(
+        [[record(0, good(0))], [record(1, good(1))], [record(2, good(2))]],
+        lambda r: events.append(f"handled {r.offset}"),
+        LoopConfig(idle_timeout_s=0.2),
+    )
+    plain_commit = consumer.commit
+
+    async def slow_commit(offsets: dict[TopicPartition, int]) -> None:
+        events.append(f"commit {offsets[TP]} sent")
+        await asyncio.sleep(0.05)  # the coordinator's round trip
+        await plain_commit(offsets)
+        events.append(f"commit {offsets[TP]} done")
+
+    consumer.commit = slow_commit  # type: ignore[method-assign]
+    stats = await loop.run()
+    assert stats.commits == 3
+    assert consumer.commits == [{TP: 1}, {TP: 2}, {TP: 3}]
+    # The second batch is handled while the first commit is under way; a commit is sent only
+    # after the one before it is done, and the last is done before run returns.
+    assert events.index("handled 1") < events.index("commit 1 done")
+    assert events.index("commit 1 done") < events.index("commit 2 sent")
+    assert events.index("commit 2 done") < events.index("commit 3 sent")
+    assert events[-1] == "commit 3 done"

@@ -665,7 +665,103 @@ def test_tombstones_are_refused_on_every_other_topic(kind: str) -> None:
 def test_non_objects_and_bad_json_name_the_whole_message(data: bytes) -> None:
     with pytest.raises(ValidationError) as info:
         decode("capacity", data)
-    assert info.value.field in ("$", "v")
+    assert info.value.field in ("$", "v", "ts")  # 1e400 is named where it stands
+
+
+@pytest.mark.parametrize(
+    ("kind", "path"),
+    [
+        ("capacity", "units"),
+        ("capacity", "ts"),
+        ("capacity", "expires_in_s"),
+        ("latency", "queue_ms"),
+        ("latency", "samples_ms"),
+        ("requests", "value"),
+        ("targets", "budget.cpu"),
+        ("value", "value_sum"),
+        ("precompute", "expires_at"),
+    ],
+)
+@pytest.mark.parametrize("literal", [b"1e400", b"-1e400", b"1.8e308", b"1" + b"0" * 400 + b".0"])
+def test_a_number_beyond_the_range_of_a_double_is_refused(
+    kind: str, path: str, literal: bytes
+) -> None:
+    d = _example(kind)
+    marker = 123456.789
+    _set_path(d, path, [marker] if path == "samples_ms" else marker)
+    data = orjson.dumps(d).replace(b"123456.789", literal)
+    assert literal in data
+    with pytest.raises(ValidationError) as info:
+        decode(kind, data)
+    err = info.value
+    assert err.field in (path, f"{path}[0]", "$")
+    assert "range" in err.reason or "finite" in err.reason
+
+
+_json_hostile = st.one_of(
+    st.sampled_from([-1, -1.5, 2**63, 2**64 - 1, True, False, None, "", "x" * 300, 0, 1e308]),
+    st.lists(st.integers(-(2**63), 2**63 - 1), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.integers(-5, 5), max_size=3),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.integers(-(2**63), 2**64 - 1),
+    st.text(max_size=5),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(kind=st.sampled_from(TOPIC_KINDS), data=st.data())
+def test_decode_and_from_dict_give_the_same_message_or_the_same_error(
+    kind: str, data: st.DataObject
+) -> None:
+    d = _example(kind)
+    for _ in range(data.draw(st.integers(1, 2))):
+        path = data.draw(st.sampled_from(_leaf_paths(d)))
+        if data.draw(st.booleans()):
+            _set_path(d, path, data.draw(_json_hostile))
+        else:
+            *parents, last = path.split(".")
+            node = d
+            for p in parents:
+                node = node[p]
+            del node[last]
+    wire = json.dumps(d).encode()
+    from_bytes: Any
+    from_dict: Any
+    try:
+        from_bytes = ("ok", decode(kind, wire))
+    except ValidationError as exc:
+        from_bytes = ("error", exc.field, exc.reason)
+    try:
+        from_dict = ("ok", TYPES[kind].from_dict(json.loads(wire)))
+    except ValidationError as exc:
+        from_dict = ("error", exc.field, exc.reason)
+    assert from_bytes == from_dict
+
+
+def test_constructors_refuse_unknown_arguments_and_default_the_version() -> None:
+    with pytest.raises(TypeError):
+        Cost(cpu_ms=1.0, accelerator_ms=2.0, gpu_ms=3.0)  # type: ignore[call-arg]
+    cost = Cost(cpu_ms=1, accelerator_ms=2)
+    assert (cost.cpu_ms, type(cost.cpu_ms)) == (1.0, float)
+    req = Request(ts=1.0, id="q", region="r", segment="s", value=1.0, eligible=True, user=1)
+    assert req.v == 1
+    assert orjson.loads(encode(req))["v"] == 1
+    with pytest.raises(ValidationError) as info:
+        Request(ts=1.0, id="q", region="r", segment="s", value=1.0, eligible=True, user=1, v=2)
+    assert info.value.field == "v"
+
+
+def test_a_message_without_its_version_is_refused_even_when_complete() -> None:
+    d = _example("requests")
+    del d["v"]
+    with pytest.raises(ValidationError) as info:
+        decode("requests", orjson.dumps(d))
+    assert (info.value.field, info.value.reason) == ("v", "missing")
+    d = _example("requests") | {"ts": "soon", "v": 2}  # a bad field before the version
+    data = orjson.dumps({"ts": "soon", **{k: v for k, v in d.items() if k != "ts"}})
+    with pytest.raises(ValidationError) as info:
+        decode("requests", data)
+    assert info.value.field == "v"
 
 
 def test_unknown_kind_is_a_validation_error() -> None:
