@@ -343,17 +343,9 @@ def _reason(t: Any, value: Any, message: str, *, root: bool = False) -> str:
     if isinstance(info, mi.FloatType):
         return _float_reason(info, value, got)
     if isinstance(info, mi.IntType):
-        if type(value) is not int:
-            return f"must be an integer, got {got}"
-        if info.ge == 0 and value < 0:
-            return f"must be a non-negative integer, got {value}"
-        return f"must lie between {info.ge} and {info.le}, got {value}"
+        return _int_reason(info, value, got)
     if isinstance(info, mi.StrType):
-        if type(value) is not str:
-            return f"must be a string, got {got}"
-        if "reason" in extra:
-            return f"{extra['reason']}, got {_clip(value)!r}"
-        return f"must be {info.min_length}-{info.max_length} characters long, got {len(value)}"
+        return _str_reason(info, extra, value, got)
     if isinstance(info, mi.LiteralType):
         shown = repr(_clip(value)) if isinstance(value, str) else got
         allowed = typing.get_args(_unannotated(_strip(t, value)))  # in the order written
@@ -369,6 +361,22 @@ def _reason(t: Any, value: Any, message: str, *, root: bool = False) -> str:
             return f"must be {'a JSON' if root else 'an'} object, got {got}"
         return _size_reason(len(value), message)
     return message
+
+
+def _int_reason(info: mi.IntType, value: Any, got: str) -> str:
+    if type(value) is not int:
+        return f"must be an integer, got {got}"
+    if info.ge == 0 and value < 0:
+        return f"must be a non-negative integer, got {value}"
+    return f"must lie between {info.ge} and {info.le}, got {value}"
+
+
+def _str_reason(info: mi.StrType, extra: Mapping[str, Any], value: Any, got: str) -> str:
+    if type(value) is not str:
+        return f"must be a string, got {got}"
+    if "reason" in extra:
+        return f"{extra['reason']}, got {_clip(value)!r}"
+    return f"must be {info.min_length}-{info.max_length} characters long, got {len(value)}"
 
 
 def _float_reason(info: mi.FloatType, value: Any, got: str) -> str:
