@@ -1005,8 +1005,15 @@ class ServerShedder:
             self._last_drop = now
         return BatchVerdict(codes, out_extra, out_strong)
 
-    def trim_inflight(self, now: float, inflight: Sequence[InflightWork]) -> list[InflightCut]:
-        """Which running optional work to cut so the rest fits the current level.
+    def trim_inflight(
+        self,
+        now: float,
+        inflight: Sequence[InflightWork],
+        level: OptionalCapacity | None = None,
+    ) -> list[InflightCut]:
+        """Which running optional work to cut so the rest fits the current level (or ``level``:
+        a server that runs optional work at full speed and holds only its *rate* to the level the
+        buckets refill at fits what it runs to its physical level).
 
         Cuts go lowest value per unit of occupied capacity first, and only items that occupy a
         resource still over its level are cut (cutting the others would free nothing useful).
@@ -1018,7 +1025,7 @@ class ServerShedder:
         value = np.fromiter((w.value for w in inflight), dtype=np.float64, count=len(inflight))
         cpu = np.fromiter((w.cpu for w in inflight), dtype=np.float64, count=len(inflight))
         acc = np.fromiter((w.accelerator for w in inflight), dtype=np.float64, count=len(inflight))
-        cut = self.trim_inflight_batch(now, value, cpu, acc)
+        cut = self.trim_inflight_batch(now, value, cpu, acc, level)
         out = []
         for i in np.flatnonzero(cut):
             w = inflight[int(i)]
@@ -1027,7 +1034,12 @@ class ServerShedder:
         return out
 
     def trim_inflight_batch(
-        self, now: float, value: npt.ArrayLike, cpu: npt.ArrayLike, accelerator: npt.ArrayLike
+        self,
+        now: float,
+        value: npt.ArrayLike,
+        cpu: npt.ArrayLike,
+        accelerator: npt.ArrayLike,
+        level: OptionalCapacity | None = None,
     ) -> BoolArray:
         """Array form of :meth:`trim_inflight`: a mask of the in-flight items to cut."""
         self._advance(now)
@@ -1035,8 +1047,11 @@ class ServerShedder:
         cpu = np.asarray(cpu, dtype=np.float64)
         acc = np.asarray(accelerator, dtype=np.float64)
         cut = np.zeros(value.shape[0], dtype=np.bool_)
-        over_cpu = float(cpu.sum()) - self._cap_cpu
-        over_acc = float(acc.sum()) - self._cap_acc
+        fit_cpu, fit_acc = (
+            (self._cap_cpu, self._cap_acc) if level is None else (level.cpu, level.accelerator)
+        )
+        over_cpu = float(cpu.sum()) - fit_cpu
+        over_acc = float(acc.sum()) - fit_acc
         eps = 1e-9
         if over_cpu <= eps and over_acc <= eps:
             return cut

@@ -34,22 +34,23 @@ numpy compute of the ranking runs inside the CPU stage and counts toward its tim
 slots is the queueing delay (``queue_ms``) that CoDel watches and every response reports. The
 optional part of a stage (RMA's extra candidates, or the whole strong-model request) is a separate
 *phase* that can be cut at any instant: cutting it releases the slots at once. An optional phase
-gets ``min(slots × speed, admitted level − optional units in use)`` units and lasts accordingly
-(it time-shares what is left of the admitted level), so optional work never occupies more than
-the admitted level, even when it is a fraction of a slot; it keeps only the slots those units
-need and hands the others back when it starts (a phase on half a core holds one slot, not the
-four its request's baseline part ran on).
+gets ``min(slots × speed, opportunistic level − optional units in use)`` units and lasts
+accordingly (it time-shares what is left of the level), so optional work never occupies more than
+the opportunistic level, even when the level is a fraction of a slot; it keeps only the slots
+those units need and hands the others back when it starts.
 
 Admission
 ---------
-Optional work is held to ``level × admitted share``, not to the whole opportunistic level: the
-admitted share is :func:`headroom.defences.admission.admitted_share` of the stage the work queues
-in — the admissible utilisation of an ``M/G/c`` stage for a mean-wait budget — the same function,
-with the same inputs derived from the scenario, that the simulator's servers use
-(:class:`ReplicaAdmission`, docs/shedding.md *Admission*). The token buckets of the shedding core
-refill at that level and the optional phases share it, so over any stretch of time optional work
-keeps a level at most that busy. Slots are still sized from the whole level: the capacity is
-there, the rule only keeps optional work from queueing the stage past its budget.
+Optional work is held to ``level × admitted share`` *on average*, not to the whole opportunistic
+level: the admitted share is :func:`headroom.defences.admission.admitted_share` of the stage the
+work queues in — the admissible utilisation of an ``M/G/c`` stage for a mean-wait budget — the
+same function, with the same inputs derived from the scenario, that the simulator's servers use
+(:class:`ReplicaAdmission`, docs/shedding.md *Admission*). The shedding core is handed that
+admitted level: its value threshold and token buckets admit optional work at that rate, so over
+any stretch of time optional work keeps the level at most that busy (plus one bucket). The work it
+admits runs at full speed (a phase is not stretched to the admitted level: that would hold slots
+longer and queue baseline work behind them — the utilisation is a long-run mean, as in the
+queueing model). Slots are sized from the whole level: the capacity is there.
 
 Release after a reclaim
 -----------------------
@@ -505,6 +506,9 @@ class RankingServer(Service):
         if depth > shed.min_depth_ms:
             shed = replace(shed, min_depth_ms=depth)
         self.shedder = ServerShedder(shed, cap.optional, now)
+        # the physical level optional work may occupy at any instant (the shedder's buckets
+        # hold its rate to the admitted level, cap.optional)
+        self.level = cap.level
         self._optional: dict[int, _Optional] = {}
         self._occ_cpu = 0.0  # units occupied by optional phases now
         self._occ_acc = 0.0
@@ -665,10 +669,12 @@ class RankingServer(Service):
         where: tuple[str, str, str] | None = None,
     ) -> None:
         seen = time.monotonic()
-        before = self.shedder.capacity
+        before = self.level
         cap = self.book.capacity(now)
         reduced = self.shedder.on_capacity(cap.optional, now)
+        reduced |= cap.level.cpu < before.cpu or cap.level.accelerator < before.accelerator
         self._account_occupancy()
+        self.level = cap.level
         self.cpu.resize(cap.slots_cpu)
         self.accelerator.resize(cap.slots_accelerator)
         self._update_model_load(now)
@@ -680,6 +686,7 @@ class RankingServer(Service):
                 InflightWork(o.id, o.value, o.cpu, o.accelerator, o.extra, o.strong)
                 for o in self._optional.values()
             ],
+            cap.level,
         )
         for cut in cuts:
             work = self._optional.get(int(cut.id))  # type: ignore[call-overload]
@@ -689,7 +696,7 @@ class RankingServer(Service):
             occupied = self._occ_cpu + self._occ_acc
             self.add_task(
                 self._measure_release(
-                    seen, now, before, cap.optional, len(cuts), reason, message_ts, where, occupied
+                    seen, now, before, cap.level, len(cuts), reason, message_ts, where, occupied
                 ),
                 name="release",
             )
@@ -746,7 +753,7 @@ class RankingServer(Service):
         await self._emit("optional.released", fields)
 
     def _fits(self) -> bool:
-        cap = self.shedder.capacity
+        cap = self.level
         return self._occ_cpu <= cap.cpu + _EPS and self._occ_acc <= cap.accelerator + _EPS
 
     async def _watch_expiry(self) -> None:
@@ -764,7 +771,7 @@ class RankingServer(Service):
         """The strong model needs ``load_s`` (scenario seconds) of capacity before serving."""
         if self.config.pool != "opportunistic":
             return
-        if self.shedder.capacity.accelerator <= _EPS:
+        if self.level.accelerator <= _EPS:
             self._loaded_at = None
         elif self._loaded_at is None:
             self._loaded_at = now + self.scenario.models.strong.load_s / self.config.speed
@@ -821,16 +828,17 @@ class RankingServer(Service):
         done_ms: float = 0.0,
     ) -> bool:
         """Run ``work_ms`` of optional work (at unit speed) on the slots of ``grant``; False when
-        it was cut, or could not start because no admitted capacity is left.
+        it was cut, or could not start because no opportunistic capacity is left.
 
-        The phase gets ``u = min(slots × slot speed, admitted level − optional units in use)``
-        units, and lasts ``work_ms / u`` (less ``done_ms`` already spent on it): optional work
-        time-shares what is left of the admitted level, so it never occupies more than that. It
-        keeps only the slots ``u`` needs and hands the others back at once: a phase running on a
-        fraction of a core must not hold the other threads' slots idle in front of baseline work.
+        The phase gets ``u = min(slots × slot speed, level − optional units in use)`` units, and
+        lasts ``work_ms / u`` (less ``done_ms`` already spent on it): optional work time-shares
+        what is left of the opportunistic level, so it never occupies more than the level. (How
+        much of it is admitted — on average the admitted share of the level — is the shedder's
+        buckets' business.) It keeps only the slots ``u`` needs and hands the others back at
+        once: a phase on a fraction of a core must not hold other slots idle.
         """
         pool = grant.pool
-        cap = self.shedder.capacity
+        cap = self.level
         if resource == "cpu":
             units = min(grant.n * pool.speed, cap.cpu - self._occ_cpu)
             work = _Optional(work_id, value, units, 0.0, extra, strong)

@@ -7,9 +7,9 @@ open loop. Its ``window`` lines on ``events`` carry the unit-seconds its optiona
 over the windows after the ramp-up, the busy share of the level (``used ÷ (level × window)``)
 must stay at or below :func:`headroom.defences.admission.admitted_share` of the replica's stage,
 computed here with the simulator's own inputs (``headroom.sim.policies.HeadroomRegion``), and be
-well above zero (the server does use what it may). Both bounds hold on a loaded host: optional
-phases never occupy more than the admitted level at any instant (a loaded host only stretches
-them), and the offered work is several times what is admitted.
+well above zero (the server does use what it may). The shedding core admits optional work at the
+admitted level's rate and the phases run it at full speed; a loaded host only stretches phases a
+little (``MARGIN``), and the offered work is several times what is admitted.
 
 * mixed (RMA) replica: RMA requests with 200 extra candidates (up to ``max_candidates``),
   opportunistic CPU 2 cores and gpu-b 2 devices on top of 2 dedicated cores and 1 gpu-a device,
@@ -53,6 +53,11 @@ SCENARIO = Path(__file__).parent / "scenarios" / "stack-short.yaml"
 REGION = "it-east"
 MEASURE_S = 25.0  # wall seconds of offered load (speed 1: five 5-second SLO windows)
 VALUES = np.random.default_rng(7).lognormal(0.0, 1.0, 4096)  # the requests' value signals
+# The admitted share bounds the *rate* of admitted work (plus one bucket, two requests deep);
+# occupancy is measured on the wall clock, so a loaded host's event-loop lag stretches phases and
+# inflates it a little (a 40 ms phase that ends 4 ms late: +10 %). Measured here: 0.85-0.9 × k.
+MARGIN = 1.10  # over all measured windows
+WINDOW_MARGIN = 1.25  # any one window (a bucket's burst weighs more in 5 s)
 
 
 def simulator_shares(scenario: Scenario, q: Quotas) -> tuple[float, float, float]:
@@ -239,11 +244,11 @@ def test_a_mixed_replica_holds_rma_work_to_the_admitted_share_of_its_stage(
     assert offered / MEASURE_S > 1.5 * cpu * k_cpu  # more optional work than the level admits
     assert any(r.candidates < n0 + extra for r in run.responses)  # so some of it was shed
     share, per = _busy(run, "cpu", cpu)
-    assert share <= k_cpu * 1.02 + 0.005, (share, k_cpu, per)
-    assert max(per) <= k_cpu * 1.10 + 0.01, (per, k_cpu)
+    assert share <= k_cpu * MARGIN + 0.01, (share, k_cpu, per)
+    assert max(per) <= k_cpu * WINDOW_MARGIN + 0.02, (per, k_cpu)
     assert share >= 0.5 * k_cpu, (share, k_cpu, per)  # it does use what it may
     acc_share, acc_per = _busy(run, "accelerator", acc)
-    assert acc_share <= k_acc * 1.02 + 0.005, (acc_share, k_acc, acc_per)
+    assert acc_share <= k_acc * MARGIN + 0.01, (acc_share, k_acc, acc_per)
     print(f"mixed replica: cpu busy {share:.3f} of admitted {k_cpu:.3f} (windows {per}); "
           f"accelerator {acc_share:.3f} of {k_acc:.3f}")  # fmt: skip
 
@@ -279,8 +284,8 @@ def test_a_strong_replica_holds_strong_work_to_the_admitted_share_of_its_devices
     served = sum(1 for r in run.responses if r.ok)
     assert 0 < served < len(run.responses)  # some served, the rest downgraded
     share, per = _busy(run, "accelerator", acc)
-    assert share <= k_strong * 1.02 + 0.005, (share, k_strong, per)
-    assert max(per) <= k_strong * 1.10 + 0.01, (per, k_strong)
+    assert share <= k_strong * MARGIN + 0.01, (share, k_strong, per)
+    assert max(per) <= k_strong * WINDOW_MARGIN + 0.02, (per, k_strong)
     assert share >= 0.5 * k_strong, (share, k_strong, per)
     print(f"strong replica: accelerator busy {share:.3f} of admitted {k_strong:.3f} "
           f"(windows {per}); served {served} of {len(run.responses)}")  # fmt: skip
