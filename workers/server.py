@@ -499,8 +499,8 @@ class RankingServer(Service):
         # level × burst_ms of work is then less than one request asks (a strong request is all
         # or nothing; RMA extras are trimmed to what is left), and the buckets, not the level,
         # would bound what is admitted. So they hold at least two requests' optional work (one
-        # admitted while the one before it runs): ServerShedConfig.min_depth_ms. The phases
-        # still never occupy more than the admitted level.
+        # admitted while the one before it runs): ServerShedConfig.min_depth_ms. Over a stretch
+        # of time optional work stays within level × admitted share plus one bucket.
         shed = config.shed
         depth = _REQUESTS_PER_BUCKET * self.book.admission.request_ms
         if depth > shed.min_depth_ms:
