@@ -82,6 +82,7 @@ from headroom.controllers.levers import (
     ValueEstimate,
 )
 from headroom.controllers.types import CapacityLevel, LeverShare
+from headroom.defences.capacity import CapacityBook
 
 __all__ = [
     "Allocation",
@@ -117,24 +118,17 @@ class Pool:
 def pools_from_capacity(
     capacity: Iterable[CapacityLevel], now: float, safety_margin: float
 ) -> list[Pool]:
-    """The usable opportunistic pools, newest level per (resource, hardware, remote)."""
-    newest: dict[tuple[str, str, bool], CapacityLevel] = {}
-    for c in capacity:
+    """The usable opportunistic pools at ``now``: the levels in force of a
+    :class:`~headroom.defences.capacity.CapacityBook` of ``capacity`` (newest per (resource,
+    hardware, remote); a lapsed level is 0 units), with their remaining lifetime."""
+    pools = []
+    for c in CapacityBook(capacity).levels(now):
         if c.pool != "opportunistic":
             continue
-        key = (c.resource, c.hardware, c.remote)
-        old = newest.get(key)
-        if old is None or c.ts >= old.ts:
-            newest[key] = c
-    pools = []
-    for (resource, hardware, remote), c in sorted(newest.items()):
-        units = c.units if math.isfinite(c.units) and c.units > 0.0 else 0.0
-        if c.expires_in_s is None or not math.isfinite(c.expires_in_s):
-            life = math.inf
-        else:
-            elapsed = now - c.ts if 0.0 < c.ts <= now else 0.0
-            life = max(c.expires_in_s - elapsed, 0.0)
-        pools.append(Pool(resource, hardware, units * (1.0 - safety_margin), units, remote, life))
+        life = math.inf if c.expires_in_s is None else c.expires_in_s
+        pools.append(
+            Pool(c.resource, c.hardware, c.units * (1.0 - safety_margin), c.units, c.remote, life)
+        )
     return pools
 
 

@@ -18,9 +18,10 @@ Rules:
 * **Coverage observed**: requests on the ``sbm`` path ÷ eligible requests, where eligible
   requests = request count × the eligible share (from value signals that carry it, else the
   configured default).
-* **Capacity**: levels, not deltas (docs/messages.md): the newest ``ts`` per (resource, hardware,
-  pool, remote) wins, so a repeated or reordered message cannot corrupt state. An opportunistic
-  level whose announced expiry has passed counts as zero.
+* **Capacity**: one :class:`headroom.defences.capacity.CapacityBook` per region (its rules: the
+  newest ``ts`` per (resource, hardware, pool, remote) wins, a tie goes to the lower level, an
+  opportunistic level lapses ``expires_in_s`` after its ``ts`` and then counts as zero). The
+  observation carries the book's levels as of ``now``: ``expires_in_s`` is the lifetime left.
 * **Value**: sums per (segment, lever, arm) since the previous tick; they add exactly. A value
   signal that names a ``stratum`` (a value bin of its segment) is kept under
   ``stratum_key(segment, stratum)`` (``"casual#3"``), so the value book post-stratifies on it
@@ -42,11 +43,11 @@ from headroom.controllers.types import (
     segment_of,
     stratum_key,
 )
+from headroom.defences.capacity import CapacityBook
 from headroom.kernel.sketch import LatencySketch
 from headroom.streams.messages import ValueSignal
 
 PATHS = ("base", "rma", "sbm")
-_CapKey = tuple[str, str, str, bool]  # resource, hardware, pool, remote
 
 
 @dataclass
@@ -58,12 +59,6 @@ class _Window:
     last_ts: float | None = None
     msg_window_s: float = 0.0  # the shortest message window seen
     value: dict[ValueKey, ArmStats] = field(default_factory=dict)
-
-
-@dataclass
-class _CapEntry:
-    level: CapacityLevel
-    announced_at: float
 
 
 def arm_stats(msg: ValueSignal) -> ArmStats:
@@ -87,7 +82,7 @@ class RegionAggregator:
         self.eligible_share = eligible_share
         self._windows: dict[str, _Window] = {}
         self._window_start: dict[str, float] = {}
-        self._capacity: dict[str, dict[_CapKey, _CapEntry]] = {}
+        self._capacity: dict[str, CapacityBook] = {}
         self._last_value_ts: dict[str, float] = {}
 
     # --- ingest ---------------------------------------------------------------------------
@@ -131,15 +126,9 @@ class RegionAggregator:
             w.sbm_requests += count
 
     def add_capacity(self, region: str, level: CapacityLevel) -> bool:
-        """Record a level; returns False when an older message lost to a newer one."""
-        table = self._capacity.setdefault(region, {})
-        key = (level.resource, level.hardware, level.pool, level.remote)
-        current = table.get(key)
-        if current is not None and current.level.ts > level.ts:
-            return False
-        table[key] = _CapEntry(level, level.ts)
+        """Record a level; False when it lost to the level in force (or is that very level)."""
         self._windows.setdefault(region, _Window())
-        return True
+        return self._capacity.setdefault(region, CapacityBook()).apply(level)
 
     def add_value(self, region: str, ts: float, key: ValueKey, stats: ArmStats) -> None:
         w = self._window(region, ts)
@@ -154,23 +143,9 @@ class RegionAggregator:
 
     # --- observe ----------------------------------------------------------------------------
     def capacity(self, region: str, now: float) -> tuple[CapacityLevel, ...]:
-        out = []
-        for entry in self._capacity.get(region, {}).values():
-            lvl = entry.level
-            remaining = None
-            if lvl.expires_in_s is not None:
-                remaining = lvl.expires_in_s - max(0.0, now - entry.announced_at)
-                if remaining <= 0.0 and lvl.pool == "opportunistic":
-                    lvl = CapacityLevel(
-                        lvl.resource, lvl.hardware, lvl.pool, 0.0, 0.0, lvl.remote, lvl.ts
-                    )
-                    remaining = 0.0
-            out.append(
-                CapacityLevel(
-                    lvl.resource, lvl.hardware, lvl.pool, lvl.units, remaining, lvl.remote, lvl.ts
-                )
-            )
-        return tuple(sorted(out, key=lambda c: (c.resource, c.hardware, c.pool, c.remote)))
+        """The region's levels as of ``now`` (:meth:`CapacityBook.levels`)."""
+        book = self._capacity.get(region)
+        return () if book is None else book.levels(now)
 
     def observe(self, region: str, now: float, min_window_s: float = 1e-3) -> RegionObservation:
         """The observation for the window ending at ``now``; starts the next window."""

@@ -12,27 +12,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-Resource = Literal["cpu", "accelerator"]
-Pool = Literal["dedicated", "opportunistic"]
+# One type for a capacity level everywhere (the book that decides which level is in force lives
+# beside it, in headroom.defences.capacity); re-exported here for the control cores' callers.
+from headroom.defences.capacity import CapacityLevel as CapacityLevel
+from headroom.defences.capacity import Pool as Pool
+from headroom.defences.capacity import Resource as Resource
+
 Path = Literal["base", "rma", "sbm"]
 Arm = Literal["treatment", "control"]
 
 LEVER_RMA = "rma"
 LEVER_SBM = "sbm"
 LEVER_PRECOMPUTE = "precompute"
-
-
-@dataclass(frozen=True, slots=True)
-class CapacityLevel:
-    """The newest announced level of one (resource, hardware, pool) in a region."""
-
-    resource: Resource
-    hardware: str
-    pool: Pool
-    units: float
-    expires_in_s: float | None = None  # expected remaining lifetime; None = unknown
-    remote: bool = False  # only asynchronous work (precompute) may use it
-    ts: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,8 +2,11 @@
 
 Pure: no clock, no I/O, no randomness. Used by the SBM coverage controller (to size coverage
 to what the strong replicas can serve in time, not to their raw capacity) and by the servers'
-admission (:class:`headroom.defences.shedding.ServerShedder` is handed ``units × admissible`` as
-its level).
+admission: :func:`admitted_level` is *the* admission rule of both engines — the simulator's
+server model (``headroom.sim.policies``) and the streaming ranking server
+(``headroom.workers.server``) hand :class:`headroom.defences.shedding.ServerShedder`
+``admitted_level(units, …)`` as its level, so optional work never runs a level above the
+utilisation its stage's queue tolerates (docs/shedding.md, *Admission*).
 
 The model
 ---------
@@ -30,7 +33,7 @@ from __future__ import annotations
 import functools
 import math
 
-__all__ = ["admissible_utilization", "mean_wait_ms"]
+__all__ = ["admissible_utilization", "admitted_level", "admitted_share", "mean_wait_ms"]
 
 
 def mean_wait_ms(rho: float, servers: float, service_ms: float, cs2: float = 1.0) -> float:
@@ -70,3 +73,38 @@ def admissible_utilization(
         else:
             hi = mid
     return lo
+
+
+def admitted_share(
+    servers: float,
+    service_ms: float,
+    wait_budget_ms: float,
+    *,
+    cs2: float = 1.0,
+    ceiling: float = 1.0,
+) -> float:
+    """The share of an opportunistic level a server admits optional work up to: the admissible
+    utilisation of the stage the work queues in (``servers`` parallel servers, mean service
+    ``service_ms`` of one request on one server, a mean-wait budget of ``wait_budget_ms``), never
+    above ``ceiling``.
+
+    ``servers`` counts the *whole* stage — baseline capacity included — because optional work
+    queues in front of (or beside) baseline work: on a mixed replica it is (dedicated + level)
+    ÷ threads per request. The inputs each engine derives are listed in docs/shedding.md
+    (*Admission*).
+    """
+    return min(admissible_utilization(servers, service_ms, wait_budget_ms, cs2), ceiling)
+
+
+def admitted_level(
+    units: float,
+    servers: float,
+    service_ms: float,
+    wait_budget_ms: float,
+    *,
+    cs2: float = 1.0,
+    ceiling: float = 1.0,
+) -> float:
+    """Units of a level of ``units`` that optional work may occupy: ``units ×``
+    :func:`admitted_share` of its stage."""
+    return units * admitted_share(servers, service_ms, wait_budget_ms, cs2=cs2, ceiling=ceiling)

@@ -43,7 +43,9 @@ Three mechanisms decide, in this order:
    * τ_budget = max_r (1 − capacity_r / demand_r): the share of offered optional work that cannot
      fit the opportunistic level, from a time-decayed rate of offered optional cost per resource.
 3. **Token bucket per resource.** The opportunistic level (units: cores or device equivalents =
-   ms of work per ms) refills a bucket of depth ``level × burst_ms``. Admitted optional work spends
+   ms of work per ms) refills a bucket of depth ``level × burst_ms`` (at least ``min_depth_ms``
+   while the level is positive, so a fractional level still pays for one whole request that
+   cannot be trimmed, a strong-model request). Admitted optional work spends
    it: the strong part first (all or nothing → ``DOWNGRADE``), then as many extra candidates as
    the remaining tokens pay for (``TRIM``). This is the hard guarantee that optional work stays
    within the announced capacity; the threshold in (2) makes the bucket value-aware.
@@ -482,6 +484,9 @@ class ServerShedConfig:
     max_shed_quantile: float = 1.0  # τ_overload never exceeds this
     recovery_per_s: float = 0.5  # τ_overload decay once the delay is back under target
     burst_ms: float = 50.0  # token-bucket depth: level × burst_ms of work
+    # ... but at least this many ms of work while the level is > 0: the largest request that
+    # cannot be trimmed (a strong-model request), so a small level still serves one at a time
+    min_depth_ms: float = 0.0
     demand_window_ms: float = 1000.0  # time constant of the offered-demand rate estimate
     budget_aware: bool = True  # include τ_budget in the threshold
     reserve_slots: int = 0  # free slots ≤ this = exhausted (kept for baseline bursts)
@@ -500,6 +505,7 @@ class ServerShedConfig:
         c.share("max_shed_quantile", self.max_shed_quantile)
         c.nonnegative("recovery_per_s", self.recovery_per_s)
         c.positive("burst_ms", self.burst_ms)
+        c.nonnegative("min_depth_ms", self.min_depth_ms)
         c.positive("demand_window_ms", self.demand_window_ms)
         c.nonnegative("cpu_cost_weight", self.cpu_cost_weight)
         c.nonnegative("accelerator_cost_weight", self.accelerator_cost_weight)
@@ -539,8 +545,10 @@ class ServerShedder:
         # Opportunistic level (units = ms of work per ms) and token buckets (ms of work).
         self._cap_cpu = cap.cpu
         self._cap_acc = cap.accelerator
-        self._tok_cpu = cap.cpu * cfg.burst_ms  # a new server starts with full buckets
-        self._tok_acc = cap.accelerator * cfg.burst_ms
+        self._burst = cfg.burst_ms
+        self._min_depth = cfg.min_depth_ms
+        self._tok_cpu = self._depth(cap.cpu)  # a new server starts with full buckets
+        self._tok_acc = self._depth(cap.accelerator)
         self._t = now  # time the buckets, τ decay and demand decay were last brought up to
         # Offered optional demand, time-decayed sums of ms (rate = sum / demand_window_ms).
         self._dem_cpu = 0.0
@@ -571,7 +579,6 @@ class ServerShedder:
         # Counters.
         self._n = [0, 0, 0, 0]  # per Decision
         # Config scalars, read on every decision (attribute look-ups are the hot path's cost).
-        self._burst = cfg.burst_ms
         self._window = cfg.demand_window_ms
         self._recovery = cfg.recovery_per_s
         self._budget_aware = cfg.budget_aware
@@ -579,6 +586,13 @@ class ServerShedder:
         self._dropped_extra = 0
         self._dropped_strong = 0
         self._inflight_cut = 0
+
+    def _depth(self, level: float) -> float:
+        """A bucket's depth for ``level``: ``level × burst_ms``, at least ``min_depth_ms``."""
+        if not level > 0.0:
+            return 0.0
+        depth = level * self._burst
+        return depth if depth >= self._min_depth else self._min_depth
 
     # -- time -----------------------------------------------------------------------------
 
@@ -596,11 +610,15 @@ class ServerShedder:
         if cap > 0.0:
             tok = self._tok_cpu + cap * dt_ms
             depth = cap * self._burst
+            if depth < self._min_depth:
+                depth = self._min_depth
             self._tok_cpu = depth if tok > depth else tok
         cap = self._cap_acc
         if cap > 0.0:
             tok = self._tok_acc + cap * dt_ms
             depth = cap * self._burst
+            if depth < self._min_depth:
+                depth = self._min_depth
             self._tok_acc = depth if tok > depth else tok
         if self._dem_cpu > 0.0 or self._dem_acc > 0.0:
             decay = math.exp(-dt_ms / self._window)
@@ -622,12 +640,14 @@ class ServerShedder:
         should then call :meth:`trim_inflight`).
         """
         self._advance(now)
-        burst = self.config.burst_ms
+        burst = self._burst
         reduced = False
 
         def rebucket(tokens: float, old: float, new: float) -> float:
             if new < old:
                 return tokens * (new / old) if old > 0.0 else 0.0
+            if self._min_depth > 0.0:
+                return min(self._depth(new), tokens + self._depth(new) - self._depth(old))
             return min(new * burst, tokens + (new - old) * burst)
 
         if level.cpu != self._cap_cpu:
@@ -895,9 +915,8 @@ class ServerShedder:
         keep_strong, n, spent_cpu, spent_acc = self._fill(
             m, idx, tok_cpu, tok_acc, extra_i, has_extra, ec, ea, strong_b, sc, sa
         )
-        burst = self.config.burst_ms
-        self._tok_cpu = min(self._cap_cpu * burst, self._tok_cpu - spent_cpu)
-        self._tok_acc = min(self._cap_acc * burst, self._tok_acc - spent_acc)
+        self._tok_cpu = min(self._depth(self._cap_cpu), self._tok_cpu - spent_cpu)
+        self._tok_acc = min(self._depth(self._cap_acc), self._tok_acc - spent_acc)
 
         lost_strong = strong_b & ~keep_strong
         lost_extra = np.where(has_extra, extra_i - n, 0)
@@ -997,8 +1016,15 @@ class ServerShedder:
                         spent_acc += float(ea[j]) * part / float(extra_i[j])
         return keep_strong, n, spent_cpu, spent_acc
 
-    def trim_inflight(self, now: float, inflight: Sequence[InflightWork]) -> list[InflightCut]:
-        """Which running optional work to cut so the rest fits the current level.
+    def trim_inflight(
+        self,
+        now: float,
+        inflight: Sequence[InflightWork],
+        level: OptionalCapacity | None = None,
+    ) -> list[InflightCut]:
+        """Which running optional work to cut so the rest fits the current level (or ``level``:
+        a server that runs optional work at full speed and holds only its *rate* to the level the
+        buckets refill at fits what it runs to its physical level).
 
         Cuts go lowest value per unit of occupied capacity first, and only items that occupy a
         resource still over its level are cut (cutting the others would free nothing useful).
@@ -1010,7 +1036,7 @@ class ServerShedder:
         value = np.fromiter((w.value for w in inflight), dtype=np.float64, count=len(inflight))
         cpu = np.fromiter((w.cpu for w in inflight), dtype=np.float64, count=len(inflight))
         acc = np.fromiter((w.accelerator for w in inflight), dtype=np.float64, count=len(inflight))
-        cut = self.trim_inflight_batch(now, value, cpu, acc)
+        cut = self.trim_inflight_batch(now, value, cpu, acc, level)
         out = []
         for i in np.flatnonzero(cut):
             w = inflight[int(i)]
@@ -1019,7 +1045,12 @@ class ServerShedder:
         return out
 
     def trim_inflight_batch(
-        self, now: float, value: npt.ArrayLike, cpu: npt.ArrayLike, accelerator: npt.ArrayLike
+        self,
+        now: float,
+        value: npt.ArrayLike,
+        cpu: npt.ArrayLike,
+        accelerator: npt.ArrayLike,
+        level: OptionalCapacity | None = None,
     ) -> BoolArray:
         """Array form of :meth:`trim_inflight`: a mask of the in-flight items to cut."""
         self._advance(now)
@@ -1027,8 +1058,11 @@ class ServerShedder:
         cpu = np.asarray(cpu, dtype=np.float64)
         acc = np.asarray(accelerator, dtype=np.float64)
         cut = np.zeros(value.shape[0], dtype=np.bool_)
-        over_cpu = float(cpu.sum()) - self._cap_cpu
-        over_acc = float(acc.sum()) - self._cap_acc
+        fit_cpu, fit_acc = (
+            (self._cap_cpu, self._cap_acc) if level is None else (level.cpu, level.accelerator)
+        )
+        over_cpu = float(cpu.sum()) - fit_cpu
+        over_acc = float(acc.sum()) - fit_acc
         eps = 1e-9
         if over_cpu <= eps and over_acc <= eps:
             return cut

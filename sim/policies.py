@@ -55,10 +55,9 @@ from typing import Any
 import numpy as np
 
 from headroom.controllers.config import ControlConfig
-from headroom.controllers.coverage import strong_admissible
 from headroom.controllers.plane import ControlPlane
 from headroom.controllers.types import LEVER_RMA, LEVER_SBM, RegionObservation, RegionTargets
-from headroom.defences.admission import admissible_utilization
+from headroom.defences.admission import admitted_share
 from headroom.defences.peers import OptionalBudget, make_limit
 from headroom.defences.shedding import (
     ClientShedder,
@@ -375,14 +374,21 @@ class HeadroomRegion(PlaneRegion):
         self._run = run
 
     def _admission(self, q: Quotas) -> tuple[float, float, float]:
-        """The share of each quota the servers admit optional work up to — what a queue
-        tolerates (controllers/queueing.py): on the mixed replicas' CPU and accelerator stages
-        the admissible utilisation of the whole stage (dedicated + quota) for a baseline
-        request's service time and RMA's wait budget, never above ``1 − margin`` (a surge
-        beyond it is shed, not queued in front of baseline work); on the strong replicas the
-        utilisation the coverage controller sized coverage for (few devices queue long)."""
+        """The share of each quota the servers admit optional work up to — the admission rule
+        of both engines (:func:`headroom.defences.admission.admitted_share`; the streaming
+        servers derive the same inputs, ``headroom.workers.server.ReplicaAdmission``): on the
+        mixed replicas' CPU and accelerator stages the admissible utilisation of the whole
+        stage (dedicated + quotas) for a baseline request's service time and RMA's wait budget,
+        never above ``1 − margin`` (a surge beyond it is shed, not queued in front of baseline
+        work); on the strong replicas that of their devices for a strong request's accelerator
+        time and the coverage controller's wait budget (the utilisation it sized coverage for:
+        few devices queue long)."""
         cfg = self.plane.config
-        k_s = strong_admissible(cfg.coverage, cfg.setpoint_ms, cfg.costs, q.sbm_acc)
+        k_s = admitted_share(
+            q.sbm_acc,
+            cfg.costs.sbm_per_request.accelerator_s * 1000.0,
+            cfg.coverage.wait_budget_share * cfg.setpoint_ms,
+        )
         run = self._run
         if run is None:
             return self.rma_busy, self.rma_busy, k_s
@@ -390,11 +396,11 @@ class HeadroomRegion(PlaneRegion):
         st = run.static
         bm = run.base_mix
         par = run.cfg.latency.cpu_parallelism
-        k_c = admissible_utilization(
-            (st.ded_cpu + q.rma_cpu + q.sbm_cpu) / par, bm.cpu_mean, budget
+        k_c = admitted_share(
+            (st.ded_cpu + q.rma_cpu + q.sbm_cpu) / par, bm.cpu_mean, budget, ceiling=self.rma_busy
         )
-        k_a = admissible_utilization(st.ded_acc + q.rma_acc, bm.acc_mean, budget)
-        return min(k_c, self.rma_busy), min(k_a, self.rma_busy), k_s
+        k_a = admitted_share(st.ded_acc + q.rma_acc, bm.acc_mean, budget, ceiling=self.rma_busy)
+        return k_c, k_a, k_s
 
     def admit(
         self, now: float, span: float, rma_req: Any, sbm_req: Any, run: RegionRun

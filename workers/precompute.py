@@ -24,7 +24,8 @@ One process per region. It is the I/O shell around the pure core
   time on its pools has passed;
 * **tombstones** results when they expire (a null value for the key), and stops jobs at once when
   a capacity level drops below what they draw (``wasted_partial``: a half-done job delivers
-  nothing);
+  nothing) — also when a level lapses, ``expires_in_s`` after its ``ts`` without a newer
+  announcement (:mod:`headroom.defences.capacity`; noticed at the next round);
 * **reports** on ``events`` and the structured log, per SLO window (scenario time):
   ``precompute.job.completed`` (jobs by segment, wasted, rate in force), ``precompute.result.
   expired`` (results tombstoned), ``window`` lines whose ``precompute`` field carries ``jobs`` and
@@ -53,7 +54,7 @@ import re
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -78,6 +79,7 @@ from headroom.controllers.precompute_value import (
     UpliftCalibrator,
 )
 from headroom.controllers.types import CapacityLevel
+from headroom.defences.capacity import CapacityBook
 from headroom.kernel.codec import ValidationError, loads
 from headroom.kernel.errors import ConfigError
 from headroom.kernel.scenario import Scenario
@@ -307,7 +309,7 @@ class PrecomputeWorker(Service):
         self.stats = WorkerStats()
         self.ready = asyncio.Event()  # capacity and targets read to their end, requests joined
         self._lever_job = cfg.costs.precompute_per_job
-        self._levels: dict[tuple[str, str, str, bool], CapacityLevel] = {}
+        self.capacity = CapacityBook()  # the region's levels, on the wire's wall clock
         self._target: _Target | None = None
         self._rate_reason = ""
         self._payloads: dict[int, tuple[tuple[int, ...], float]] = {}  # job id → ranking, as-of
@@ -609,24 +611,11 @@ class PrecomputeWorker(Service):
         return changed
 
     def on_capacity(self, msg: messages.Capacity) -> None:
-        """A capacity level of the region: newest ``ts`` wins per (resource, hardware, pool,
-        remote); jobs drawing more than a pool now has stop at once."""
-        if msg.region != self.region:
+        """A capacity level of the region (:class:`headroom.defences.capacity.CapacityBook`:
+        newest ``ts`` wins per (resource, hardware, pool, remote)); jobs drawing more than a pool
+        now has stop at once."""
+        if msg.region != self.region or not self.capacity.apply(CapacityLevel.of(msg)):
             return
-        key = (msg.resource, msg.hardware, msg.pool, msg.remote)
-        old = self._levels.get(key)
-        t_msg = self.scenario_time(msg.ts)
-        if old is not None and old.ts > t_msg:
-            return
-        self._levels[key] = CapacityLevel(
-            resource=msg.resource,
-            hardware=msg.hardware,
-            pool=msg.pool,
-            units=msg.units,
-            expires_in_s=msg.expires_in_s,
-            remote=msg.remote,
-            ts=t_msg,
-        )
         stopped = self._refresh_pools(self.scenario_time())
         if stopped:
             release_ms = max(self._wall() - msg.ts, 0.0) * 1000.0
@@ -653,14 +642,28 @@ class PrecomputeWorker(Service):
         self._target = _Target(msg.epoch, msg.ts, msg.ttl_s, budget)
         self.stats.targets += 1
 
+    def levels(self, t: float) -> list[CapacityLevel]:
+        """The region's levels at scenario time ``t``, lifetimes in scenario seconds. The book
+        keeps the wire's wall clock (a level lapses ``expires_in_s`` wall seconds after its
+        ``ts``, as in the servers and the controller); the core plans in scenario time."""
+        speed = self.settings.speed
+        return [
+            replace(
+                level,
+                ts=t,
+                expires_in_s=None if level.expires_in_s is None else level.expires_in_s * speed,
+            )
+            for level in self.capacity.levels(self.wall_time(t))
+        ]
+
     def _refresh_pools(self, t: float) -> int:
         cfg = self.config
         pools = usable_pools(
-            self._levels.values(),
+            self.levels(t),
             t,
             use=CapacityUse.ASYNC,
             hardware=cfg.costs.strong_hardware,
-            min_lifetime_s=0.0,  # running jobs keep a pool whose announced life ran out
+            min_lifetime_s=0.0,  # running jobs keep a pool until it lapses (then it is 0)
             safety_margin=cfg.safety_margin,
         )
         stopped = self.jobs.set_pools(pools, t)

@@ -36,7 +36,21 @@ optional part of a stage (RMA's extra candidates, or the whole strong-model requ
 *phase* that can be cut at any instant: cutting it releases the slots at once. An optional phase
 gets ``min(slots × speed, opportunistic level − optional units in use)`` units and lasts
 accordingly (it time-shares what is left of the level), so optional work never occupies more than
-the opportunistic level, even when the level is a fraction of a slot.
+the opportunistic level, even when the level is a fraction of a slot; it keeps only the slots
+those units need and hands the others back when it starts.
+
+Admission
+---------
+Optional work is held to ``level × admitted share`` *on average*, not to the whole opportunistic
+level: the admitted share is :func:`headroom.defences.admission.admitted_share` of the stage the
+work queues in — the admissible utilisation of an ``M/G/c`` stage for a mean-wait budget — the
+same function, with the same inputs derived from the scenario, that the simulator's servers use
+(:class:`ReplicaAdmission`, docs/shedding.md *Admission*). The shedding core is handed that
+admitted level: its value threshold and token buckets admit optional work at that rate, so over
+any stretch of time optional work keeps the level at most that busy (plus one bucket). The work it
+admits runs at full speed (a phase is not stretched to the admitted level: that would hold slots
+longer and queue baseline work behind them — the utilisation is a long-run mean, as in the
+queueing model). Slots are sized from the whole level: the capacity is there.
 
 Release after a reclaim
 -----------------------
@@ -68,13 +82,16 @@ import contextlib
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import count
 from typing import Any, Literal
 
 import numpy as np
 
+from headroom.controllers.config import ControlConfig
 from headroom.controllers.levers import CostModel
+from headroom.defences.admission import admitted_share
+from headroom.defences.capacity import CapacityBook, CapacityLevel
 from headroom.defences.shedding import (
     Decision,
     InflightWork,
@@ -96,8 +113,9 @@ from headroom.workers.wire import Health, RankRequest, RankResponse, serve
 from headroom.world.ranking import Model, RankingWorld
 
 __all__ = [
-    "CapacityBook",
     "RankingServer",
+    "ReplicaAdmission",
+    "ReplicaBook",
     "ReplicaCapacity",
     "ServerConfig",
     "SlotPool",
@@ -105,6 +123,7 @@ __all__ = [
 
 Pool = Literal["dedicated", "opportunistic"]
 _EPS = 1e-9
+_REQUESTS_PER_BUCKET = 2  # the shedding buckets hold at least this many requests' optional work
 _MAX_RELEASE_WAIT_S = 2.0  # a release that takes longer than this is reported as this (a bug)
 
 
@@ -170,33 +189,101 @@ class ReplicaCapacity:
     """What one replica may use now: slot units per resource and the opportunistic part.
 
     ``slots_*`` size the slot pools (dedicated + opportunistic for a mixed RMA replica; the
-    opportunistic level alone for a strong-model replica); ``optional`` is the opportunistic part,
-    the most optional work may occupy (the shedding core's level)."""
+    opportunistic level alone for a strong-model replica); ``level`` is this replica's share of the
+    opportunistic levels its lever may use; ``optional`` is the most optional work may occupy —
+    ``level`` × the admitted share of its stage (:class:`ReplicaAdmission`), the shedding core's
+    level."""
 
     slots_cpu: float
     slots_accelerator: float
+    level: OptionalCapacity
     optional: OptionalCapacity
 
 
-@dataclass(slots=True)
-class _Level:
-    units: float
-    ts: float
-    expires_at: float | None  # wall time after which an opportunistic level counts as zero
-    remote: bool
+@dataclass(frozen=True, slots=True)
+class ReplicaAdmission:
+    """The inputs of the admission rule (:func:`headroom.defences.admission.admitted_share`) for
+    this replica's two stages, derived from the scenario as the simulator derives them
+    (``headroom.sim.policies.HeadroomRegion``; docs/shedding.md, *Admission*).
+
+    A stage is the replica's slots of one resource: ``slots / cpu_parallelism`` servers on the
+    CPU (a request takes that many threads), ``slots`` on the accelerator. Mixed (RMA) replicas:
+    a baseline request's service time and a mean-wait budget of ``pid.wait_budget_share`` × the
+    setpoint, never above ``1 − allocator.safety_margin``. Strong-model replicas: a strong
+    request's service time and ``coverage.wait_budget_share`` × the setpoint (the rule the
+    coverage controller sizes coverage by)."""
+
+    pool: Pool
+    cpu_parallelism: int
+    cpu_service_ms: float  # one request's CPU work, all threads together
+    accelerator_service_ms: float
+    wait_budget_ms: float
+    ceiling: float
+    # the most optional work one request asks of one resource: a strong request's, or the
+    # extra candidates up to world.max_candidates (the buckets hold at least two of it)
+    request_ms: float
+
+    @classmethod
+    def from_scenario(
+        cls, scenario: Scenario, pool: Pool, cpu_parallelism: int
+    ) -> ReplicaAdmission:
+        cfg = ControlConfig.from_scenario(scenario)
+        costs = cfg.costs
+        n0 = scenario.world.base_candidates
+        if pool == "dedicated":
+            extra = max(scenario.world.max_candidates - n0, 0)
+            return cls(
+                pool,
+                cpu_parallelism,
+                n0 * costs.base_cpu_ms,
+                n0 * costs.base_accelerator_ms,
+                cfg.pid.wait_budget_share * cfg.setpoint_ms,
+                1.0 - cfg.allocator.safety_margin,
+                extra * max(costs.base_cpu_ms, costs.base_accelerator_ms),
+            )
+        cpu_ms = costs.request(n0, "strong").cpu_s * 1000.0
+        acc_ms = costs.sbm_per_request.accelerator_s * 1000.0
+        return cls(
+            pool,
+            cpu_parallelism,
+            cpu_ms,
+            acc_ms,
+            cfg.coverage.wait_budget_share * cfg.setpoint_ms,
+            1.0,
+            max(cpu_ms, acc_ms),
+        )
+
+    def shares(self, slots_cpu: float, slots_accelerator: float) -> tuple[float, float]:
+        """The admitted share of the CPU and of the accelerator stage of these slots."""
+        par = self.cpu_parallelism
+        k_cpu = admitted_share(
+            slots_cpu / par, self.cpu_service_ms / par, self.wait_budget_ms, ceiling=self.ceiling
+        )
+        k_acc = admitted_share(
+            slots_accelerator,
+            self.accelerator_service_ms,
+            self.wait_budget_ms,
+            ceiling=self.ceiling,
+        )
+        return k_cpu, k_acc
 
 
-class CapacityBook:
-    """The newest announced level of each (resource, hardware, pool) of one region, and what a
-    replica of a given pool and share may use from them. Pure: time is passed in.
-
-    Levels, not deltas (docs/messages.md): the newest ``ts`` wins, so a repeated or reordered
-    message cannot corrupt state. An opportunistic level whose announced lifetime
-    (``expires_in_s``) has passed counts as zero, as in the controllers (controllers/observe.py).
-    ``remote`` pools are never used (only asynchronous work may run there).
+class ReplicaBook:
+    """The region's capacity levels (:class:`headroom.defences.capacity.CapacityBook`: newest
+    ``ts`` wins, ties to the lower level, an opportunistic level lapses ``expires_in_s`` after its
+    ``ts``), and what a replica of a given pool and share may use from them. Pure: time is passed
+    in (the wire's wall clock). ``remote`` pools are never used (only asynchronous work may run
+    there).
     """
 
-    def __init__(self, scenario: Scenario, region: str, pool: Pool, share: float) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        region: str,
+        pool: Pool,
+        share: float,
+        cpu_parallelism: int = 4,
+    ) -> None:
         try:
             r = scenario.region(region)
         except KeyError:
@@ -207,71 +294,50 @@ class CapacityBook:
         self.region = region
         self.pool = pool
         self.share = share
-        self._dedicated = (r.dedicated.cpu, r.dedicated.accelerator, r.dedicated.hardware)
+        self._dedicated = (r.dedicated.cpu, r.dedicated.accelerator)
         models = scenario.models
         self._hardware = frozenset(
             models.base.hardware if pool == "dedicated" else models.strong.hardware
         )
-        self._levels: dict[tuple[str, str, str], _Level] = {}
+        self.admission = ReplicaAdmission.from_scenario(scenario, pool, cpu_parallelism)
+        self.book = CapacityBook()
 
-    def update(self, msg: messages.Capacity, now: float) -> bool:
-        """Record a level; False when it is not for this region or lost to a newer message."""
+    def update(self, msg: messages.Capacity) -> bool:
+        """Record a level; False when it is not for this region, lost to the level in force or
+        is that very level."""
         if msg.region != self.region:
             return False
-        key = (msg.resource, msg.hardware, msg.pool)
-        current = self._levels.get(key)
-        if current is not None and current.ts > msg.ts:
-            return False
-        expires = None
-        if msg.expires_in_s is not None and msg.pool == "opportunistic":
-            expires = msg.ts + msg.expires_in_s
-        self._levels[key] = _Level(msg.units, msg.ts, expires, msg.remote)
-        return True
+        return self.book.apply(CapacityLevel.of(msg))
 
-    def level(self, resource: str, pool: str, now: float) -> float:
-        """Units of ``resource`` in ``pool`` this replica's lever may use (all hardware types it
-        supports), before the share."""
-        total = 0.0
-        for (res, hw, p), lvl in self._levels.items():
-            if res != resource or p != pool or lvl.remote:
-                continue
-            if resource == "accelerator" and hw not in self._hardware:
-                continue
-            if lvl.expires_at is not None and now >= lvl.expires_at:
-                continue
-            total += lvl.units
-        return total
+    def level(self, resource: str, now: float) -> float:
+        """Opportunistic units of ``resource`` this replica's lever may use (local pools of the
+        hardware types it supports), before the share."""
+        return self.book.totals(now, hardware=self._hardware).get(resource, 0.0)
 
-    def dedicated(self) -> tuple[float, float]:
+    def dedicated(self, now: float) -> tuple[float, float]:
         """Dedicated CPU and accelerator units of the region: announced dedicated levels (if a
         feed publishes them) win over the scenario's."""
-        cpu, acc, _hardware = self._dedicated
-        announced = [(r, lvl.units) for (r, _h, p), lvl in self._levels.items() if p == "dedicated"]
-        if any(r == "cpu" for r, _u in announced):
-            cpu = sum(u for r, u in announced if r == "cpu")
-        if any(r == "accelerator" for r, _u in announced):
-            acc = sum(u for r, u in announced if r == "accelerator")
-        return cpu, acc
+        cpu, acc = self._dedicated
+        announced = self.book.totals(now, pool="dedicated", remote=None)
+        return announced.get("cpu", cpu), announced.get("accelerator", acc)
 
     def capacity(self, now: float) -> ReplicaCapacity:
-        opp_cpu = self.level("cpu", "opportunistic", now) * self.share
-        opp_acc = self.level("accelerator", "opportunistic", now) * self.share
-        optional = OptionalCapacity(opp_cpu, opp_acc)
-        if self.pool == "opportunistic":
-            return ReplicaCapacity(opp_cpu, opp_acc, optional)
-        ded_cpu, ded_acc = self.dedicated()
-        return ReplicaCapacity(
-            ded_cpu * self.share + opp_cpu, ded_acc * self.share + opp_acc, optional
+        level = OptionalCapacity(
+            self.level("cpu", now) * self.share, self.level("accelerator", now) * self.share
         )
+        if self.pool == "opportunistic":
+            slots_cpu, slots_acc = level.cpu, level.accelerator
+        else:
+            ded_cpu, ded_acc = self.dedicated(now)
+            slots_cpu = ded_cpu * self.share + level.cpu
+            slots_acc = ded_acc * self.share + level.accelerator
+        k_cpu, k_acc = self.admission.shares(slots_cpu, slots_acc)
+        optional = OptionalCapacity(level.cpu * k_cpu, level.accelerator * k_acc)
+        return ReplicaCapacity(slots_cpu, slots_acc, level, optional)
 
     def next_expiry(self, now: float) -> float | None:
-        """The earliest future wall time at which an opportunistic level lapses."""
-        times = [
-            lvl.expires_at
-            for lvl in self._levels.values()
-            if lvl.expires_at is not None and lvl.expires_at > now
-        ]
-        return min(times) if times else None
+        """The earliest wall time after ``now`` at which an opportunistic level lapses."""
+        return self.book.next_lapse(now)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -372,6 +438,26 @@ class _Optional:
     cut: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+@dataclass(eq=False)
+class _Grant:
+    """Slots one request holds on a pool; :meth:`keep` hands part back early, :meth:`release`
+    the rest (once)."""
+
+    pool: SlotPool
+    n: int
+
+    def keep(self, k: int) -> None:
+        k = max(0, k)
+        if k < self.n:
+            self.pool.release(self.n - k)
+            self.n = k
+
+    def release(self) -> None:
+        if self.n > 0:
+            self.pool.release(self.n)
+            self.n = 0
+
+
 @dataclass
 class _PathWindow:
     sketch: LatencySketch = field(default_factory=lambda: LatencySketch(0.01))
@@ -400,14 +486,29 @@ class RankingServer(Service):
         self.metrics = metrics
         self._wall = clock
         self.log = self.log.bind(region=config.region, pool=config.pool, replica=config.replica)
-        self.book = CapacityBook(scenario, config.region, config.pool, config.share)
+        self.book = ReplicaBook(
+            scenario, config.region, config.pool, config.share, config.cpu_parallelism
+        )
         self.costs = CostModel.from_models(scenario.models, scenario.world.base_candidates)
         self.world = world
         now = self._wall()
         cap = self.book.capacity(now)
         self.cpu = SlotPool("cpu", cap.slots_cpu)
         self.accelerator = SlotPool("accelerator", cap.slots_accelerator)
-        self.shedder = ServerShedder(config.shed, cap.optional, now)
+        # The buckets refill at the admitted level, which may be a fraction of a core or device:
+        # level × burst_ms of work is then less than one request asks (a strong request is all
+        # or nothing; RMA extras are trimmed to what is left), and the buckets, not the level,
+        # would bound what is admitted. So they hold at least two requests' optional work (one
+        # admitted while the one before it runs): ServerShedConfig.min_depth_ms. Over a stretch
+        # of time optional work stays within level × admitted share plus one bucket.
+        shed = config.shed
+        depth = _REQUESTS_PER_BUCKET * self.book.admission.request_ms
+        if depth > shed.min_depth_ms:
+            shed = replace(shed, min_depth_ms=depth)
+        self.shedder = ServerShedder(shed, cap.optional, now)
+        # the physical level optional work may occupy at any instant (the shedder's buckets
+        # hold its rate to the admitted level, cap.optional)
+        self.level = cap.level
         self._optional: dict[int, _Optional] = {}
         self._occ_cpu = 0.0  # units occupied by optional phases now
         self._occ_acc = 0.0
@@ -544,7 +645,7 @@ class RankingServer(Service):
     def on_capacity(self, msg: messages.Capacity, *, live: bool = True) -> None:
         """Apply a capacity level at once (see the module docstring, "Release after a reclaim")."""
         now = self._wall()
-        if not self.book.update(msg, now):
+        if not self.book.update(msg):
             return
         if self.metrics is not None:
             self.metrics.capacity.labels(msg.region, msg.resource, msg.hardware, msg.pool).set(
@@ -568,10 +669,12 @@ class RankingServer(Service):
         where: tuple[str, str, str] | None = None,
     ) -> None:
         seen = time.monotonic()
-        before = self.shedder.capacity
+        before = self.level
         cap = self.book.capacity(now)
         reduced = self.shedder.on_capacity(cap.optional, now)
+        reduced |= cap.level.cpu < before.cpu or cap.level.accelerator < before.accelerator
         self._account_occupancy()
+        self.level = cap.level
         self.cpu.resize(cap.slots_cpu)
         self.accelerator.resize(cap.slots_accelerator)
         self._update_model_load(now)
@@ -583,6 +686,7 @@ class RankingServer(Service):
                 InflightWork(o.id, o.value, o.cpu, o.accelerator, o.extra, o.strong)
                 for o in self._optional.values()
             ],
+            cap.level,
         )
         for cut in cuts:
             work = self._optional.get(int(cut.id))  # type: ignore[call-overload]
@@ -592,7 +696,7 @@ class RankingServer(Service):
             occupied = self._occ_cpu + self._occ_acc
             self.add_task(
                 self._measure_release(
-                    seen, now, before, cap.optional, len(cuts), reason, message_ts, where, occupied
+                    seen, now, before, cap.level, len(cuts), reason, message_ts, where, occupied
                 ),
                 name="release",
             )
@@ -649,7 +753,7 @@ class RankingServer(Service):
         await self._emit("optional.released", fields)
 
     def _fits(self) -> bool:
-        cap = self.shedder.capacity
+        cap = self.level
         return self._occ_cpu <= cap.cpu + _EPS and self._occ_acc <= cap.accelerator + _EPS
 
     async def _watch_expiry(self) -> None:
@@ -667,7 +771,7 @@ class RankingServer(Service):
         """The strong model needs ``load_s`` (scenario seconds) of capacity before serving."""
         if self.config.pool != "opportunistic":
             return
-        if self.shedder.capacity.accelerator <= _EPS:
+        if self.level.accelerator <= _EPS:
             self._loaded_at = None
         elif self._loaded_at is None:
             self._loaded_at = now + self.scenario.models.strong.load_s / self.config.speed
@@ -720,26 +824,30 @@ class RankingServer(Service):
         resource: str,
         extra: int,
         strong: bool,
+        grant: _Grant,
         done_ms: float = 0.0,
-        width: int = 1,
     ) -> bool:
-        """Run ``work_ms`` of optional work (at unit speed) on the ``width`` slots just acquired;
-        False when it was cut, or could not start because no opportunistic capacity is left.
+        """Run ``work_ms`` of optional work (at unit speed) on the slots of ``grant``; False when
+        it was cut, or could not start because no opportunistic capacity is left.
 
-        The phase gets ``u = min(width × slot speed, level − optional units in use)`` units, and
+        The phase gets ``u = min(slots × slot speed, level − optional units in use)`` units, and
         lasts ``work_ms / u`` (less ``done_ms`` already spent on it): optional work time-shares
-        what is left of the opportunistic level, so it never occupies more than the level.
+        what is left of the opportunistic level, so it never occupies more than the level. (How
+        much of it is admitted — on average the admitted share of the level — is the shedder's
+        buckets' business.) It keeps only the slots ``u`` needs and hands the others back at
+        once: a phase on a fraction of a core must not hold other slots idle.
         """
-        pool = self.cpu if resource == "cpu" else self.accelerator
-        cap = self.shedder.capacity
+        pool = grant.pool
+        cap = self.level
         if resource == "cpu":
-            units = min(width * pool.speed, cap.cpu - self._occ_cpu)
+            units = min(grant.n * pool.speed, cap.cpu - self._occ_cpu)
             work = _Optional(work_id, value, units, 0.0, extra, strong)
         else:
-            units = min(width * pool.speed, cap.accelerator - self._occ_acc)
+            units = min(grant.n * pool.speed, cap.accelerator - self._occ_acc)
             work = _Optional(work_id, value, 0.0, units, extra, strong)
         if units <= _EPS:
             return False
+        grant.keep(math.ceil(units / pool.speed - _EPS))
         self._occupy(work)
         try:
             duration_s = max(0.0, work_ms / units - done_ms) / 1000.0
@@ -841,27 +949,28 @@ class RankingServer(Service):
         got = await self._acquire(self.cpu, None, self._threads)
         assert got is not None
         queue_ms += got[0]
-        width = got[1]
+        grant = _Grant(self.cpu, got[1])
         try:
             t = time.monotonic()
             cands, scores = self._rank(req, base + n, Model.BASE)
             real_ms = (time.monotonic() - t) * 1000.0
-            base_ms = base * costs.base_cpu_ms / (width * self.cpu.speed)
+            base_ms = base * costs.base_cpu_ms / (grant.n * self.cpu.speed)
             if base_ms > real_ms:
                 await asyncio.sleep((base_ms - real_ms) / 1000.0)
             if n > 0:
                 ok = time.monotonic() < optional_deadline and await self._optional_phase(
-                    work_id, req.value, n * costs.base_cpu_ms, "cpu", n, False, width=width
+                    work_id, req.value, n * costs.base_cpu_ms, "cpu", n, False, grant
                 )
                 if not ok:
                     self._count_shed(n, False)
                     n, decision = 0, Decision.SHED
         finally:
-            self.cpu.release(width)
+            grant.release()
         # Accelerator stage: the model's inference, base candidates then extras.
         got = await self._acquire(self.accelerator, None)
         assert got is not None
         queue_ms += got[0]
+        grant = _Grant(self.accelerator, got[1])
         try:
             await asyncio.sleep(base * costs.base_accelerator_ms / self.accelerator.speed / 1000.0)
             if n > 0:
@@ -872,12 +981,13 @@ class RankingServer(Service):
                     "accelerator",
                     n,
                     False,
+                    grant,
                 )
                 if not ok:
                     self._count_shed(n, False)
                     n, decision = 0, Decision.SHED
         finally:
-            self.accelerator.release()
+            grant.release()
         ranked = base + n
         best = int(np.argmax(scores[:ranked]))
         base_best = int(np.argmax(scores[:base]))
@@ -913,16 +1023,16 @@ class RankingServer(Service):
             self._count_shed(0, True)
             return self._downgraded(req, start, "no slot within budget")
         queue_ms += got[0]
-        width = got[1]
+        grant = _Grant(self.cpu, got[1])
         try:
             t = time.monotonic()
             cands, scores = self._rank(req, n, Model.STRONG)
             real_ms = (time.monotonic() - t) * 1000.0
             ok = await self._optional_phase(
-                work_id, req.value, cost.cpu_s * 1000.0, "cpu", 0, True, real_ms, width
+                work_id, req.value, cost.cpu_s * 1000.0, "cpu", 0, True, grant, real_ms
             )
         finally:
-            self.cpu.release(width)
+            grant.release()
         if not ok:
             self._count_shed(0, True)
             return self._downgraded(req, start, "preempted")
@@ -931,12 +1041,13 @@ class RankingServer(Service):
             self._count_shed(0, True)
             return self._downgraded(req, start, "no slot within budget")
         queue_ms += got[0]
+        grant = _Grant(self.accelerator, got[1])
         try:
             ok = await self._optional_phase(
-                work_id, req.value, cost.accelerator_s * 1000.0, "accelerator", 0, True
+                work_id, req.value, cost.accelerator_s * 1000.0, "accelerator", 0, True, grant
             )
         finally:
-            self.accelerator.release()
+            grant.release()
         if not ok:
             self._count_shed(0, True)
             return self._downgraded(req, start, "preempted")

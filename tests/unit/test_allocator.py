@@ -10,7 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import linprog
 
-from headroom.controllers.allocator import Allocator, FallbackReason, solve_lp
+from headroom.controllers.allocator import (
+    Allocator,
+    FallbackReason,
+    pools_from_capacity,
+    solve_lp,
+)
 from headroom.controllers.config import AllocatorSettings, ValueSettings
 from headroom.controllers.levers import (
     CostModel,
@@ -20,6 +25,7 @@ from headroom.controllers.levers import (
     ResourceCost,
     ValueBook,
 )
+from headroom.controllers.observe import RegionAggregator
 from headroom.controllers.testing import arm_stats, capacity
 from headroom.controllers.types import CapacityLevel
 
@@ -280,6 +286,27 @@ def test_capacity_expiring_before_the_strong_model_loads_never_goes_to_sbm() -> 
     assert a.budget("sbm") == (0.0, 0.0)
     a = allocator().allocate(aged, 1050.0, CTX, PROVEN, 10.0)
     assert a.budget("sbm")[1] > 0.0
+
+
+def test_pools_take_the_books_levels_in_force_and_lifetimes_once() -> None:
+    # the newest level per pool, ties to the lower one, in any order
+    key = ("accelerator", "gpu-b", "opportunistic")
+    older = CapacityLevel(*key, 8.0, None, False, 5.0)  # type: ignore[arg-type]
+    newer = CapacityLevel(*key, 2.0, 300.0, False, 10.0)  # type: ignore[arg-type]
+    tie = CapacityLevel(*key, 3.0, 300.0, False, 10.0)  # type: ignore[arg-type]
+    for order in ([older, newer, tie], [tie, newer, older]):
+        (pool,) = pools_from_capacity(order, 110.0, 0.0)
+        assert (pool.announced, pool.lifetime_s) == (2.0, 200.0)
+    # an observation carries the lifetime left; the allocator must not age it a second time
+    agg = RegionAggregator()
+    agg.add_capacity("r", newer)
+    (pool,) = pools_from_capacity(agg.observe("r", 110.0).capacity, 110.0, 0.0)
+    assert pool.lifetime_s == 200.0
+    # and once it lapsed the pool is empty, whoever passes it on
+    (pool,) = pools_from_capacity([newer], 310.0, 0.0)
+    assert (pool.units, pool.lifetime_s) == (0.0, 0.0)
+    (pool,) = pools_from_capacity(agg.capacity("r", 310.0), 310.0, 0.0)
+    assert (pool.units, pool.lifetime_s) == (0.0, 0.0)
 
 
 def test_remote_capacity_goes_only_to_asynchronous_levers() -> None:

@@ -92,3 +92,18 @@ def test_a_remote_pool_does_not_overwrite_a_local_one_of_the_same_hardware() -> 
     )
     levels = agg.capacity("r", now=3.0)
     assert sorted((c.remote, c.units) for c in levels) == [(False, 2.0), (True, 6.0)]
+
+
+def test_a_level_read_again_after_a_restart_gets_no_second_lifetime() -> None:
+    """The lifetime counts from the announcement's ``ts``: the controller restoring its table
+    (or reading the compacted topic again) re-adds old levels, and they stay lapsed."""
+    agg = RegionAggregator()
+    lvl = CapacityLevel("accelerator", "gpu-b", "opportunistic", 4.0, 30.0, ts=100.0)
+    assert agg.add_capacity("r", lvl)
+    assert not agg.add_capacity("r", lvl)  # the same message again: nothing changes
+    restarted = RegionAggregator()
+    restarted.add_capacity("r", lvl)
+    (level,) = restarted.capacity("r", now=200.0)
+    assert (level.units, level.expires_in_s) == (0.0, 0.0)
+    (level,) = restarted.capacity("r", now=110.0)
+    assert (level.units, level.expires_in_s, level.ts) == (4.0, 20.0, 110.0)

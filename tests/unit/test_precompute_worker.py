@@ -68,6 +68,7 @@ def capacity(
     resource: str = "accelerator",
     ts: float = 0.0,
     remote: bool = True,
+    expires_in_s: float | None = None,
 ) -> messages.Capacity:
     return messages.Capacity(
         ts=ts,
@@ -79,6 +80,7 @@ def capacity(
         reason="grant",
         id=f"{resource}-{hardware}-{ts}",
         remote=remote,
+        expires_in_s=expires_in_s,
     )
 
 
@@ -193,6 +195,54 @@ async def test_a_reclaim_stops_running_jobs_at_once_and_counts_them_wasted(
     assert len(w.store) == 0
     assert w.stats.jobs_started == 30  # and no capacity left to start new ones
     assert not any(w.planner.users.inflight)  # type: ignore[union-attr]
+
+
+async def test_a_level_that_lapses_stops_the_jobs_on_it_at_the_next_round(
+    world_and_curves,
+) -> None:  # type: ignore[no-untyped-def]
+    """An opportunistic level lapses ``expires_in_s`` after its ``ts`` (defences/capacity.py)
+    and then counts as 0, as in the servers and the controller: jobs on it stop."""
+    clock = Clock()
+    w = make_worker(world_and_curves, clock, job_duration_s=2.0)
+    t0 = clock.t
+    w.on_capacity(capacity(2.0, ts=t0, expires_in_s=10.0))
+    w.on_capacity(capacity(2.0, hardware="any", resource="cpu", ts=t0))
+    for user in range(10):
+        w.on_request(request(user, "casual", t0))
+    await w.step()
+    clock.t += 0.5
+    await w.step()
+    assert len(w.jobs.jobs) == 10  # they end at t0 + 2.5
+    clock.t = t0 + 1.0
+    w.on_capacity(capacity(2.0, ts=clock.t, expires_in_s=0.5))  # re-announced: 0.5 s to live
+    assert len(w.jobs.jobs) == 10  # a short life left does not stop what runs
+    clock.t = t0 + 1.5  # exactly ts + expires_in_s
+    await w.step()
+    assert len(w.jobs.jobs) == 0
+    assert w.stats.wasted_partial == 10
+    assert w.stats.jobs_completed == 0
+
+
+def test_lifetimes_reach_the_core_in_scenario_seconds(world_and_curves) -> None:  # type: ignore[no-untyped-def]
+    scenario, world, curves = world_and_curves
+    clock = Clock()
+    w = PrecomputeWorker(
+        WorkerSettings(region=REGION, t0=clock.t - 100.0, speed=4.0),
+        scenario,
+        None,
+        config=PrecomputeConfig.from_scenario(scenario),
+        world=world,
+        curves=curves,
+        clock=clock,
+    )
+    w.on_capacity(capacity(2.0, ts=clock.t, expires_in_s=3.0))  # 3 wall s = 12 scenario s
+    clock.t += 1.0
+    (level,) = w.levels(w.scenario_time())
+    assert level.ts == pytest.approx(404.0)
+    assert level.expires_in_s == pytest.approx(8.0)
+    clock.t += 2.0
+    (level,) = w.levels(w.scenario_time())
+    assert (level.units, level.expires_in_s) == (0.0, 0.0)
 
 
 async def test_an_expired_target_stops_new_jobs_and_a_target_budget_sets_the_rate(

@@ -1,4 +1,5 @@
-"""Admissible utilisation of an M/G/c stage (controllers/queueing.py)."""
+"""Admissible utilisation of an M/G/c stage, and the admission rule built on it
+(defences/admission.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from headroom.defences.admission import admissible_utilization, mean_wait_ms
+from headroom.defences.admission import (
+    admissible_utilization,
+    admitted_level,
+    admitted_share,
+    mean_wait_ms,
+)
 
 
 def test_one_server_is_the_mm1_formula() -> None:
@@ -50,3 +56,30 @@ def test_degenerate_inputs_never_raise() -> None:
     assert admissible_utilization(2.0, 40.0, math.nan) == 0.0
     assert admissible_utilization(2.0, 40.0, math.inf) == 1.0
     assert mean_wait_ms(1.0, 2.0, 40.0) == math.inf
+
+
+@given(
+    units=st.floats(0.0, 64.0),
+    servers=st.floats(0.05, 500.0),
+    service=st.floats(0.01, 1000.0),
+    budget=st.floats(0.001, 1e4),
+    ceiling=st.floats(0.0, 1.0),
+)
+def test_the_admitted_level_is_the_level_at_the_admissible_utilisation_under_a_ceiling(
+    units: float, servers: float, service: float, budget: float, ceiling: float
+) -> None:
+    k = admitted_share(servers, service, budget, ceiling=ceiling)
+    assert k == min(admissible_utilization(servers, service, budget), ceiling)
+    assert 0.0 <= k <= ceiling
+    assert admitted_level(units, servers, service, budget, ceiling=ceiling) == units * k
+    # the queue of the stage at the admitted share meets the budget
+    assert mean_wait_ms(k, servers, service) <= budget * (1 + 1e-9)
+
+
+def test_a_small_stage_admits_less_of_its_level_than_a_large_one() -> None:
+    # one strong device with 40 ms requests and a 42.5 ms budget: about half of it; sixteen: most
+    one = admitted_share(1.0, 40.0, 42.5)
+    sixteen = admitted_share(16.0, 40.0, 42.5)
+    assert 0.4 < one < 0.6
+    assert sixteen > 0.9
+    assert admitted_level(2.0, 1.0, 40.0, 42.5) == pytest.approx(2.0 * one)

@@ -152,11 +152,12 @@ def test_a_verdict_never_grants_more_than_asked_and_its_code_matches(ops: list) 
     st.floats(0.5, 8.0),
     st.floats(0.1, 4.0),
     st.lists(st.tuples(st.floats(0.0, 0.01), work), min_size=1, max_size=150),
+    st.sampled_from([0.0, 40.0, 300.0]),
 )
 def test_admitted_optional_work_never_exceeds_burst_plus_level_times_time(
-    cpu: float, acc: float, arrivals: list[tuple[float, OptionalWork]]
+    cpu: float, acc: float, arrivals: list[tuple[float, OptionalWork]], min_depth: float
 ) -> None:
-    cfg = ServerShedConfig()
+    cfg = ServerShedConfig(min_depth_ms=min_depth)
     s = ServerShedder(cfg, OptionalCapacity(cpu, acc))
     t = 0.0
     used_cpu = used_acc = 0.0
@@ -169,8 +170,9 @@ def test_admitted_optional_work_never_exceeds_burst_plus_level_times_time(
         if v.strong:
             used_cpu += w.strong_cpu_ms
             used_acc += w.strong_accelerator_ms
-    assert used_cpu <= cpu * (cfg.burst_ms + t * 1000.0) + 1e-6
-    assert used_acc <= acc * (cfg.burst_ms + t * 1000.0) + 1e-6
+    # a bucket holds max(level × burst_ms, min_depth_ms) and refills at the level
+    assert used_cpu <= max(cpu * cfg.burst_ms, min_depth) + cpu * t * 1000.0 + 1e-6
+    assert used_acc <= max(acc * cfg.burst_ms, min_depth) + acc * t * 1000.0 + 1e-6
 
 
 @settings(max_examples=40, deadline=None)
@@ -483,6 +485,28 @@ def test_a_grant_is_usable_at_once() -> None:
     assert s.decide(1.0, sbm(1.0)).decision is Decision.ADMIT
 
 
+def test_a_minimum_depth_lets_a_fractional_level_serve_a_whole_strong_request() -> None:
+    # 0.5 device × 50 ms = 25 ms of work: a 40 ms strong request never fits such a bucket
+    shallow = ServerShedder(ServerShedConfig(), OptionalCapacity(0.0, 0.5))
+    assert all(
+        shallow.decide(t, sbm(1.0, acc_ms=40.0)).decision is Decision.DOWNGRADE
+        for t in (0.0, 1.0, 10.0)
+    )
+    deep = ServerShedder(ServerShedConfig(min_depth_ms=80.0), OptionalCapacity(0.0, 0.5))
+    assert deep.decide(0.0, sbm(1.0, acc_ms=40.0)).decision is Decision.ADMIT
+    assert deep.decide(0.0, sbm(1.0, acc_ms=40.0)).decision is Decision.ADMIT  # two deep
+    assert deep.decide(0.0, sbm(1.0, acc_ms=40.0)).decision is Decision.DOWNGRADE
+    # refilled at the level, 0.5 ms of work per ms: one more request 80 ms later
+    assert deep.decide(0.08, sbm(1.0, acc_ms=40.0)).decision is Decision.ADMIT
+    # a grant from zero fills it to the floor, a reclaim to zero empties it
+    s = ServerShedder(ServerShedConfig(min_depth_ms=80.0), OptionalCapacity(0.0, 0.0))
+    s.on_capacity(OptionalCapacity(0.0, 0.5), 1.0)
+    assert s.decide(1.0, sbm(1.0, acc_ms=80.0)).decision is Decision.ADMIT
+    s.on_capacity(OptionalCapacity(0.0, 0.0), 1.0)
+    s.on_capacity(OptionalCapacity(0.0, 0.5), 1.0)
+    assert s.decide(1.0, sbm(1.0, acc_ms=80.0)).decision is Decision.ADMIT
+
+
 def test_trimming_extras_leaves_what_the_remaining_tokens_pay_for() -> None:
     cfg = ServerShedConfig(burst_ms=50.0)
     s = ServerShedder(cfg, OptionalCapacity(1e9, 1.0))  # accelerator bucket: 50 ms
@@ -592,8 +616,9 @@ def test_server_snapshot_then_restore_gives_identical_next_decisions(
 
 def test_bad_server_config_names_every_field() -> None:
     with pytest.raises(ConfigError) as err:
-        ServerShedConfig(interval_ms=0.0, shed_step=2.0, reserve_slots=-1)
+        ServerShedConfig(interval_ms=0.0, shed_step=2.0, reserve_slots=-1, min_depth_ms=-1.0)
     text = "\n".join(err.value.problems)
+    assert "shedding.server.min_depth_ms" in text
     assert "shedding.server.interval_ms" in text
     assert "shedding.server.shed_step" in text
     assert "shedding.server.reserve_slots" in text

@@ -8,14 +8,17 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import pytest_asyncio
 
+from headroom.controllers.config import ControlConfig
+from headroom.defences.shedding import OptionalCapacity
 from headroom.kernel.errors import ConfigError
 from headroom.kernel.scenario import Scenario
 from headroom.kernel.scenario_load import load_scenario
 from headroom.streams import messages
-from headroom.workers.server import CapacityBook, RankingServer, ServerConfig, SlotPool
+from headroom.workers.server import RankingServer, ReplicaBook, ServerConfig, SlotPool
 from headroom.workers.wire import RankRequest, RankResponse, WireClient
 from headroom.world.ranking import RankingWorld
 
@@ -53,19 +56,20 @@ def _cap(
 
 
 def test_the_newest_level_wins_and_a_repeat_changes_nothing(scenario: Scenario) -> None:
-    book = CapacityBook(scenario, REGION, "dedicated", 1.0)
-    assert book.update(_cap("cpu", 3.0, ts=10.0), 10.0)
-    assert not book.update(_cap("cpu", 9.0, ts=5.0), 10.0)  # older message: ignored
-    assert book.update(_cap("cpu", 3.0, ts=11.0), 11.0)
+    book = ReplicaBook(scenario, REGION, "dedicated", 1.0)
+    assert book.update(_cap("cpu", 3.0, ts=10.0))
+    assert not book.update(_cap("cpu", 3.0, ts=10.0))  # the same message again: nothing changes
+    assert not book.update(_cap("cpu", 9.0, ts=5.0))  # older message: ignored
+    assert book.update(_cap("cpu", 3.0, ts=11.0))
     cap = book.capacity(11.0)
-    assert cap.optional.cpu == 3.0
+    assert cap.level.cpu == 3.0
     assert cap.slots_cpu == pytest.approx(3.6 + 3.0)  # dedicated + opportunistic
-    assert not book.update(_cap("cpu", 1.0, ts=12.0, region="elsewhere"), 12.0)
+    assert not book.update(_cap("cpu", 1.0, ts=12.0, region="elsewhere"))
 
 
 def test_hardware_remote_pools_expiry_and_share(scenario: Scenario) -> None:
-    mixed = CapacityBook(scenario, REGION, "dedicated", 0.5)
-    strong = CapacityBook(scenario, REGION, "opportunistic", 1.0)
+    mixed = ReplicaBook(scenario, REGION, "dedicated", 0.5)
+    strong = ReplicaBook(scenario, REGION, "opportunistic", 1.0)
     msgs = [
         _cap("accelerator", 2.0, ts=1.0, hardware="gpu-b"),  # both models run on gpu-b
         _cap("accelerator", 4.0, ts=1.0, hardware="gpu-a"),  # only the base model does
@@ -73,20 +77,67 @@ def test_hardware_remote_pools_expiry_and_share(scenario: Scenario) -> None:
         _cap("cpu", 2.0, ts=1.0, expires_in_s=10.0),
     ]
     for m in msgs:
-        mixed.update(m, 1.0)
-        strong.update(m, 1.0)
-    assert mixed.capacity(2.0).optional.accelerator == pytest.approx(0.5 * 6.0)
-    assert strong.capacity(2.0).optional.accelerator == pytest.approx(2.0)
-    assert mixed.capacity(2.0).optional.cpu == pytest.approx(1.0)
-    assert strong.capacity(12.0).optional.cpu == 0.0  # its announced lifetime lapsed
+        mixed.update(m)
+        strong.update(m)
+    assert mixed.capacity(2.0).level.accelerator == pytest.approx(0.5 * 6.0)
+    assert strong.capacity(2.0).level.accelerator == pytest.approx(2.0)
+    assert mixed.capacity(2.0).level.cpu == pytest.approx(1.0)
+    assert strong.capacity(11.0 - 1e-6).level.cpu == pytest.approx(2.0)
+    assert strong.capacity(11.0).level.cpu == 0.0  # its announced lifetime lapsed at ts + 10 s
     assert strong.next_expiry(2.0) == 11.0
     # the strong replica's slots are the opportunistic pool alone
     assert strong.capacity(2.0).slots_accelerator == pytest.approx(2.0)
 
 
+def test_optional_work_is_held_to_the_admitted_share_the_simulator_uses(
+    scenario: Scenario,
+) -> None:
+    """The streaming replicas admit optional work up to ``level × admitted share`` of their
+    stage — the same number the simulator's server model (``HeadroomRegion._admission``) gives
+    the same stage: both call defences.admission.admitted_share with the same inputs."""
+    from types import SimpleNamespace
+
+    from headroom.controllers.plane import ControlPlane
+    from headroom.sim.engine import Quotas, SimContext, baseline_plan, build_mix
+    from headroom.sim.policies import HeadroomRegion
+    from tests.unit.test_precompute_sim import fake_curves
+
+    mixed = ReplicaBook(scenario, REGION, "dedicated", 1.0)
+    strong = ReplicaBook(scenario, REGION, "opportunistic", 1.0)
+    for m in (_cap("cpu", 3.0, ts=1.0), _cap("accelerator", 2.0, ts=1.0)):
+        mixed.update(m)
+        strong.update(m)
+    m_cap, s_cap = mixed.capacity(2.0), strong.capacity(2.0)
+    # the simulator, its region holding the same levels as RMA's and SBM's quotas
+    ctx = SimContext(scenario, fake_curves(tuple(x.name for x in scenario.segments)))
+    plane = ControlPlane(ControlConfig.from_scenario(scenario), np.random.default_rng(0))
+    region = HeadroomRegion(plane, ctx)
+    d = scenario.region(REGION).dedicated
+    region.bind(
+        SimpleNamespace(  # type: ignore[arg-type]  # the parts of a RegionRun it reads
+            static=SimpleNamespace(ded_cpu=d.cpu, ded_acc=d.accelerator),
+            base_mix=build_mix(ctx, baseline_plan(ctx)),
+            cfg=ctx.config,
+        )
+    )
+    k_c, k_a, _ = region._admission(Quotas(rma_cpu=3.0, rma_acc=2.0, sbm_cpu=0.0, sbm_acc=0.0))
+    _, _, k_s = region._admission(Quotas(rma_cpu=0.0, rma_acc=0.0, sbm_cpu=0.0, sbm_acc=2.0))
+    assert m_cap.level == OptionalCapacity(3.0, 2.0)
+    assert m_cap.optional.cpu == pytest.approx(3.0 * k_c, rel=1e-9)
+    assert m_cap.optional.accelerator == pytest.approx(2.0 * k_a, rel=1e-9)
+    assert s_cap.optional.accelerator == pytest.approx(2.0 * k_s, rel=1e-9)
+    # a real cut, not a formality: small stages run well below full
+    assert 0.2 < k_s < 0.9
+    assert 0.0 < k_c <= 0.9
+    assert 0.0 < k_a <= 0.9
+    # the slots keep the whole level: the capacity is there, only optional work is held back
+    assert m_cap.slots_cpu == pytest.approx(d.cpu + 3.0)
+    assert s_cap.slots_accelerator == pytest.approx(2.0)
+
+
 def test_an_unknown_region_is_a_config_error(scenario: Scenario) -> None:
     with pytest.raises(ConfigError, match="--region"):
-        CapacityBook(scenario, "mars", "dedicated", 1.0)
+        ReplicaBook(scenario, "mars", "dedicated", 1.0)
 
 
 def test_server_config_names_bad_flags() -> None:
