@@ -57,7 +57,7 @@ class PidSettings:
     # error is clipped, so a garbage reading (1e9 ms) cannot blow up the integral or derivative.
     max_overload_ratio: float = 5.0
     # RMA's extra work shares the mixed replicas' queues with baseline work, so their servers
-    # admit it only up to the utilisation whose mean queueing wait (controllers/queueing.py) is
+    # admit it only up to the utilisation whose mean queueing wait (defences/admission.py) is
     # this share of the setpoint: a token bucket filled to 100 % of the quota would queue every
     # request of the stage behind it. 0.05, not 0.1: at diurnal-3region's peak, where the
     # baseline's own tail is near the timeout, 0.1 added 3 timeouts to static's 25,481.
@@ -89,7 +89,7 @@ class CoverageSettings:
     calibration_ki: float = 0.5
     # Coverage is sized to what the strong replicas can serve *in time*: the budget's devices
     # run no busier than the utilisation whose mean queueing wait is this share of the setpoint
-    # (controllers/queueing.py). One device with 40 ms requests runs ≤ ~46 % busy at 0.2 of a
+    # (defences/admission.py). One device with 40 ms requests runs ≤ ~46 % busy at 0.2 of a
     # 170 ms setpoint; two ≤ ~67 %; sixteen ≤ ~95 %. The servers admit strong work by the same
     # rule, so what is routed beyond it is downgraded at once instead of queueing.
     wait_budget_share: float = 0.2

@@ -477,7 +477,7 @@ class Lever(ABC):
         """The share in (0, 1] of ``units`` held units of a ``resource`` pool ("cpu" or
         "accelerator") this lever can turn into work: the allocator values a held unit at this
         share of a used one. Default 1; SBM's strong replicas only admit work up to the
-        admissible utilisation of that many devices (controllers/queueing.py)."""
+        admissible utilisation of that many devices (defences/admission.py)."""
         return 1.0
 
     def min_hold(self, resource: str) -> float:

@@ -531,7 +531,7 @@ def test_an_unknown_sbm_holds_a_whole_device_so_it_can_be_measured() -> None:
 
 
 def test_sbm_is_charged_the_devices_it_holds_not_only_the_ones_it_keeps_busy() -> None:
-    # a slice: half a device runs a strong replica at ~29 % (controllers/queueing.py), so
+    # a slice: half a device runs a strong replica at ~29 % (defences/admission.py), so
     # SBM's work there pays for 3.5 held units per used one
     book = book_with({"sbm": 0.5, "rma": 0.001})
     a = live_allocator(max_share=1.0).allocate(
