@@ -11,7 +11,9 @@ Data flow (topics of docs/messages.md, names with the configured prefix):
 * ``capacity`` agent — newest level per (region, resource, hardware, pool), also kept in the
   ``capacity`` table so a restarted worker knows the levels before the next announcement.
 * ``value`` agent — value-signal sums per (region, segment, lever, arm) for the window.
-* a timer every ``interval_s`` — for each region heard of: observation → ``ControlPlane.step``
+* a clock at ``t0 + k × interval_s`` (k = 1, 2, …: the instants the simulator steps at, scenario
+  time ``k × interval_s``; :func:`next_step`) — for each region heard of: observation →
+  ``ControlPlane.step``
   (allocator → RMA PID → SBM coverage → router) → one ``targets`` message keyed by region, one
   ``target.issued`` event (``events`` topic and the structured log) with its inputs and reasons;
   then the plane's snapshot goes to the ``state`` table.
@@ -29,6 +31,7 @@ commit for no control benefit (and has open faust issues, see docs/kafka.md).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,8 +58,12 @@ class ControllerSettings:
     bootstrap: str
     prefix: str
     scenario: Scenario
-    interval_s: float = 60.0
-    ttl_s: float | None = None  # default: the ControlConfig default (3 intervals)
+    # control interval and target lifetime, wall seconds; None: the scenario's ``control``
+    # section (ttl: the file's, else 3 intervals)
+    interval_s: float | None = None
+    ttl_s: float | None = None
+    # wall-clock time of scenario time 0: the control steps fall at t0 + k × interval_s
+    t0: float = 0.0
     app_id: str | None = None  # default: "<prefix>controller"
     data_dir: Path = Path(".headroom/controller")
     seed: int = 0
@@ -122,10 +129,21 @@ def region_event(ts: float, region: str, kind: str, fields: dict[str, Any]) -> m
     )
 
 
+def next_step(now: float, t0: float, interval_s: float, last: int = 0) -> int:
+    """The next control step after ``now``: the smallest ``k >= 1``, ``k > last``, with
+    ``t0 + k × interval_s > now``. Steps missed while the process was paused (a control outage)
+    are skipped, not made up, as in the simulator."""
+    k = math.floor((now - t0) / interval_s) + 1 if math.isfinite(now - t0) else 1
+    return max(1, last + 1, k)
+
+
 def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
     """Build the Faust app and its shared state from settings."""
-    overrides: dict[str, Any] = {"interval_s": settings.interval_s}
-    overrides["ttl_s"] = settings.ttl_s if settings.ttl_s is not None else 3 * settings.interval_s
+    overrides: dict[str, Any] = {}
+    if settings.interval_s is not None:
+        overrides["interval_s"] = settings.interval_s
+    if settings.ttl_s is not None:
+        overrides["ttl_s"] = settings.ttl_s
     config = ControlConfig.from_scenario(settings.scenario, **overrides)
     ctl = Controller(settings, config)
     app = faust.App(
@@ -236,7 +254,18 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
         async for _event, msg in decoded(stream, "value"):
             ctl.aggregator.add_value_signal(msg)  # keyed by (segment, value bin) where it has one
 
-    @app.timer(interval=settings.interval_s)  # type: ignore[untyped-decorator]
+    @app.task  # type: ignore[untyped-decorator]
+    async def control_clock() -> None:
+        # One step at every t0 + k × interval (scenario time k × interval_s, as in the simulator),
+        # not every interval from whenever this process started.
+        k = 0
+        while not app.should_stop:
+            k = next_step(time.time(), settings.t0, config.interval_s, k)
+            await app.sleep(settings.t0 + k * config.interval_s - time.time())
+            if app.should_stop:
+                break
+            await control_tick()
+
     async def control_tick() -> None:
         # Never decide before the tables are recovered: a restarted worker must resume from its
         # snapshot, not from scratch (bumpless restart).

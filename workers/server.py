@@ -892,7 +892,10 @@ class RankingServer(Service):
         now = self._wall()
         if not self.model_loaded(now):
             return self._downgraded(req, start, "strong model not loaded")
-        cost = costs.request(n, "strong")
+        # what a strong request costs its optional pools: the strong model's own work only
+        # (CostModel.sbm_per_request, the allocator's and the simulator's rule); retrieval
+        # is the baseline's, never charged to SBM
+        cost = costs.sbm_per_request * (n / max(costs.base_candidates, 1))
         verdict = self.shedder.decide(
             now,
             OptionalWork(
