@@ -254,39 +254,74 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
         async for _event, msg in decoded(stream, "value"):
             ctl.aggregator.add_value_signal(msg)  # keyed by (segment, value bin) where it has one
 
+    def recovered() -> bool:
+        return not app.in_recovery and bool(app.tables.recovery.completed.is_set())  # type: ignore[attr-defined]
+
     @app.task  # type: ignore[untyped-decorator]
     async def control_clock() -> None:
         # One step at every t0 + k × interval (scenario time k × interval_s, as in the simulator),
-        # not every interval from whenever this process started.
+        # not every interval from whenever this process started. Until the first step, once the
+        # tables are recovered: restore the plane and write its snapshot back (the producer then
+        # knows the state table's changelog before the first step has sent anything else).
         k = 0
+        prepared = False
         while not app.should_stop:
             k = next_step(time.time(), settings.t0, config.interval_s, k)
-            await app.sleep(settings.t0 + k * config.interval_s - time.time())
+            at = settings.t0 + k * config.interval_s
+            while not app.should_stop and time.time() < at:
+                if not prepared and recovered():
+                    restore()
+                    prepared = await save_snapshot()
+                await app.sleep(min(1.0, max(0.0, at - time.time())))
             if app.should_stop:
                 break
-            await control_tick()
+            try:
+                await control_tick()
+            except Exception:  # one failed step must not stop the control plane
+                log.exception("controller.tick.failed", step=k)
+
+    async def save_snapshot() -> bool:
+        """Write the plane's snapshot to the state table; False (logged) when it could not be.
+
+        Faust sends a table's changelog record without waiting for the producer to know the
+        changelog topic (``send_soon`` partitions it at once), and aiokafka's producer forgets the
+        topics it has not sent to at every metadata refresh: ask it for the topic's partitions
+        first (``AIOKafkaProducer.partitions_for`` waits for them)."""
+        producer = getattr(app.producer, "_producer", None)
+        try:
+            if producer is not None:
+                await producer.partitions_for(state_table.changelog_topic.get_topic_name())
+            state_table["plane"] = dumps(ctl.plane.snapshot())
+        except Exception as exc:  # the next step writes it again
+            log.warning("controller.snapshot.failed", error=f"{type(exc).__name__}: {exc}")
+            return False
+        return True
 
     async def control_tick() -> None:
         # Never decide before the tables are recovered: a restarted worker must resume from its
         # snapshot, not from scratch (bumpless restart).
-        if app.in_recovery or not app.tables.recovery.completed.is_set():  # type: ignore[attr-defined]
+        if not recovered():
             log.info("controller.tick.skipped", reason="table recovery in progress")
             return
         await run_tick(time.time())
 
+    def restore() -> None:
+        if ctl.restored:
+            return
+        raw = state_table.get("plane")
+        ctl.restore_from(loads(raw) if raw else None)
+        for key in list(capacity_table.keys()):
+            raw_cap = capacity_table.get(key)
+            if raw_cap is None:
+                continue
+            try:
+                msg = messages.decode("capacity", raw_cap)
+            except ValidationError:
+                continue
+            ctl.aggregator.add_capacity(msg.region, capacity_level(msg))
+
     async def run_tick(now: float) -> None:
-        if not ctl.restored:
-            raw = state_table.get("plane")
-            ctl.restore_from(loads(raw) if raw else None)
-            for key in list(capacity_table.keys()):
-                raw_cap = capacity_table.get(key)
-                if raw_cap is None:
-                    continue
-                try:
-                    msg = messages.decode("capacity", raw_cap)
-                except ValidationError:
-                    continue
-                ctl.aggregator.add_capacity(msg.region, capacity_level(msg))
+        restore()
         for region in ctl.aggregator.regions:
             obs = ctl.aggregator.observe(region, now)
             t = ctl.plane.step(obs)
@@ -320,6 +355,6 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
                 fallback=t.fallback,
                 p99_ms=obs.p99_ms.get("all"),
             )
-        state_table["plane"] = dumps(ctl.plane.snapshot())
+        await save_snapshot()
 
     return app, ctl

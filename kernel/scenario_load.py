@@ -21,8 +21,9 @@ Rules, in the order they are applied:
    folder) — become tuples of ``(t_s, value)`` points, strictly increasing in time, with finite,
    non-negative values.
 6. **Cross-field rules**: unique region and segment names; segment shares sum to 1 (±1e-6);
-   ``control.ttl_s >= control.interval_s`` (a target that expires before the next one arrives
-   would make every client fall back between two steps);
+   ``slo.window_s <= control.interval_s <= control.ttl_s`` (a step shorter than an SLO window sees
+   no new window; a target that expires before the next one arrives would make every client fall
+   back between two steps);
    ``world.base_candidates <= world.max_candidates <= world.ads``; every event names a declared
    region and, for ``preempt``/``grant``, a declared opportunistic pool of that region; the
    dedicated accelerator type is one the base model runs on (the baseline must run there).
@@ -310,7 +311,13 @@ def _scenario(ctx: _Ctx, doc: dict[Any, Any], source: str | None) -> Scenario | 
     if "events" in m and m["events"] is not None:
         names = set(_raw_names(m.get("regions")))
         events = _events(ctx, m["events"], names, regions, duration) or ()
-    control = _control(ctx, m["control"]) if m.get("control") is not None else Control()
+    control = _control(ctx, m["control"], slo) if m.get("control") is not None else Control()
+    if slo is not None and control.interval_s < slo.window_s and m.get("control") is None:
+        ctx.add(
+            "control.interval_s",
+            f"the default ({control.interval_s:g}) is shorter than slo.window_s "
+            f"({slo.window_s:g}); give a control interval of at least one SLO window",
+        )
     if len(ctx.problems) != before:
         return None
     assert name is not None
@@ -336,13 +343,20 @@ def _scenario(ctx: _Ctx, doc: dict[Any, Any], source: str | None) -> Scenario | 
     )
 
 
-def _control(ctx: _Ctx, value: Any) -> Control:
+def _control(ctx: _Ctx, value: Any, slo: Slo | None) -> Control:
     m = _mapping(ctx, "control", value, "control")
     if m is None:
         return Control()
     interval = _opt_number(ctx, "control", m, "interval_s", gt=0, nullable=False)
     ttl = _opt_number(ctx, "control", m, "ttl_s", gt=0, nullable=False)
     out = Control() if interval is None else Control(interval_s=interval)
+    if slo is not None and out.interval_s < slo.window_s:
+        ctx.add(
+            "control.interval_s",
+            f"must be >= slo.window_s ({slo.window_s:g}): the control plane judges p99 per SLO "
+            f"window, and a step shorter than one sees no new window, got {out.interval_s:g}",
+        )
+        return out
     if ttl is not None and ttl < out.interval_s:
         ctx.add(
             "control.ttl_s",
@@ -354,10 +368,15 @@ def _control(ctx: _Ctx, value: Any) -> Control:
 
 
 def control_with_flags(
-    control: Control, interval_s: float | None = None, ttl_s: float | None = None
+    control: Control,
+    interval_s: float | None = None,
+    ttl_s: float | None = None,
+    *,
+    window_s: float | None = None,
 ) -> Control:
     """The scenario's ``control`` settings with ``--interval`` / ``--ttl`` in place of the file's
-    (None: not given). Raises :class:`ConfigError` naming the flag (or the field) at fault."""
+    (None: not given), ``window_s`` the scenario's SLO window (the shortest interval). Raises
+    :class:`ConfigError` naming the flag at fault."""
     problems: list[str] = []
     for flag, v in (("--interval", interval_s), ("--ttl", ttl_s)):
         if v is not None and not (
@@ -367,6 +386,11 @@ def control_with_flags(
     if problems:
         raise ConfigError(problems)
     out = control.with_overrides(interval_s, ttl_s)
+    if interval_s is not None and window_s is not None and interval_s < window_s:
+        raise ConfigError(
+            f"--interval: must be >= the scenario's slo.window_s ({window_s:g} s): a control step "
+            f"shorter than an SLO window sees no new window, got {interval_s:g}"
+        )
     if out.target_ttl_s < out.interval_s:
         if ttl_s is not None:
             raise ConfigError(

@@ -224,7 +224,7 @@ class Stack:
         self.kafka = config.kafka
         # the control clock of both engines (scenario seconds): the scenario's, or the flags'
         self.control: Control = control_with_flags(
-            scenario.control, config.interval_s, config.ttl_s
+            scenario.control, config.interval_s, config.ttl_s, window_s=scenario.slo.window_s
         )
         self.interval_s = self.control.interval_s
         self.ttl_s = self.control.target_ttl_s

@@ -68,7 +68,10 @@ def simulate(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario)
     # --interval / --ttl in place of the scenario's control section (every central policy)
     control = control_with_flags(
-        scenario.control, getattr(args, "interval", None), getattr(args, "ttl", None)
+        scenario.control,
+        getattr(args, "interval", None),
+        getattr(args, "ttl", None),
+        window_s=scenario.slo.window_s,
     )
     scenario = dataclasses.replace(scenario, control=control)
     replayed = None

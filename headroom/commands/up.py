@@ -115,7 +115,12 @@ def up(args: argparse.Namespace) -> int:
     scenario = load_scenario(scenario_path)
     # the control clock (scenario seconds) of the scenario or of --interval / --ttl; bad values
     # exit 2 before any process starts
-    control = control_with_flags(scenario.control, args.interval, getattr(args, "ttl", None))
+    control = control_with_flags(
+        scenario.control,
+        args.interval,
+        getattr(args, "ttl", None),
+        window_s=scenario.slo.window_s,
+    )
     kafka = KafkaTarget.from_args(args)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out_dir = Path(args.out) if args.out else Path("runs") / f"{scenario.name}-up-{stamp}"

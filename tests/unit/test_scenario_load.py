@@ -762,6 +762,15 @@ def test_an_absent_control_section_means_a_minute_and_three_minutes(absent: Any)
         ({"control__ttl_s": -1}, "control.ttl_s: must be > 0, got -1"),
         ({"control__interval": 5}, "control.interval: unknown field (did you mean 'interval_s'?)"),
         ({"control": 5}, "control: must be a mapping, got an integer (5)"),
+        (
+            {"control__interval_s": 5},
+            "control.interval_s: must be >= slo.window_s (10): the control plane judges p99 per "
+            "SLO window, and a step shorter than one sees no new window, got 5",
+        ),
+        (
+            {"control": DELETE, "slo__window_s": 120},
+            "control.interval_s: the default (60) is shorter than slo.window_s (120)",
+        ),
     ],
 )
 def test_control_problems_name_the_field(change: dict[str, Any], problem: str) -> None:
@@ -781,6 +790,9 @@ def test_control_flags_override_the_file_and_name_the_flag_at_fault() -> None:
         control_with_flags(explicit, 120.0)
     with pytest.raises(ConfigError, match=r"^--ttl: must be >= the control interval \(30 s\)"):
         control_with_flags(file, None, 10.0)
+    with pytest.raises(ConfigError, match=r"^--interval: must be >= the scenario's slo.window_s"):
+        control_with_flags(file, 5.0, window_s=10.0)
+    assert control_with_flags(file, 10.0, window_s=10.0).interval_s == 10.0
     for bad in (0.0, -1.0, math.nan, math.inf):
         with pytest.raises(ConfigError, match=r"^--interval: must be a finite number > 0"):
             control_with_flags(file, bad)
@@ -810,6 +822,7 @@ def test_the_control_plane_config_takes_the_scenarios_clock() -> None:
         (["--interval", "nan"], "headroom: --interval: must be a finite number > 0, got nan"),
         (["--ttl", "10"], "headroom: --ttl: must be >= the control interval (30 s), got 10"),
         (["--interval", "200"], "headroom: --interval: must be <= the scenario's control.ttl_s"),
+        (["--interval", "5"], "headroom: --interval: must be >= the scenario's slo.window_s"),
     ],
 )
 def test_simulate_refuses_bad_control_flags_with_exit_2(

@@ -45,10 +45,13 @@ def test_the_controller_runs_on_the_scenarios_control_clock(tmp_path: Path) -> N
     args = _controller_args(SCENARIO, tmp_path, speed=2.5)
     assert (args.interval, args.ttl, args.speed) == (5.0, 15.0, 2.5)
     # --interval / --ttl (scenario seconds) override the scenario
-    args = _controller_args(SCENARIO, tmp_path, interval_s=4.0)
-    assert (args.interval, args.ttl) == (4.0, 12.0)
-    args = _controller_args(SCENARIO, tmp_path, interval_s=4.0, ttl_s=30.0, speed=2.0)
-    assert (args.interval, args.ttl) == (4.0, 30.0)
+    args = _controller_args(SCENARIO, tmp_path, interval_s=8.0)
+    assert (args.interval, args.ttl) == (8.0, 24.0)
+    args = _controller_args(SCENARIO, tmp_path, interval_s=8.0, ttl_s=30.0, speed=2.0)
+    assert (args.interval, args.ttl) == (8.0, 30.0)
+    # a step shorter than the SLO window (5 s) is refused, naming the flag
+    with pytest.raises(ConfigError, match="--interval: must be >= the scenario's slo.window_s"):
+        _controller_args(SCENARIO, tmp_path, interval_s=4.0)
 
 
 def test_the_controller_steps_at_the_simulators_instants() -> None:
@@ -148,3 +151,15 @@ def test_a_precompute_scenario_gets_a_precompute_worker_per_region_on_the_runs_c
     assert (args.command, args.region) == ("precompute", "it-pre")
     assert (args.t0, args.speed) == (1_800_000_000.5, 10.0)
     assert (args.bootstrap, args.prefix, args.scenario) == ("x:1", "t.", str(path))
+
+
+def test_the_servers_emulate_the_simulators_service_times() -> None:
+    """One service-time model in both engines: the request's parallelism on the CPU stage and
+    the variability of a service time (the simulator's LatencyConfig defaults)."""
+    from headroom.sim.latency import LatencyConfig
+    from headroom.workers.server import ServerConfig
+
+    server = ServerConfig(region="r", pool="dedicated", replica="x")
+    sim = LatencyConfig()
+    assert server.cpu_parallelism == sim.cpu_parallelism
+    assert server.service_cv == sim.service_cv
