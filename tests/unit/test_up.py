@@ -50,7 +50,7 @@ def test_the_controller_runs_on_the_scenarios_control_clock(tmp_path: Path) -> N
     args = _controller_args(SCENARIO, tmp_path, interval_s=8.0, ttl_s=30.0, speed=2.0)
     assert (args.interval, args.ttl) == (8.0, 30.0)
     # a step shorter than the SLO window (5 s) is refused, naming the flag
-    with pytest.raises(ConfigError, match="--interval: must be >= the scenario's slo.window_s"):
+    with pytest.raises(ConfigError, match=r"--interval: must be >= the scenario's slo\.window_s"):
         _controller_args(SCENARIO, tmp_path, interval_s=4.0)
 
 
