@@ -11,7 +11,9 @@ Data flow (topics of docs/messages.md, names with the configured prefix):
 * ``capacity`` agent — newest level per (region, resource, hardware, pool), also kept in the
   ``capacity`` table so a restarted worker knows the levels before the next announcement.
 * ``value`` agent — value-signal sums per (region, segment, lever, arm) for the window.
-* a timer every ``interval_s`` — for each region heard of: observation → ``ControlPlane.step``
+* a clock at ``t0 + k × interval_s`` (k = 1, 2, …: the instants the simulator steps at, scenario
+  time ``k × interval_s``; :func:`next_step`) — for each region heard of: observation →
+  ``ControlPlane.step``
   (allocator → RMA PID → SBM coverage → router) → one ``targets`` message keyed by region, one
   ``target.issued`` event (``events`` topic and the structured log) with its inputs and reasons;
   then the plane's snapshot goes to the ``state`` table.
@@ -29,6 +31,7 @@ commit for no control benefit (and has open faust issues, see docs/kafka.md).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -56,8 +59,12 @@ class ControllerSettings:
     bootstrap: str
     prefix: str
     scenario: Scenario
-    interval_s: float = 60.0
-    ttl_s: float | None = None  # default: the ControlConfig default (3 intervals)
+    # control interval and target lifetime, wall seconds; None: the scenario's ``control``
+    # section (ttl: the file's, else 3 intervals)
+    interval_s: float | None = None
+    ttl_s: float | None = None
+    # wall-clock time of scenario time 0: the control steps fall at t0 + k × interval_s
+    t0: float = 0.0
     app_id: str | None = None  # default: "<prefix>controller"
     data_dir: Path = Path(".headroom/controller")
     seed: int = 0
@@ -123,11 +130,17 @@ def region_event(ts: float, region: str, kind: str, fields: dict[str, Any]) -> m
     )
 
 
+def next_step(now: float, t0: float, interval_s: float, last: int = 0) -> int:
+    """The next control step after ``now``: the smallest ``k >= 1``, ``k > last``, with
+    ``t0 + k × interval_s > now``. Steps missed while the process was paused (a control outage)
+    are skipped, not made up, as in the simulator."""
+    k = math.floor((now - t0) / interval_s) + 1 if math.isfinite(now - t0) else 1
+    return max(1, last + 1, k)
+
+
 def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
     """Build the Faust app and its shared state from settings."""
-    overrides: dict[str, Any] = {"interval_s": settings.interval_s}
-    overrides["ttl_s"] = settings.ttl_s if settings.ttl_s is not None else 3 * settings.interval_s
-    config = ControlConfig.from_scenario(settings.scenario, **overrides)
+    config = _control_config(settings)
     ctl = Controller(settings, config)
     app = _faust_app(settings)
 
@@ -187,23 +200,89 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
         async for _event, msg in _decoded(stream, "value", deadletter):
             ctl.aggregator.add_value_signal(msg)  # keyed by (segment, value bin) where it has one
 
-    @app.timer(interval=settings.interval_s)  # type: ignore[untyped-decorator]
-    async def control_tick() -> None:
-        # Never decide before the tables are recovered: a restarted worker must resume from its
-        # snapshot, not from scratch (bumpless restart).
-        if app.in_recovery or not app.tables.recovery.completed.is_set():  # type: ignore[attr-defined]
-            log.info("controller.tick.skipped", reason="table recovery in progress")
-            return
-        await run_tick(time.time())
+    async def prepare() -> bool:
+        # before the first step, once the tables are recovered: restore the plane and write its
+        # snapshot back (the producer then knows the state table's changelog before the first
+        # step has sent anything else)
+        _restore(ctl, state_table, capacity_table)
+        return await _save_snapshot(app, ctl, state_table)
 
     async def run_tick(now: float) -> None:
-        if not ctl.restored:
-            _restore(ctl, state_table, capacity_table)
+        _restore(ctl, state_table, capacity_table)
         for region in ctl.aggregator.regions:
             await _publish_region(ctl, region, now, targets_topic, events_topic)
-        state_table["plane"] = dumps(ctl.plane.snapshot())
+        await _save_snapshot(app, ctl, state_table)
+
+    @app.task  # type: ignore[untyped-decorator]
+    async def control_clock() -> None:
+        await _control_clock(app, settings.t0, config.interval_s, prepare, run_tick)
 
     return app, ctl
+
+
+def _control_config(settings: ControllerSettings) -> ControlConfig:
+    """The scenario's control settings, with the interval and the target lifetime of
+    ``settings`` where given."""
+    overrides: dict[str, Any] = {}
+    if settings.interval_s is not None:
+        overrides["interval_s"] = settings.interval_s
+    if settings.ttl_s is not None:
+        overrides["ttl_s"] = settings.ttl_s
+    return ControlConfig.from_scenario(settings.scenario, **overrides)
+
+
+def _recovered(app: faust.App) -> bool:
+    """The app's tables are recovered (a restarted worker must resume from its snapshot)."""
+    return not app.in_recovery and bool(app.tables.recovery.completed.is_set())  # type: ignore[attr-defined]
+
+
+async def _control_clock(
+    app: faust.App,
+    t0: float,
+    interval_s: float,
+    prepare: Callable[[], Awaitable[bool]],
+    run_tick: Callable[[float], Awaitable[None]],
+) -> None:
+    """One step at every ``t0 + k × interval_s`` (scenario time ``k × interval_s``, as in the
+    simulator), not every interval from whenever this process started; ``prepare`` once the
+    tables are recovered, before the first step. A step before recovery is skipped (bumpless
+    restart); a failed step is logged and never stops the control plane."""
+    k = 0
+    prepared = False
+    while not app.should_stop:
+        k = next_step(time.time(), t0, interval_s, k)
+        at = t0 + k * interval_s
+        while not app.should_stop and time.time() < at:
+            if not prepared and _recovered(app):
+                prepared = await prepare()
+            await app.sleep(min(1.0, max(0.0, at - time.time())))
+        if app.should_stop:
+            break
+        if not _recovered(app):
+            log.info("controller.tick.skipped", reason="table recovery in progress")
+            continue
+        try:
+            await run_tick(time.time())
+        except Exception:  # one failed step must not stop the control plane
+            log.exception("controller.tick.failed", step=k)
+
+
+async def _save_snapshot(app: faust.App, ctl: Controller, state_table: Any) -> bool:
+    """Write the plane's snapshot to the state table; False (logged) when it could not be.
+
+    Faust sends a table's changelog record without waiting for the producer to know the
+    changelog topic (``send_soon`` partitions it at once), and aiokafka's producer forgets the
+    topics it has not sent to at every metadata refresh: ask it for the topic's partitions first
+    (``AIOKafkaProducer.partitions_for`` waits for them)."""
+    producer = getattr(app.producer, "_producer", None)
+    try:
+        if producer is not None:
+            await producer.partitions_for(state_table.changelog_topic.get_topic_name())
+        state_table["plane"] = dumps(ctl.plane.snapshot())
+    except Exception as exc:  # the next step writes it again
+        log.warning("controller.snapshot.failed", error=f"{type(exc).__name__}: {exc}")
+        return False
+    return True
 
 
 def _faust_app(settings: ControllerSettings) -> faust.App:
@@ -276,8 +355,10 @@ async def _decoded(
 
 
 def _restore(ctl: Controller, state_table: Any, capacity_table: Any) -> None:
-    """First tick after a (re)start: the plane from the ``state`` table, the capacity levels
-    from the ``capacity`` table."""
+    """Once after a (re)start: the plane from the ``state`` table, the capacity levels from the
+    ``capacity`` table (nothing when the controller has already restored)."""
+    if ctl.restored:
+        return
     raw = state_table.get("plane")
     ctl.restore_from(loads(raw) if raw else None)
     for key in list(capacity_table.keys()):

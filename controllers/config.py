@@ -26,7 +26,7 @@ from headroom.controllers.levers import CostModel
 from headroom.kernel.checks import FieldChecker
 from headroom.kernel.checks import is_finite_number as _finite
 from headroom.kernel.errors import ConfigError
-from headroom.kernel.scenario import Scenario
+from headroom.kernel.scenario import DEFAULT_INTERVAL_S, TTL_INTERVALS, Scenario
 
 _PREFIX = "control"
 
@@ -219,8 +219,10 @@ class ControlConfig:
     # The RMA and SBM loops hold p99 at slo × margin: 15 % below the promise leaves room for a
     # window's noise and for the minute it takes a new target to reach every client.
     setpoint_margin: float = 0.85
-    interval_s: float = 60.0  # control interval (README.md, *Commands* default)
-    ttl_s: float = 180.0  # target lifetime: 3 intervals, so one lost message never expires it
+    # control interval and target lifetime: the scenario's ``control`` section (defaults there:
+    # a minute, and 3 intervals so one lost message never expires a target)
+    interval_s: float = DEFAULT_INTERVAL_S
+    ttl_s: float = TTL_INTERVALS * DEFAULT_INTERVAL_S
     pid: PidSettings = field(default_factory=PidSettings)
     coverage: CoverageSettings = field(default_factory=CoverageSettings)
     router: RouterSettings = field(default_factory=RouterSettings)
@@ -286,9 +288,18 @@ class ControlConfig:
 
         ``overrides`` may name any field; a settings group (``pid``, ``coverage``, ``router``,
         ``value``, ``allocator``) takes its dataclass or a mapping of some of its fields, merged
-        over the defaults. Unknown names raise :class:`ConfigError`.
+        over the defaults. Unknown names raise :class:`ConfigError`. ``interval_s`` and ``ttl_s``
+        default to the scenario's ``control`` section (a ttl the file does not give is 3 of the
+        interval in force); the allocator's ``value_stale_s`` is 3 intervals.
         """
-        interval = overrides.get("interval_s", 60.0)
+        control = scenario.control
+        interval = overrides.get("interval_s", control.interval_s)
+        if "ttl_s" in overrides:
+            ttl = overrides["ttl_s"]
+        elif control.ttl_s is not None:
+            ttl = control.ttl_s
+        else:
+            ttl = TTL_INTERVALS * interval if _finite(interval) else control.target_ttl_s
         base: dict[str, Any] = {
             "slo_p99_ms": scenario.slo.p99_ms,
             "base_candidates": scenario.world.base_candidates,
@@ -297,9 +308,11 @@ class ControlConfig:
             "segments": tuple(SegmentInfo(s.name, s.share) for s in scenario.segments),
             "precompute_enabled": scenario.precompute_enabled,
             "interval_s": interval,
-            "ttl_s": 3.0 * interval if _finite(interval) else 180.0,
+            "ttl_s": ttl,
         }
-        stale = 3.0 * interval if _finite(interval) and interval > 0 else 180.0
+        stale = TTL_INTERVALS * (
+            interval if _finite(interval) and interval > 0 else DEFAULT_INTERVAL_S
+        )
         base["allocator"] = AllocatorSettings(value_stale_s=stale)
         return cls.build(base, overrides)
 

@@ -193,14 +193,35 @@ def _add_up_flags(p: argparse.ArgumentParser) -> None:
         metavar="X",
         help="run the scenario X times faster than real time (default 1)",
     )
+    _add_control_flags(p)
+    p.add_argument("--no-plots", action="store_true", help="skip PNG plots and report.html")
+
+
+def _add_control_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--interval",
-        type=_positive_float,
+        type=_float,
         default=None,
         metavar="S",
-        help="controller interval in wall seconds (default: scaled to the run, 1-60 s)",
+        help="control interval, seconds of scenario time (default: the scenario's "
+        "control.interval_s, else 60)",
     )
-    p.add_argument("--no-plots", action="store_true", help="skip PNG plots and report.html")
+    p.add_argument(
+        "--ttl",
+        type=_float,
+        default=None,
+        metavar="S",
+        help="lifetime of each target, seconds; clients fall back to the baseline when it passes "
+        "(default: the scenario's control.ttl_s, else 3 control intervals)",
+    )
+
+
+def _float(text: str) -> float:
+    """A number; its range is checked where the value is used, with the flag's name."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
 
 
 def _positive_float(text: str) -> float:
@@ -267,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="output directory (default: runs/<scenario>-<time>/)",
     )
+    _add_control_flags(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-plots", action="store_true", help="skip PNG plots and report.html")
 
@@ -392,21 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
         "run the Faust controller app (allocator, RMA PID, SBM coverage, router)",
         ("headroom.commands.controller", "controller"),
     )
-    p.add_argument(
-        "--interval",
-        type=_positive_float,
-        default=60.0,
-        metavar="S",
-        help="control interval in seconds (default 60)",
-    )
-    p.add_argument(
-        "--ttl",
-        type=_positive_float,
-        default=None,
-        metavar="S",
-        help="lifetime of each target (default: 3 control intervals); clients fall back to the "
-        "baseline when it passes",
-    )
+    _add_control_flags(p)
+    _add_run_clock_flags(p)
     _add_scenario_flag(p)
     _add_kafka_flags(p)
     _add_metrics_flag(p)

@@ -120,6 +120,39 @@ class ScenarioEvent:
     remote: bool = False  # preempt/grant: the event applies to the region's remote pool
 
 
+# The central controllers' defaults (docs/scenarios.md, ``control``): one step a minute, and a
+# target lives three steps, so one lost or late message never makes the clients fall back.
+DEFAULT_INTERVAL_S = 60.0
+TTL_INTERVALS = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class Control:
+    """The central controllers' clock (optional ``control:`` section; absent = the defaults).
+
+    Both engines run the control plane every ``interval_s`` seconds of scenario time, and every
+    target lives ``ttl_s`` (default ``TTL_INTERVALS`` × ``interval_s``) before the clients fall
+    back to the baseline. ``ttl_s`` is None when the file does not give it."""
+
+    interval_s: float = DEFAULT_INTERVAL_S
+    ttl_s: float | None = None
+
+    @property
+    def target_ttl_s(self) -> float:
+        """The target lifetime in force: ``ttl_s`` or ``TTL_INTERVALS`` × ``interval_s``."""
+        return self.ttl_s if self.ttl_s is not None else TTL_INTERVALS * self.interval_s
+
+    def with_overrides(
+        self, interval_s: float | None = None, ttl_s: float | None = None
+    ) -> Control:
+        """The settings with command-line values in place of the file's (None: keep the file's).
+        A new interval without a ttl keeps the file's explicit ttl, else scales the default."""
+        return Control(
+            interval_s=self.interval_s if interval_s is None else interval_s,
+            ttl_s=self.ttl_s if ttl_s is None else ttl_s,
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class Scenario:
     name: str
@@ -131,6 +164,7 @@ class Scenario:
     segments: tuple[Segment, ...]
     regions: tuple[Region, ...]
     events: tuple[ScenarioEvent, ...] = ()
+    control: Control = Control()
     source: str | None = field(default=None, compare=False)  # the file it came from
 
     @property

@@ -21,6 +21,9 @@ Rules, in the order they are applied:
    folder) — become tuples of ``(t_s, value)`` points, strictly increasing in time, with finite,
    non-negative values.
 6. **Cross-field rules**: unique region and segment names; segment shares sum to 1 (±1e-6);
+   ``slo.window_s <= control.interval_s <= control.ttl_s`` (a step shorter than an SLO window sees
+   no new window; a target that expires before the next one arrives would make every client fall
+   back between two steps);
    ``world.base_candidates <= world.max_candidates <= world.ads``; every event names a declared
    region and, for ``preempt``/``grant``, a declared opportunistic pool of that region; the
    dedicated accelerator type is one the base model runs on (the baseline must run there).
@@ -44,6 +47,7 @@ import yaml
 
 from headroom.kernel.errors import ConfigError
 from headroom.kernel.scenario import (
+    Control,
     Dedicated,
     Models,
     ModelSpec,
@@ -67,6 +71,7 @@ __all__ = [
     "NAME_PATTERN",
     "RESOURCES",
     "ScenarioError",
+    "control_with_flags",
     "load_scenario",
     "load_scenario_text",
 ]
@@ -86,8 +91,9 @@ MAX_ERROR = 10.0  # model error is relative to the utility spread; 10 spreads is
 KEYS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "scenario": (
         frozenset({"name", "seed", "duration_s", "slo", "world", "models", "segments", "regions"}),
-        frozenset({"events"}),
+        frozenset({"events", "control"}),
     ),
+    "control": (frozenset(), frozenset({"interval_s", "ttl_s"})),
     "slo": (frozenset({"p99_ms", "window_s"}), frozenset()),
     "world": (
         frozenset({"ads", "dim", "base_candidates", "max_candidates", "holdout"}),
@@ -305,6 +311,13 @@ def _scenario(ctx: _Ctx, doc: dict[Any, Any], source: str | None) -> Scenario | 
     if "events" in m and m["events"] is not None:
         names = set(_raw_names(m.get("regions")))
         events = _events(ctx, m["events"], names, regions, duration) or ()
+    control = _control(ctx, m["control"], slo) if m.get("control") is not None else Control()
+    if slo is not None and control.interval_s < slo.window_s and m.get("control") is None:
+        ctx.add(
+            "control.interval_s",
+            f"the default ({control.interval_s:g}) is shorter than slo.window_s "
+            f"({slo.window_s:g}); give a control interval of at least one SLO window",
+        )
     if len(ctx.problems) != before:
         return None
     assert name is not None
@@ -325,8 +338,69 @@ def _scenario(ctx: _Ctx, doc: dict[Any, Any], source: str | None) -> Scenario | 
         segments=segments,
         regions=regions,
         events=tuple(sorted(events, key=lambda e: e.at_s)),
+        control=control,
         source=source,
     )
+
+
+def _control(ctx: _Ctx, value: Any, slo: Slo | None) -> Control:
+    m = _mapping(ctx, "control", value, "control")
+    if m is None:
+        return Control()
+    interval = _opt_number(ctx, "control", m, "interval_s", gt=0, nullable=False)
+    ttl = _opt_number(ctx, "control", m, "ttl_s", gt=0, nullable=False)
+    out = Control() if interval is None else Control(interval_s=interval)
+    if slo is not None and out.interval_s < slo.window_s:
+        ctx.add(
+            "control.interval_s",
+            f"must be >= slo.window_s ({slo.window_s:g}): the control plane judges p99 per SLO "
+            f"window, and a step shorter than one sees no new window, got {out.interval_s:g}",
+        )
+        return out
+    if ttl is not None and ttl < out.interval_s:
+        ctx.add(
+            "control.ttl_s",
+            f"must be >= control.interval_s ({out.interval_s:g}): a target must live until the "
+            f"next one arrives, got {ttl:g}",
+        )
+        return out
+    return out.with_overrides(ttl_s=ttl)
+
+
+def control_with_flags(
+    control: Control,
+    interval_s: float | None = None,
+    ttl_s: float | None = None,
+    *,
+    window_s: float | None = None,
+) -> Control:
+    """The scenario's ``control`` settings with ``--interval`` / ``--ttl`` in place of the file's
+    (None: not given), ``window_s`` the scenario's SLO window (the shortest interval). Raises
+    :class:`ConfigError` naming the flag at fault."""
+    problems: list[str] = []
+    for flag, v in (("--interval", interval_s), ("--ttl", ttl_s)):
+        if v is not None and not (
+            isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+        ):
+            problems.append(f"{flag}: must be a finite number > 0, got {v!r}")
+    if problems:
+        raise ConfigError(problems)
+    out = control.with_overrides(interval_s, ttl_s)
+    if interval_s is not None and window_s is not None and interval_s < window_s:
+        raise ConfigError(
+            f"--interval: must be >= the scenario's slo.window_s ({window_s:g} s): a control step "
+            f"shorter than an SLO window sees no new window, got {interval_s:g}"
+        )
+    if out.target_ttl_s < out.interval_s:
+        if ttl_s is not None:
+            raise ConfigError(
+                f"--ttl: must be >= the control interval ({out.interval_s:g} s), got {ttl_s:g}"
+            )
+        raise ConfigError(
+            f"--interval: must be <= the scenario's control.ttl_s ({out.target_ttl_s:g} s), "
+            f"got {out.interval_s:g} (give --ttl as well)"
+        )
+    return out
 
 
 def _slo(ctx: _Ctx, value: Any) -> Slo | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from headroom.kernel.scenario import DEFAULT_INTERVAL_S, TTL_INTERVALS
 from headroom.kernel.scenario_load import EVENT_KINDS, NAME_PATTERN, RESOURCES
 
 __all__ = ["SCHEMA"]
@@ -285,13 +286,32 @@ _EVENT = _obj(
     ],
 )
 
+_CONTROL = _obj(
+    "the central controllers' clock, the same in `simulate` and `up` (absent: the defaults; "
+    "`--interval` and `--ttl` override it)",
+    {
+        "interval_s": _num(
+            "control interval: the control plane decides every this many seconds of scenario "
+            f"time (default {DEFAULT_INTERVAL_S:g})",
+            exclusiveMinimum=0,
+        ),
+        "ttl_s": _num(
+            "lifetime of each target, seconds; clients fall back to the baseline when it passes "
+            f"(default {TTL_INTERVALS:g} × interval_s; at least interval_s)",
+            exclusiveMinimum=0,
+        ),
+    },
+    [],
+)
+
 SCHEMA: dict[str, Any] = _obj(
     "A headroom scenario (docs/scenarios.md). Rules beyond this schema, checked by `headroom "
     "scenario check`: region and segment names are unique; segment shares sum to 1 (±1e-6); "
     "world.base_candidates <= world.max_candidates <= world.ads; every event names a declared "
     "region and (preempt, grant) one of its opportunistic pools; trace points and CSV rows are "
     "strictly increasing in time and finite; CSV files exist and have the header t_s,rps or "
-    "t_s,units; dedicated.hardware is in models.base.hardware.",
+    "t_s,units; dedicated.hardware is in models.base.hardware; control.ttl_s >= "
+    "control.interval_s.",
     {
         "name": _name("scenario name"),
         "seed": _int("random seed: same seed, same run", minimum=0, maximum=2**63 - 1),
@@ -351,6 +371,7 @@ SCHEMA: dict[str, Any] = _obj(
             "description": "discrete changes on top of the traces, applied in time order",
             "items": _EVENT,
         },
+        "control": _nullable(_CONTROL),
     },
     ["name", "seed", "duration_s", "slo", "world", "models", "segments", "regions"],
 )

@@ -150,6 +150,7 @@ def derived_scenario(
         segments=base.segments,
         regions=tuple(regions),
         events=(),
+        control=base.control,
         source=recording.path,
     )
 

@@ -81,6 +81,7 @@ import asyncio
 import contextlib
 import math
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from itertools import count
@@ -150,6 +151,11 @@ class ServerConfig:
     # (headroom.sim.latency.LatencyConfig.cpu_parallelism), so both engines give a request the same
     # service time. The accelerator stage takes one device per request (one batch).
     cpu_parallelism: int = 4
+    # Variability of a service time: each request's emulated stage times are multiplied by one
+    # log-normal factor J with mean 1 and this coefficient of variation (real forward passes and
+    # feature look-ups vary). 0.25 is the simulator's model
+    # (headroom.sim.latency.LatencyConfig.service_cv), so both engines queue alike; 0 = exact.
+    service_cv: float = 0.25
     policy: str = "headroom"  # the policy name written on events
     shed: ServerShedConfig = field(default_factory=ServerShedConfig)
 
@@ -165,6 +171,8 @@ class ServerConfig:
             problems.append(f"--speed: must be > 0, got {self.speed}")
         if not (math.isfinite(self.t0) and self.t0 >= 0.0):
             problems.append(f"--t0: must be a time >= 0, got {self.t0}")
+        if not (math.isfinite(self.service_cv) and self.service_cv >= 0.0):
+            problems.append(f"service_cv: must be a finite number >= 0, got {self.service_cv}")
         if self.cpu_parallelism < 1:
             problems.append(f"cpu_parallelism: must be >= 1, got {self.cpu_parallelism}")
         if not self.latency_interval_s > 0.0:
@@ -515,6 +523,11 @@ class RankingServer(Service):
         self._fit_waiters: list[asyncio.Future[None]] = []
         self._ids = count()
         self._threads = config.cpu_parallelism
+        # one draw per request from a stream of this replica's own (sim/latency.py's J)
+        self._jitter_rng = np.random.default_rng(
+            [scenario.seed, zlib.crc32(config.replica.encode())]
+        )
+        self._jitter_sigma = math.sqrt(math.log1p(config.service_cv**2))
         self._inflight = 0
         self._idle = asyncio.Event()
         self._queue_ms = 0.0  # the newest queueing delay (a slot wait), for health and latency
@@ -859,6 +872,13 @@ class RankingServer(Service):
 
     # -- requests -------------------------------------------------------------------------------
 
+    def _jitter(self) -> float:
+        """One request's service-time factor: log-normal, mean 1, ``service_cv``."""
+        sigma = self._jitter_sigma
+        if sigma <= 0.0:
+            return 1.0
+        return float(self._jitter_rng.lognormal(-0.5 * sigma * sigma, sigma))
+
     def _health(self) -> Health:
         return Health(overloaded=self.shedder.overloaded, queue_ms=self._queue_ms)
 
@@ -927,6 +947,7 @@ class RankingServer(Service):
         """Baseline or RMA request on a mixed replica."""
         costs = self.costs
         base = req.base
+        j = self._jitter()  # this request's service-time factor, every stage
         n = 0
         decision = Decision.ADMIT
         if req.extra > 0:
@@ -954,12 +975,12 @@ class RankingServer(Service):
             t = time.monotonic()
             cands, scores = self._rank(req, base + n, Model.BASE)
             real_ms = (time.monotonic() - t) * 1000.0
-            base_ms = base * costs.base_cpu_ms / (grant.n * self.cpu.speed)
+            base_ms = j * base * costs.base_cpu_ms / (grant.n * self.cpu.speed)
             if base_ms > real_ms:
                 await asyncio.sleep((base_ms - real_ms) / 1000.0)
             if n > 0:
                 ok = time.monotonic() < optional_deadline and await self._optional_phase(
-                    work_id, req.value, n * costs.base_cpu_ms, "cpu", n, False, grant
+                    work_id, req.value, j * n * costs.base_cpu_ms, "cpu", n, False, grant
                 )
                 if not ok:
                     self._count_shed(n, False)
@@ -972,12 +993,14 @@ class RankingServer(Service):
         queue_ms += got[0]
         grant = _Grant(self.accelerator, got[1])
         try:
-            await asyncio.sleep(base * costs.base_accelerator_ms / self.accelerator.speed / 1000.0)
+            await asyncio.sleep(
+                j * base * costs.base_accelerator_ms / self.accelerator.speed / 1000.0
+            )
             if n > 0:
                 ok = await self._optional_phase(
                     work_id,
                     req.value,
-                    n * costs.base_accelerator_ms,
+                    j * n * costs.base_accelerator_ms,
                     "accelerator",
                     n,
                     False,
@@ -1002,7 +1025,13 @@ class RankingServer(Service):
         now = self._wall()
         if not self.model_loaded(now):
             return self._downgraded(req, start, "strong model not loaded")
-        cost = costs.request(n, "strong")
+        # What SBM pays on its optional pools: the strong model's own work only
+        # (CostModel.sbm_per_request, the allocator's and the simulator's rule). The request's
+        # retrieval and features (the rest of CostModel.request) stay on the dedicated path:
+        # they take their time (at the request's parallelism, as in the simulator's CPU stage)
+        # but none of this replica's opportunistic capacity.
+        cost = costs.sbm_per_request * (n / max(costs.base_candidates, 1))
+        retrieval_ms = costs.request(n, "strong").cpu_s * 1000.0 - cost.cpu_s * 1000.0
         verdict = self.shedder.decide(
             now,
             OptionalWork(
@@ -1018,6 +1047,13 @@ class RankingServer(Service):
         deadline = start + req.budget_ms / 1000.0
         work_id = next(self._ids)
         queue_ms = 0.0
+        t = time.monotonic()
+        cands, scores = self._rank(req, n, Model.STRONG)  # the real compute, retrieval included
+        real_ms = (time.monotonic() - t) * 1000.0
+        j = self._jitter()
+        base_ms = j * retrieval_ms / max(self._threads, 1)
+        if base_ms > real_ms:
+            await asyncio.sleep((base_ms - real_ms) / 1000.0)
         got = await self._acquire(self.cpu, deadline, self._threads)
         if got is None:
             self._count_shed(0, True)
@@ -1025,12 +1061,10 @@ class RankingServer(Service):
         queue_ms += got[0]
         grant = _Grant(self.cpu, got[1])
         try:
-            t = time.monotonic()
-            cands, scores = self._rank(req, n, Model.STRONG)
-            real_ms = (time.monotonic() - t) * 1000.0
             ok = await self._optional_phase(
-                work_id, req.value, cost.cpu_s * 1000.0, "cpu", 0, True, grant, real_ms
-            )
+                work_id, req.value, j * cost.cpu_s * 1000.0, "cpu", 0, True, grant,
+                max(0.0, real_ms - base_ms),
+            )  # fmt: skip
         finally:
             grant.release()
         if not ok:
@@ -1044,7 +1078,7 @@ class RankingServer(Service):
         grant = _Grant(self.accelerator, got[1])
         try:
             ok = await self._optional_phase(
-                work_id, req.value, cost.accelerator_s * 1000.0, "accelerator", 0, True, grant
+                work_id, req.value, j * cost.accelerator_s * 1000.0, "accelerator", 0, True, grant
             )
         finally:
             grant.release()

@@ -5,9 +5,10 @@ a user would run them on several machines, and wires them together:
 
 1. topics under the prefix (idempotent), and a **collector** reading ``headroom.events`` from its
    current end (so only this run's events are kept), written to ``DIR/events.jsonl``;
-2. the **controller** (Faust app) with an interval scaled to the run (``--interval``; default
-   ``duration / 40`` of scenario time, at least one SLO window, in wall seconds 1–60 s, so the
-   minute-scale loops get ~40 steps);
+2. the **controller** (Faust app) on the scenario's control clock: ``control.interval_s`` and
+   ``control.ttl_s`` (docs/scenarios.md; ``--interval`` / ``--ttl`` override them), the settings
+   ``simulate`` runs its control plane with, and the run's ``t0`` and speed, so it steps at
+   scenario time ``k × interval_s`` as the simulator does;
 3. per region, **servers**: ``dedicated_replicas`` mixed RMA replicas sharing the dedicated
    capacity (``--share 1/n``) and one strong-model replica on the opportunistic pool; each prints
    the port it listens on;
@@ -51,7 +52,8 @@ from typing import Any, TextIO
 from headroom.analysis.events import EventWriter
 from headroom.kernel.errors import ConfigError, HeadroomError
 from headroom.kernel.logs import get_logger
-from headroom.kernel.scenario import Scenario
+from headroom.kernel.scenario import Control, Scenario
+from headroom.kernel.scenario_load import control_with_flags
 from headroom.streams import messages
 from headroom.streams.broker import free_port, probe_async
 from headroom.streams.kafka import (
@@ -63,18 +65,11 @@ from headroom.streams.kafka import (
 )
 from headroom.streams.topics import topics
 
-__all__ = ["Proc", "Stack", "StackConfig", "default_interval"]
+__all__ = ["Proc", "Stack", "StackConfig"]
 
 log = get_logger("up")
 
 READY_TIMEOUT_S = 90.0  # a process that has not said it is ready by then failed to start
-
-
-def default_interval(duration_s: float, speed: float, window_s: float = 1.0) -> float:
-    """Controller interval (wall seconds): ~40 control steps per run, at least one SLO window
-    (p99 is judged per window; a shorter step sees no new window) and 1 s, at most 60 s."""
-    scenario_s = min(60.0 * speed, max(window_s, speed, duration_s / 40.0))
-    return float(scenario_s / speed)
 
 
 @dataclass(frozen=True)
@@ -83,7 +78,10 @@ class StackConfig:
     out_dir: Path
     kafka: KafkaTarget
     speed: float = 1.0
+    # the control interval and target lifetime in scenario seconds (--interval, --ttl); None:
+    # the scenario's control section
     interval_s: float | None = None
+    ttl_s: float | None = None
     dedicated_replicas: int = 2
     startup_margin_s: float = 20.0  # t0 is this far after the processes are launched
     drain_s: float = 15.0  # grace for SIGTERM before SIGKILL
@@ -95,8 +93,9 @@ class StackConfig:
         problems = []
         if not (math.isfinite(self.speed) and self.speed > 0):
             problems.append(f"--speed: must be > 0, got {self.speed}")
-        if self.interval_s is not None and not self.interval_s > 0:
-            problems.append(f"--interval: must be > 0, got {self.interval_s}")
+        for flag, v in (("--interval", self.interval_s), ("--ttl", self.ttl_s)):
+            if v is not None and not (math.isfinite(v) and v > 0):
+                problems.append(f"{flag}: must be a finite number > 0, got {v}")
         if self.dedicated_replicas < 1:
             problems.append(f"dedicated_replicas: must be >= 1, got {self.dedicated_replicas}")
         if problems:
@@ -223,9 +222,12 @@ class Stack:
         self.config = config
         self.scenario = scenario
         self.kafka = config.kafka
-        self.interval_s = config.interval_s or default_interval(
-            scenario.duration_s, config.speed, scenario.slo.window_s
+        # the control clock of both engines (scenario seconds): the scenario's, or the flags'
+        self.control: Control = control_with_flags(
+            scenario.control, config.interval_s, config.ttl_s, window_s=scenario.slo.window_s
         )
+        self.interval_s = self.control.interval_s
+        self.ttl_s = self.control.target_ttl_s
         self.procs: dict[str, Proc] = {}
         self.server_addresses: dict[str, list[tuple[str, str]]] = {}  # region -> [(pool, addr)]
         self.t0: float | None = None
@@ -301,10 +303,7 @@ class Stack:
         self.t0 = time.time() + cfg.startup_margin_s
         clock = ["--t0", f"{self.t0:.6f}", "--speed", repr(cfg.speed)]
         metrics = ["--metrics-port", "0"]  # every worker serves Prometheus on a free port
-        controller = self._proc(
-            "controller",
-            self._cmd("controller", "--interval", repr(self.interval_s), *metrics, *scenario_flag),
-        )
+        controller = self._proc("controller", self.controller_argv())
         await controller.start()
         servers: list[Proc] = []
         meta: list[tuple[str, str]] = []
@@ -394,6 +393,17 @@ class Stack:
             interval_s=self.interval_s,
             processes=len(self.procs),
         )
+
+    def controller_argv(self) -> list[str]:
+        """The controller's command line: the control clock of the run (scenario seconds) and
+        the run's ``t0`` and speed, so its steps fall at scenario time ``k × interval``."""
+        assert self.t0 is not None
+        return self._cmd(
+            "controller",
+            "--interval", repr(self.interval_s), "--ttl", repr(self.ttl_s),
+            "--t0", f"{self.t0:.6f}", "--speed", repr(self.config.speed),
+            "--metrics-port", "0", "--scenario", str(self.config.scenario_path),
+        )  # fmt: skip
 
     def metrics_endpoints(self) -> dict[str, str]:
         """The Prometheus ``/metrics`` URL each process printed at start-up."""

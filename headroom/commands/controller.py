@@ -1,5 +1,10 @@
 """``headroom controller``: run the Faust controller app as a worker process.
 
+The control interval and target lifetime are the scenario's ``control`` section unless
+``--interval`` / ``--ttl`` are given (scenario seconds; with ``--speed X`` the app steps every
+``interval / X`` wall seconds), and the steps fall at ``--t0 + k × interval`` (k = 1, 2, …), the
+instants at which the simulator steps (``--t0``: ``$HEADROOM_T0``, else 0).
+
 Creates the topics first (idempotent), so Faust never auto-declares a region-keyed topic with
 another partition count (that would break co-partitioning, see docs/kafka.md), then runs a Faust
 worker until SIGINT/SIGTERM.
@@ -12,8 +17,9 @@ import asyncio
 import os
 from pathlib import Path
 
+from headroom.commands.server import resolve_t0
 from headroom.kernel.logs import configure, get_logger
-from headroom.kernel.scenario_load import load_scenario
+from headroom.kernel.scenario_load import control_with_flags, load_scenario
 from headroom.kernel.settings import resolve_bootstrap, resolve_prefix, resolve_scenario
 
 
@@ -36,6 +42,12 @@ def controller(args: argparse.Namespace) -> int:
     from headroom.controllers.app import ControllerSettings, create_app
 
     scenario = load_scenario(resolve_scenario(args.scenario))
+    # the scenario's control interval and target lifetime (scenario seconds) unless --interval /
+    # --ttl say otherwise; the app runs on the wall clock: / speed
+    # (the controller hears latency every second: unlike the simulator it needs no whole SLO
+    # window per step, so --interval may be shorter than slo.window_s here)
+    control = control_with_flags(scenario.control, args.interval, args.ttl)
+    speed = float(getattr(args, "speed", 1.0) or 1.0)
     bootstrap = resolve_bootstrap(args.bootstrap)
     prefix = resolve_prefix(args.prefix)
     partitions = asyncio.run(_prepare_topics(bootstrap, prefix))
@@ -44,8 +56,9 @@ def controller(args: argparse.Namespace) -> int:
         bootstrap=bootstrap,
         prefix=prefix,
         scenario=scenario,
-        interval_s=float(args.interval),
-        ttl_s=None if args.ttl is None else float(args.ttl),
+        interval_s=control.interval_s / speed,
+        ttl_s=control.target_ttl_s / speed,
+        t0=resolve_t0(getattr(args, "t0", None)),
         data_dir=data_dir,
         seed=scenario.seed,
         partitions=partitions,
@@ -58,7 +71,12 @@ def controller(args: argparse.Namespace) -> int:
         port = serve_metrics(args.metrics_port)
         print(f"metrics on http://127.0.0.1:{port}/metrics", flush=True)
     get_logger("controller").info(
-        "controller.started", bootstrap=bootstrap, prefix=prefix, interval_s=settings.interval_s
+        "controller.started",
+        bootstrap=bootstrap,
+        prefix=prefix,
+        interval_s=settings.interval_s,
+        ttl_s=settings.ttl_s,
+        t0=settings.t0,
     )
     worker = faust.Worker(app, loglevel="WARNING", quiet=True, redirect_stdouts=False)
     worker.execute_from_commandline()

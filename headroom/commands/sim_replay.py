@@ -29,7 +29,7 @@ import orjson
 import yaml
 
 from headroom.kernel.errors import ConfigError, HeadroomError
-from headroom.kernel.scenario import Scenario
+from headroom.kernel.scenario import Control, Scenario
 from headroom.kernel.traces import PoolKey
 from headroom.sim.replay import (
     ReplayContext,
@@ -213,6 +213,11 @@ def scenario_yaml(scenario: Scenario, header: str = "") -> str:
         "segments": segments,
         "regions": regions,
     }
+    if scenario.control != Control():
+        control: dict[str, Any] = {"interval_s": scenario.control.interval_s}
+        if scenario.control.ttl_s is not None:
+            control["ttl_s"] = scenario.control.ttl_s
+        doc["control"] = control
     body = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=100)
     return header + body
 

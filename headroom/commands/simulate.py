@@ -1,7 +1,9 @@
-"""``headroom simulate SCENARIO [--policy P]… [--seed N] [--replay FILE] [--out DIR] …``.
+"""``headroom simulate SCENARIO [--policy P]… [--seed N] [--interval S] [--ttl S] [--replay FILE]
+[--out DIR] …``.
 
 The command-line shell around :func:`headroom.sim.run.run_simulation`: it loads and validates the
-scenario (a bad one exits 2 with one line per problem, from the loader), with ``--replay``
+scenario (a bad one exits 2 with one line per problem, from the loader), puts ``--interval`` and
+``--ttl`` in place of its ``control`` section (the control plane's clock), with ``--replay``
 derives the run from a recording (:mod:`headroom.commands.sim_replay`, docs/replay.md), chooses the
 output directory (default ``runs/<scenario>-<UTC time>/``), shows a progress bar on stderr, prints
 the summary table and, as its last line, the path of the report (``metrics.json`` with
@@ -12,6 +14,7 @@ the default directory name, the progress bar and ``run.finished.wall_s``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -58,12 +61,20 @@ class Progress:
 
 
 def simulate(args: argparse.Namespace) -> int:
-    from headroom.kernel.scenario_load import load_scenario
+    from headroom.kernel.scenario_load import control_with_flags, load_scenario
     from headroom.kernel.settings import resolve_scenario
     from headroom.sim.policies import parse_policies
 
     policies = parse_policies(args.policy)
     scenario = load_scenario(resolve_scenario(args.scenario))
+    # --interval / --ttl in place of the scenario's control section (every central policy)
+    control = control_with_flags(
+        scenario.control,
+        getattr(args, "interval", None),
+        getattr(args, "ttl", None),
+        window_s=scenario.slo.window_s,
+    )
+    scenario = dataclasses.replace(scenario, control=control)
     replayed = None
     if getattr(args, "replay", None):  # a recording drives the run (sim/replay.py)
         from headroom.commands.sim_replay import replay_for_simulate
@@ -79,7 +90,8 @@ def simulate(args: argparse.Namespace) -> int:
     print(
         f"simulate: {scenario.name} ({scenario.duration_s:g} s, {len(scenario.regions)} "
         f"region(s)), seed {seed if seed is not None else scenario.seed}, policies "
-        f"{', '.join(policies)}",
+        f"{', '.join(policies)}, control every {control.interval_s:g} s (targets live "
+        f"{control.target_ttl_s:g} s)",
         file=sys.stderr,
     )
     ctx = replayed if replayed is not None else build_context(scenario, seed=seed)

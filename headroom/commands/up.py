@@ -1,4 +1,6 @@
-"""``headroom up SCENARIO [--out DIR] [--speed X]``: run the whole streaming stack on Kafka.
+"""``headroom up SCENARIO [--out DIR] [--speed X] [--interval S] [--ttl S]``: run the whole
+streaming stack on Kafka, its controller on the scenario's control clock (``control``; the flags
+override it, in scenario seconds).
 
 Writes ``DIR/events.jsonl``, ``DIR/metrics.json`` (policy ``headroom``), the plots and
 ``DIR/report.html`` (like ``simulate``), prints the summary table and, last, the report path (or the
@@ -22,7 +24,7 @@ from headroom.analysis.events import EventLog
 from headroom.analysis.metrics import compute_metrics
 from headroom.kernel.logs import configure, get_logger
 from headroom.kernel.scenario import Scenario
-from headroom.kernel.scenario_load import load_scenario
+from headroom.kernel.scenario_load import control_with_flags, load_scenario
 from headroom.kernel.settings import resolve_scenario
 from headroom.streams.kafka import KafkaTarget
 from headroom.workers.up import Action, Stack, StackConfig, run_stack
@@ -112,6 +114,14 @@ def up(args: argparse.Namespace) -> int:
 
     scenario_path = resolve_scenario(args.scenario).resolve()
     scenario = load_scenario(scenario_path)
+    # the control clock (scenario seconds) of the scenario or of --interval / --ttl; bad values
+    # exit 2 before any process starts
+    control = control_with_flags(
+        scenario.control,
+        args.interval,
+        getattr(args, "ttl", None),
+        window_s=scenario.slo.window_s,
+    )
     kafka = KafkaTarget.from_args(args)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out_dir = Path(args.out) if args.out else Path("runs") / f"{scenario.name}-up-{stamp}"
@@ -121,10 +131,13 @@ def up(args: argparse.Namespace) -> int:
         kafka=kafka,
         speed=float(args.speed or 1.0),
         interval_s=args.interval,
+        ttl_s=getattr(args, "ttl", None),
     )
     print(
         f"up: {scenario.name}, {scenario.duration_s:g} s of scenario at speed {config.speed:g} "
-        f"against {kafka.bootstrap} (prefix {kafka.prefix}); logs in {config.out_dir / 'logs'}",
+        f"against {kafka.bootstrap} (prefix {kafka.prefix}), control every "
+        f"{control.interval_s:g} s (targets live {control.target_ttl_s:g} s); logs in "
+        f"{config.out_dir / 'logs'}",
         file=sys.stderr,
         flush=True,
     )

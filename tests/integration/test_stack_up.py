@@ -166,7 +166,9 @@ def test_optional_work_is_used_while_capacity_is_spare(stack_run: StackRun) -> N
     treated = {
         lever: sum(w["eligible_treated"].get(lever, 0) for w in before) for lever in ("rma", "sbm")
     }
-    assert treated["rma"] > 100, treated
+    # SBM takes most treatment requests once its value is proven (~20 s in); RMA's extras go to
+    # the others, a few percent of them at the candidates the PID allows here (~80-100 by 60 s)
+    assert treated["rma"] > 40, treated
     assert treated["sbm"] > 20, treated
     used = stack_run.metrics["capacity"]["used_unit_s"]
     assert used["cpu"] > 0.0
@@ -278,8 +280,8 @@ def simulate_headroom(
     scenario: Scenario, interval_s: float
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The simulator's ``headroom`` policy on the same scenario, with the same control interval
-    as the real run (``simulate`` itself uses the scenario's default of 60 s, which a two-minute
-    scenario would see twice): the events ``run_simulation`` writes, analysed the same way."""
+    as the real run (the scenario's ``control.interval_s``, which ``simulate`` uses too): the
+    events ``run_simulation`` writes, analysed the same way."""
     from headroom.controllers.config import ControlConfig
     from headroom.sim.engine import SIM_EPOCH, run_policy
     from headroom.sim.oracle import oracle_for

@@ -16,8 +16,14 @@ from hypothesis import strategies as st
 
 from headroom.cli import main
 from headroom.kernel.errors import ConfigError
-from headroom.kernel.scenario import Scenario
-from headroom.kernel.scenario_load import KEYS, ScenarioError, load_scenario, load_scenario_text
+from headroom.kernel.scenario import Control, Scenario
+from headroom.kernel.scenario_load import (
+    KEYS,
+    ScenarioError,
+    control_with_flags,
+    load_scenario,
+    load_scenario_text,
+)
 from headroom.kernel.scenario_schema import SCHEMA
 
 REPO = Path(__file__).resolve().parents[2]
@@ -105,6 +111,7 @@ MINIMAL: dict[str, Any] = {
         {"at_s": 2700, "kind": "surge", "region": "eu-west", "factor": 1.6, "duration_s": 300},
         {"at_s": 3000, "kind": "control_outage", "duration_s": 400},
     ],
+    "control": {"interval_s": 30, "ttl_s": 120},
 }
 
 
@@ -722,6 +729,115 @@ def test_random_corruption_of_a_valid_file_is_reported_never_raised(
 
 
 # ------------------------------------------------------------------------------------------------
+# The control section
+
+
+def test_the_control_section_is_read_and_its_ttl_defaults_to_three_intervals() -> None:
+    sc = load_scenario_text(yaml.safe_dump(doc()))
+    assert sc.control == Control(interval_s=30.0, ttl_s=120.0)
+    assert sc.control.target_ttl_s == 120.0
+    sc = load_scenario_text(yaml.safe_dump(doc(control__ttl_s=DELETE)))
+    assert sc.control == Control(interval_s=30.0)
+    assert sc.control.target_ttl_s == 90.0
+
+
+@pytest.mark.parametrize("absent", [DELETE, None, {}])
+def test_an_absent_control_section_means_a_minute_and_three_minutes(absent: Any) -> None:
+    sc = load_scenario_text(yaml.safe_dump(doc(control=absent)))
+    assert sc.control == Control()
+    assert (sc.control.interval_s, sc.control.target_ttl_s) == (60.0, 180.0)
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        (
+            {"control__ttl_s": 20},
+            "control.ttl_s: must be >= control.interval_s (30): a target must live until the "
+            "next one arrives, got 20",
+        ),
+        ({"control__interval_s": 0}, "control.interval_s: must be > 0, got 0"),
+        ({"control__interval_s": True}, "control.interval_s: must be a number, got a bool (true)"),
+        ({"control__interval_s": math.inf}, "control.interval_s: must be a finite number"),
+        ({"control__ttl_s": -1}, "control.ttl_s: must be > 0, got -1"),
+        ({"control__interval": 5}, "control.interval: unknown field (did you mean 'interval_s'?)"),
+        ({"control": 5}, "control: must be a mapping, got an integer (5)"),
+        (
+            {"control__interval_s": 5},
+            "control.interval_s: must be >= slo.window_s (10): the control plane judges p99 per "
+            "SLO window, and a step shorter than one sees no new window, got 5",
+        ),
+        (
+            {"control": DELETE, "slo__window_s": 120},
+            "control.interval_s: the default (60) is shorter than slo.window_s (120)",
+        ),
+    ],
+)
+def test_control_problems_name_the_field(change: dict[str, Any], problem: str) -> None:
+    problems = problems_of(doc(**change))
+    assert any(p.startswith(problem) for p in problems), problems
+
+
+def test_control_flags_override_the_file_and_name_the_flag_at_fault() -> None:
+    file = Control(interval_s=30.0)
+    assert control_with_flags(file) == file
+    assert control_with_flags(file, 5.0) == Control(interval_s=5.0)
+    assert control_with_flags(file, 5.0).target_ttl_s == 15.0
+    assert control_with_flags(file, None, 40.0) == Control(interval_s=30.0, ttl_s=40.0)
+    explicit = Control(interval_s=30.0, ttl_s=90.0)
+    assert control_with_flags(explicit, 60.0).target_ttl_s == 90.0
+    with pytest.raises(ConfigError, match=r"^--interval: must be <= the scenario's control.ttl_s"):
+        control_with_flags(explicit, 120.0)
+    with pytest.raises(ConfigError, match=r"^--ttl: must be >= the control interval \(30 s\)"):
+        control_with_flags(file, None, 10.0)
+    with pytest.raises(ConfigError, match=r"^--interval: must be >= the scenario's slo.window_s"):
+        control_with_flags(file, 5.0, window_s=10.0)
+    assert control_with_flags(file, 10.0, window_s=10.0).interval_s == 10.0
+    for bad in (0.0, -1.0, math.nan, math.inf):
+        with pytest.raises(ConfigError, match=r"^--interval: must be a finite number > 0"):
+            control_with_flags(file, bad)
+        with pytest.raises(ConfigError, match=r"^--ttl: must be a finite number > 0"):
+            control_with_flags(file, None, bad)
+
+
+def test_the_control_plane_config_takes_the_scenarios_clock() -> None:
+    from headroom.controllers.config import ControlConfig
+
+    sc = load_scenario_text(yaml.safe_dump(doc()))
+    cfg = ControlConfig.from_scenario(sc)
+    assert (cfg.interval_s, cfg.ttl_s, cfg.allocator.value_stale_s) == (30.0, 120.0, 90.0)
+    cfg = ControlConfig.from_scenario(sc, interval_s=10.0, ttl_s=25.0)
+    assert (cfg.interval_s, cfg.ttl_s, cfg.allocator.value_stale_s) == (10.0, 25.0, 30.0)
+    bare = load_scenario_text(yaml.safe_dump(doc(control=DELETE)))
+    cfg = ControlConfig.from_scenario(bare)
+    assert (cfg.interval_s, cfg.ttl_s, cfg.allocator.value_stale_s) == (60.0, 180.0, 180.0)
+    cfg = ControlConfig.from_scenario(bare, interval_s=4.0)
+    assert (cfg.interval_s, cfg.ttl_s) == (4.0, 12.0)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--interval", "0"], "headroom: --interval: must be a finite number > 0, got 0.0"),
+        (["--interval", "nan"], "headroom: --interval: must be a finite number > 0, got nan"),
+        (["--ttl", "10"], "headroom: --ttl: must be >= the control interval (30 s), got 10"),
+        (["--interval", "200"], "headroom: --interval: must be <= the scenario's control.ttl_s"),
+        (["--interval", "5"], "headroom: --interval: must be >= the scenario's slo.window_s"),
+    ],
+)
+def test_simulate_refuses_bad_control_flags_with_exit_2(
+    flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump(doc()))
+    code = main(["simulate", str(f), "--policy", "static", "--out", str(tmp_path / "o"), *flags])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err
+    assert err[-1].startswith(message), err
+
+
+# ------------------------------------------------------------------------------------------------
 # The schema
 
 
@@ -890,6 +1006,7 @@ SECTION_SCHEMAS: dict[str, Any] = {
         "items"
     ],
     "event": SCHEMA["properties"]["events"]["items"],
+    "control": SCHEMA["properties"]["control"],
 }
 
 
@@ -936,6 +1053,7 @@ def test_dataclass_fields_cover_every_loader_key() -> None:
         "traffic": sc.Traffic,
         "opportunistic": sc.Opportunistic,
         "event": sc.ScenarioEvent,
+        "control": sc.Control,
     }
     for section, cls in classes.items():
         names = {f.name for f in dataclasses.fields(cls)}

@@ -3,43 +3,100 @@ starts (the controller interval, the oracle bound)."""
 
 from __future__ import annotations
 
+import argparse
+import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from headroom.commands.up import oracle_events
 from headroom.kernel.errors import ConfigError
-from headroom.kernel.scenario_load import load_scenario
+from headroom.kernel.scenario import Control
+from headroom.kernel.scenario_load import load_scenario, load_scenario_text
 from headroom.streams.broker import free_port
 from headroom.streams.kafka import KafkaTarget
-from headroom.workers.up import StackConfig, default_interval
+from headroom.workers.up import StackConfig
 
 REPO = Path(__file__).parents[2]
 SCENARIO = REPO / "tests" / "integration" / "scenarios" / "stack-short.yaml"
 
 
-@pytest.mark.parametrize(
-    ("duration_s", "speed", "window_s", "interval_s"),
-    [
-        (120.0, 1.0, 5.0, 5.0),  # a short run: one SLO window, not 3 s
-        (3600.0, 1.0, 10.0, 60.0),  # an hour: capped at a minute
-        (3600.0, 10.0, 10.0, 9.0),  # ten times faster: 90 scenario seconds, 9 wall seconds
-        (20.0, 1.0, 0.5, 1.0),  # never under a second
-    ],
-)
-def test_the_controller_interval_scales_with_the_run(
-    duration_s: float, speed: float, window_s: float, interval_s: float
-) -> None:
-    assert default_interval(duration_s, speed, window_s) == pytest.approx(interval_s)
+def _controller_args(path: Path, tmp_path: Path, **config: Any) -> argparse.Namespace:
+    from headroom.cli import build_parser
+    from headroom.workers.up import Stack
+
+    config_ = StackConfig(path, tmp_path, KafkaTarget("x:1", "t."), **config)
+    stack = Stack(config_, load_scenario(path))
+    stack.t0 = 1_800_000_000.25
+    argv = stack.controller_argv()
+    args = build_parser().parse_args(argv[argv.index("headroom.cli") + 1 :])
+    assert args.command == "controller"
+    return args
+
+
+def test_the_controller_runs_on_the_scenarios_control_clock(tmp_path: Path) -> None:
+    # stack-short.yaml: control {interval_s: 5}; the ttl is 3 intervals; scenario seconds, with
+    # the run's t0 and speed (the controller steps at t0 + k × 5 / speed)
+    args = _controller_args(SCENARIO, tmp_path)
+    assert (args.interval, args.ttl, args.t0, args.speed) == (5.0, 15.0, 1_800_000_000.25, 1.0)
+    args = _controller_args(SCENARIO, tmp_path, speed=2.5)
+    assert (args.interval, args.ttl, args.speed) == (5.0, 15.0, 2.5)
+    # --interval / --ttl (scenario seconds) override the scenario
+    args = _controller_args(SCENARIO, tmp_path, interval_s=8.0)
+    assert (args.interval, args.ttl) == (8.0, 24.0)
+    args = _controller_args(SCENARIO, tmp_path, interval_s=8.0, ttl_s=30.0, speed=2.0)
+    assert (args.interval, args.ttl) == (8.0, 30.0)
+    # a step shorter than the SLO window (5 s) is refused, naming the flag
+    with pytest.raises(ConfigError, match=r"--interval: must be >= the scenario's slo\.window_s"):
+        _controller_args(SCENARIO, tmp_path, interval_s=4.0)
+
+
+def test_the_controller_steps_at_the_simulators_instants() -> None:
+    from headroom.controllers.app import next_step
+
+    t0, interval = 1000.0, 5.0
+    assert next_step(980.0, t0, interval) == 1  # started before t0: the first step at t0 + 5
+    assert next_step(1004.9, t0, interval) == 1
+    assert next_step(1005.0, t0, interval) == 2
+    assert next_step(1005.0, t0, interval, last=1) == 2
+    assert next_step(1004.999, t0, interval, last=1) == 2  # never the same step twice
+    assert next_step(1061.0, t0, interval, last=3) == 13  # a pause: missed steps are skipped
+
+
+def test_a_scenario_without_a_control_section_gets_the_simulators_default(tmp_path: Path) -> None:
+    text = SCENARIO.read_text()
+    assert "control: {interval_s: 5}" in text
+    text = text.replace("control: {interval_s: 5}", "")
+    assert load_scenario_text(text).control == Control()
+    path = tmp_path / "no-control.yaml"
+    path.write_text(text)
+    assert load_scenario(path).control == Control()
+    args = _controller_args(path, tmp_path)
+    assert (args.interval, args.ttl) == (60.0, 180.0)
+
+
+def test_a_ttl_shorter_than_the_interval_is_refused_naming_the_flag(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--ttl: must be >= the control interval"):
+        _controller_args(SCENARIO, tmp_path, interval_s=10.0, ttl_s=5.0)
 
 
 def test_stack_config_names_bad_settings(tmp_path: Path) -> None:
     kafka = KafkaTarget("127.0.0.1:1", "t.")
     with pytest.raises(ConfigError, match="--speed") as info:
-        StackConfig(SCENARIO, tmp_path, kafka, speed=0.0, interval_s=-1.0, dedicated_replicas=0)
-    assert len(info.value.problems) == 3
+        StackConfig(
+            SCENARIO, tmp_path, kafka, speed=0.0, interval_s=-1.0, ttl_s=math.nan,
+            dedicated_replicas=0,
+        )  # fmt: skip
+    assert len(info.value.problems) == 4
+    assert [p.split(":")[0] for p in info.value.problems] == [
+        "--speed",
+        "--interval",
+        "--ttl",
+        "dedicated_replicas",
+    ]
 
 
 def test_the_oracle_bound_is_the_simulators_for_the_same_scenario(tmp_path: Path) -> None:
@@ -94,3 +151,15 @@ def test_a_precompute_scenario_gets_a_precompute_worker_per_region_on_the_runs_c
     assert (args.command, args.region) == ("precompute", "it-pre")
     assert (args.t0, args.speed) == (1_800_000_000.5, 10.0)
     assert (args.bootstrap, args.prefix, args.scenario) == ("x:1", "t.", str(path))
+
+
+def test_the_servers_emulate_the_simulators_service_times() -> None:
+    """One service-time model in both engines: the request's parallelism on the CPU stage and
+    the variability of a service time (the simulator's LatencyConfig defaults)."""
+    from headroom.sim.latency import LatencyConfig
+    from headroom.workers.server import ServerConfig
+
+    server = ServerConfig(region="r", pool="dedicated", replica="x")
+    sim = LatencyConfig()
+    assert server.cpu_parallelism == sim.cpu_parallelism
+    assert server.service_cv == sim.service_cv
