@@ -154,12 +154,15 @@ def test_a_precompute_scenario_gets_a_precompute_worker_per_region_on_the_runs_c
 
 
 def test_the_servers_emulate_the_simulators_service_times() -> None:
-    """One service-time model in both engines: the request's parallelism on the CPU stage and
-    the variability of a service time (the simulator's LatencyConfig defaults)."""
+    """One service-time model in both engines: the request's parallelism on the CPU stage; the
+    simulator's service-time variability is available to the servers, whose emulation is exact
+    by default (their real compute on a shared host varies on its own)."""
     from headroom.sim.latency import LatencyConfig
     from headroom.workers.server import ServerConfig
 
     server = ServerConfig(region="r", pool="dedicated", replica="x")
     sim = LatencyConfig()
     assert server.cpu_parallelism == sim.cpu_parallelism
-    assert server.service_cv == sim.service_cv
+    assert server.service_cv == 0.0
+    jittered = ServerConfig(region="r", pool="dedicated", replica="x", service_cv=sim.service_cv)
+    assert jittered.service_cv == sim.service_cv
