@@ -14,7 +14,7 @@ import asyncio
 import os
 import socket
 
-from headroom.commands.server import resolve_t0
+from headroom.commands.server import resolve_t0, run_announced
 from headroom.kernel.logs import configure
 from headroom.kernel.scenario_load import load_scenario
 from headroom.kernel.settings import resolve_scenario
@@ -47,16 +47,7 @@ def client(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         service = RankingClient(config, scenario, kafka, metrics=metrics)
-
-        async def announce() -> None:
-            await service.ready.wait()
-            print("ready", flush=True)
-
-        task = asyncio.ensure_future(announce())
-        try:
-            await service.run_until_stopped()
-        finally:
-            task.cancel()
+        await run_announced(service, lambda: "ready")
 
     asyncio.run(run())
     return 0

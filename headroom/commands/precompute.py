@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import os
 
+from headroom.commands.server import run_announced
 from headroom.kernel.errors import ConfigError
 from headroom.kernel.logs import configure
 from headroom.kernel.scenario_load import load_scenario
@@ -61,16 +62,7 @@ def precompute(args: argparse.Namespace) -> int:
     async def run() -> None:
         await create_topics(kafka.bootstrap, topics(kafka.prefix))
         worker = PrecomputeWorker(settings, scenario, kafka, metrics=worker_metrics)
-
-        async def announce() -> None:
-            await worker.ready.wait()
-            print(f"precompute worker ready (region {settings.region})", flush=True)
-
-        task = asyncio.ensure_future(announce())
-        try:
-            await worker.run_until_stopped()
-        finally:
-            task.cancel()
+        await run_announced(worker, lambda: f"precompute worker ready (region {settings.region})")
 
     if args.metrics_port is not None:
         port = serve_metrics(args.metrics_port)

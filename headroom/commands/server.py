@@ -11,11 +11,21 @@ import argparse
 import asyncio
 import os
 import socket
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from headroom.kernel.logs import configure
 from headroom.kernel.scenario_load import load_scenario
 from headroom.kernel.settings import resolve_scenario
 from headroom.streams.kafka import KafkaTarget
+
+
+class ReadyService(Protocol):
+    """A worker service that says when it is ready (server, client, precompute worker)."""
+
+    ready: asyncio.Event
+
+    async def run_until_stopped(self) -> Any: ...
 
 
 def default_replica(region: str, pool: str) -> str:
@@ -54,16 +64,22 @@ def server(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         service = RankingServer(config, scenario, kafka, metrics=metrics)
-
-        async def announce() -> None:
-            await service.ready.wait()
-            print(f"listening on {config.host}:{service.port}", flush=True)
-
-        task = asyncio.ensure_future(announce())
-        try:
-            await service.run_until_stopped()
-        finally:
-            task.cancel()
+        await run_announced(service, lambda: f"listening on {config.host}:{service.port}")
 
     asyncio.run(run())
     return 0
+
+
+async def run_announced(service: ReadyService, ready_line: Callable[[], str]) -> Any:
+    """Run a worker service until it stops, printing ``ready_line()`` once it is ready (the line
+    a supervisor such as ``headroom up`` waits for)."""
+
+    async def announce() -> None:
+        await service.ready.wait()
+        print(ready_line(), flush=True)
+
+    task = asyncio.ensure_future(announce())
+    try:
+        return await service.run_until_stopped()
+    finally:
+        task.cancel()
