@@ -95,7 +95,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-import numpy as np
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 
 from headroom.analysis.events import WindowTraffic, window_event
@@ -106,6 +105,7 @@ from headroom.defences.shedding import (
     ShedTransition,
     ValueRanker,
 )
+from headroom.kernel import seeds
 from headroom.kernel.errors import ConfigError, HeadroomError
 from headroom.kernel.scenario import Scenario
 from headroom.kernel.sketch import LatencySketch
@@ -819,7 +819,7 @@ class RankingClient(Service):
                 value_ranked_sbm=config.value_ranked_sbm,
                 bins=VALUE_BINS,
             ),
-            np.random.default_rng(config.seed),
+            seeds.process_rng(config.seed),
         )
         self.windows = WindowBook(
             config.region, scenario.slo.window_s, [s.name for s in scenario.segments]

@@ -80,6 +80,7 @@ from headroom.controllers.precompute_value import (
 )
 from headroom.controllers.types import CapacityLevel
 from headroom.defences.capacity import CapacityBook
+from headroom.kernel import seeds
 from headroom.kernel.codec import ValidationError, loads
 from headroom.kernel.errors import ConfigError
 from headroom.kernel.scenario import Scenario
@@ -357,7 +358,7 @@ class PrecomputeWorker(Service):
             self._curves = curves_for(self.scenario)
         uplift = UpliftModel.from_curves(self._curves, self.config)
         self._curves_uplift = uplift
-        rng = np.random.default_rng(self.settings.seed)
+        rng = seeds.process_rng(self.settings.seed)
         self.planner = PrecomputePlanner(self.config, uplift, rng)
         lifetimes = {name: round(uplift.lifetime(i), 1) for i, name in enumerate(self._seg_names)}
         self.log.info("precompute.policy.built", region=self.region, lifetimes_s=lifetimes)

@@ -81,7 +81,6 @@ import asyncio
 import contextlib
 import math
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from itertools import count
@@ -102,6 +101,7 @@ from headroom.defences.shedding import (
     ServerShedder,
     ShedTransition,
 )
+from headroom.kernel import seeds
 from headroom.kernel.errors import ConfigError
 from headroom.kernel.scenario import Scenario
 from headroom.kernel.sketch import LatencySketch
@@ -526,9 +526,7 @@ class RankingServer(Service):
         self._ids = count()
         self._threads = config.cpu_parallelism
         # one draw per request from a stream of this replica's own (sim/latency.py's J)
-        self._jitter_rng = np.random.default_rng(
-            [scenario.seed, zlib.crc32(config.replica.encode())]
-        )
+        self._jitter_rng = seeds.replica_rng(scenario.seed, config.replica)
         self._jitter_sigma = math.sqrt(math.log1p(config.service_cv**2))
         self._inflight = 0
         self._idle = asyncio.Event()
