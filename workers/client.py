@@ -106,6 +106,7 @@ from headroom.defences.shedding import (
     ValueRanker,
 )
 from headroom.kernel import seeds
+from headroom.kernel.checks import FieldChecker
 from headroom.kernel.errors import ConfigError, HeadroomError
 from headroom.kernel.scenario import Scenario
 from headroom.kernel.sketch import LatencySketch
@@ -212,24 +213,19 @@ class ClientConfig:
     precompute_ready_s: float = 60.0  # how long start-up waits for the cache to catch up
 
     def __post_init__(self) -> None:
-        problems = []
-        if not self.servers:
-            problems.append("--server: give at least one dedicated server (POOL=HOST:PORT)")
-        elif not any(s.pool == "dedicated" for s in self.servers):
-            problems.append("--server: at least one server must be dedicated=HOST:PORT")
-        if not (math.isfinite(self.speed) and self.speed > 0.0):
-            problems.append(f"--speed: must be > 0, got {self.speed}")
-        if not (math.isfinite(self.t0) and self.t0 >= 0.0):
-            problems.append(f"--t0: must be a time >= 0, got {self.t0}")
-        if self.max_in_flight < 1:
-            problems.append(f"max_in_flight: must be >= 1, got {self.max_in_flight}")
-        if not self.precompute_ready_s > 0.0:
-            problems.append(f"precompute_ready_s: must be > 0, got {self.precompute_ready_s}")
+        c = FieldChecker()
+        c.require(
+            any(s.pool == "dedicated" for s in self.servers),
+            "--server",
+            "give at least one dedicated server (dedicated=HOST:PORT)",
+            [str(s) for s in self.servers],
+        )
+        c.clock(self.t0, self.speed)
+        c.integer("max_in_flight", self.max_in_flight, 1)
+        c.positive("precompute_ready_s", self.precompute_ready_s)
         for name in ("sbm_budget_share", "base_timeout_share", "timeout_share"):
-            if not getattr(self, name) > 0.0:
-                problems.append(f"{name}: must be > 0, got {getattr(self, name)}")
-        if problems:
-            raise ConfigError(problems)
+            c.positive(name, getattr(self, name))
+        c.raise_if_any()
 
 
 def in_flight_limit(scenario: Scenario, region: str) -> int:

@@ -81,6 +81,7 @@ from headroom.controllers.precompute_value import (
 from headroom.controllers.types import CapacityLevel
 from headroom.defences.capacity import CapacityBook
 from headroom.kernel import seeds
+from headroom.kernel.checks import FieldChecker
 from headroom.kernel.codec import ValidationError, loads
 from headroom.kernel.errors import ConfigError
 from headroom.kernel.scenario import Scenario
@@ -123,19 +124,16 @@ class WorkerSettings:
     restore_results: bool = True  # read the region's results back from the topic on start
 
     def __post_init__(self) -> None:
-        problems = []
-        if not isinstance(self.region, str) or _REGION.match(self.region) is None:
-            problems.append(
-                f"--region: must be 1-64 characters of [A-Za-z0-9_.-], got {self.region!r}"
-            )
-        if not (math.isfinite(self.t0) and self.t0 >= 0.0):
-            problems.append(f"--t0: must be a time >= 0, got {self.t0}")
-        if not (math.isfinite(self.speed) and self.speed > 0.0):
-            problems.append(f"--speed: must be > 0, got {self.speed}")
-        if not (math.isfinite(self.tick_s) and self.tick_s > 0.0):
-            problems.append(f"tick_s: must be > 0, got {self.tick_s}")
-        if problems:
-            raise ConfigError(problems)
+        c = FieldChecker()
+        c.require(
+            isinstance(self.region, str) and _REGION.match(self.region) is not None,
+            "--region",
+            "must be 1-64 characters of [A-Za-z0-9_.-]",
+            self.region,
+        )
+        c.clock(self.t0, self.speed)
+        c.positive("tick_s", self.tick_s)
+        c.raise_if_any()
 
 
 @dataclass
