@@ -74,6 +74,7 @@ import numpy as np
 import numpy.typing as npt
 
 from headroom.defences.shedding import HistogramConfig, ValueRanker
+from headroom.kernel.checks import FieldChecker
 from headroom.kernel.errors import ConfigError
 
 __all__ = [
@@ -173,15 +174,13 @@ class PlanRule:
     bins: int = VALUE_BINS
 
     def __post_init__(self) -> None:
-        problems = []
-        if not (isinstance(self.holdout, int | float) and 0.0 <= self.holdout < 1.0):
-            problems.append(f"world.holdout: must lie in [0, 1), got {self.holdout}")
-        if self.base < 0:
-            problems.append(f"world.base_candidates: must be >= 0, got {self.base}")
-        if not 1 <= self.bins <= 64:
-            problems.append(f"value_bins: must be an integer in [1, 64], got {self.bins}")
-        if problems:
-            raise ConfigError(problems)
+        c = FieldChecker()
+        c.between("world.holdout", self.holdout, 0.0, 1.0, hi_open=True)
+        c.integer("world.base_candidates", self.base, 0)
+        c.integer("value_bins", self.bins, 1)
+        if isinstance(self.bins, int):
+            c.at_most("value_bins", self.bins, 64)
+        c.raise_if_any()
         object.__setattr__(self, "max", max(self.base, self.max))
 
     @property
