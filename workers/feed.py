@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from headroom.analysis.events import window_event
 from headroom.kernel.checks import FieldChecker
 from headroom.kernel.scenario import Scenario
 from headroom.kernel.schedule import ELIGIBLE_SHARE, CapacityUpdate, FeedSchedule
@@ -254,15 +255,12 @@ class TrafficFeed(Service):
             await self._event(
                 region.name,
                 "window",
-                {
-                    "t_start": t_start,
-                    "t_end": t_start + self.scenario.slo.window_s,
-                    "requests": 0,
-                    "errors": 0,
-                    "timeouts": 0,
-                    "offered_unit_s": self.schedule.traces.offered_unit_s(ri, t_start, t_end),
-                    "capacity": self.schedule.levels_at(ri, max(t_start, t_end - 1e-9)),
-                },
+                window_event(
+                    t_start,
+                    t_start + self.scenario.slo.window_s,
+                    offered_unit_s=self.schedule.traces.offered_unit_s(ri, t_start, t_end),
+                    capacity=self.schedule.levels_at(ri, max(t_start, t_end - 1e-9)),
+                ),
                 ts=self.wall(t_end),
             )
 

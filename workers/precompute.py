@@ -62,6 +62,7 @@ from aiokafka.errors import KafkaConnectionError
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client import Counter as PromCounter
 
+from headroom.analysis.events import window_event
 from headroom.controllers.levers import CapacityUse
 from headroom.controllers.precompute import (
     Job,
@@ -890,14 +891,12 @@ class PrecomputeWorker(Service):
                 self._event("precompute.result.expired", {**bounds, "expired": win.expired}, ts=ts)
             self._event(
                 "window",
-                {
-                    **bounds,
-                    "requests": 0,
-                    "errors": 0,
-                    "timeouts": 0,
-                    "used_unit_s": {"cpu": win.cpu_unit_s, "accelerator": win.accelerator_unit_s},
-                    "precompute": {"jobs": win.jobs, "wasted_partial": win.wasted_partial},
-                },
+                window_event(
+                    bounds["t_start"],
+                    bounds["t_end"],
+                    used_unit_s={"cpu": win.cpu_unit_s, "accelerator": win.accelerator_unit_s},
+                    precompute={"jobs": win.jobs, "wasted_partial": win.wasted_partial},
+                ),
                 ts=ts,
             )
 

@@ -88,6 +88,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from headroom.analysis.events import window_event
 from headroom.controllers.config import ControlConfig
 from headroom.controllers.levers import CostModel
 from headroom.defences.admission import admitted_share
@@ -1207,15 +1208,12 @@ class RankingServer(Service):
             cpu, acc = self._used.pop(k)
             await self._emit(
                 "window",
-                {
-                    "t_start": k * window_s,
-                    "t_end": (k + 1) * window_s,
-                    "requests": 0,
-                    "errors": 0,
-                    "timeouts": 0,
-                    "used_unit_s": {"cpu": cpu, "accelerator": acc},
-                    "replica": self.config.replica,
-                },
+                window_event(
+                    k * window_s,
+                    (k + 1) * window_s,
+                    used_unit_s={"cpu": cpu, "accelerator": acc},
+                    replica=self.config.replica,
+                ),
                 ts=self.config.t0 + (k + 1) * window_s / self.config.speed,
             )
 
