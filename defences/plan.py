@@ -13,7 +13,7 @@ A request of segment ``s`` has a value, and a *value bin* ``k`` (its **stratum**
 ``k = min(K − 1, ⌊K · rank⌋)`` (:func:`value_stratum`). The target in force gives the RMA
 candidates, the SBM coverage and each segment's routing probability ``p_s``; the client-side
 multipliers ``m_rma``, ``m_sbm`` (AIMD on the health of responses,
-:class:`headroom.defences.shedding.ClientShedder`) scale what is asked of the replicas.
+:class:`headroom.defences.client_shedding.ClientShedder`) scale what is asked of the replicas.
 
 1. **Holdout.** A share ``holdout`` (``world.holdout``) of all requests is the control arm: no
    optional work at all, whatever the target. Everything below is about the *treatment*
@@ -46,7 +46,7 @@ bin comes from the request's rank among recent requests of its segment, the stro
 keep from its rank among all recent requests (the caller's rankers); RMA's ``left`` is
 ``1 − r̂``, ``r̂`` the recent share of treatment requests the strong model took
 (:class:`RoutedShare`), and "the top ``min(1, s/left)`` by value" is the request's rank among
-recent not-taken treatment requests (a :class:`~headroom.defences.shedding.ValueRanker` that
+recent not-taken treatment requests (a :class:`~headroom.defences.histogram.ValueRanker` that
 observes each one before ranking it) being ≥ ``1 − min(1, s/left)``.
 
 *Vectorised* (:class:`CellPlanner`, the simulator): the same rule as shares of the cells of a
@@ -73,7 +73,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from headroom.defences.shedding import HistogramConfig, ValueRanker
+from headroom.defences.histogram import HistogramConfig, ValueRanker
 from headroom.kernel.checks import FieldChecker
 from headroom.kernel.errors import ConfigError
 

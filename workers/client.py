@@ -13,11 +13,12 @@ region, so a region's partitions are shared by that region's clients), and for e
    share of the segment's routing probability (the segment's highest values first) if the
    strong replica's client-side multiplier keeps a request of its value rank; otherwise RMA's
    budget, ``m × (candidates − base)`` extras per treatment request, ``m`` the multiplier of the
-   dedicated replica it picked (:class:`headroom.defences.shedding.ClientShedder`), goes highest
-   value first to the requests the strong model did not take. The client supplies the ranks:
+   dedicated replica it picked
+   (:class:`~headroom.defences.client_shedding.ClientShedder`), goes highest value first to the
+   requests the strong model did not take. The client supplies the ranks:
    the request's value rank within its segment (its value bin, :func:`value_stratum`) and among
    all requests (the multipliers' order), each from a
-   :class:`~headroom.defences.shedding.ValueRanker`.
+   :class:`~headroom.defences.histogram.ValueRanker`.
 3. **Serve** — over real loopback connections (:mod:`headroom.workers.wire`). An SBM request goes
    to a strong-model replica; if that replica refuses it (``downgraded``), is unreachable, dies
    or is preempted mid-request, or does not answer within its budget, the request returns to the
@@ -98,13 +99,10 @@ from typing import Any, Generic, Protocol, TypeVar
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 
 from headroom.analysis.events import WindowTraffic, window_event
+from headroom.defences.client_shedding import ClientShedConfig, ClientShedder
+from headroom.defences.histogram import ValueRanker
 from headroom.defences.plan import VALUE_BINS, PlanRule, RequestPlanner, value_stratum
-from headroom.defences.shedding import (
-    ClientShedConfig,
-    ClientShedder,
-    ShedTransition,
-    ValueRanker,
-)
+from headroom.defences.shedding import ShedTransition
 from headroom.kernel import seeds
 from headroom.kernel.checks import FieldChecker
 from headroom.kernel.errors import ConfigError, HeadroomError
