@@ -92,6 +92,7 @@ from headroom.defences.codel import CODEL_STEPS, codel_catch_up
 from headroom.defences.histogram import DecayedLogHistogram, HistogramConfig
 from headroom.kernel.checks import FieldChecker
 from headroom.kernel.errors import ConfigError
+from headroom.kernel.jsonstate import json_float
 
 __all__ = [
     "BatchVerdict",
@@ -985,7 +986,7 @@ class ServerShedder:
 
     def snapshot(self) -> dict[str, Any]:
         """Everything the next decisions depend on, as plain data (JSON-able except ±inf)."""
-        state: dict[str, Any] = {k.lstrip("_"): _plain(getattr(self, k)) for k in self._STATE}
+        state: dict[str, Any] = {k.lstrip("_"): json_float(getattr(self, k)) for k in self._STATE}
         state["n"] = list(self._n)
         state["hist"] = self._hist.snapshot()
         return state
@@ -1001,10 +1002,3 @@ class ServerShedder:
 
 _ADMIT_NOTHING = Verdict(Decision.ADMIT, 0, False)
 _ADMIT, _TRIM, _DOWNGRADE, _SHED = Decision.ADMIT, Decision.TRIM, Decision.DOWNGRADE, Decision.SHED
-
-
-def _plain(v: Any) -> Any:
-    """JSON has no infinities: store them as the strings float() reads back."""
-    if isinstance(v, float) and math.isinf(v):
-        return "inf" if v > 0 else "-inf"
-    return v

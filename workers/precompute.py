@@ -65,15 +65,12 @@ from prometheus_client import Counter as PromCounter
 from headroom.analysis.events import window_event
 from headroom.controllers.levers import CapacityUse
 from headroom.controllers.precompute import (
-    Job,
-    JobBook,
     PrecomputeConfig,
     PrecomputePlanner,
-    TokenBucket,
     UpliftModel,
     own_rate,
-    usable_pools,
 )
+from headroom.controllers.precompute_jobs import Job, JobBook, TokenBucket, usable_pools
 from headroom.controllers.precompute_value import (
     CalibrationSettings,
     SegmentCalibration,

@@ -21,14 +21,12 @@ from headroom.controllers.levers import CapacityUse, ValueBook
 from headroom.controllers.pid import PidController, RmaController
 from headroom.controllers.plane import ControlPlane
 from headroom.controllers.precompute import (
-    JobBook,
     PrecomputeConfig,
     PrecomputePlanner,
-    TokenBucket,
     UpliftModel,
     UserBook,
-    usable_pools,
 )
+from headroom.controllers.precompute_jobs import JobBook, TokenBucket, usable_pools
 from headroom.controllers.precompute_value import CalibrationSettings, UpliftCalibrator
 from headroom.controllers.testing import arm_stats, capacity, observation
 from headroom.defences.client_shedding import ClientShedder
