@@ -39,12 +39,12 @@ from pathlib import Path
 from typing import Any
 
 import faust
-import numpy as np
 
 from headroom.controllers.config import ControlConfig
 from headroom.controllers.observe import RegionAggregator
 from headroom.controllers.plane import ControlPlane
 from headroom.controllers.types import CapacityLevel, RegionTargets
+from headroom.kernel import seeds
 from headroom.kernel.codec import ValidationError, dumps, loads
 from headroom.kernel.logs import get_logger
 from headroom.kernel.scenario import Scenario
@@ -85,7 +85,7 @@ class Controller:
         self.settings = settings
         self.config = config
         self.aggregator = RegionAggregator(eligible_share=settings.eligible_share)
-        self.rng = np.random.default_rng(settings.seed)
+        self.rng = seeds.process_rng(settings.seed)
         self.plane = ControlPlane(config, self.rng)
         self.restored = False
         self.deadlettered = 0  # messages this worker sent to the dead-letter topic

@@ -93,7 +93,7 @@ import numpy as np
 
 from headroom.kernel.checks import FieldChecker
 from headroom.kernel.errors import ConfigError
-from headroom.kernel.jsonstate import decode_big_ints, encode_big_ints
+from headroom.kernel.jsonstate import decode_big_ints, encode_big_ints, json_float
 
 __all__ = [
     "PEER_POLICIES",
@@ -415,17 +415,14 @@ class EnvoyGradientLimit:
         return self._limit
 
     def snapshot(self) -> dict[str, Any]:
-        def plain(v: float) -> float | str:
-            return ("inf" if v > 0 else "-inf") if math.isinf(v) else v
-
         return {
             "limit": self._limit,
             "deferred": self._deferred,
             "min_rtt": self._min_rtt,
             "samples": list(self._samples),
-            "epoch": plain(self._epoch),
+            "epoch": json_float(self._epoch),
             "window_end": self._window_end,
-            "next_min_rtt": plain(self._next_min_rtt),
+            "next_min_rtt": json_float(self._next_min_rtt),
             "consecutive_min": self._consecutive_min,
             "last_sample_rtt": self._last_sample_rtt,
             "rng": encode_big_ints(self._rng.bit_generator.state),

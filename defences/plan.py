@@ -13,7 +13,7 @@ A request of segment ``s`` has a value, and a *value bin* ``k`` (its **stratum**
 ``k = min(K − 1, ⌊K · rank⌋)`` (:func:`value_stratum`). The target in force gives the RMA
 candidates, the SBM coverage and each segment's routing probability ``p_s``; the client-side
 multipliers ``m_rma``, ``m_sbm`` (AIMD on the health of responses,
-:class:`headroom.defences.shedding.ClientShedder`) scale what is asked of the replicas.
+:class:`headroom.defences.client_shedding.ClientShedder`) scale what is asked of the replicas.
 
 1. **Holdout.** A share ``holdout`` (``world.holdout``) of all requests is the control arm: no
    optional work at all, whatever the target. Everything below is about the *treatment*
@@ -46,7 +46,7 @@ bin comes from the request's rank among recent requests of its segment, the stro
 keep from its rank among all recent requests (the caller's rankers); RMA's ``left`` is
 ``1 − r̂``, ``r̂`` the recent share of treatment requests the strong model took
 (:class:`RoutedShare`), and "the top ``min(1, s/left)`` by value" is the request's rank among
-recent not-taken treatment requests (a :class:`~headroom.defences.shedding.ValueRanker` that
+recent not-taken treatment requests (a :class:`~headroom.defences.histogram.ValueRanker` that
 observes each one before ranking it) being ≥ ``1 − min(1, s/left)``.
 
 *Vectorised* (:class:`CellPlanner`, the simulator): the same rule as shares of the cells of a
@@ -73,7 +73,8 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from headroom.defences.shedding import HistogramConfig, ValueRanker
+from headroom.defences.histogram import HistogramConfig, ValueRanker
+from headroom.kernel.checks import FieldChecker
 from headroom.kernel.errors import ConfigError
 
 __all__ = [
@@ -173,15 +174,13 @@ class PlanRule:
     bins: int = VALUE_BINS
 
     def __post_init__(self) -> None:
-        problems = []
-        if not (isinstance(self.holdout, int | float) and 0.0 <= self.holdout < 1.0):
-            problems.append(f"world.holdout: must lie in [0, 1), got {self.holdout}")
-        if self.base < 0:
-            problems.append(f"world.base_candidates: must be >= 0, got {self.base}")
-        if not 1 <= self.bins <= 64:
-            problems.append(f"value_bins: must be an integer in [1, 64], got {self.bins}")
-        if problems:
-            raise ConfigError(problems)
+        c = FieldChecker()
+        c.between("world.holdout", self.holdout, 0.0, 1.0, hi_open=True)
+        c.integer("world.base_candidates", self.base, 0)
+        c.integer("value_bins", self.bins, 1)
+        if isinstance(self.bins, int):
+            c.at_most("value_bins", self.bins, 64)
+        c.raise_if_any()
         object.__setattr__(self, "max", max(self.base, self.max))
 
     @property

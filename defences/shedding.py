@@ -3,6 +3,10 @@
 Pure code: no asyncio, no Kafka, no wall clock, no global random state. Time is passed in as
 ``now`` (seconds, event time or virtual time), so the simulator and the ranking-server worker
 drive the same objects. Every object snapshots to plain JSON-able data and restores exactly.
+This module holds the shared vocabulary and the server side; the client side is
+:mod:`headroom.defences.client_shedding`, the decaying histogram behind both
+:mod:`headroom.defences.histogram`, and CoDel's drop times in closed form
+:mod:`headroom.defences.codel`.
 
 Vocabulary
 ==========
@@ -77,22 +81,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum, StrEnum
 from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
+from headroom.defences.codel import CODEL_STEPS, codel_catch_up
+from headroom.defences.histogram import DecayedLogHistogram, HistogramConfig
 from headroom.kernel.checks import FieldChecker
 from headroom.kernel.errors import ConfigError
+from headroom.kernel.jsonstate import json_float
 
 __all__ = [
     "BatchVerdict",
-    "ClientShedConfig",
-    "ClientShedder",
-    "CodelCatchUp",
-    "DecayedLogHistogram",
     "Decision",
     "InflightCut",
     "InflightWork",
@@ -104,10 +107,7 @@ __all__ = [
     "ServerShedder",
     "ShedEvent",
     "ShedTransition",
-    "ValueRanker",
     "Verdict",
-    "codel_catch_up",
-    "codel_catch_up_stepping",
 ]
 
 FloatArray = npt.NDArray[np.float64]
@@ -296,180 +296,6 @@ class ServerShedStats:
 
 
 # --------------------------------------------------------------------------------------------
-# A decaying log-histogram: running quantiles and ranks in O(1) per sample
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class HistogramConfig:
-    """Log-spaced bins over ``[10**log10_min, 10**log10_max]``; values outside are clamped into the
-    end bins. ``half_life`` is in samples, whatever their weights: a sample counts half as much
-    once that many more have arrived."""
-
-    log10_min: float = -6.0
-    log10_max: float = 6.0
-    bins: int = 240  # 0.05 decade per bin: ≈12% resolution before in-bin interpolation
-    half_life: float = 2000.0
-
-    def validate(self, prefix: str) -> list[str]:
-        c = FieldChecker(prefix)
-        c.require(math.isfinite(self.log10_min), "log10_min", "must be finite", self.log10_min)
-        c.require(
-            not math.isfinite(self.log10_min) or self.log10_max > self.log10_min,
-            "log10_max",
-            "must be finite and > log10_min",
-            self.log10_max,
-        )
-        c.integer("bins", self.bins, 2)
-        c.positive("half_life", self.half_life)
-        return c.problems
-
-
-class DecayedLogHistogram:
-    """Exponentially decaying histogram of positive values on log-spaced bins.
-
-    Decay is applied lazily by growing the weight of new samples by ``g = 2**(1/half_life)`` per
-    sample instead of shrinking every bin (the "forward decay" trick of Cormode et al.,
-    ICDE 2009); bins are rescaled when the running weight grows too large, so an update is O(1).
-    Quantile and CDF queries interpolate linearly in log space inside a bin.
-    """
-
-    _RESCALE_AT = 1e100
-
-    def __init__(self, config: HistogramConfig | None = None) -> None:
-        self.config = config or HistogramConfig()
-        problems = self.config.validate("histogram")
-        if problems:
-            raise ConfigError(problems)
-        c = self.config
-        self._lo = c.log10_min
-        self._span = c.log10_max - c.log10_min
-        self._scale = c.bins / self._span
-        self._ln_g = math.log(2.0) / c.half_life
-        self._g = math.exp(self._ln_g)
-        self.counts: FloatArray = np.zeros(c.bins, dtype=np.float64)
-        self._w = 1.0  # weight of a unit sample added now (grows instead of decaying the past)
-        self.total = 0.0
-
-    def _bin(self, value: float) -> int:
-        if value <= 0.0:
-            return 0
-        b = int((math.log10(value) - self._lo) * self._scale)
-        if b < 0:
-            return 0
-        last = self.config.bins - 1
-        return last if b > last else b
-
-    def add(self, value: float, weight: float = 1.0) -> None:
-        """Fold one value in, counting ``weight`` (e.g. its cost) toward quantiles."""
-        if weight <= 0.0 or not math.isfinite(value):
-            return
-        w = self._w * weight
-        self.counts[self._bin(value)] += w
-        self.total += w
-        self._w *= self._g
-        if self._w > self._RESCALE_AT:
-            self._rescale()
-
-    def add_many(self, values: npt.ArrayLike, weights: npt.ArrayLike | None = None) -> None:
-        """Fold many values in at once (all counted as of now: no decay inside one call)."""
-        vals = np.asarray(values, dtype=np.float64)
-        if vals.size == 0:
-            return
-        wts = np.ones_like(vals) if weights is None else np.asarray(weights, dtype=np.float64)
-        ok = np.isfinite(vals) & (wts > 0.0)
-        if not ok.all():
-            vals, wts = vals[ok], wts[ok]
-            if vals.size == 0:
-                return
-        logs = np.log10(np.maximum(vals, 1e-300))
-        bins = ((logs - self._lo) * self._scale).astype(np.int64)
-        np.clip(bins, 0, self.config.bins - 1, out=bins)
-        np.add.at(self.counts, bins, wts * self._w)
-        self.total += float(wts.sum()) * self._w
-        # Past e^300 the older mass is gone anyway; the cap keeps the weight finite.
-        self._w *= math.exp(min(300.0, self._ln_g * vals.size))
-        if self._w > self._RESCALE_AT:
-            self._rescale()
-
-    def _rescale(self) -> None:
-        self.counts /= self._w
-        self.total /= self._w
-        self._w = 1.0
-
-    def quantile(self, q: float) -> float:
-        """The value below which a share ``q`` of the (decayed) weight lies; 0.0 when empty."""
-        if self.total <= 0.0:
-            return 0.0
-        if q <= 0.0:
-            return 0.0
-        if q >= 1.0:
-            return _INF
-        cum = np.cumsum(self.counts)
-        goal = q * cum[-1]
-        b = int(np.searchsorted(cum, goal, side="left"))
-        b = min(b, self.config.bins - 1)
-        before = float(cum[b - 1]) if b > 0 else 0.0
-        inside = float(self.counts[b])
-        frac = (goal - before) / inside if inside > 0 else 0.0
-        return float(10.0 ** (self._lo + (b + frac) / self._scale))
-
-    def cdf(self, value: float) -> float:
-        """Share of the (decayed) weight below ``value``; 0.5 when empty (no information)."""
-        if self.total <= 0.0:
-            return 0.5
-        if value <= 0.0:
-            return 0.0
-        pos = (math.log10(value) - self._lo) * self._scale
-        b = int(pos)
-        if b < 0:
-            return 0.0
-        if b >= self.config.bins:
-            return 1.0
-        below = float(self.counts[:b].sum()) + float(self.counts[b]) * (pos - b)
-        return min(1.0, max(0.0, below / self.total))
-
-    def snapshot(self) -> dict[str, Any]:
-        """Raw bins and the running weight, so a restored histogram answers bit for bit alike."""
-        return {"counts": self.counts.tolist(), "total": self.total, "w": self._w}
-
-    def restore(self, state: Mapping[str, Any]) -> None:
-        counts = np.asarray(state["counts"], dtype=np.float64)
-        if counts.shape != self.counts.shape:
-            raise ValueError(
-                f"histogram snapshot has {counts.size} bins, config says {self.counts.size}"
-            )
-        self.counts = counts.copy()
-        self.total = float(state["total"])
-        self._w = float(state["w"])
-
-
-class ValueRanker:
-    """Rank of a request's value among recent requests (a CDF estimate in [0, 1]).
-
-    Clients use it to spend their optional-work multiplier lowest value first.
-    """
-
-    def __init__(self, config: HistogramConfig | None = None) -> None:
-        self._hist = DecayedLogHistogram(config)
-
-    def observe(self, value: float) -> None:
-        self._hist.add(value)
-
-    def observe_many(self, values: npt.ArrayLike) -> None:
-        self._hist.add_many(np.asarray(values, dtype=np.float64))
-
-    def rank(self, value: float) -> float:
-        return self._hist.cdf(value)
-
-    def snapshot(self) -> dict[str, Any]:
-        return self._hist.snapshot()
-
-    def restore(self, state: Mapping[str, Any]) -> None:
-        self._hist.restore(state)
-
-
-# --------------------------------------------------------------------------------------------
 # Server side
 # --------------------------------------------------------------------------------------------
 
@@ -494,7 +320,7 @@ class ServerShedConfig:
     accelerator_cost_weight: float = 1.0  # w_acc
     shed_quiet_ms: float = 1000.0  # no drop for this long ends a shedding episode
     threshold_refresh: int = 64  # recompute θ at least every this many optional requests
-    histogram: HistogramConfig = HistogramConfig()
+    histogram: HistogramConfig = field(default_factory=HistogramConfig)
 
     def __post_init__(self) -> None:
         p = "shedding.server"
@@ -717,7 +543,7 @@ class ServerShedder:
     def _pass_drop_times(self, now: float) -> None:
         """Every CoDel drop time ``≤ now`` raises τ_overload by one step (CoDel's control law).
 
-        The first :data:`_CODEL_STEPS` drop times are stepped through one at a time (bit for bit
+        The first :data:`CODEL_STEPS` drop times are stepped through one at a time (bit for bit
         the textbook loop); beyond that the count is found in closed form, and τ is raised only
         until it stops moving (at ``max_shed_quantile``), so the work is bounded per call.
         """
@@ -725,7 +551,7 @@ class ServerShedder:
         count = self._count
         drop_next = self._drop_next
         steps = 0
-        while now >= drop_next and steps < _CODEL_STEPS:
+        while now >= drop_next and steps < CODEL_STEPS:
             count += 1
             drop_next += interval / math.sqrt(count)
             steps += 1
@@ -1160,7 +986,7 @@ class ServerShedder:
 
     def snapshot(self) -> dict[str, Any]:
         """Everything the next decisions depend on, as plain data (JSON-able except ±inf)."""
-        state: dict[str, Any] = {k.lstrip("_"): _plain(getattr(self, k)) for k in self._STATE}
+        state: dict[str, Any] = {k.lstrip("_"): json_float(getattr(self, k)) for k in self._STATE}
         state["n"] = list(self._n)
         state["hist"] = self._hist.snapshot()
         return state
@@ -1174,254 +1000,5 @@ class ServerShedder:
         self._hist.restore(state["hist"])
 
 
-# --------------------------------------------------------------------------------------------
-# CoDel drop times in closed form
-# --------------------------------------------------------------------------------------------
-
-_CODEL_STEPS = 4  # drop times stepped one by one per observe() before the closed form takes over
-_ZETA_HALF = -1.4603545088095868  # ζ(1/2), the constant of the Euler–Maclaurin expansion of H
-_H_TABLE_SIZE = 64  # H(c) tabulated below this; the expansion is exact to float precision above
-
-
-def _h_table(size: int) -> list[float]:
-    table = [0.0]
-    for k in range(1, size):
-        table.append(table[-1] + 1.0 / math.sqrt(k))
-    return table
-
-
-_H_TABLE = _h_table(_H_TABLE_SIZE)
-
-
-def _h(c: int) -> float:
-    """``H(c) = Σ_{k=1..c} k^(−1/2)``: a table for small ``c``, else the Euler–Maclaurin expansion
-    ``ζ(1/2) + 2√c + 1/(2√c) − 1/(24 c^{3/2}) + 1/(384 c^{7/2}) − 1/(1024 c^{11/2})`` (Bernoulli
-    terms B₂, B₄, B₆; the next term is below 10⁻¹⁸ at c = 64)."""
-    if c < _H_TABLE_SIZE:
-        return _H_TABLE[c]
-    r = math.sqrt(c)
-    inv = 1.0 / c
-    return (
-        _ZETA_HALF + 2.0 * r + 0.5 / r
-        - inv / (24.0 * r) + inv**3 / (384.0 * r) - inv**5 / (1024.0 * r)
-    )  # fmt: skip
-
-
-class CodelCatchUp(NamedTuple):
-    """Where the CoDel control law stands after passing every drop time ``≤ now``."""
-
-    drops: int  # drops so far in this dropping episode (the shedder's CoDel count)
-    drop_next: float  # the next drop time, > now
-    steps: int  # loop iterations this took (a cost counter; bounded by a small constant)
-
-
-def codel_catch_up(count: int, drop_next: float, now: float, interval_s: float) -> CodelCatchUp:
-    """Pass every CoDel drop time ``≤ now`` in O(1), from state ``(count, drop_next)``.
-
-    CoDel's control law schedules drop ``c + 1`` at ``interval / √(c + 1)`` after drop ``c``, so
-    ``drop_next`` after ``c′`` drops is ``drop_next + interval·(H(c′) − H(count))``. The answer is
-    the smallest ``c′ > count`` that puts it after ``now`` (or ``count`` itself when
-    ``now < drop_next``). Inverting ``H(c) ≈ ζ(1/2) + 2u + 1/(2u)``, ``u = √c``, gives ``c′`` to
-    within one; a few exact comparisons settle it. Equal to :func:`codel_catch_up_stepping` up to
-    floating-point rounding (the stepping loop accumulates one rounding error per drop time).
-    """
-    if not now >= drop_next:
-        return CodelCatchUp(count, drop_next, 0)
-    h0 = _h(count)
-    y = h0 + (now - drop_next) / interval_s  # find the smallest c′ > count with H(c′) > y
-    a = y - _ZETA_HALF
-    u = (a + math.sqrt(max(a * a - 4.0, 0.0))) / 4.0  # 2u + 1/(2u) = a
-    guess = int(u * u) if u * u < 9.0e18 else 9 * 10**18
-    c = max(count + 1, guess)
-    steps = 1
-    while _h(c) <= y:
-        c += 1
-        steps += 1
-    while c - 1 > count and _h(c - 1) > y:
-        c -= 1
-        steps += 1
-    return CodelCatchUp(c, drop_next + interval_s * (_h(c) - h0), steps)
-
-
-def codel_catch_up_stepping(
-    count: int, drop_next: float, now: float, interval_s: float
-) -> CodelCatchUp:
-    """The textbook loop :func:`codel_catch_up` replaces: one iteration per drop time (its cost
-    grows with the square of the time spent dropping). Kept as the reference for tests."""
-    steps = 0
-    while now >= drop_next:
-        count += 1
-        drop_next += interval_s / math.sqrt(count)
-        steps += 1
-    return CodelCatchUp(count, drop_next, steps)
-
-
 _ADMIT_NOTHING = Verdict(Decision.ADMIT, 0, False)
 _ADMIT, _TRIM, _DOWNGRADE, _SHED = Decision.ADMIT, Decision.TRIM, Decision.DOWNGRADE, Decision.SHED
-
-
-def _plain(v: Any) -> Any:
-    """JSON has no infinities: store them as the strings float() reads back."""
-    if isinstance(v, float) and math.isinf(v):
-        return "inf" if v > 0 else "-inf"
-    return v
-
-
-# --------------------------------------------------------------------------------------------
-# Client side
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ClientShedConfig:
-    """Client-side AIMD on the optional-work multiplier (sources in the module docstring)."""
-
-    decrease_factor: float = 0.5  # β: m ← m·β on overload (TCP halving)
-    decrease_interval_ms: float = 100.0  # at most one decrease per this interval
-    recovery_per_s: float = 0.2  # additive recovery: 0 → 1 in 5 s of healthy responses
-    overload_queue_ms: float | None = 50.0  # queue delay above this counts as overload too
-    zero_below: float = 0.01  # a multiplier under this snaps to 0 (no optional work)
-
-    def __post_init__(self) -> None:
-        c = FieldChecker("shedding.client")
-        c.between("decrease_factor", self.decrease_factor, 0.0, 1.0, hi_open=True)
-        c.nonnegative("decrease_interval_ms", self.decrease_interval_ms)
-        c.positive("recovery_per_s", self.recovery_per_s)
-        c.share("zero_below", self.zero_below)
-        if self.overload_queue_ms is not None:
-            c.nonnegative("overload_queue_ms", self.overload_queue_ms)
-        c.raise_if_any()
-
-
-class ClientShedder:
-    """Client-side optional-work multiplier for one server (see the module docstring).
-
-    Keep one per server the client talks to; feed :meth:`on_response` with the health of every
-    response from that server and ask :meth:`apply` (or :meth:`keep_mask`) what each request
-    may keep.
-    """
-
-    def __init__(self, config: ClientShedConfig | None = None, now: float = 0.0) -> None:
-        self.config = config or ClientShedConfig()
-        self._m = 1.0
-        self._t = now
-        self._recovering = True
-        self._last_decrease: float | None = None
-        self._shedding = False
-        self._ep_dropped = 0
-        self._ep_extra = 0
-        self._ep_strong = 0
-        self._decreases = 0
-
-    def on_response(
-        self, now: float, overloaded: bool, queue_ms: float | None = None
-    ) -> ShedTransition | None:
-        """Fold in the health carried by one response; returns a transition when shedding
-        starts (multiplier leaves 1) or stops (multiplier back at 1)."""
-        cfg = self.config
-        if not overloaded and queue_ms is not None and cfg.overload_queue_ms is not None:
-            overloaded = queue_ms > cfg.overload_queue_ms
-        m = self.multiplier_at(now)
-        if now > self._t:
-            self._t = now
-        if overloaded:
-            self._recovering = False
-            if (
-                self._last_decrease is None
-                or (now - self._last_decrease) * 1000.0 >= cfg.decrease_interval_ms
-            ):
-                m *= cfg.decrease_factor
-                if m < cfg.zero_below:
-                    m = 0.0
-                self._last_decrease = now
-                self._decreases += 1
-        else:
-            self._recovering = True
-        self._m = m
-        return self.poll(now)
-
-    def poll(self, now: float) -> ShedTransition | None:
-        """The shedding transition due at ``now``, if any (recovery happens with time, so a
-        client with no traffic can still learn that shedding stopped)."""
-        m = self.multiplier_at(now)
-        if not self._shedding and m < 1.0:
-            self._shedding = True
-            return ShedTransition(ShedEvent.STARTED, "client", now, 0, multiplier=m)
-        if self._shedding and m >= 1.0:
-            t = ShedTransition(
-                ShedEvent.STOPPED, "client", now, self._ep_dropped, self._ep_extra,
-                self._ep_strong, multiplier=m,
-            )  # fmt: skip
-            self._shedding = False
-            self._ep_dropped = self._ep_extra = self._ep_strong = 0
-            return t
-        return None
-
-    @property
-    def multiplier(self) -> float:
-        """The multiplier as of the last call that carried a time."""
-        return self.multiplier_at(self._t)
-
-    @property
-    def shedding(self) -> bool:
-        return self._shedding
-
-    def multiplier_at(self, now: float) -> float:
-        """The multiplier including additive recovery up to ``now`` (does not change state)."""
-        m = self._m
-        if self._recovering and m < 1.0 and now > self._t:
-            m = m + self.config.recovery_per_s * (now - self._t)
-            if m >= 1.0 - 1e-9:  # (now − t) loses bits to rounding; full recovery is exact
-                m = 1.0
-        return m
-
-    def keeps(self, value_rank: float, now: float | None = None) -> bool:
-        """True when a request of this value rank keeps its optional work: m > 0 and
-        rank ≥ 1 − m, so the multiplier is spent on the highest-value requests."""
-        m = self.multiplier_at(self._t if now is None else now)
-        return m > 0.0 and value_rank >= 1.0 - m
-
-    def apply(self, now: float, value_rank: float, extra: int, strong: bool) -> tuple[int, bool]:
-        """Extra candidates and strong routing a request keeps; counts what is dropped."""
-        if extra <= 0 and not strong:
-            return (0, False)
-        if self.keeps(value_rank, now):
-            return (extra, strong)
-        self._ep_dropped += 1
-        self._ep_extra += max(0, extra)
-        self._ep_strong += int(strong)
-        return (0, False)
-
-    def keep_mask(self, now: float, value_rank: npt.ArrayLike) -> BoolArray:
-        """Array form of :meth:`keeps` for the simulator: pass the ranks of requests that ask for
-        optional work; every False is counted as one dropped request."""
-        ranks = np.asarray(value_rank, dtype=np.float64)
-        m = self.multiplier_at(now)
-        mask: BoolArray = (ranks >= 1.0 - m) if m > 0.0 else np.zeros(ranks.shape, np.bool_)
-        self._ep_dropped += int(ranks.size - int(mask.sum()))
-        return mask
-
-    def snapshot(self) -> dict[str, Any]:
-        return {
-            "m": self._m,
-            "t": self._t,
-            "recovering": self._recovering,
-            "last_decrease": self._last_decrease,
-            "shedding": self._shedding,
-            "ep_dropped": self._ep_dropped,
-            "ep_extra": self._ep_extra,
-            "ep_strong": self._ep_strong,
-            "decreases": self._decreases,
-        }
-
-    def restore(self, state: Mapping[str, Any]) -> None:
-        self._m = float(state["m"])
-        self._t = float(state["t"])
-        self._recovering = bool(state["recovering"])
-        ld = state["last_decrease"]
-        self._last_decrease = None if ld is None else float(ld)
-        self._shedding = bool(state["shedding"])
-        self._ep_dropped = int(state["ep_dropped"])
-        self._ep_extra = int(state["ep_extra"])
-        self._ep_strong = int(state["ep_strong"])
-        self._decreases = int(state["decreases"])

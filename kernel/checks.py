@@ -94,6 +94,12 @@ class FieldChecker:
         elif lo is not None and value < lo:
             self.fail(name, f"must be >= {lo}", value)
 
+    def clock(self, t0: float, speed: float) -> None:
+        """A worker's clock flags: ``--t0`` (the wall-clock epoch of scenario time 0) ``>= 0`` and
+        ``--speed`` (scenario seconds per wall second) ``> 0``."""
+        self.nonnegative("--t0", t0)
+        self.positive("--speed", speed)
+
     def require(self, ok: bool, name: str, text: str, value: object) -> None:
         """A rule no other method expresses: record ``text`` unless ``ok``."""
         if not ok:

@@ -29,10 +29,11 @@ JSON and a restored generator continues the exact same stream.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Snapshotting", "decode_big_ints", "encode_big_ints"]
+__all__ = ["Snapshotting", "decode_big_ints", "encode_big_ints", "json_float", "unjson_float"]
 
 
 @runtime_checkable
@@ -50,6 +51,19 @@ class Snapshotting(Protocol):
     def restore(self, state: Mapping[str, Any], /) -> None:
         """Replace the object's state in place with the one ``state`` holds."""
         ...
+
+
+def json_float(x: Any) -> Any:
+    """``x`` as plain JSON: a non-finite float as the string ``float()`` reads back (``"inf"``,
+    ``"-inf"``, ``"nan"``); anything else as it is."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    return x
+
+
+def unjson_float(x: Any) -> Any:
+    """The inverse of :func:`json_float`: a string back to its float, anything else as it is."""
+    return float(x) if isinstance(x, str) else x
 
 
 def encode_big_ints(obj: Any) -> Any:

@@ -9,17 +9,35 @@ see the same capacity traces, the same arrivals per second and the same requests
   part (a region's purpose, a second of traffic) can be drawn on its own and in any order.
 * :func:`feed_requests_rng` — the requests of one second of one region (segment, value,
   eligibility, user, arrival times within the second).
+* :func:`world_root` — the ranking world's corpus, ads, models, drift and segment centroids (its
+  children, spawned in that order), and :func:`user_rng`, the vector of one user of one segment.
+* :func:`replica_rng` — a server replica's own service-time draws, keyed by its name.
+* :func:`process_rng` — the stream of a controller, client or precompute process's own choices
+  (holdout draws, exploration, planning), from the seed its settings carry.
 
 A seed is a non-negative integer below 2**64 (the scenario loader enforces it).
 """
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 
-__all__ = ["feed_requests_rng", "stream_rng", "traces_rng"]
+__all__ = [
+    "feed_requests_rng",
+    "process_rng",
+    "replica_rng",
+    "stream_rng",
+    "traces_rng",
+    "user_rng",
+    "world_root",
+]
 
 _FEED = 0xFEED
+_WORLD = 0x57_0D
+_USER = 0x05E6
+_LOW32 = 0xFFFFFFFF
 
 
 def traces_rng(seed: int) -> np.random.Generator:
@@ -34,4 +52,24 @@ def stream_rng(seed: int, *key: int) -> np.random.Generator:
 
 def feed_requests_rng(seed: int, region: int, second: int) -> np.random.Generator:
     """The generator of the requests of region ``region`` in second ``second``."""
-    return np.random.default_rng([int(seed) & 0xFFFFFFFF, _FEED, region, second])
+    return np.random.default_rng([int(seed) & _LOW32, _FEED, region, second])
+
+
+def world_root(seed: int) -> np.random.SeedSequence:
+    """The root of the ranking world's streams for ``seed`` (all 64 bits of it count)."""
+    return np.random.SeedSequence([int(seed) & _LOW32, int(seed) >> 32, _WORLD])
+
+
+def user_rng(seed: int, segment: int, user: int) -> np.random.Generator:
+    """The generator of user ``user``'s vector in segment ``segment`` (any order, any process)."""
+    return np.random.default_rng([int(seed) & _LOW32, _USER, segment, user & _LOW32, user >> 32])
+
+
+def replica_rng(seed: int, replica: str) -> np.random.Generator:
+    """The generator of one server replica's own draws, keyed by the replica's name."""
+    return np.random.default_rng([int(seed), zlib.crc32(replica.encode())])
+
+
+def process_rng(seed: int) -> np.random.Generator:
+    """The generator of a process's own choices, from the seed its settings carry."""
+    return np.random.default_rng(int(seed))

@@ -7,10 +7,10 @@ comes from; the scenarios' numbers (costs, capacity, traffic) stay in the scenar
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from headroom.kernel.checks import FieldChecker
 from headroom.kernel.errors import ConfigError
 from headroom.sim.latency import LatencyConfig
 
@@ -60,49 +60,29 @@ class SimConfig:
             raise ConfigError(problems)
 
     def problems(self) -> list[str]:
-        out: list[str] = []
-
-        def positive(name: str, v: float) -> None:
-            if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
-                out.append(f"{_PREFIX}.{name}: must be a finite number > 0, got {v!r}")
-
-        def nonneg(name: str, v: float) -> None:
-            if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
-                out.append(f"{_PREFIX}.{name}: must be a finite number >= 0, got {v!r}")
-
-        positive("step_s", self.step_s)
-        if not isinstance(self.value_bins, int) or not 1 <= self.value_bins <= 64:
-            out.append(
-                f"{_PREFIX}.value_bins: must be an integer in [1, 64], got {self.value_bins!r}"
-            )
+        c = FieldChecker(_PREFIX)
+        c.positive("step_s", self.step_s)
+        c.integer("value_bins", self.value_bins, 1)
+        if isinstance(self.value_bins, int):
+            c.at_most("value_bins", self.value_bins, 64)
         if not isinstance(self.latency, LatencyConfig):
-            out.append(f"{_PREFIX}.latency: must be a LatencyConfig, got {self.latency!r}")
+            c.fail("latency", "must be a LatencyConfig", self.latency)
         else:
             lat = self.latency
-            nonneg("latency.overhead_ms", lat.overhead_ms)
-            positive("latency.cpu_parallelism", lat.cpu_parallelism)
-            nonneg("latency.service_cv", lat.service_cv)
-            if not isinstance(lat.samples_per_window, int) or lat.samples_per_window < 64:
-                out.append(
-                    f"{_PREFIX}.latency.samples_per_window: must be an integer >= 64, "
-                    f"got {lat.samples_per_window!r}"
-                )
-        if not (isinstance(self.timeout_factor, int | float) and self.timeout_factor >= 1.0):
-            out.append(f"{_PREFIX}.timeout_factor: must be >= 1, got {self.timeout_factor!r}")
-        nonneg("propagation_s", self.propagation_s)
-        if not (isinstance(self.eligible_share, int | float) and 0.0 <= self.eligible_share <= 1.0):
-            out.append(f"{_PREFIX}.eligible_share: must lie in [0, 1], got {self.eligible_share!r}")
-        nonneg("failover_ms", self.failover_ms)
-        nonneg("downgrade_ms", self.downgrade_ms)
-        positive("hot_step_s", self.hot_step_s)
-        positive("server_turns_per_request", self.server_turns_per_request)
-        positive("cores_per_server", self.cores_per_server)
-        if not isinstance(self.peer_samples_per_step, int) or self.peer_samples_per_step < 1:
-            out.append(
-                f"{_PREFIX}.peer_samples_per_step: must be an integer >= 1, "
-                f"got {self.peer_samples_per_step!r}"
-            )
-        return out
+            c.nonnegative("latency.overhead_ms", lat.overhead_ms)
+            c.positive("latency.cpu_parallelism", lat.cpu_parallelism)
+            c.nonnegative("latency.service_cv", lat.service_cv)
+            c.integer("latency.samples_per_window", lat.samples_per_window, 64)
+        c.at_least("timeout_factor", self.timeout_factor, 1.0)
+        c.nonnegative("propagation_s", self.propagation_s)
+        c.share("eligible_share", self.eligible_share)
+        c.nonnegative("failover_ms", self.failover_ms)
+        c.nonnegative("downgrade_ms", self.downgrade_ms)
+        c.positive("hot_step_s", self.hot_step_s)
+        c.positive("server_turns_per_request", self.server_turns_per_request)
+        c.positive("cores_per_server", self.cores_per_server)
+        c.integer("peer_samples_per_step", self.peer_samples_per_step, 1)
+        return c.problems
 
     def with_overrides(self, **overrides: Any) -> SimConfig:
         """A copy with some fields replaced; unknown names raise ConfigError."""

@@ -58,13 +58,9 @@ from headroom.controllers.config import ControlConfig
 from headroom.controllers.plane import ControlPlane
 from headroom.controllers.types import LEVER_RMA, LEVER_SBM, RegionObservation, RegionTargets
 from headroom.defences.admission import admitted_share
+from headroom.defences.client_shedding import ClientShedder
 from headroom.defences.peers import OptionalBudget, make_limit
-from headroom.defences.shedding import (
-    ClientShedder,
-    OptionalCapacity,
-    ServerShedder,
-    ShedTransition,
-)
+from headroom.defences.shedding import OptionalCapacity, ServerShedder, ShedTransition
 from headroom.kernel.errors import ConfigError
 from headroom.sim.engine import (
     Health,

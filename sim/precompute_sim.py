@@ -47,16 +47,16 @@ Jobs (fluid throughput, the core's job book at every change)
 ------------------------------------------------------------
 A window is cut at every capacity change of the region's pools. Over a piece ``[a, b)`` the
 pools precompute may use are fixed: every ``remote`` pool at its level, plus (headroom) what of
-each local pool the live levers are not assigned (``level − rma − sbm``); the oracle policy uses
-the remote pools only (its live plan may use every local unit). They pass through
-:func:`headroom.controllers.precompute.usable_pools` (accelerators only of the strong model's types,
-safety margin, a pool must outlive one job). Jobs run at ``X = min(rate, C / d)`` per second,
-``C`` the jobs that fit at once (:meth:`JobBook.capacity` on empty pools), ``d`` the batch time:
-the ones that end inside the piece complete at their end; the ones still running at ``b`` are
-put in the core's :class:`JobBook`, so that at the next piece :meth:`JobBook.set_pools` stops
-those on units that are gone — at once, newest first, counted as ``wasted_partial``, their
-users' work lost. Results become visible from the next window on (at most one window late: a
-conservative stand-in for the topic's delivery delay); their age counts from completion.
+each local pool the live levers are not assigned (``level − rma − sbm``); the oracle policy uses the
+remote pools only (its live plan may use every local unit). They pass through
+:func:`headroom.controllers.precompute_jobs.usable_pools` (accelerators only of the strong model's
+types, safety margin, a pool must outlive one job). Jobs run at ``X = min(rate, C / d)`` per second,
+``C`` the jobs that fit at once (:meth:`JobBook.capacity` on empty pools), ``d`` the batch time: the
+ones that end inside the piece complete at their end; the ones still running at ``b`` are put in the
+core's :class:`JobBook`, so that at the next piece :meth:`JobBook.set_pools` stops those on units
+that are gone — at once, newest first, counted as ``wasted_partial``, their users' work lost.
+Results become visible from the next window on (at most one window late: a conservative stand-in for
+the topic's delivery delay); their age counts from completion.
 
 Value (ground truth, against the live path)
 -------------------------------------------
@@ -105,14 +105,13 @@ import numpy.typing as npt
 
 from headroom.controllers.levers import CapacityUse, ResourceCost
 from headroom.controllers.precompute import (
-    JobBook,
     PrecomputeConfig,
     PrecomputePlanner,
     UpliftModel,
     UserBook,
     own_rate,
-    usable_pools,
 )
+from headroom.controllers.precompute_jobs import JobBook, usable_pools
 from headroom.controllers.types import LEVER_PRECOMPUTE, ArmStats, CapacityLevel
 from headroom.kernel.schedule import users_by_segment
 from headroom.sim.population import arm_sums

@@ -13,11 +13,12 @@ region, so a region's partitions are shared by that region's clients), and for e
    share of the segment's routing probability (the segment's highest values first) if the
    strong replica's client-side multiplier keeps a request of its value rank; otherwise RMA's
    budget, ``m × (candidates − base)`` extras per treatment request, ``m`` the multiplier of the
-   dedicated replica it picked (:class:`headroom.defences.shedding.ClientShedder`), goes highest
-   value first to the requests the strong model did not take. The client supplies the ranks:
+   dedicated replica it picked
+   (:class:`~headroom.defences.client_shedding.ClientShedder`), goes highest value first to the
+   requests the strong model did not take. The client supplies the ranks:
    the request's value rank within its segment (its value bin, :func:`value_stratum`) and among
    all requests (the multipliers' order), each from a
-   :class:`~headroom.defences.shedding.ValueRanker`.
+   :class:`~headroom.defences.histogram.ValueRanker`.
 3. **Serve** — over real loopback connections (:mod:`headroom.workers.wire`). An SBM request goes
    to a strong-model replica; if that replica refuses it (``downgraded``), is unreachable, dies
    or is preempted mid-request, or does not answer within its budget, the request returns to the
@@ -95,17 +96,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-import numpy as np
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 
 from headroom.analysis.events import WindowTraffic, window_event
+from headroom.defences.client_shedding import ClientShedConfig, ClientShedder
+from headroom.defences.histogram import ValueRanker
 from headroom.defences.plan import VALUE_BINS, PlanRule, RequestPlanner, value_stratum
-from headroom.defences.shedding import (
-    ClientShedConfig,
-    ClientShedder,
-    ShedTransition,
-    ValueRanker,
-)
+from headroom.defences.shedding import ShedTransition
+from headroom.kernel import seeds
+from headroom.kernel.checks import FieldChecker
 from headroom.kernel.errors import ConfigError, HeadroomError
 from headroom.kernel.scenario import Scenario
 from headroom.kernel.sketch import LatencySketch
@@ -212,24 +211,19 @@ class ClientConfig:
     precompute_ready_s: float = 60.0  # how long start-up waits for the cache to catch up
 
     def __post_init__(self) -> None:
-        problems = []
-        if not self.servers:
-            problems.append("--server: give at least one dedicated server (POOL=HOST:PORT)")
-        elif not any(s.pool == "dedicated" for s in self.servers):
-            problems.append("--server: at least one server must be dedicated=HOST:PORT")
-        if not (math.isfinite(self.speed) and self.speed > 0.0):
-            problems.append(f"--speed: must be > 0, got {self.speed}")
-        if not (math.isfinite(self.t0) and self.t0 >= 0.0):
-            problems.append(f"--t0: must be a time >= 0, got {self.t0}")
-        if self.max_in_flight < 1:
-            problems.append(f"max_in_flight: must be >= 1, got {self.max_in_flight}")
-        if not self.precompute_ready_s > 0.0:
-            problems.append(f"precompute_ready_s: must be > 0, got {self.precompute_ready_s}")
+        c = FieldChecker()
+        c.require(
+            any(s.pool == "dedicated" for s in self.servers),
+            "--server",
+            "give at least one dedicated server (dedicated=HOST:PORT)",
+            [str(s) for s in self.servers],
+        )
+        c.clock(self.t0, self.speed)
+        c.integer("max_in_flight", self.max_in_flight, 1)
+        c.positive("precompute_ready_s", self.precompute_ready_s)
         for name in ("sbm_budget_share", "base_timeout_share", "timeout_share"):
-            if not getattr(self, name) > 0.0:
-                problems.append(f"{name}: must be > 0, got {getattr(self, name)}")
-        if problems:
-            raise ConfigError(problems)
+            c.positive(name, getattr(self, name))
+        c.raise_if_any()
 
 
 def in_flight_limit(scenario: Scenario, region: str) -> int:
@@ -819,7 +813,7 @@ class RankingClient(Service):
                 value_ranked_sbm=config.value_ranked_sbm,
                 bins=VALUE_BINS,
             ),
-            np.random.default_rng(config.seed),
+            seeds.process_rng(config.seed),
         )
         self.windows = WindowBook(
             config.region, scenario.slo.window_s, [s.name for s in scenario.segments]

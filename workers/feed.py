@@ -39,7 +39,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from headroom.kernel.errors import ConfigError
+from headroom.analysis.events import window_event
+from headroom.kernel.checks import FieldChecker
 from headroom.kernel.scenario import Scenario
 from headroom.kernel.schedule import ELIGIBLE_SHARE, CapacityUpdate, FeedSchedule
 from headroom.streams import messages
@@ -60,17 +61,12 @@ class FeedConfig:
     lead_s: float = 0.002  # publish this early (wall): sends take a moment
 
     def __post_init__(self) -> None:
-        problems = []
-        if not (math.isfinite(self.speed) and self.speed > 0.0):
-            problems.append(f"--speed: must be > 0, got {self.speed}")
-        if not (math.isfinite(self.t0) and self.t0 >= 0.0):
-            problems.append(f"--t0: must be a time >= 0, got {self.t0}")
-        if self.duration_s is not None and not self.duration_s > 0.0:
-            problems.append(f"--duration: must be > 0, got {self.duration_s}")
-        if not self.refresh_s > 0.0:
-            problems.append(f"refresh_s: must be > 0, got {self.refresh_s}")
-        if problems:
-            raise ConfigError(problems)
+        c = FieldChecker()
+        c.clock(self.t0, self.speed)
+        if self.duration_s is not None:
+            c.positive("--duration", self.duration_s)
+        c.positive("refresh_s", self.refresh_s)
+        c.raise_if_any()
 
 
 class TrafficFeed(Service):
@@ -259,15 +255,12 @@ class TrafficFeed(Service):
             await self._event(
                 region.name,
                 "window",
-                {
-                    "t_start": t_start,
-                    "t_end": t_start + self.scenario.slo.window_s,
-                    "requests": 0,
-                    "errors": 0,
-                    "timeouts": 0,
-                    "offered_unit_s": self.schedule.traces.offered_unit_s(ri, t_start, t_end),
-                    "capacity": self.schedule.levels_at(ri, max(t_start, t_end - 1e-9)),
-                },
+                window_event(
+                    t_start,
+                    t_start + self.scenario.slo.window_s,
+                    offered_unit_s=self.schedule.traces.offered_unit_s(ri, t_start, t_end),
+                    capacity=self.schedule.levels_at(ri, max(t_start, t_end - 1e-9)),
+                ),
                 ts=self.wall(t_end),
             )
 

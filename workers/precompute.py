@@ -62,17 +62,15 @@ from aiokafka.errors import KafkaConnectionError
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client import Counter as PromCounter
 
+from headroom.analysis.events import window_event
 from headroom.controllers.levers import CapacityUse
 from headroom.controllers.precompute import (
-    Job,
-    JobBook,
     PrecomputeConfig,
     PrecomputePlanner,
-    TokenBucket,
     UpliftModel,
     own_rate,
-    usable_pools,
 )
+from headroom.controllers.precompute_jobs import Job, JobBook, TokenBucket, usable_pools
 from headroom.controllers.precompute_value import (
     CalibrationSettings,
     SegmentCalibration,
@@ -80,6 +78,8 @@ from headroom.controllers.precompute_value import (
 )
 from headroom.controllers.types import CapacityLevel
 from headroom.defences.capacity import CapacityBook
+from headroom.kernel import seeds
+from headroom.kernel.checks import FieldChecker
 from headroom.kernel.codec import ValidationError, loads
 from headroom.kernel.errors import ConfigError
 from headroom.kernel.scenario import Scenario
@@ -122,19 +122,16 @@ class WorkerSettings:
     restore_results: bool = True  # read the region's results back from the topic on start
 
     def __post_init__(self) -> None:
-        problems = []
-        if not isinstance(self.region, str) or _REGION.match(self.region) is None:
-            problems.append(
-                f"--region: must be 1-64 characters of [A-Za-z0-9_.-], got {self.region!r}"
-            )
-        if not (math.isfinite(self.t0) and self.t0 >= 0.0):
-            problems.append(f"--t0: must be a time >= 0, got {self.t0}")
-        if not (math.isfinite(self.speed) and self.speed > 0.0):
-            problems.append(f"--speed: must be > 0, got {self.speed}")
-        if not (math.isfinite(self.tick_s) and self.tick_s > 0.0):
-            problems.append(f"tick_s: must be > 0, got {self.tick_s}")
-        if problems:
-            raise ConfigError(problems)
+        c = FieldChecker()
+        c.require(
+            isinstance(self.region, str) and _REGION.match(self.region) is not None,
+            "--region",
+            "must be 1-64 characters of [A-Za-z0-9_.-]",
+            self.region,
+        )
+        c.clock(self.t0, self.speed)
+        c.positive("tick_s", self.tick_s)
+        c.raise_if_any()
 
 
 @dataclass
@@ -357,7 +354,7 @@ class PrecomputeWorker(Service):
             self._curves = curves_for(self.scenario)
         uplift = UpliftModel.from_curves(self._curves, self.config)
         self._curves_uplift = uplift
-        rng = np.random.default_rng(self.settings.seed)
+        rng = seeds.process_rng(self.settings.seed)
         self.planner = PrecomputePlanner(self.config, uplift, rng)
         lifetimes = {name: round(uplift.lifetime(i), 1) for i, name in enumerate(self._seg_names)}
         self.log.info("precompute.policy.built", region=self.region, lifetimes_s=lifetimes)
@@ -891,14 +888,12 @@ class PrecomputeWorker(Service):
                 self._event("precompute.result.expired", {**bounds, "expired": win.expired}, ts=ts)
             self._event(
                 "window",
-                {
-                    **bounds,
-                    "requests": 0,
-                    "errors": 0,
-                    "timeouts": 0,
-                    "used_unit_s": {"cpu": win.cpu_unit_s, "accelerator": win.accelerator_unit_s},
-                    "precompute": {"jobs": win.jobs, "wasted_partial": win.wasted_partial},
-                },
+                window_event(
+                    bounds["t_start"],
+                    bounds["t_end"],
+                    used_unit_s={"cpu": win.cpu_unit_s, "accelerator": win.accelerator_unit_s},
+                    precompute={"jobs": win.jobs, "wasted_partial": win.wasted_partial},
+                ),
                 ts=ts,
             )
 

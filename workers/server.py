@@ -81,7 +81,6 @@ import asyncio
 import contextlib
 import math
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from itertools import count
@@ -89,6 +88,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from headroom.analysis.events import window_event
 from headroom.controllers.config import ControlConfig
 from headroom.controllers.levers import CostModel
 from headroom.defences.admission import admitted_share
@@ -102,6 +102,8 @@ from headroom.defences.shedding import (
     ServerShedder,
     ShedTransition,
 )
+from headroom.kernel import seeds
+from headroom.kernel.checks import FieldChecker
 from headroom.kernel.errors import ConfigError
 from headroom.kernel.scenario import Scenario
 from headroom.kernel.sketch import LatencySketch
@@ -162,27 +164,22 @@ class ServerConfig:
     shed: ServerShedConfig = field(default_factory=ServerShedConfig)
 
     def __post_init__(self) -> None:
-        problems = []
-        if self.pool not in ("dedicated", "opportunistic"):
-            problems.append(f"--pool: must be dedicated or opportunistic, got {self.pool!r}")
-        if not 0.0 < self.share <= 1.0:
-            problems.append(f"--share: must lie in (0, 1], got {self.share}")
-        if not 0 <= self.port <= 65535:
-            problems.append(f"--port: must lie in [0, 65535], got {self.port}")
-        if not (math.isfinite(self.speed) and self.speed > 0.0):
-            problems.append(f"--speed: must be > 0, got {self.speed}")
-        if not (math.isfinite(self.t0) and self.t0 >= 0.0):
-            problems.append(f"--t0: must be a time >= 0, got {self.t0}")
-        if not (math.isfinite(self.service_cv) and self.service_cv >= 0.0):
-            problems.append(f"service_cv: must be a finite number >= 0, got {self.service_cv}")
-        if self.cpu_parallelism < 1:
-            problems.append(f"cpu_parallelism: must be >= 1, got {self.cpu_parallelism}")
-        if not self.latency_interval_s > 0.0:
-            problems.append(f"latency_interval_s: must be > 0, got {self.latency_interval_s}")
-        if not self.replica:
-            problems.append("--replica: must not be empty")
-        if problems:
-            raise ConfigError(problems)
+        c = FieldChecker()
+        c.require(
+            self.pool in ("dedicated", "opportunistic"),
+            "--pool",
+            "must be dedicated or opportunistic",
+            self.pool,
+        )
+        c.between("--share", self.share, 0.0, 1.0, lo_open=True)
+        c.integer("--port", self.port, 0)
+        c.at_most("--port", self.port, 65535)
+        c.clock(self.t0, self.speed)
+        c.nonnegative("service_cv", self.service_cv)
+        c.integer("cpu_parallelism", self.cpu_parallelism, 1)
+        c.positive("latency_interval_s", self.latency_interval_s)
+        c.require(bool(self.replica), "--replica", "must not be empty", self.replica)
+        c.raise_if_any()
 
     @property
     def lever(self) -> str:
@@ -526,9 +523,7 @@ class RankingServer(Service):
         self._ids = count()
         self._threads = config.cpu_parallelism
         # one draw per request from a stream of this replica's own (sim/latency.py's J)
-        self._jitter_rng = np.random.default_rng(
-            [scenario.seed, zlib.crc32(config.replica.encode())]
-        )
+        self._jitter_rng = seeds.replica_rng(scenario.seed, config.replica)
         self._jitter_sigma = math.sqrt(math.log1p(config.service_cv**2))
         self._inflight = 0
         self._idle = asyncio.Event()
@@ -1213,15 +1208,12 @@ class RankingServer(Service):
             cpu, acc = self._used.pop(k)
             await self._emit(
                 "window",
-                {
-                    "t_start": k * window_s,
-                    "t_end": (k + 1) * window_s,
-                    "requests": 0,
-                    "errors": 0,
-                    "timeouts": 0,
-                    "used_unit_s": {"cpu": cpu, "accelerator": acc},
-                    "replica": self.config.replica,
-                },
+                window_event(
+                    k * window_s,
+                    (k + 1) * window_s,
+                    used_unit_s={"cpu": cpu, "accelerator": acc},
+                    replica=self.config.replica,
+                ),
                 ts=self.config.t0 + (k + 1) * window_s / self.config.speed,
             )
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import os
 import signal
 import sys
@@ -50,7 +49,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from headroom.analysis.events import EventWriter
-from headroom.kernel.errors import ConfigError, HeadroomError
+from headroom.kernel.checks import FieldChecker
+from headroom.kernel.errors import HeadroomError
 from headroom.kernel.logs import get_logger
 from headroom.kernel.scenario import Control, Scenario
 from headroom.kernel.scenario_load import control_with_flags
@@ -90,16 +90,13 @@ class StackConfig:
     python: str = sys.executable
 
     def __post_init__(self) -> None:
-        problems = []
-        if not (math.isfinite(self.speed) and self.speed > 0):
-            problems.append(f"--speed: must be > 0, got {self.speed}")
+        c = FieldChecker()
+        c.positive("--speed", self.speed)
         for flag, v in (("--interval", self.interval_s), ("--ttl", self.ttl_s)):
-            if v is not None and not (math.isfinite(v) and v > 0):
-                problems.append(f"{flag}: must be a finite number > 0, got {v}")
-        if self.dedicated_replicas < 1:
-            problems.append(f"dedicated_replicas: must be >= 1, got {self.dedicated_replicas}")
-        if problems:
-            raise ConfigError(problems)
+            if v is not None:
+                c.positive(flag, v)
+        c.integer("dedicated_replicas", self.dedicated_replicas, 1)
+        c.raise_if_any()
 
 
 class Proc:

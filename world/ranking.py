@@ -73,6 +73,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from headroom.kernel import seeds
 from headroom.kernel.scenario import Scenario
 from headroom.kernel.vocab import Model
 from headroom.world.values import ValueCurves
@@ -216,7 +217,7 @@ class RankingWorld:
     def __init__(self, params: WorldParams) -> None:
         self.params = params
         p = params
-        root = np.random.SeedSequence([p.seed & 0xFFFFFFFF, p.seed >> 32, 0x57_0D])
+        root = seeds.world_root(p.seed)
         corpus, ads_rng, models_rng, drift_rng, seg_rng = (
             np.random.default_rng(s) for s in root.spawn(5)
         )
@@ -288,8 +289,7 @@ class RankingWorld:
         width = dim + IDIO_RANK + 2 * ERROR_RANK
         raw = np.empty((len(ids), width), dtype=np.float64)
         for i, uid in enumerate(ids.tolist()):
-            seq = [self.params.seed & 0xFFFFFFFF, 0x05E6, s, uid & 0xFFFFFFFF, uid >> 32]
-            raw[i] = np.random.default_rng(seq).standard_normal(width)
+            raw[i] = seeds.user_rng(self.params.seed, s, uid).standard_normal(width)
         e = (
             math.sqrt(SEGMENT_COHESION) * self.centroids[s]
             + math.sqrt(1 - SEGMENT_COHESION) * raw[:, :dim]

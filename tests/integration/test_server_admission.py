@@ -40,11 +40,12 @@ from headroom.kernel.scenario_load import load_scenario
 from headroom.sim.engine import Quotas, SimContext, baseline_plan, build_mix
 from headroom.sim.policies import HeadroomRegion
 from headroom.streams import messages
-from headroom.streams.kafka import KafkaTarget, make_consumer, make_producer, started
+from headroom.streams.kafka import KafkaTarget, make_producer
 from headroom.workers.server import RankingServer, ServerConfig
 from headroom.workers.wire import RankRequest, RankResponse, WireClient
 from headroom.world.ranking import RankingWorld
 from tests.conftest import run_async
+from tests.integration.topic_reads import decode_topic
 from tests.unit.test_precompute_sim import fake_curves
 
 pytestmark = pytest.mark.integration
@@ -108,22 +109,10 @@ async def _publish(kafka: KafkaTarget, msgs: list[messages.Capacity]) -> None:
 
 
 async def _events(kafka: KafkaTarget) -> list[dict[str, Any]]:
-    consumer = make_consumer(kafka.bootstrap, kafka.topic("events"), from_beginning=True)
-    out: list[dict[str, Any]] = []
-    async with started(consumer, kafka.bootstrap):
-        idle = 0
-        while idle < 10:
-            batch = await consumer.getmany(timeout_ms=300)
-            if not batch:
-                idle += 1
-                continue
-            idle = 0
-            for records in batch.values():
-                for r in records:
-                    ev = messages.decode("events", r.value)
-                    assert isinstance(ev, messages.Event)
-                    out.append({"kind": ev.kind, "source": ev.source, **ev.extra})
-    return out
+    return [
+        {"kind": ev.kind, "source": ev.source, **ev.extra}
+        for ev in await decode_topic(kafka, "events")
+    ]
 
 
 async def _offer(

@@ -28,11 +28,12 @@ from headroom.analysis.events import read_events
 from headroom.commands.up import UpResult, run_up
 from headroom.kernel.scenario_load import load_scenario
 from headroom.streams import messages
-from headroom.streams.kafka import KafkaTarget, delete_topics, make_consumer, started
+from headroom.streams.kafka import KafkaTarget, delete_topics
 from headroom.streams.topics import topics
 from headroom.workers.precompute_lookup import parse_precompute_key
 from headroom.workers.up import StackConfig
 from tests.conftest import run_async
+from tests.integration.topic_reads import read_topic
 
 pytestmark = pytest.mark.integration
 
@@ -78,23 +79,6 @@ class PrecomputeRun:
         return [e for e in self.events if e["kind"] == "window" and e["source"] == source]
 
 
-async def _read_topic(kafka: KafkaTarget, name: str) -> list[Any]:
-    consumer = make_consumer(kafka.bootstrap, kafka.topic(name), from_beginning=True)
-    out: list[Any] = []
-    async with started(consumer, kafka.bootstrap):
-        idle = 0
-        while idle < 10:
-            batch = await consumer.getmany(timeout_ms=300)
-            if not batch:
-                idle += 1
-                continue
-            idle = 0
-            for records in batch.values():
-                out.extend(records)
-    out.sort(key=lambda r: (r.timestamp, r.partition, r.offset))
-    return out
-
-
 @pytest.fixture(scope="module")
 def run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrecomputeRun]:
     prefix = f"t{uuid.uuid4().hex[:12]}."
@@ -108,14 +92,14 @@ def run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     async def go() -> tuple[UpResult, list[Record], list[messages.ValueSignal]]:
         result = await run_up(config, scenario)
         records = []
-        for r in await _read_topic(kafka, "precompute"):
+        for r in await read_topic(kafka, "precompute"):
             key = parse_precompute_key(r.key)
             assert key is not None, r.key
             body = None if r.value is None else messages.decode("precompute", r.value)
             assert body is None or isinstance(body, messages.Precompute)
             records.append(Record(key, r.timestamp / 1000.0, body))
         signals = []
-        for r in await _read_topic(kafka, "value"):
+        for r in await read_topic(kafka, "value"):
             signal = messages.decode("value", r.value)
             assert isinstance(signal, messages.ValueSignal)
             signals.append(signal)

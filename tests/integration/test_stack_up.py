@@ -34,10 +34,11 @@ from headroom.kernel.scenario import Scenario
 from headroom.kernel.scenario_load import load_scenario
 from headroom.kernel.sketch import LatencySketch
 from headroom.streams import messages
-from headroom.streams.kafka import KafkaTarget, delete_topics, make_consumer, started
+from headroom.streams.kafka import KafkaTarget, delete_topics
 from headroom.streams.topics import topics
 from headroom.workers.up import Stack, StackConfig
 from tests.conftest import run_async
+from tests.integration.topic_reads import decode_topic
 
 pytestmark = pytest.mark.integration
 
@@ -75,25 +76,6 @@ class StackRun:
         return self.kinds("window", "client")
 
 
-async def _read_value_topic(kafka: KafkaTarget) -> list[messages.ValueSignal]:
-    consumer = make_consumer(kafka.bootstrap, kafka.topic("value"), from_beginning=True)
-    out: list[messages.ValueSignal] = []
-    async with started(consumer, kafka.bootstrap):
-        idle = 0
-        while idle < 10:
-            batch = await consumer.getmany(timeout_ms=300)
-            if not batch:
-                idle += 1
-                continue
-            idle = 0
-            for records in batch.values():
-                for r in records:
-                    msg = messages.decode("value", r.value)
-                    assert isinstance(msg, messages.ValueSignal)
-                    out.append(msg)
-    return out
-
-
 @pytest.fixture(scope="module")
 def stack_run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackRun]:
     prefix = f"t{uuid.uuid4().hex[:12]}."
@@ -129,7 +111,7 @@ def stack_run(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) ->
                 (SCRAPE_AT, scrape),
             ],
         )
-        return result, await _read_value_topic(kafka)
+        return result, await decode_topic(kafka, "value")
 
     try:
         result, signals = run_async(run())

@@ -19,19 +19,16 @@ from scipy import integrate
 
 from headroom.controllers.levers import CapacityUse, CostModel, ResourceCost
 from headroom.controllers.precompute import (
-    JobBook,
     PrecomputeConfig,
     PrecomputePlanner,
-    TokenBucket,
     UpliftModel,
     UserBook,
     VisitModel,
-    eligible_pool,
     job_cost,
     own_rate,
-    usable_pools,
     visit_probability,
 )
+from headroom.controllers.precompute_jobs import JobBook, TokenBucket, eligible_pool, usable_pools
 from headroom.controllers.types import CapacityLevel
 from headroom.kernel.errors import ConfigError
 from headroom.kernel.scenario_load import load_scenario

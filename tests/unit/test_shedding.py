@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from headroom.defences.client_shedding import ClientShedConfig, ClientShedder
+from headroom.defences.codel import codel_catch_up, codel_catch_up_stepping
+from headroom.defences.histogram import DecayedLogHistogram, ValueRanker
 from headroom.defences.shedding import (
-    ClientShedConfig,
-    ClientShedder,
-    DecayedLogHistogram,
     Decision,
     InflightWork,
     OptionalCapacity,
@@ -22,9 +22,6 @@ from headroom.defences.shedding import (
     ServerShedConfig,
     ServerShedder,
     ShedEvent,
-    ValueRanker,
-    codel_catch_up,
-    codel_catch_up_stepping,
 )
 from headroom.kernel.errors import ConfigError
 

@@ -21,30 +21,23 @@ from headroom.controllers.levers import CapacityUse, ValueBook
 from headroom.controllers.pid import PidController, RmaController
 from headroom.controllers.plane import ControlPlane
 from headroom.controllers.precompute import (
-    JobBook,
     PrecomputeConfig,
     PrecomputePlanner,
-    TokenBucket,
     UpliftModel,
     UserBook,
-    usable_pools,
 )
+from headroom.controllers.precompute_jobs import JobBook, TokenBucket, usable_pools
 from headroom.controllers.precompute_value import CalibrationSettings, UpliftCalibrator
 from headroom.controllers.testing import arm_stats, capacity, observation
+from headroom.defences.client_shedding import ClientShedder
+from headroom.defences.histogram import DecayedLogHistogram, ValueRanker
 from headroom.defences.peers import (
     AimdLimit,
     EnvoyGradientConfig,
     EnvoyGradientLimit,
     Gradient2Limit,
 )
-from headroom.defences.shedding import (
-    ClientShedder,
-    DecayedLogHistogram,
-    OptionalCapacity,
-    OptionalWork,
-    ServerShedder,
-    ValueRanker,
-)
+from headroom.defences.shedding import OptionalCapacity, OptionalWork, ServerShedder
 from headroom.kernel.jsonstate import Snapshotting
 from headroom.kernel.scenario_load import load_scenario
 from headroom.streams.messages import Cost, Precompute
