@@ -89,7 +89,8 @@ import numpy as np
 import numpy.typing as npt
 from scipy.optimize import linprog
 
-from headroom.sim.engine import Plan, SimContext
+from headroom.sim.engine import Plan, SimContext, baseline_plan, build_mix
+from headroom.sim.latency import StageState, Strata, in_time_probability, wait_params_array
 from headroom.sim.precompute_sim import precompute_capable, precompute_static, returning_share
 
 __all__ = ["GRID_RATIO", "Oracle", "OracleBound", "oracle_for"]
@@ -440,9 +441,6 @@ class Oracle:
         """Baseline value the static configuration loses to its own queues in region ``r``
         (requests that time out on dedicated capacity): the most any policy could win back by
         taking work off the dedicated pool (module docstring, *relief*)."""
-        from headroom.sim.engine import baseline_plan, build_mix
-        from headroom.sim.latency import StageState, Strata, in_time_probability, wait_params_array
-
         ctx = self.ctx
         tr = ctx.traces
         st = ctx.regions[r]

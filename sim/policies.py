@@ -72,6 +72,7 @@ from headroom.sim.engine import (
     SimContext,
     Targets,
 )
+from headroom.sim.oracle import oracle_for
 
 __all__ = ["POLICIES", "PolicyFactory", "make_policy", "parse_policies"]
 
@@ -594,8 +595,6 @@ class OracleRegion(StaticRegion):
     direct = True
 
     def __init__(self, ctx: SimContext, r: int) -> None:
-        from headroom.sim.oracle import oracle_for
-
         self.oracle = oracle_for(ctx)
         self.r = r
 
