@@ -98,3 +98,12 @@ def serve_metrics(port: int, registry: CollectorRegistry | None = None) -> int:
     reg = registry or process_metrics().registry
     server, _thread = start_http_server(port, addr="127.0.0.1", registry=reg)
     return int(server.server_port)
+
+
+def announce_metrics(port: int | None) -> None:
+    """Serve ``/metrics`` when a ``--metrics-port`` was given and print where (a worker command's
+    first line on stdout, which ``headroom up`` reads to find its scrape targets)."""
+    if port is None:
+        return
+    bound = serve_metrics(port)
+    print(f"metrics on http://127.0.0.1:{bound}/metrics", flush=True)

@@ -24,7 +24,7 @@ from headroom.streams.kafka import KafkaTarget
 def client(args: argparse.Namespace) -> int:
     configure()
     from headroom.workers.client import ClientConfig, RankingClient, ServerAddress, in_flight_limit
-    from headroom.workers.metrics import process_metrics, serve_metrics
+    from headroom.workers.metrics import announce_metrics, process_metrics
 
     scenario = load_scenario(resolve_scenario(args.scenario))
     kafka = KafkaTarget.from_args(args)
@@ -41,9 +41,7 @@ def client(args: argparse.Namespace) -> int:
         max_in_flight=in_flight_limit(scenario, args.region),
     )
     metrics = process_metrics()
-    if args.metrics_port is not None:
-        port = serve_metrics(args.metrics_port)
-        print(f"metrics on http://127.0.0.1:{port}/metrics", flush=True)
+    announce_metrics(args.metrics_port)
 
     async def run() -> None:
         service = RankingClient(config, scenario, kafka, metrics=metrics)

@@ -65,11 +65,9 @@ def controller(args: argparse.Namespace) -> int:
     )
     data_dir.mkdir(parents=True, exist_ok=True)
     app, _ctl = create_app(settings)
-    if args.metrics_port is not None:
-        from headroom.workers.metrics import serve_metrics
+    from headroom.workers.metrics import announce_metrics
 
-        port = serve_metrics(args.metrics_port)
-        print(f"metrics on http://127.0.0.1:{port}/metrics", flush=True)
+    announce_metrics(args.metrics_port)
     get_logger("controller").info(
         "controller.started",
         bootstrap=bootstrap,

@@ -41,7 +41,7 @@ def precompute(args: argparse.Namespace) -> int:
     configure()
     from headroom.streams.kafka import create_topics
     from headroom.streams.topics import topics
-    from headroom.workers.metrics import process_metrics, serve_metrics
+    from headroom.workers.metrics import announce_metrics, process_metrics
     from headroom.workers.precompute import PrecomputeMetrics, PrecomputeWorker, WorkerSettings
 
     scenario = load_scenario(resolve_scenario(args.scenario))
@@ -64,8 +64,6 @@ def precompute(args: argparse.Namespace) -> int:
         worker = PrecomputeWorker(settings, scenario, kafka, metrics=worker_metrics)
         await run_announced(worker, lambda: f"precompute worker ready (region {settings.region})")
 
-    if args.metrics_port is not None:
-        port = serve_metrics(args.metrics_port)
-        print(f"metrics on http://127.0.0.1:{port}/metrics", flush=True)
+    announce_metrics(args.metrics_port)
     asyncio.run(run())
     return 0

@@ -42,7 +42,7 @@ def resolve_t0(flag: float | None) -> float:
 
 def server(args: argparse.Namespace) -> int:
     configure()
-    from headroom.workers.metrics import process_metrics, serve_metrics
+    from headroom.workers.metrics import announce_metrics, process_metrics
     from headroom.workers.server import RankingServer, ServerConfig
 
     scenario = load_scenario(resolve_scenario(args.scenario))
@@ -58,9 +58,7 @@ def server(args: argparse.Namespace) -> int:
     )
     kafka = KafkaTarget.from_args(args)
     metrics = process_metrics()
-    if args.metrics_port is not None:
-        port = serve_metrics(args.metrics_port)
-        print(f"metrics on http://127.0.0.1:{port}/metrics", flush=True)
+    announce_metrics(args.metrics_port)
 
     async def run() -> None:
         service = RankingServer(config, scenario, kafka, metrics=metrics)
