@@ -37,10 +37,11 @@ h1{font-size:1.6em;margin-bottom:.2em}
 h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;font-size:13px;margin:.6em 0}
 th,td{border:1px solid #ddd;padding:3px 8px;text-align:right}th{background:#f4f4f4}
+td{white-space:nowrap}
 td:first-child,th:first-child{text-align:left}
 img{max-width:100%;border:1px solid #eee}.caption{color:#444;max-width:60em}
 .muted{color:#777}pre{background:#f7f7f7;padding:.5em;overflow-x:auto;font-size:12px}
-.bad{color:#b00}.ok{color:#070}
+.bad{color:#b00}.ok{color:#070}.scroll{overflow-x:auto;max-width:100%}
 .verdict{background:#f4f8fc;border-left:4px solid #1f77b4;padding:.6em 1em;margin:1em 0}
 .verdict p{margin:.2em 0}.verdict.failing{border-left-color:#b00}
 """
@@ -53,7 +54,10 @@ def _e(x: Any) -> str:
 def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     head = "".join(f"<th>{_e(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return (
+        f"<div class='scroll'><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody>"
+        "</table></div>"
+    )
 
 
 def _n(d: Any, *path: str) -> float | None:
@@ -310,8 +314,8 @@ def _checks(checks: list[Check]) -> str:
         for c in ordered
     )
     table = (
-        "<table><thead><tr><th>policy</th><th>check</th><th>result</th><th>found</th></tr>"
-        f"</thead><tbody>{rows}</tbody></table>"
+        "<div class='scroll'><table><thead><tr><th>policy</th><th>check</th><th>result</th>"
+        f"<th>found</th></tr></thead><tbody>{rows}</tbody></table></div>"
     )
     return head + summary + table
 
