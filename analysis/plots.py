@@ -148,11 +148,13 @@ def _plain_ticks(axis: Any) -> None:
 
 
 def _decade_ticks(axis: Any) -> None:
-    """A log axis over many decades: ticks at 0.1, 1, 10, 100 … labelled plainly."""
+    """A log axis over many decades: ticks at 0.1, 1, 10, 100, 1k … labelled plainly."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     axis.set_major_locator(LogLocator(base=10.0))
-    axis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x:g}"))
+    axis.set_major_formatter(
+        FuncFormatter(lambda x, _pos: f"{x / 1000:g}k" if x >= 1000 else f"{x:g}")
+    )
     axis.set_minor_formatter(NullFormatter())
 
 

@@ -221,15 +221,19 @@ def _row(name: str, m: Mapping[str, Any], with_precompute: bool, with_lost: bool
         f"{_val(_num(m, 'value', 'estimated_incremental'))} ± {_val(half)}",
         f"{_pct0(cpu)}/{_pct0(acc)}",
         MISSING if (b := _num(m, "latency", "baseline_only_p99_ms")) is None else f"{b:.1f}",
-        "no releases"
-        if releases == 0
-        else f"{MISSING if p99 is None else f'{p99:.2f}'} ({_int(releases)})",
+        "no releases" if releases == 0 else f"{_release_ms(p99)} ({_int(releases)})",
         f"{_int(_num(m, 'shedding', 'server_activations'))}"
         f"/{_int(_num(m, 'shedding', 'client_activations'))}",
     ]
     if with_precompute:
         row.append(_pct(_num(m, "precompute", "hit_rate")) if "precompute" in m else "-")
     return row
+
+
+def _release_ms(x: float | None) -> str:
+    if x is None:
+        return MISSING
+    return f"{x:.2f}" if abs(x) < 1000 else f"{x:,.0f}"
 
 
 def _pct1(x: float | None) -> str:
