@@ -61,7 +61,7 @@ class Style:
 # One fixed style per policy, used by every plot (colour-blind-safe hues; the line style and the
 # bar hatch tell policies apart in grey too).
 _POLICY_STYLES = {
-    "static": Style("#7f7f7f", ":", "o", ""),
+    "static": Style("#7f7f7f", ":", "o", "||"),
     "greedy": Style("#d55e00", (0, (6, 2)), "s", "//"),
     "central-only": Style("#e69f00", "-.", "^", "\\\\"),
     "aimd": Style("#cc79a7", (0, (2, 1)), "v", ".."),
@@ -72,7 +72,7 @@ _POLICY_STYLES = {
     "oracle": Style("#009e73", (0, (10, 3)), "h", "oo"),
 }
 _EXTRA_STYLES = [
-    Style("#17becf", (0, (1, 1)), "p", "||"),
+    Style("#17becf", (0, (1, 1)), "p", "|"),
     Style("#bcbd22", (0, (4, 1, 1, 1)), "<", "-"),
     Style("#e377c2", (0, (12, 2)), ">", "**"),
     Style("#393b79", (0, (1, 2)), "d", "O"),
