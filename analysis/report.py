@@ -203,7 +203,7 @@ def _verdict(metrics: Mapping[str, Any], checks: list[Check]) -> str:
     )
     cls = "verdict failing" if bad else "verdict"
     return (
-        f"<div class='{cls}' id='verdict'><p><b>{_e(v.policy)}</b>: {_e(v.value)}, "
+        f"<div class='{cls}' id='verdict'><p><b>{_e(v.label())}</b>: {_e(v.value)}, "
         f"{_e(v.estimate)}; {_e(v.capacity)}.</p><p>{_e(v.latency)}; {_e(v.release)}; "
         f"{_e(v.slo)}.</p>{checks_html}</div>"
     )

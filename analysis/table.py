@@ -120,10 +120,14 @@ class Verdict:
     release: str
     slo: str
     checks: str
+    incomplete: bool = False  # the policy's log misses part of its run
+
+    def label(self) -> str:
+        return f"{self.policy} (incomplete run)" if self.incomplete else self.policy
 
     def lines(self) -> list[str]:
         return [
-            f"verdict — {self.policy}: {self.value}, {self.estimate}; {self.capacity}",
+            f"verdict — {self.label()}: {self.value}, {self.estimate}; {self.capacity}",
             f"  {self.latency}; {self.release}; {self.slo}; {self.checks}",
         ]
 
@@ -190,6 +194,7 @@ def verdict(
         release=release_text(m),
         slo=slo,
         checks=_checks_phrase(checks, where),
+        incomplete=m.get("complete") is False,
     )
 
 
@@ -199,7 +204,7 @@ def _row(name: str, m: Mapping[str, Any], with_precompute: bool, with_lost: bool
     errors = _num(m, "requests", "errors")
     capture = _num(m, "value", "capture_ratio")
     row = [
-        name,
+        name if m.get("complete", True) is not False else f"{name} (incomplete)",
         _pct(_num(m, "slo", "violation_fraction")),
         MISSING if (w := _num(m, "slo", "worst_window_p99_ms")) is None else f"{w:.1f}",
         _int(errors),
@@ -290,8 +295,10 @@ def format_table(metrics: Mapping[str, Any]) -> str:
         "viol: share of SLO windows over the p99 limit; worst p99 in ms; incremental value by "
         "lever (ground truth"
         + ("; lost: failed and timed-out requests" if with_lost else "")
-        + "); capture = incremental / oracle;"
+        + "); capture = incremental / oracle (– where the bound is ~0);"
     )
+    if any(isinstance(m, Mapping) and m.get("complete") is False for m in policies.values()):
+        out.append("(incomplete): the log misses part of that policy's run; its figures cover less")
     out.append(
         "estimate: holdout A/B estimate of the incremental value with its 95% half-width; "
         "idle cpu/acc: share of the idle (opportunistic) capacity optional work used; base p99: "

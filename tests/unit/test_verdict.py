@@ -158,6 +158,9 @@ def test_each_check_fails_on_its_own_defect() -> None:
         "every segment estimated",
         "window lines sound",
     }
+    v = verdict(doc)
+    assert v is not None
+    assert v.lines()[0].startswith("verdict — headroom (incomplete run): ")
     sentences = consistency_checks(doc)
     assert any(s.startswith("headroom: incomplete run") for s in sentences)
     assert (
