@@ -206,8 +206,8 @@ def _bottom_labels(flat: Any, n: int, cols: int, label: str) -> None:
             flat[i].xaxis.set_tick_params(labelbottom=True)
 
 
-def _policy_ticks(ax: Any, x: np.ndarray, pols: Sequence[str]) -> None:
-    ax.set_xticks(x, pols, rotation=30, ha="right", rotation_mode="anchor")
+def _policy_ticks(ax: Any, x: np.ndarray, pols: Sequence[str], rotation: float = 30) -> None:
+    ax.set_xticks(x, pols, rotation=rotation, ha="right", rotation_mode="anchor")
 
 
 def plot_summary(metrics: Mapping[str, Any], data: ReportData, path: Path) -> None:
@@ -238,17 +238,20 @@ def plot_summary(metrics: Mapping[str, Any], data: ReportData, path: Path) -> No
             label = "lost (failed or timed out)"
         else:
             label = lever
-        if np.any(pos):
-            ax1.bar(x, pos, bottom=up, label=label, **kw)
+        # only the non-zero parts: an empty bar would still pin the axis (its sticky edge)
+        shown = pos > 0
+        if np.any(shown):
+            ax1.bar(x[shown], pos[shown], bottom=up[shown], label=label, **kw)
             label = "_" + label
-        if np.any(neg):
-            ax1.bar(x, neg, bottom=down, label=label, **kw)
+        shown = neg < 0
+        if np.any(shown):
+            ax1.bar(x[shown], neg[shown], bottom=down[shown], label=label, **kw)
         up += pos
         down += neg
     net = np.array([field(p, "incremental") for p in pols])
     ax1.scatter(x, net, marker="D", s=36, color="black", label="net incremental", zorder=4)
     oracle = np.array([field(p, "oracle_incremental") for p in pols])
-    ax1.scatter(x, oracle, marker="_", s=700, color="#009e73", lw=2.5, label="oracle bound")
+    ax1.hlines(oracle, x - 0.4, x + 0.4, colors="#009e73", lw=2.5, label="oracle bound", zorder=3)
     ax1.axhline(0, color="black", lw=0.6)
     _policy_ticks(ax1, x, pols)
     ax1.set_ylabel("incremental value (value units)")
@@ -262,7 +265,7 @@ def plot_summary(metrics: Mapping[str, Any], data: ReportData, path: Path) -> No
         ax2.bar([i], [viol[i]], width=0.7, **policy_style(p, pols).bar())
         if viol[i] == 0:
             ax2.annotate("0", (i, 0), ha="center", va="bottom", fontsize=7, color="#555555")
-    _policy_ticks(ax2, x, pols)
+    _policy_ticks(ax2, x, pols, rotation=45)
     ax2.set_ylabel("SLO windows over the p99 limit (%)")
     ax2.set_ylim(0, max(5.0, max(viol, default=0.0) * 1.1))
     ax2.set_title("SLO violations")

@@ -324,3 +324,27 @@ def test_the_release_strip_draws_any_number_of_releases(tmp_path: Path, n: int) 
     data.release_ms["headroom"] = [0.0, 1.5, 3000.0, -2.0, 7.0][:n]
     plot_release(data, tmp_path / "r.png")
     assert (tmp_path / "r.png").stat().st_size > 0
+
+
+def test_the_summary_chart_draws_lost_value_as_its_own_segment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from headroom.analysis import plots
+    from headroom.analysis.report_data import collect
+
+    log = synthetic_run(policies=("static", "headroom"), regions=("r1",), duration_s=300.0)
+    metrics = copy.deepcopy(compute_metrics(log.events))
+    metrics["policies"]["headroom"]["value"]["incremental_lost"] = -123.0
+    drawn: list[Any] = []
+    real_save = plots._save
+
+    def keep(fig: Any, path: Path) -> None:
+        drawn.append(fig)
+        real_save(fig, path)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    plots.plot_summary(metrics, collect(log.events), tmp_path / "s.png")
+    ax = drawn[0].axes[0]
+    assert "lost (failed or timed out)" in ax.get_legend_handles_labels()[1]
+    lost_bars = [c for c in ax.containers if c.get_label() == "lost (failed or timed out)"]
+    assert [round(b.get_height()) for b in lost_bars[0]] == [-123]
