@@ -63,6 +63,8 @@ def _policy_checks(name: str, m: Mapping[str, Any]) -> list[Check]:
     out: list[Check] = []
     complete = m.get("complete")
     if isinstance(complete, bool):
+        problems = _get(m, "completeness", "problems")
+        lacks = "; ".join(str(p) for p in problems) if isinstance(problems, list) else ""
         out.append(
             Check(
                 name,
@@ -70,8 +72,8 @@ def _policy_checks(name: str, m: Mapping[str, Any]) -> list[Check]:
                 complete,
                 "the run finished and every window is in the log"
                 if complete
-                else f"incomplete run: no run.finished or missing windows; only "
-                f"{_num(m.get('duration_s')) or 0:g} s covered",
+                else f"incomplete run ({lacks or 'no run.finished or missing windows'}): its "
+                "figures cover less than the run",
             )
         )
     v = m.get("value")

@@ -19,12 +19,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from headroom.analysis.checks import Check, failed, run_checks
+from headroom.analysis.checks import Check, consistency_checks, failed, run_checks
 from headroom.analysis.events import EventLog
 from headroom.analysis.plots import Plot, render_plots
 from headroom.analysis.report_data import RAW_SAMPLES_PER_KIND, ReportData, collect
 from headroom.analysis.table import MISSING, fmt_value, verdict
 from headroom.kernel.errors import HeadroomError
+
+# consistency_checks lives in headroom.analysis.checks; it stays importable from here too
+__all__ = ["consistency_checks", "render_html", "render_report", "write_report"]
 
 # ---------------------------------------------------------------------------------------------
 # HTML
