@@ -348,3 +348,15 @@ def test_the_summary_chart_draws_lost_value_as_its_own_segment(
     assert "lost (failed or timed out)" in ax.get_legend_handles_labels()[1]
     lost_bars = [c for c in ax.containers if c.get_label() == "lost (failed or timed out)"]
     assert [round(b.get_height()) for b in lost_bars[0]] == [-123]
+
+
+def test_value_over_time_carries_the_lost_value_of_window_lines() -> None:
+    from headroom.analysis.report_data import collect
+
+    log = synthetic_run(policies=("static", "headroom"), regions=("r1",), duration_s=300.0)
+    windows = [e for e in log.events if e["kind"] == "window" and e["policy"] == "headroom"]
+    windows[0]["value_lost"] = -7.0
+    windows[1]["value_lost"] = -5.0
+    data = collect(log.events)
+    assert data.value["headroom"].total("lost").sum() == pytest.approx(-12.0)
+    assert "lost" not in data.value["static"].sums
