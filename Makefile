@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: run test venv lint format typecheck bench clean kcat
+.PHONY: run test venv lint format typecheck bench clean kcat chromium
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,7 +28,7 @@ run: $(STAMP)
 ## make test PYTEST_ARGS="tests/unit" COVERAGE="--cov --cov-fail-under=0".
 PYTEST_ARGS ?=
 COVERAGE ?= $(if $(PYTEST_ARGS),,--cov --cov-report=term:skip-covered)
-test: $(STAMP) kcat
+test: $(STAMP) kcat chromium
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
@@ -38,6 +38,12 @@ test: $(STAMP) kcat
 ## make kcat: install kcat (Debian package; needs root or sudo) unless it is already there.
 kcat:
 	@command -v kcat >/dev/null 2>&1 || ./tools/install-kcat.sh
+
+## make chromium: install Chromium (Debian package `chromium`; needs root or sudo) unless it is
+## already there; the report browser test renders report.html in it, headless.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
+		|| ./tools/install-chromium.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -280,6 +280,9 @@ def _collect_window(data: ReportData, e: Mapping[str, Any], policy: str, region:
             x = _num(v)
             if math.isfinite(x):
                 vb.add(str(lever), b, x)
+    lost = _num(e.get("value_lost"))  # failed and timed-out requests' value, beside the levers
+    if math.isfinite(lost) and lost != 0.0:
+        data.binned(data.value, policy).add("lost", b, lost)
     pre = e.get("precompute")
     if isinstance(pre, dict):
         _window_precompute(data.binned(data.precompute, policy), pre, b, length)

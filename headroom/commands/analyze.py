@@ -17,7 +17,7 @@ from pathlib import Path
 
 from headroom.analysis.events import EventLog
 from headroom.analysis.metrics import MetricsAccumulator, write_metrics
-from headroom.analysis.table import format_table
+from headroom.analysis.table import closing_lines, format_table
 
 
 def analyze(args: argparse.Namespace) -> int:
@@ -33,7 +33,7 @@ def analyze(args: argparse.Namespace) -> int:
         metrics = acc.result()
         metrics_path = write_metrics(metrics, out_dir / "metrics.json")
         print(format_table(metrics))
-        print(f"metrics: {metrics_path}")
+        print("\n".join(closing_lines(metrics, [("metrics", metrics_path)])))
         return 0
 
     from headroom.analysis.report import render_report
@@ -46,6 +46,5 @@ def analyze(args: argparse.Namespace) -> int:
     metrics_path = write_metrics(metrics, out_dir / "metrics.json")
     print(format_table(metrics))
     report = render_report(metrics, data, events_path, out_dir)
-    print(f"metrics: {metrics_path}")
-    print(f"report: {report}")
+    print("\n".join(closing_lines(metrics, [("metrics", metrics_path), ("report", report)])))
     return 0

@@ -6,9 +6,10 @@ scenario (a bad one exits 2 with one line per problem, from the loader), puts ``
 ``--ttl`` in place of its ``control`` section (the control plane's clock), with ``--replay``
 derives the run from a recording (:mod:`headroom.commands.sim_replay`, docs/replay.md), chooses the
 output directory (default ``runs/<scenario>-<UTC time>/``), shows a progress bar on stderr, prints
-the summary table and, as its last line, the path of the report (``metrics.json`` with
-``--no-plots``). This shell is the one place of the simulator that reads the wall clock: for
-the default directory name, the progress bar and ``run.finished.wall_s``.
+the summary (verdict, table, failed checks), the checks' result and, as its last line, the path of
+the report (``metrics.json`` with ``--no-plots``). This shell is the one place of the simulator
+that reads the wall clock: for the default directory name, the progress bar and
+``run.finished.wall_s``.
 """
 
 from __future__ import annotations
@@ -106,13 +107,16 @@ def simulate(args: argparse.Namespace) -> int:
         progress=progress,
         clock=time.perf_counter,
     )
-    from headroom.analysis.table import format_table
+    from headroom.analysis.table import closing_lines, format_table
 
     print(format_table(result.metrics))
-    print(f"events: {result.events_path}")
-    print(f"metrics: {result.metrics_path}")
+    paths: list[tuple[str, object]] = [
+        ("events", result.events_path),
+        ("metrics", result.metrics_path),
+    ]
     if result.report_path is not None:
-        print(f"report: {result.report_path}")
+        paths.append(("report", result.report_path))
+    print("\n".join(closing_lines(result.metrics, paths)))
     return 0
 
 

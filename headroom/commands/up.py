@@ -110,7 +110,7 @@ async def _run_until_signal(config: StackConfig, scenario: Scenario) -> UpResult
 def up(args: argparse.Namespace) -> int:
     configure()
     from headroom.analysis.metrics import write_metrics
-    from headroom.analysis.table import format_table
+    from headroom.analysis.table import closing_lines, format_table
 
     scenario_path = resolve_scenario(args.scenario).resolve()
     scenario = load_scenario(scenario_path)
@@ -153,11 +153,10 @@ def up(args: argparse.Namespace) -> int:
     metrics_path = write_metrics(result.metrics, result.out_dir / "metrics.json")
     print(format_table(result.metrics))
     if args.no_plots:
-        print(f"metrics: {metrics_path}")
+        print("\n".join(closing_lines(result.metrics, [("metrics", metrics_path)])))
         return 0
     from headroom.analysis.report import write_report
 
     report = write_report(result.metrics, result.events_path, result.out_dir)
-    print(f"metrics: {metrics_path}")
-    print(f"report: {report}")
+    print("\n".join(closing_lines(result.metrics, [("metrics", metrics_path), ("report", report)])))
     return 0
