@@ -74,7 +74,7 @@ def _summary_rows(metrics: Mapping[str, Any]) -> list[list[str]]:
                 fmt_value(v["incremental_sbm"]),
                 fmt_value(v["incremental_precompute"]),
                 fmt_value(v["oracle_incremental"]),
-                f"{v['capture_ratio']:.3f}",
+                "–" if v.get("capture_ratio") is None else f"{v['capture_ratio']:.3f}",
                 f"{fmt_value(v['estimated_incremental'])} [{fmt_value(ci[0])}, {fmt_value(ci[1])}]",
                 f"{m['reclaims']['count']}",
                 f"{m['reclaims']['release_ms_p50']:.2f} / {m['reclaims']['release_ms_p99']:.2f} / "

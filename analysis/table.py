@@ -43,11 +43,16 @@ def _g(d: Mapping[str, Any], *path: str, default: Any = 0.0) -> Any:
     return cur
 
 
+def _ratio(x: Any) -> str:
+    """A capture ratio; "–" where it is null (its bound too small to divide by)."""
+    return "–" if x is None else f"{x:.3f}"
+
+
 def _row(name: str, m: Mapping[str, Any], with_precompute: bool) -> list[str]:
     ci = _g(m, "value", "estimated_ci95", default=[0.0, 0.0])
     half = (float(ci[1]) - float(ci[0])) / 2.0 if isinstance(ci, Sequence) and len(ci) == 2 else 0.0
     row = [
-        name,
+        name if m.get("complete", True) is not False else f"{name} (incomplete)",
         _pct(_g(m, "slo", "violation_fraction")),
         f"{_g(m, 'slo', 'worst_window_p99_ms'):.1f}",
         f"{_g(m, 'requests', 'errors', default=0)}",
@@ -59,7 +64,7 @@ def _row(name: str, m: Mapping[str, Any], with_precompute: bool) -> list[str]:
         row.append(fmt_value(_g(m, "value", "incremental_precompute")))
     row += [
         fmt_value(_g(m, "value", "oracle_incremental")),
-        f"{_g(m, 'value', 'capture_ratio'):.3f}",
+        _ratio(_g(m, "value", "capture_ratio", default=None)),
         f"{fmt_value(_g(m, 'value', 'estimated_incremental'))} ± {fmt_value(half)}",
         f"{_g(m, 'reclaims', 'release_ms_p99'):.2f}",
         f"{_g(m, 'shedding', 'server_activations', default=0)}"
@@ -99,8 +104,10 @@ def format_table(metrics: Mapping[str, Any]) -> str:
     out += [line(r) for r in rows]
     out.append(
         "viol: share of SLO windows over the p99 limit; worst p99 in ms; incremental value by "
-        "lever (ground truth); capture = incremental / oracle;"
+        "lever (ground truth); capture = incremental / oracle (– where the bound is ~0);"
     )
+    if any(isinstance(m, Mapping) and m.get("complete") is False for m in policies.values()):
+        out.append("(incomplete): the log misses part of that policy's run; its figures cover less")
     out.append(
         "estimate: holdout A/B estimate of the incremental value with its 95% half-width; "
         "release p99: ms from a reclaim to optional work fitting; shed s/c: server/client "
