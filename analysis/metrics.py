@@ -22,7 +22,8 @@ The algorithm, per policy (every line carries ``policy``; a ``null`` policy on `
 
 * **Value.** ``incremental = Σ_windows (value_total − value_baseline)``; ``incremental_<lever> =
   Σ inc[lever]``. ``oracle_incremental`` from ``oracle.bound``; ``capture_ratio = incremental /
-  oracle_incremental`` (0 when the oracle is 0).
+  oracle_incremental``, null where the bound is too small to divide by (:func:`capture_ratio`:
+  ``bound ≤ max(1e-6 · |baseline|, 1e-9)``) or the policy is incomplete.
 
 * **Holdout estimate** (stratified by segment, with a shared control arm). From the per-segment
   arm sums ``{n, value_sum, value_sq_sum}`` of every window: for segment s and treatment arm L,
@@ -38,6 +39,16 @@ The algorithm, per policy (every line carries ``policy``; a ``null`` policy on `
 * **Release times.** ``release_ms`` of ``optional.released`` events; p50 and p99 by the
   nearest-rank rule (the smallest observed value with at least q of the observations at or below
   it: a tail figure that was actually observed, never interpolated below one), and the max.
+
+* **Completeness.** A policy is ``complete`` when a ``run.finished`` line applies to it, its
+  window lines cover ``[0, duration_s]`` in every region of the run (the union of their spans,
+  kept as merged intervals: :class:`Coverage`), and no corrupt line names it
+  (``LogStats.corrupt_by_policy``, given to :meth:`MetricsAccumulator.result`). Otherwise
+  ``complete`` is false, ``completeness`` says why and ``duration_s`` is the span covered in every
+  region.
+
+* **Run-wide latency.** ``latency.all_p99_ms`` / ``baseline_only_p99_ms``: p99 of the merge
+  (:class:`SketchSum`) of every window's ``sketch`` / ``sketch_base``.
 
 Where the window lines carry ``precompute`` sums, the policy gets a ``precompute`` section:
 ``hit_rate = Σ hits / Σ visits`` and ``staleness_s_p50`` the nearest-rank median of every
