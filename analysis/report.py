@@ -191,6 +191,11 @@ def consistency_checks(metrics: Mapping[str, Any]) -> list[str]:
     """What a reader should know before trusting the figures: one sentence per finding."""
     found: list[str] = []
     for name, m in metrics["policies"].items():
+        if m.get("complete") is False:
+            problems = "; ".join((m.get("completeness") or {}).get("problems") or [])
+            found.append(
+                f"{name}: incomplete run ({problems}): its figures cover less than the run"
+            )
         v = m["value"]
         levers = v["incremental_rma"] + v["incremental_sbm"] + v["incremental_precompute"]
         tolerance = 1e-6 * max(1.0, abs(v["incremental"]))

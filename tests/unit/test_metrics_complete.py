@@ -357,3 +357,14 @@ def test_analyze_of_a_complete_log_says_complete_everywhere(
     assert "incomplete" not in capsys.readouterr().err
     doc = orjson.loads((tmp_path / "metrics.json").read_bytes())
     assert all(m["complete"] is True for m in doc["policies"].values())
+
+
+def test_the_report_checks_name_an_incomplete_run() -> None:
+    from headroom.analysis.report import consistency_checks
+
+    log = finished_log(("static", "aimd"))
+    log.events = [e for e in log.events if e["kind"] != "run.finished" or e["policy"] != "aimd"]
+    found = consistency_checks(compute_metrics(log.events))
+    assert [f for f in found if "incomplete" in f] == [
+        "aimd: incomplete run (no run.finished line): its figures cover less than the run"
+    ]
