@@ -778,7 +778,7 @@ class MetricsAccumulator:
         policies: dict[str, Any] = {}
         for name, state in self._policies.items():
             policies[name] = self._policy_metrics(state)
-            self._release2(state, policies[name], corrupt_by_policy.get(name, 0))
+            self._run_figures(state, policies[name], corrupt_by_policy.get(name, 0))
         doc: dict[str, Any] = {"scenario": self._scenario, "seed": self._seed, "policies": policies}
         doc["log"] = {
             "corrupt_lines": stats.corrupt if stats is not None else 0,
@@ -789,7 +789,7 @@ class MetricsAccumulator:
 
     # -- completeness, run-wide latency, captured share, null captures ------------------------
 
-    def _release2(self, state: _PolicyState, out: dict[str, Any], corrupt: int) -> None:
+    def _run_figures(self, state: _PolicyState, out: dict[str, Any], corrupt: int) -> None:
         """Complete the policy's entry: ``complete`` and ``completeness`` (``duration_s`` the
         covered span when incomplete), ``latency``, ``capacity.captured_share``, and the capture
         ratios by :func:`capture_ratio`'s rule (null for an incomplete policy: its bound is over
@@ -936,7 +936,7 @@ class MetricsAccumulator:
         releases = sorted(state.release_ms)
         out: dict[str, Any] = {
             "policy": state.name,
-            "complete": True,  # settled by _release2
+            "complete": True,  # settled by _run_figures
             "duration_s": duration,
             "slo": {
                 "p99_ms": p99_limit,
