@@ -12,10 +12,13 @@ memory can be analysed. It never stops at a bad line: a line that is not JSON, o
 an object, or an object without a string ``kind``, is counted in :attr:`EventLog.stats` with its
 line number and the reason, and skipped. Kinds this version does not know are passed through
 (they are counted in ``stats.unknown_kinds``) so that new event kinds never break old analyzers.
+A corrupt line is attributed to a policy where it still names one (``"policy":"NAME"`` is readable
+in its bytes, e.g. a line cut short after its common fields): ``stats.corrupt_by_policy``.
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -54,6 +57,9 @@ KNOWN_KINDS: frozenset[str] = frozenset(
 MAX_REPORTED_PROBLEMS = 20
 
 _ORJSON_OPTIONS = orjson.OPT_APPEND_NEWLINE | orjson.OPT_SERIALIZE_NUMPY
+
+# The policy a corrupt line names, where its bytes still hold the whole ``"policy":"NAME"`` pair.
+_POLICY_FIELD = re.compile(rb'"policy"\s*:\s*"((?:[^"\\]|\\.){1,200})"')
 
 
 class EventWriter:
@@ -120,15 +126,25 @@ class LogStats:
     problems: list[tuple[int, str]] = field(default_factory=list)
     kinds: Counter[str] = field(default_factory=Counter)
     unknown_kinds: Counter[str] = field(default_factory=Counter)
+    # corrupt lines per policy, where the line still names one (the rest are unattributed)
+    corrupt_by_policy: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def corrupt_unattributed(self) -> int:
+        """Corrupt lines that name no readable policy."""
+        return self.corrupt - sum(self.corrupt_by_policy.values())
 
     def summary(self) -> str:
         """One line for a terminal: how many lines, how many skipped or unknown."""
         text = f"{self.events} events from {self.lines} lines"
         if self.corrupt:
             text += f"; {self.corrupt} corrupt line(s) skipped"
+            notes = [f"{p}: {n}" for p, n in sorted(self.corrupt_by_policy.items())]
             if self.problems:
                 first_line, reason = self.problems[0]
-                text += f" (first: line {first_line}: {reason})"
+                notes.append(f"first: line {first_line}: {reason}")
+            if notes:
+                text += f" ({'; '.join(notes)})"
         unknown = sum(self.unknown_kinds.values())
         if unknown:
             names = ", ".join(sorted(self.unknown_kinds))
@@ -167,14 +183,19 @@ class EventLog:
                 try:
                     event = loads(line)
                 except orjson.JSONDecodeError as exc:
-                    self._corrupt(number, f"not JSON ({exc.msg})")
+                    self._corrupt(number, f"not JSON ({exc.msg})", _named_policy(line))
                     continue
                 if not isinstance(event, dict):
                     self._corrupt(number, f"a JSON {type(event).__name__}, not an object")
                     continue
                 kind = event.get("kind")
                 if not isinstance(kind, str):
-                    self._corrupt(number, "no string 'kind' field")
+                    policy = event.get("policy")
+                    self._corrupt(
+                        number,
+                        "no string 'kind' field",
+                        policy if isinstance(policy, str) else None,
+                    )
                     continue
                 stats.events += 1
                 stats.kinds[kind] += 1
@@ -184,10 +205,24 @@ class EventLog:
         finally:
             handle.close()
 
-    def _corrupt(self, number: int, reason: str) -> None:
+    def _corrupt(self, number: int, reason: str, policy: str | None = None) -> None:
         self.stats.corrupt += 1
+        if policy is not None:
+            self.stats.corrupt_by_policy[policy] += 1
         if len(self.stats.problems) < MAX_REPORTED_PROBLEMS:
             self.stats.problems.append((number, reason))
+
+
+def _named_policy(line: bytes) -> str | None:
+    """The policy a line that is not JSON names, if its bytes hold a whole ``"policy":"…"``."""
+    match = _POLICY_FIELD.search(line)
+    if match is None:
+        return None
+    try:
+        name = orjson.loads(b'"' + match.group(1) + b'"')
+    except orjson.JSONDecodeError:
+        return None
+    return name if isinstance(name, str) else None
 
 
 def read_events(path: str | Path) -> list[dict[str, Any]]:

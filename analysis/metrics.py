@@ -22,7 +22,8 @@ The algorithm, per policy (every line carries ``policy``; a ``null`` policy on `
 
 * **Value.** ``incremental = Σ_windows (value_total − value_baseline)``; ``incremental_<lever> =
   Σ inc[lever]``. ``oracle_incremental`` from ``oracle.bound``; ``capture_ratio = incremental /
-  oracle_incremental`` (0 when the oracle is 0).
+  oracle_incremental``, null where the bound is too small to divide by (:func:`capture_ratio`:
+  ``bound ≤ max(1e-6 · |baseline|, 1e-9)``) or the policy is incomplete.
 
 * **Holdout estimate** (stratified by segment, with a shared control arm). From the per-segment
   arm sums ``{n, value_sum, value_sq_sum}`` of every window: for segment s and treatment arm L,
@@ -39,6 +40,16 @@ The algorithm, per policy (every line carries ``policy``; a ``null`` policy on `
   nearest-rank rule (the smallest observed value with at least q of the observations at or below
   it: a tail figure that was actually observed, never interpolated below one), and the max.
 
+* **Completeness.** A policy is ``complete`` when a ``run.finished`` line applies to it, its
+  window lines cover ``[0, duration_s]`` in every region of the run (the union of their spans,
+  kept as merged intervals: :class:`Coverage`), and no corrupt line names it
+  (``LogStats.corrupt_by_policy``, given to :meth:`MetricsAccumulator.result`). Otherwise
+  ``complete`` is false, ``completeness`` says why and ``duration_s`` is the span covered in every
+  region.
+
+* **Run-wide latency.** ``latency.all_p99_ms`` / ``baseline_only_p99_ms``: p99 of the merge
+  (:class:`SketchSum`) of every window's ``sketch`` / ``sketch_base``.
+
 Where the window lines carry ``precompute`` sums, the policy gets a ``precompute`` section:
 ``hit_rate = Σ hits / Σ visits`` and ``staleness_s_p50`` the nearest-rank median of every
 staleness sample the windows carry (each window ships at most 32, docs/events.md).
@@ -46,6 +57,7 @@ staleness sample the windows carry (each window ships at most 32, docs/events.md
 
 from __future__ import annotations
 
+import bisect
 import math
 from array import array
 from collections import Counter
@@ -57,6 +69,7 @@ from typing import Any
 import orjson
 
 from headroom.analysis.events import KNOWN_KINDS as _KNOWN
+from headroom.analysis.events import EventLog, LogStats
 from headroom.kernel.errors import ConfigError, HeadroomError
 from headroom.kernel.vocab import LEVERS, RESOURCES
 
@@ -219,6 +232,94 @@ def sketch_quantile(d: Mapping[str, Any], q: float) -> float | None:
     raise AssertionError("unreachable: counts and rank disagree")  # pragma: no cover
 
 
+class SketchSum:
+    """Adds many contract sketches (one alpha), exactly like ``LatencySketch.merge``: bin counts
+    are added under their keys as the log spells them (integers only at the end), the cheapest
+    merge in Python. Used for the run-wide latency of a policy here and for the report's CDFs.
+    A sketch of another alpha, or with a count or ``zeros`` that is not an integer, is left out
+    (counted in ``mismatched`` / ``malformed``)."""
+
+    def __init__(self) -> None:
+        self.alpha: float | None = None
+        self.zeros = 0
+        self.mismatched = 0  # sketches of another alpha (left out)
+        self.malformed = 0  # sketches with a bad count or zeros (left out)
+        self._bins: dict[Any, int] = {}
+
+    def add(self, d: Any) -> None:
+        if not isinstance(d, dict):
+            return
+        alpha = d.get("alpha")
+        bins = d.get("bins")
+        if not isinstance(bins, dict) or not isinstance(alpha, float | int):
+            return
+        if self.alpha is None:
+            self.alpha = float(alpha)
+        elif alpha != self.alpha:
+            self.mismatched += 1
+            return
+        zeros = d.get("zeros", 0)
+        try:  # (a negative count is dropped at the end, with the bins it cancels)
+            ok = type(zeros) is int and zeros >= 0 and type(sum(bins.values())) is int
+        except TypeError:
+            ok = False
+        if not ok:
+            self.malformed += 1
+            return
+        self.zeros += zeros
+        acc = self._bins
+        get = acc.get
+        for k, c in bins.items():
+            acc[k] = get(k, 0) + c
+
+    @property
+    def bins(self) -> dict[int, int]:
+        """The merged bins by integer key (keys that are not integers are left out)."""
+        out: dict[int, int] = {}
+        for k, c in self._bins.items():
+            try:
+                key = int(k)
+            except (TypeError, ValueError):
+                continue
+            if c > 0:
+                out[key] = out.get(key, 0) + c
+        return out
+
+    def as_dict(self) -> dict[str, Any] | None:
+        """The merged sketch in the contract's form (None when nothing was added)."""
+        if self.alpha is None:
+            return None
+        return {
+            "alpha": self.alpha,
+            "bins": {str(k): c for k, c in sorted(self.bins.items())},
+            "zeros": self.zeros,
+        }
+
+    @property
+    def count(self) -> int:
+        """Samples in the merged sketch."""
+        return sum(self.bins.values()) + self.zeros
+
+    def quantile(self, q: float) -> float | None:
+        """The merged sketch's q-quantile, as a window's p99 is taken (None: empty or invalid)."""
+        from headroom.kernel.codec import ValidationError
+
+        d = self.as_dict()
+        if d is None:
+            return None
+        try:
+            return sketch_quantile(d, q)
+        except (ValidationError, ValueError):
+            return None
+
+    def sketch(self) -> Any:
+        """The merged ``LatencySketch`` (None when nothing was added)."""
+        from headroom.kernel.sketch import LatencySketch
+
+        d = self.as_dict()
+        return None if d is None else LatencySketch.from_dict(d)
+
+
 @dataclass(slots=True)
 class _OpenWindow:
     t_start: float
@@ -310,6 +411,71 @@ class _RegionWindows:
 
 
 # ---------------------------------------------------------------------------------------------
+# Completeness: which spans of the run the window lines cover
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Coverage:
+    """The union of the ``[t_start, t_end]`` spans of a region's window lines: sorted, disjoint
+    intervals, merged as lines arrive (lines in time order just extend the last interval; a line
+    out of order is placed by bisection). Spans closer than ``eps`` are joined."""
+
+    eps: float = 1e-6
+    starts: list[float] = field(default_factory=list)
+    ends: list[float] = field(default_factory=list)
+
+    def add(self, a: float, b: float) -> None:
+        if not b > a:
+            return
+        starts, ends, eps = self.starts, self.ends, self.eps
+        if not starts or a > ends[-1] + eps:  # after everything so far
+            starts.append(a)
+            ends.append(b)
+            return
+        if a >= starts[-1]:  # overlaps or touches the last interval (the usual case)
+            ends[-1] = max(ends[-1], b)
+            return
+        lo = bisect.bisect_left(ends, a - eps)  # first interval ending at or after a
+        hi = bisect.bisect_right(starts, b + eps)  # intervals from lo up to hi touch [a, b]
+        if lo < hi:
+            a = min(a, starts[lo])
+            b = max(b, ends[hi - 1])
+        starts[lo:hi] = [a]
+        ends[lo:hi] = [b]
+
+    def within(self, lo: float, hi: float) -> list[tuple[float, float]]:
+        """The covered intervals clipped to ``[lo, hi]``."""
+        out = []
+        for a, b in zip(self.starts, self.ends, strict=True):
+            a, b = max(a, lo), min(b, hi)
+            if b > a:
+                out.append((a, b))
+        return out
+
+
+def _intersect(
+    x: Sequence[tuple[float, float]], y: Sequence[tuple[float, float]]
+) -> list[tuple[float, float]]:
+    """The intersection of two sorted lists of disjoint intervals."""
+    out = []
+    i = j = 0
+    while i < len(x) and j < len(y):
+        a, b = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
+        if b > a:
+            out.append((a, b))
+        if x[i][1] < y[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def _length(intervals: Iterable[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+# ---------------------------------------------------------------------------------------------
 # Per-policy accumulation
 # ---------------------------------------------------------------------------------------------
 
@@ -371,6 +537,11 @@ class _PolicyState:
     staleness: array[float] = field(default_factory=lambda: array("d"))
     t_min: float = math.inf
     t_max: float = -math.inf
+    # completeness and run-wide latency
+    run_finished: bool = False
+    coverage: dict[str, Coverage] = field(default_factory=dict)
+    latency_all: SketchSum = field(default_factory=SketchSum)
+    latency_base: SketchSum = field(default_factory=SketchSum)
 
     def region(self, name: str) -> _RegionWindows:
         r = self.regions.get(name)
@@ -394,6 +565,7 @@ class MetricsAccumulator:
         self._policies: dict[str, _PolicyState] = {}
         self._run_default: dict[str, Any] | None = None  # run.started with a null policy
         self._oracle_default: dict[str | None, dict[str, Any]] = {}
+        self._finished_default = False  # run.finished with a null policy
         self._scenario: str | None = None
         self._seed: int | None = None
         self.unknown_kinds: Counter[str] = Counter()
@@ -421,10 +593,20 @@ class MetricsAccumulator:
         if kind == "oracle.bound":
             self._oracle_bound(policy, event)
             return
+        if kind == "run.finished":
+            self._run_finished(policy)
+            return
         if isinstance(policy, str):
             self._policy_event(self._policy(policy), kind, event)
         elif kind not in _KNOWN:
             self.unknown_kinds[str(kind)] += 1
+
+    def _run_finished(self, policy: Any) -> None:
+        """A policy's run ended (a null policy: every policy's run, like ``run.started``)."""
+        if isinstance(policy, str):
+            self._policy(policy).run_finished = True
+        else:
+            self._finished_default = True
 
     def _oracle_bound(self, policy: Any, event: Mapping[str, Any]) -> None:
         target = self._policy(policy).oracle if isinstance(policy, str) else self._oracle_default
@@ -479,6 +661,7 @@ class MetricsAccumulator:
         state.region(str(region)).add(
             t_start, t_end, e.get("sketch"), max(MIN_LATENESS_S, LATENESS_WINDOWS * window_s)
         )
+        self._window_coverage(state, str(region), t_start, t_end, e)
         state.requests += _count(e.get("requests"))
         state.errors += _count(e.get("errors"))
         state.timeouts += _count(e.get("timeouts"))
@@ -502,6 +685,22 @@ class MetricsAccumulator:
         pre = e.get("precompute")
         if isinstance(pre, dict):
             self._window_precompute(state, pre)
+
+    @staticmethod
+    def _window_coverage(
+        state: _PolicyState, region: str, t_start: float, t_end: float, e: Mapping[str, Any]
+    ) -> None:
+        """The span a window line covers (completeness) and its sketches (run-wide latency)."""
+        cov = state.coverage.get(region)
+        if cov is None:
+            cov = state.coverage[region] = Coverage()
+        cov.add(t_start, t_end)
+        sketch = e.get("sketch")
+        if sketch is not None:
+            state.latency_all.add(sketch)
+        base = e.get("sketch_base")
+        if base is not None:
+            state.latency_base.add(base)
 
     @staticmethod
     def _window_arms(state: _PolicyState, arms: Mapping[str, Any]) -> None:
@@ -552,6 +751,11 @@ class MetricsAccumulator:
         """Judged windows so far (all of them after :meth:`result`)."""
         return self._policies[policy].regions[region].judged
 
+    def latency_sums(self, policy: str) -> tuple[SketchSum, SketchSum]:
+        """A policy's run-wide merged sketches: of all requests, of the baseline-only ones."""
+        state = self._policies[policy]
+        return state.latency_all, state.latency_base
+
     def regions(self, policy: str) -> list[str]:
         return list(self._policies[policy].regions)
 
@@ -561,17 +765,115 @@ class MetricsAccumulator:
             for region in state.regions.values():
                 region.finish()
 
-    def result(self) -> dict[str, Any]:
-        """The metrics document (judges every window still open: call at the end of the log)."""
+    def result(self, stats: LogStats | None = None) -> dict[str, Any]:
+        """The metrics document (judges every window still open: call at the end of the log).
+
+        ``stats``: what reading the log found (:attr:`EventLog.stats`), for the corrupt lines
+        per policy (a policy with corrupt lines is not complete) and their total."""
         if not self._policies:
             if self.events == 0:
                 raise AnalysisError("the event log holds no events")
             raise AnalysisError("the event log names no policy (no line has a 'policy' field)")
+        corrupt_by_policy = stats.corrupt_by_policy if stats is not None else Counter[str]()
         policies: dict[str, Any] = {}
         for name, state in self._policies.items():
             policies[name] = self._policy_metrics(state)
+            self._run_figures(state, policies[name], corrupt_by_policy.get(name, 0))
         doc: dict[str, Any] = {"scenario": self._scenario, "seed": self._seed, "policies": policies}
+        doc["log"] = {
+            "corrupt_lines": stats.corrupt if stats is not None else 0,
+            "corrupt_by_policy": dict(sorted(corrupt_by_policy.items())),
+            "corrupt_unattributed": stats.corrupt_unattributed if stats is not None else 0,
+        }
         return doc
+
+    # -- completeness, run-wide latency, captured share, null captures ------------------------
+
+    def _run_figures(self, state: _PolicyState, out: dict[str, Any], corrupt: int) -> None:
+        """Complete the policy's entry: ``complete`` and ``completeness`` (``duration_s`` the
+        covered span when incomplete), ``latency``, ``capacity.captured_share``, and the capture
+        ratios by :func:`capture_ratio`'s rule (null for an incomplete policy: its bound is over
+        the whole run, its value over the covered span only)."""
+        run = state.run or self._run_default or {}
+        completeness = self._completeness(state, run, corrupt)
+        complete = not completeness["problems"]
+        out["complete"] = complete
+        out["completeness"] = completeness
+        if not complete:
+            out["duration_s"] = completeness["covered_s"]
+        value = out["value"]
+        baseline = _num(value.get("baseline"))
+        incremental = _num(value.get("incremental"))
+        for ratio, bound in (
+            ("capture_ratio", "oracle_incremental"),
+            ("capture_feasible", "feasible_bound"),
+        ):
+            if bound in value:
+                b = value[bound]
+                value[ratio] = (
+                    capture_ratio(incremental, _num(b), baseline)
+                    if complete and isinstance(b, int | float)
+                    else None
+                )
+        out["latency"] = {
+            "all_p99_ms": state.latency_all.quantile(0.99),
+            "baseline_only_p99_ms": state.latency_base.quantile(0.99),
+            "all_count": state.latency_all.count,
+            "baseline_only_count": state.latency_base.count,
+        }
+        offered = out["capacity"]["offered_unit_s"]
+        used = out["capacity"]["used_unit_s"]
+        out["capacity"]["captured_share"] = {
+            r: (_num(used.get(r)) / o if (o := _num(offered.get(r))) > 0 else None) for r in offered
+        }
+
+    def _completeness(
+        self, state: _PolicyState, run: Mapping[str, Any], corrupt: int
+    ) -> dict[str, Any]:
+        """Whether the policy's run finished and its windows cover the run in every region."""
+        planned = run.get("duration_s")
+        if isinstance(planned, int | float) and not isinstance(planned, bool):
+            lo, hi = 0.0, float(planned)
+        elif state.coverage:  # no planned duration: only gaps within the span seen count
+            lo, hi = state.t_min, state.t_max
+        else:
+            lo = hi = 0.0
+        slo = run.get("slo")
+        window_s = _num(slo.get("window_s")) if isinstance(slo, Mapping) else 0.0
+        listed = [r for r in run.get("regions") or [] if isinstance(r, str)]
+        regions = listed or list(state.coverage)
+        span = max(0.0, hi - lo)
+        tolerance = 1e-6 * max(1.0, window_s)
+        covered: list[tuple[float, float]] | None = None
+        missing: dict[str, int] = {}
+        for region in regions:
+            cov = state.coverage.get(region)
+            mine = cov.within(lo, hi) if cov is not None else []
+            gap = span - _length(mine)
+            if gap > tolerance:
+                missing[region] = math.ceil(gap / window_s - 1e-6) if window_s > 0 else 1
+            covered = mine if covered is None else _intersect(covered, mine)
+        covered_s = _length(covered or []) if regions else 0.0
+        finished = state.run_finished or self._finished_default
+        problems = []
+        if not finished:
+            problems.append("no run.finished line")
+        if missing or not regions:
+            where = ", ".join(f"{r} {n}" for r, n in missing.items())
+            problems.append(
+                f"windows cover {covered_s:g} of {span:g} s"
+                + (f" ({sum(missing.values())} window(s) missing: {where})" if missing else "")
+            )
+        if corrupt:
+            problems.append(f"{corrupt} corrupt line(s)")
+        return {
+            "run_finished": finished,
+            "planned_s": span,
+            "covered_s": covered_s if problems else span,
+            "missing_windows": sum(missing.values()),
+            "corrupt_lines": corrupt,
+            "problems": problems,
+        }
 
     def _policy_metrics(self, state: _PolicyState) -> dict[str, Any]:
         run = state.run or self._run_default
@@ -634,6 +936,7 @@ class MetricsAccumulator:
         releases = sorted(state.release_ms)
         out: dict[str, Any] = {
             "policy": state.name,
+            "complete": True,  # settled by _run_figures
             "duration_s": duration,
             "slo": {
                 "p99_ms": p99_limit,
@@ -659,7 +962,7 @@ class MetricsAccumulator:
                 "incremental_precompute": state.inc.get("precompute", 0.0),
                 "oracle_incremental": oracle_total,
                 "oracle_by_lever": oracle_by_lever,
-                "capture_ratio": incremental / oracle_total if oracle_total else 0.0,
+                "capture_ratio": capture_ratio(incremental, oracle_total, state.value_baseline),
                 "estimated_incremental": estimate.value,
                 "estimated_ci95": [ci_low, ci_high],
                 "estimate_unusable_segments": list(estimate.unusable_segments),
@@ -720,8 +1023,40 @@ class MetricsAccumulator:
         return total, by_lever
 
 
+# A bound at or below this share of the baseline value (or below the absolute floor) is too
+# small to divide by: the capture ratio is then null (docs/analysis.md, ``capture_ratio``).
+CAPTURE_MIN_BOUND_SHARE = 1e-6
+CAPTURE_MIN_BOUND_ABS = 1e-9
+
+
+def capture_ratio(incremental: float, bound: float, baseline: float) -> float | None:
+    """``incremental / bound``, or None where the bound is too small to divide by: ``bound ≤
+    max(1e-6 · |baseline|, 1e-9)`` (relative to the baseline value, so the rule does not depend
+    on the unit of value; a bound a millionth of the value delivered anyway is nothing to capture,
+    and a ratio over it is noise)."""
+    if not bound > max(CAPTURE_MIN_BOUND_SHARE * abs(baseline), CAPTURE_MIN_BOUND_ABS):
+        return None
+    return incremental / bound
+
+
 def _keys(d: Mapping[str, float]) -> list[str]:
     return list(RESOURCES) + [k for k in d if k not in RESOURCES]
+
+
+def incomplete_policies(metrics: Mapping[str, Any]) -> dict[str, list[str]]:
+    """The policies of a metrics document that are not complete, with what they lack (policies
+    only corrupt lines name, which have no entry, are included)."""
+    out: dict[str, list[str]] = {}
+    policies = metrics.get("policies") or {}
+    for name, m in policies.items():
+        if isinstance(m, Mapping) and m.get("complete") is False:
+            problems = (m.get("completeness") or {}).get("problems") or ["incomplete"]
+            out[name] = [str(p) for p in problems]
+    log = metrics.get("log") or {}
+    for name, n in (log.get("corrupt_by_policy") or {}).items():
+        if name not in policies:
+            out[name] = [f"{n} corrupt line(s) and no readable line"]
+    return out
 
 
 def compute_metrics(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
@@ -729,7 +1064,7 @@ def compute_metrics(events: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     acc = MetricsAccumulator()
     for event in events:
         acc.add(event)
-    return acc.result()
+    return acc.result(events.stats if isinstance(events, EventLog) else None)
 
 
 def write_metrics(metrics: dict[str, Any], path: Path) -> Path:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +20,7 @@ import numpy as np
 import orjson
 
 from headroom.analysis.events import KNOWN_KINDS, LogStats
-from headroom.analysis.metrics import MetricsAccumulator
+from headroom.analysis.metrics import MetricsAccumulator, SketchSum
 
 PEEK_EVENTS = 10_000  # events held back while looking for run.started
 MAX_BINS = 480  # time buckets per series: 3 minutes over 24 h, one per window over an hour
@@ -37,78 +37,6 @@ _PRECOMPUTE_SERIES = (
 # ---------------------------------------------------------------------------------------------
 # One pass over the log: binned series
 # ---------------------------------------------------------------------------------------------
-
-
-class _SketchSum:
-    """Adds many contract sketches (one alpha) fast: keys and counts are buffered as the log
-    gives them and folded with numpy in batches — exact, like ``LatencySketch.merge``."""
-
-    FLUSH = 1 << 20
-
-    def __init__(self) -> None:
-        self.alpha: float | None = None
-        self.zeros = 0
-        self.mismatched = 0  # sketches of another alpha (left out)
-        self._keys: list[str] = []
-        self._counts: list[int] = []
-        self.bins: Counter[int] = Counter()
-
-    def add(self, d: Any) -> None:
-        if not isinstance(d, dict):
-            return
-        alpha = d.get("alpha")
-        bins = d.get("bins")
-        if not isinstance(bins, dict) or not isinstance(alpha, float | int):
-            return
-        if self.alpha is None:
-            self.alpha = float(alpha)
-        elif alpha != self.alpha:
-            self.mismatched += 1
-            return
-        zeros = d.get("zeros", 0)
-        if type(zeros) is int and zeros > 0:
-            self.zeros += zeros
-        self._keys.extend(bins)
-        self._counts.extend(bins.values())
-        if len(self._keys) >= self.FLUSH:
-            self._flush()
-
-    def _flush(self) -> None:
-        if not self._keys:
-            return
-        try:
-            keys = np.fromiter(map(int, self._keys), dtype=np.int64, count=len(self._keys))
-            counts = np.asarray(self._counts, dtype=np.int64)
-        except (TypeError, ValueError):  # a malformed sketch somewhere: fold one by one
-            for k, c in zip(self._keys, self._counts, strict=True):
-                try:
-                    if int(c) > 0:
-                        self.bins[int(k)] += int(c)
-                except (TypeError, ValueError):
-                    continue
-        else:
-            uniq, inverse = np.unique(keys, return_inverse=True)
-            sums = np.bincount(inverse, weights=counts)
-            for k, c in zip(uniq.tolist(), sums.tolist(), strict=True):
-                if c > 0:
-                    self.bins[k] += int(c)
-        self._keys.clear()
-        self._counts.clear()
-
-    def sketch(self) -> Any:
-        """The merged ``LatencySketch`` (None when nothing was added)."""
-        from headroom.kernel.sketch import LatencySketch
-
-        self._flush()
-        if self.alpha is None:
-            return None
-        return LatencySketch.from_dict(
-            {
-                "alpha": self.alpha,
-                "bins": {str(k): c for k, c in self.bins.items()},
-                "zeros": self.zeros,
-            }
-        )
 
 
 @dataclass
@@ -158,7 +86,7 @@ class ReportData:
     allocation: dict[tuple[str, str], _Binned] = field(default_factory=dict)  # (policy, region)
     fallbacks: dict[str, _Binned] = field(default_factory=dict)  # policy -> reason counts
     precompute: dict[str, _Binned] = field(default_factory=dict)  # policy -> precompute sums
-    sketches: dict[tuple[str, str], _SketchSum] = field(default_factory=dict)  # (policy, all|base)
+    sketches: dict[tuple[str, str], SketchSum] = field(default_factory=dict)  # (policy, all|base)
     release_ms: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     reclaims: dict[tuple[str, str], list[float]] = field(default_factory=lambda: defaultdict(list))
     raw_unknown: dict[str, list[bytes]] = field(default_factory=dict)
@@ -222,6 +150,10 @@ def collect(
     for p in data.acc.policy_names():
         if p not in data.policies:
             data.policies.append(p)
+        # the run-wide sketches the metrics merged (the latency figures): one merge for both
+        for which, merged in zip(("all", "base"), data.acc.latency_sums(p), strict=True):
+            if merged.alpha is not None:
+                data.sketches[(p, which)] = merged
     data.regions = list(regions)
     data.acc.flush()  # judges the windows still open, so every p99 is in the series
     return data
@@ -237,7 +169,11 @@ def _buckets(
     head: list[Mapping[str, Any]] = []
     if metrics is not None:
         policies_m: Mapping[str, Any] = metrics.get("policies") or {}
-        durations = [_num(m.get("duration_s")) for m in policies_m.values()]
+        # the planned duration (an incomplete policy's duration_s is only the span covered)
+        durations = [
+            _num((m.get("completeness") or {}).get("planned_s", m.get("duration_s")))
+            for m in policies_m.values()
+        ]
         windows = [_num((m.get("slo") or {}).get("window_s")) for m in policies_m.values()]
         order = list(policies_m)
     else:
@@ -267,7 +203,8 @@ def _buckets(
 
 
 def _collect_window(data: ReportData, e: Mapping[str, Any], policy: str, region: Any) -> None:
-    """A ``window`` line: its levels, value by lever, precompute sums and sketches."""
+    """A ``window`` line: its levels, value by lever, precompute sums (its sketches are merged
+    by the metrics: ``data.acc``)."""
     t_start = _num(e.get("t_start"))
     t_end = _num(e.get("t_end"))
     length = t_end - t_start if t_end > t_start else data.bin_s
@@ -286,13 +223,6 @@ def _collect_window(data: ReportData, e: Mapping[str, Any], policy: str, region:
     pre = e.get("precompute")
     if isinstance(pre, dict):
         _window_precompute(data.binned(data.precompute, policy), pre, b, length)
-    for which, key in (("all", "sketch"), ("base", "sketch_base")):
-        sk = e.get(key)
-        if sk is not None:
-            s = data.sketches.get((policy, which))
-            if s is None:
-                s = data.sketches[(policy, which)] = _SketchSum()
-            s.add(sk)
 
 
 def _window_levels(w: _Binned, e: Mapping[str, Any], b: int, length: float) -> None:

@@ -547,6 +547,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", metavar="DIR", default=None, help="output directory (default: beside the log)"
     )
     p.add_argument("--no-plots", action="store_true", help="skip PNG plots and report.html")
+    p.add_argument(
+        "--partial",
+        action="store_true",
+        help="analyse a log with incomplete policies (no run.finished, missing windows, corrupt "
+        "lines) instead of exiting 1: they are written with complete: false",
+    )
 
     p = cmd(
         sub,

@@ -109,7 +109,7 @@ async def _run_until_signal(config: StackConfig, scenario: Scenario) -> UpResult
 
 def up(args: argparse.Namespace) -> int:
     configure()
-    from headroom.analysis.metrics import write_metrics
+    from headroom.analysis.metrics import incomplete_policies, write_metrics
     from headroom.analysis.table import closing_lines, format_table
 
     scenario_path = resolve_scenario(args.scenario).resolve()
@@ -151,6 +151,8 @@ def up(args: argparse.Namespace) -> int:
         )
         return 130
     metrics_path = write_metrics(result.metrics, result.out_dir / "metrics.json")
+    for name, problems in incomplete_policies(result.metrics).items():  # e.g. events lost
+        print(f"up: policy {name} is incomplete: {'; '.join(problems)}", file=sys.stderr)
     print(format_table(result.metrics))
     if args.no_plots:
         print("\n".join(closing_lines(result.metrics, [("metrics", metrics_path)])))

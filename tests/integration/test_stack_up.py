@@ -143,6 +143,24 @@ def test_baseline_p99_within_the_slo(stack_run: StackRun) -> None:
     assert slo["worst_window_p99_ms"] <= slo["p99_ms"]
 
 
+def test_the_run_is_complete_with_the_run_wide_figures_of_simulate(stack_run: StackRun) -> None:
+    m = stack_run.metrics
+    # the feed's run.finished and a window line per region and window: nothing is missing
+    assert m["complete"] is True, m["completeness"]
+    assert m["duration_s"] == load_scenario(SCENARIO).duration_s
+    assert stack_run.result.metrics["log"]["corrupt_lines"] == 0
+    lat = m["latency"]
+    # the clients' sketches: every request, and the ones served with no optional work
+    assert 0 < lat["baseline_only_count"] <= lat["all_count"]
+    assert lat["all_count"] == m["requests"]["total"]
+    assert lat["all_p99_ms"] > 0
+    assert lat["baseline_only_p99_ms"] > 0
+    offered, used = m["capacity"]["offered_unit_s"], m["capacity"]["used_unit_s"]
+    for r, share in m["capacity"]["captured_share"].items():
+        assert share == pytest.approx(used[r] / offered[r]), r
+    assert m["reclaims"]["releases"] == len(stack_run.kinds("optional.released"))
+
+
 def test_optional_work_is_used_while_capacity_is_spare(stack_run: StackRun) -> None:
     before = [w for w in stack_run.client_windows() if w["t_end"] <= PREEMPT_AT]
     treated = {

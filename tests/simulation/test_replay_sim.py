@@ -96,6 +96,13 @@ def _policy(run: Any, name: str) -> dict[str, Any]:
     return dict(policies[name])
 
 
+def test_replay_and_derived_runs_are_complete(runs: dict[str, Any]) -> None:
+    for name in ("replay", "derived"):
+        for policy in POLICIES:
+            m = _policy(runs[name], policy)
+            assert m["complete"] is True, (name, policy, m["completeness"])
+
+
 @pytest.mark.parametrize("policy", POLICIES)
 def test_replay_and_the_derived_scenario_see_the_same_requests_and_capacity(
     runs: dict[str, Any], policy: str

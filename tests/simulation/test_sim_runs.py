@@ -230,12 +230,65 @@ def test_metrics_carry_every_contract_field_for_every_policy(runs: Any) -> None:
             ("capacity", "used_unit_s", "accelerator"),
             ("reclaims", "release_ms_p99"),
             ("shedding", "server_activations"),
+            ("complete",),
+            ("latency", "all_p99_ms"),
+            ("latency", "baseline_only_p99_ms"),
+            ("capacity", "captured_share", "cpu"),
+            ("capacity", "captured_share", "accelerator"),
+            ("reclaims", "releases"),
         ):
             cur: Any = pm
             for k in path:
                 assert k in cur, (p, path)
                 cur = cur[k]
         assert set(pm["segments"]) == {"premium", "casual"}
+
+
+def test_every_simulated_policy_is_complete_with_sane_run_wide_figures(runs: Any) -> None:
+    m = runs("quickstart").metrics
+    assert m["log"]["corrupt_lines"] == 0
+    for p in POLICIES:
+        pm = m["policies"][p]
+        assert pm["complete"] is True, (p, pm["completeness"])
+        assert pm["duration_s"] == short("quickstart").duration_s
+        lat = pm["latency"]
+        # every request has a latency; the baseline-only ones are a subset of them
+        assert 0 < lat["baseline_only_count"] <= lat["all_count"], p
+        assert lat["all_p99_ms"] > 0, p
+        assert lat["baseline_only_p99_ms"] > 0, p
+        offered, used = pm["capacity"]["offered_unit_s"], pm["capacity"]["used_unit_s"]
+        for r, share in pm["capacity"]["captured_share"].items():
+            assert share == pytest.approx(used[r] / offered[r]), (p, r)
+            assert 0.0 <= share <= 1.0 + 1e-9, (p, r)
+        assert pm["reclaims"]["releases"] >= 0
+    static = m["policies"]["static"]["latency"]
+    # static does no optional work: every request is a baseline-only one
+    assert static["baseline_only_count"] == static["all_count"]
+    assert static["baseline_only_p99_ms"] == static["all_p99_ms"]
+
+
+def test_analyze_of_a_simulated_log_cut_in_half_exits_1_naming_what_is_incomplete(
+    runs: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = runs("quickstart").events_path.read_bytes()
+    cut = tmp_path / "events.jsonl"
+    cut.write_bytes(data[: len(data) // 2])
+    assert main(["analyze", str(cut), "--no-plots"]) == 1
+    err = capsys.readouterr().err
+    assert not (tmp_path / "metrics.json").exists()
+    assert main(["analyze", str(cut), "--no-plots", "--partial"]) == 0
+    capsys.readouterr()
+    doc = orjson.loads((tmp_path / "metrics.json").read_bytes())
+    finished = {e["policy"] for e in EventLog(cut) if e["kind"] == "run.finished"}
+    incomplete = [p for p, pm in doc["policies"].items() if not pm["complete"]]
+    assert incomplete
+    assert set(incomplete).isdisjoint(finished)
+    for p in incomplete:
+        assert f"policy {p} is incomplete" in err
+        assert doc["policies"][p]["duration_s"] < short("quickstart").duration_s
+        assert doc["policies"][p]["value"]["capture_ratio"] is None
+    for p in finished:
+        assert doc["policies"][p]["complete"] is True
 
 
 def test_control_outage_makes_clients_fall_back(runs: Any) -> None:

@@ -204,7 +204,7 @@ def test_metrics_do_not_depend_on_the_order_of_lines(seed: int) -> None:
 
 
 def test_incremental_value_by_lever_oracle_and_capture_ratio() -> None:
-    log = LogBuilder()
+    log = LogBuilder(duration_s=20.0)  # two windows: the whole run
     log.run_started("p")
     log.oracle("p", 40.0, {"rma": 30.0, "sbm": 10.0})
     log.window(
@@ -219,6 +219,7 @@ def test_incremental_value_by_lever_oracle_and_capture_ratio() -> None:
     log.window(
         "p", "r1", 10.0, latencies_ms=FAST, value_total=52.0, value_baseline=50.0, inc={"rma": 2.0}
     )
+    log.run_finished("p")
     v = compute_metrics(log.events)["policies"]["p"]["value"]
     assert v["total"] == 162.0
     assert v["baseline"] == 150.0
@@ -229,13 +230,15 @@ def test_incremental_value_by_lever_oracle_and_capture_ratio() -> None:
     assert v["capture_ratio"] == pytest.approx(12.0 / 40.0)
 
 
-def test_capture_ratio_is_zero_without_an_oracle_bound() -> None:
-    log = LogBuilder()
+def test_capture_ratio_is_null_without_an_oracle_bound() -> None:
+    log = LogBuilder(duration_s=10.0)
     log.run_started("p")
     log.window("p", "r1", 0.0, latencies_ms=FAST, value_total=3.0, value_baseline=1.0)
-    v = compute_metrics(log.events)["policies"]["p"]["value"]
-    assert v["oracle_incremental"] == 0.0
-    assert v["capture_ratio"] == 0.0
+    log.run_finished("p")
+    m = compute_metrics(log.events)["policies"]["p"]
+    assert m["complete"] is True
+    assert m["value"]["oracle_incremental"] == 0.0
+    assert m["value"]["capture_ratio"] is None
 
 
 def test_per_region_oracle_lines_add_up_and_a_run_wide_line_applies_to_every_policy() -> None:
@@ -347,6 +350,7 @@ def test_capacity_reclaims_release_percentiles_and_shedding() -> None:
     assert m["capacity"] == {
         "offered_unit_s": {"cpu": 120.0, "accelerator": 20.0},
         "used_unit_s": {"cpu": 40.0, "accelerator": 5.0},
+        "captured_share": {"cpu": 40.0 / 120.0, "accelerator": 5.0 / 20.0},
     }
     assert m["reclaims"]["count"] == 3
     # nearest rank over 1..100: p50 is the 50th value, p99 the 99th
@@ -427,11 +431,13 @@ def test_no_precompute_section_when_the_scenario_has_none() -> None:
 
 
 def test_every_policy_of_the_log_gets_its_own_entry_with_every_contract_field() -> None:
-    log = LogBuilder(scenario="quick", seed=42, duration_s=3600.0)
+    log = LogBuilder(scenario="quick", seed=42, duration_s=10.0)
     for policy in ("static", "headroom"):
         log.run_started(policy)
     log.window("static", "r1", 0.0, latencies_ms=FAST, value_total=5.0, value_baseline=5.0)
     log.window("headroom", "r1", 0.0, latencies_ms=SLOW, value_total=9.0, value_baseline=5.0)
+    for policy in ("static", "headroom"):
+        log.run_finished(policy)
     doc = compute_metrics(log.events)
     assert (doc["scenario"], doc["seed"]) == ("quick", 42)
     assert list(doc["policies"]) == ["static", "headroom"]
@@ -440,7 +446,8 @@ def test_every_policy_of_the_log_gets_its_own_entry_with_every_contract_field() 
     assert doc["policies"]["headroom"]["slo"]["violation_fraction"] == 1.0
     m = doc["policies"]["headroom"]
     assert m["policy"] == "headroom"
-    assert m["duration_s"] == 3600.0
+    assert m["duration_s"] == 10.0
+    assert m["complete"] is True
     contract = {
         "slo": {"p99_ms", "window_s", "violation_fraction", "worst_window_p99_ms"},
         "requests": {"total", "errors", "timeouts"},
@@ -456,9 +463,10 @@ def test_every_policy_of_the_log_gets_its_own_entry_with_every_contract_field() 
             "estimated_incremental",
             "estimated_ci95",
         },
-        "capacity": {"offered_unit_s", "used_unit_s"},
-        "reclaims": {"count", "release_ms_p50", "release_ms_p99", "release_ms_max"},
+        "capacity": {"offered_unit_s", "used_unit_s", "captured_share"},
+        "reclaims": {"count", "releases", "release_ms_p50", "release_ms_p99", "release_ms_max"},
         "shedding": {"server_activations", "client_activations"},
+        "latency": {"all_p99_ms", "baseline_only_p99_ms"},
     }
     for section, fields in contract.items():
         assert fields <= set(m[section]), section
@@ -497,12 +505,14 @@ def test_unknown_kinds_and_junk_fields_do_not_break_the_metrics() -> None:
 
 
 def test_table_shows_one_row_per_policy() -> None:
-    log = LogBuilder(scenario="quick")
+    log = LogBuilder(scenario="quick", duration_s=10.0)
     for policy in ("static", "headroom"):
         log.run_started(policy)
         log.oracle(policy, 10.0)
     log.window("static", "r1", 0.0, latencies_ms=FAST)
     log.window("headroom", "r1", 0.0, latencies_ms=SLOW, value_total=5.0, value_baseline=0.0)
+    for policy in ("static", "headroom"):
+        log.run_finished(policy)
     text = format_table(compute_metrics(log.events))
     lines = text.splitlines()
     assert lines[0].startswith("verdict — headroom:")  # the answer first
