@@ -87,6 +87,11 @@ class Traffic:
     noise: float = 0.0
     csv: str | None = None
     trace: tuple[Point, ...] | None = None  # (t_s, rps), linear between rows
+    # optional recorded arrivals (``arrivals: FILE``, columns t_s,requests): the requests arriving
+    # in each second [t_s, t_s + 1); seconds without a row have none. When given, the arrivals are
+    # these counts (scaled by noise and surges) instead of Poisson draws around the rate.
+    arrivals_csv: str | None = None
+    arrivals: tuple[Point, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -113,7 +113,9 @@ KEYS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "dedicated": (frozenset({"cpu", "accelerator", "hardware"}), frozenset()),
     "traffic": (
         frozenset(),
-        frozenset({"rps", "daily_amplitude", "peak_s", "period_s", "noise", "csv", "trace"}),
+        frozenset(
+            {"rps", "daily_amplitude", "peak_s", "period_s", "noise", "csv", "trace", "arrivals"}
+        ),
     ),
     "opportunistic": (
         frozenset({"resource", "hardware"}),
@@ -312,6 +314,15 @@ def _scenario(ctx: _Ctx, doc: dict[Any, Any], source: str | None) -> Scenario | 
         names = set(_raw_names(m.get("regions")))
         events = _events(ctx, m["events"], names, regions, duration) or ()
     control = _control(ctx, m["control"], slo) if m.get("control") is not None else Control()
+    if regions is not None and duration is not None:
+        for i, r in enumerate(regions):
+            late = [t for t, _ in r.traffic.arrivals or () if t >= duration]
+            if late:
+                ctx.add(
+                    f"regions[{i}].traffic.arrivals",
+                    f"{r.traffic.arrivals_csv}: second {late[0]:g} is at or after the end of the "
+                    f"run (duration_s {duration:g})",
+                )
     if slo is not None and control.interval_s < slo.window_s and m.get("control") is None:
         ctx.add(
             "control.interval_s",
@@ -701,6 +712,12 @@ def _traffic(ctx: _Ctx, path: str, value: Any) -> Traffic | None:
     if trace is not None and all(v == 0 for _, v in trace):
         where = f"{path}.csv" if csv_name else f"{path}.trace"
         ctx.add(where, "every rate is 0: the region would receive no traffic")
+    arrivals_csv: str | None = None
+    arrivals: tuple[Point, ...] | None = None
+    if "arrivals" in m:
+        arrivals_csv = _string(ctx, f"{path}.arrivals", m["arrivals"])
+        if arrivals_csv is not None:
+            arrivals = _arrival_counts(ctx, f"{path}.arrivals", arrivals_csv)
     if len(ctx.problems) != n:
         return None
     return Traffic(
@@ -711,7 +728,26 @@ def _traffic(ctx: _Ctx, path: str, value: Any) -> Traffic | None:
         noise=0.0 if noise is None else noise,
         csv=csv_name,
         trace=trace,
+        arrivals_csv=arrivals_csv,
+        arrivals=arrivals,
     )
+
+
+def _arrival_counts(ctx: _Ctx, path: str, name: str) -> tuple[Point, ...] | None:
+    """Recorded arrivals: ``t_s,requests`` rows, whole seconds in increasing order, whole counts
+    (the end of the run is checked with ``duration_s``)."""
+    points = _csv_trace(ctx, path, name, ("t_s", "requests"))
+    if points is None:
+        return None
+    for i, (t, v) in enumerate(points):
+        if t != math.floor(t) or v != math.floor(v):
+            ctx.add(
+                path,
+                f"{name} row {i + 1}: t_s and requests must be whole numbers (a second and a "
+                f"count), got {t:g},{v:g}",
+            )
+            return None
+    return points
 
 
 def _opportunistic(ctx: _Ctx, path: str, value: Any) -> Opportunistic | None:

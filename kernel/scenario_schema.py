@@ -154,6 +154,14 @@ _TRAFFIC = _obj(
             "relative to the scenario file",
         },
         "trace": _points("rps", "requests per second, linear between points"),
+        "arrivals": {
+            "type": "string",
+            "minLength": 1,
+            "description": "optional recorded arrivals: file with columns t_s,requests, the "
+            "requests arriving in each whole second [t_s, t_s + 1) (no row: none); the arrivals "
+            "are these counts, scaled by noise and surges, instead of Poisson draws around the "
+            "rate (scenario from-recording writes it); relative to the scenario file",
+        },
     },
     [],
     oneOf=[

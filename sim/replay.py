@@ -47,6 +47,7 @@ from headroom.kernel.scenario import (
     Scenario,
     Segment,
     Traffic,
+    ValueDist,
 )
 from headroom.kernel.traces import PoolKey, ScenarioTraces
 from headroom.sim.config import SimConfig
@@ -64,10 +65,12 @@ from headroom.streams.messages import Capacity, Request
 from headroom.streams.recording import Envelope
 
 __all__ = [
+    "ABSENT_SHARE",
     "RecordedPopulation",
     "ReplayContext",
     "ReplayTraces",
     "derived_scenario",
+    "recorded_segments",
     "replay_context",
     "scenario_regions_text",
     "write_feed_recording",
@@ -90,13 +93,15 @@ def derived_scenario(
     name: str | None = None,
     traffic_csv: Mapping[str, str] | None = None,
     pool_csv: Mapping[tuple[str, PoolKey], str] | None = None,
+    arrivals_csv: Mapping[str, str] | None = None,
 ) -> Scenario:
-    """The base's slo, world, models and segments with the recording's regions, traffic (rate
-    trace) and opportunistic capacity (level traces), lasting the recording's span, no events.
+    """The base's slo, world and models with the recording's segment mix and values
+    (:func:`recorded_segments`), regions, traffic (rate trace and the arrivals per second) and
+    opportunistic capacity (level traces), lasting the recording's span, no events.
 
-    ``traffic_csv`` / ``pool_csv`` only name the CSV files a written copy uses (so the loaded
-    file compares equal). :class:`ConfigError` for a recorded region the base does not list,
-    unless ``default_dedicated`` names the base region whose dedicated capacity it gets.
+    ``traffic_csv`` / ``pool_csv`` / ``arrivals_csv`` only name the CSV files a written copy uses
+    (so the loaded file compares equal). :class:`ConfigError` for a recorded region the base does
+    not list, unless ``default_dedicated`` names the base region whose dedicated capacity it gets.
     """
     by_name = {r.name: r for r in base.regions}
     problems = []
@@ -123,7 +128,17 @@ def derived_scenario(
                 )
             continue
         csv_name = traffic_csv.get(rname) if traffic_csv else None
-        traffic = Traffic(csv=csv_name, trace=recording.rate_points[rname])
+        per_second = recording.step_s == 1.0
+        traffic = Traffic(
+            csv=csv_name,
+            trace=recording.rate_points[rname],
+            arrivals_csv=arrivals_csv.get(rname) if arrivals_csv and per_second else None,
+            arrivals=(
+                tuple((float(k), float(n)) for k, n in enumerate(recording.arrivals[rname]))
+                if per_second
+                else None
+            ),
+        )
         pools = tuple(
             Opportunistic(
                 resource=p.key.resource,  # type: ignore[arg-type]  # checked when read
@@ -147,12 +162,46 @@ def derived_scenario(
         slo=base.slo,
         world=base.world,
         models=base.models,
-        segments=base.segments,
+        segments=recorded_segments(base.segments, recording),
         regions=tuple(regions),
         events=(),
         control=base.control,
         source=recording.path,
     )
+
+
+# a scenario segment no recorded request belongs to keeps this share (shares must be > 0)
+ABSENT_SHARE = 1e-9
+
+
+def recorded_segments(base: Sequence[Segment], recording: Recording) -> tuple[Segment, ...]:
+    """The base's segments with the recording's share and value distribution each.
+
+    ``share`` is the segment's share of the recorded requests (exactly the replay's); ``value``
+    is the log-normal with the recorded mean (``mean`` = Σv / n, zeros included) and the recorded
+    spread of ``ln v`` over the values above 0 (``sigma``, at most 5). ``base_error`` and
+    ``strong_error`` are the base's (the ranking world is not in a recording). A segment
+    without a recorded request keeps the base's value and gets share :data:`ABSENT_SHARE`.
+    """
+    counts = np.asarray(recording.value_counts, dtype=np.int64).sum(axis=1)
+    total = int(counts.sum())
+    sums = recording.value_sums
+    if total == 0 or sums.shape != (len(base), 4):
+        return tuple(base)
+    out = []
+    for s, seg in enumerate(base):
+        n = int(counts[s])
+        if n == 0:
+            out.append(replace(seg, share=ABSENT_SHARE))
+            continue
+        total_v, n_pos, sum_l, sum_l2 = (float(x) for x in sums[s])
+        mean = total_v / n
+        value = seg.value
+        if mean > 0.0 and n_pos > 0:
+            var = max(sum_l2 / n_pos - (sum_l / n_pos) ** 2, 0.0)
+            value = ValueDist(mean=mean, sigma=min(math.sqrt(var), 5.0))
+        out.append(replace(seg, share=n / total, value=value))
+    return tuple(out)
 
 
 def _name(text: str) -> str:

@@ -336,6 +336,8 @@ class Recording:
     grid: ValueGrid
     eligible: int  # requests marked eligible
     summary: ReplaySummary
+    # (S, 4) per segment, exact: sum of values, then over values > 0: count, Σ ln v, Σ (ln v)²
+    value_sums: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, 4)))
 
     @property
     def requests(self) -> int:
@@ -547,6 +549,7 @@ class _Reader:
         # pool key -> [(ts, line, units, expires_in_s)]
         self.points: dict[tuple[str, PoolKey], list[tuple[float, int, float, float | None]]] = {}
         self.value_counts = np.zeros((len(self.segments), self.grid.n_bins), dtype=np.int64)
+        self.value_sums = np.zeros((len(self.segments), 4))
         buffers: list[list[float]] = [[] for _ in self.segments]
         newest: dict[tuple[str, str], float] = {}
         for it in self._items():
@@ -589,8 +592,11 @@ class _Reader:
     def _fold_values(self, buffers: list[list[float]]) -> None:
         for s, buf in enumerate(buffers):
             if buf:
-                idx = self.grid.index(np.asarray(buf))
+                v = np.asarray(buf)
+                idx = self.grid.index(v)
                 self.value_counts[s] += np.bincount(idx, minlength=self.grid.n_bins)
+                lv = np.log(v[v > 0.0])
+                self.value_sums[s] += (math.fsum(v), lv.size, math.fsum(lv), math.fsum(lv * lv))
                 buf.clear()
 
     # -- pass 2 -----------------------------------------------------------------------------
@@ -725,6 +731,7 @@ def read_replay(
         grid=reader.grid,
         eligible=reader.eligible,
         summary=summary,
+        value_sums=reader.value_sums,
     )
 
 

@@ -130,16 +130,17 @@ def replay_for_simulate(args: argparse.Namespace, base: Scenario) -> tuple[Scena
 
 def csv_names(
     stem: str, recording: Recording
-) -> tuple[dict[str, str], dict[tuple[str, PoolKey], str]]:
-    """File names (beside the scenario) of every region's traffic and pool CSV."""
+) -> tuple[dict[str, str], dict[str, str], dict[tuple[str, PoolKey], str]]:
+    """File names (beside the scenario) of every region's traffic, arrivals and pool CSV."""
     traffic = {r: f"{stem}.{r}.traffic.csv" for r in recording.regions}
+    arrivals = {r: f"{stem}.{r}.arrivals.csv" for r in recording.regions}
     pools = {
         (r, p.key): f"{stem}.{r}.{p.key.resource}.{p.key.hardware}."
         f"{'remote' if p.key.remote else 'opportunistic'}.csv"
         for r in recording.regions
         for p in recording.pools[r]
     }
-    return traffic, pools
+    return traffic, arrivals, pools
 
 
 def scenario_yaml(scenario: Scenario, header: str = "") -> str:
@@ -191,6 +192,8 @@ def scenario_yaml(scenario: Scenario, header: str = "") -> str:
             if o.remote:
                 pool["remote"] = True
             pools.append(pool)
+        traffic: dict[str, Any] = {"csv": r.traffic.csv}
+        traffic.update({"arrivals": r.traffic.arrivals_csv} if r.traffic.arrivals_csv else {})
         region: dict[str, Any] = {
             "name": r.name,
             "dedicated": {
@@ -198,7 +201,7 @@ def scenario_yaml(scenario: Scenario, header: str = "") -> str:
                 "accelerator": r.dedicated.accelerator,
                 "hardware": r.dedicated.hardware,
             },
-            "traffic": {"csv": r.traffic.csv},
+            "traffic": traffic,
         }
         if pools:
             region["opportunistic"] = pools
@@ -228,6 +231,11 @@ def _csv(path: Path, columns: str, points: tuple[tuple[float, float], ...]) -> N
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
+def _counts_csv(path: Path, points: tuple[tuple[float, float], ...]) -> None:
+    lines = ["t_s,requests"] + [f"{int(t)},{int(n)}" for t, n in points]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
 def write_derived(
     base: Scenario,
     recording: Recording,
@@ -249,7 +257,7 @@ def write_derived(
             ]
         )
     stem = out.stem
-    traffic, pools = csv_names(stem, recording)
+    traffic, arrivals, pools = csv_names(stem, recording)
     derived = derived_scenario(
         base,
         recording,
@@ -257,19 +265,23 @@ def write_derived(
         name=_scenario_name(stem),
         traffic_csv=traffic,
         pool_csv=pools,
+        arrivals_csv=arrivals,
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     for region in derived.regions:
         assert region.traffic.csv is not None
         assert region.traffic.trace is not None
         _csv(out.parent / region.traffic.csv, "t_s,rps", region.traffic.trace)
+        if region.traffic.arrivals_csv is not None and region.traffic.arrivals is not None:
+            _counts_csv(out.parent / region.traffic.arrivals_csv, region.traffic.arrivals)
         for o in region.opportunistic:
             assert o.csv is not None
             _csv(out.parent / o.csv, "t_s,units", o.trace)
     header = (
         f"# Derived by `headroom scenario from-recording` from {recording.path}\n"
         f"# (first ts {recording.t0!r} = scenario time 0, span {recording.span_s:.3f} s) with the\n"
-        f"# slo, world, models and segments of {base.source or base.name}. Traces beside this "
+        f"# slo, world and models of {base.source or base.name}; segment shares and values,\n"
+        "# traffic, arrivals per second and capacity from the recording. Traces beside this "
         "file.\n"
     )
     out.write_text(scenario_yaml(derived, header), encoding="utf-8")
@@ -306,9 +318,9 @@ def scenario_from_recording(args: argparse.Namespace) -> int:
     written = write_derived(
         base, recording, out, default_dedicated=getattr(args, "default_dedicated", None)
     )
-    files = [r.traffic.csv for r in written.regions] + [
-        o.csv for r in written.regions for o in r.opportunistic
-    ]
+    files = [r.traffic.csv for r in written.regions]
+    files += [r.traffic.arrivals_csv for r in written.regions if r.traffic.arrivals_csv]
+    files += [o.csv for r in written.regions for o in r.opportunistic]
     print(
         orjson.dumps(
             {
