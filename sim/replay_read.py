@@ -34,11 +34,13 @@ scenario's ``traffic.csv`` trace means, so ``scenario from-recording`` writes th
 Capacity (newest ``ts`` wins, as on Kafka)
 ------------------------------------------
 Each opportunistic ``(region, resource, hardware, remote)`` pool is a piecewise-constant level:
-every message sets it at its ``t``; at the same ``t`` the later line wins; a message whose
-``ts`` is older than one already read still lands at its own ``t`` (it never overrides a newer
-level). A level announced with ``expires_in_s`` that is not announced again within that time
-drops to 0 when it lapses, as the servers and controllers treat it (workers/server.py
-``CapacityBook``, controllers/observe.py). Before a pool's first message its level is 0.
+every message sets it at its ``t``, by the rules of the one capacity-level book every server
+and controller keeps (:class:`headroom.defences.capacity.CapacityBook`): at the same ``t`` the
+lower level wins (then the shorter lifetime; a grant stamped with a reclaim cannot hide it,
+whatever the line order); a message whose ``ts`` is older than one already read still lands at
+its own ``t`` (it never overrides a newer level). A level announced with ``expires_in_s`` that is
+not announced again within that time drops to 0 when it lapses. Before a pool's first message
+its level is 0.
 Dedicated levels are counted but not used: dedicated capacity comes from the scenario.
 
 Regions
@@ -81,6 +83,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
+from headroom.defences.capacity import CapacityBook, CapacityLevel
 from headroom.kernel.codec import ValidationError
 from headroom.kernel.errors import ConfigError
 from headroom.kernel.scenario import (
@@ -754,27 +757,38 @@ def _rate_points(counts: IntArray, span: float, w: float) -> tuple[Point, ...]:
 def _pool_record(
     key: PoolKey, pts: list[tuple[float, int, float, float | None]], t0: float, span: float
 ) -> PoolRecord:
-    """Newest ts wins (the later line at equal ts); unrenewed lifetimes lapse to 0."""
+    """The pool's level over time, as the one capacity-level book
+    (:class:`headroom.defences.capacity.CapacityBook`) has it after each message: newest ts
+    wins (at equal ts the lower level, then the shorter lifetime), an unrenewed lifetime lapses
+    to 0 at ``ts + expires_in_s``."""
     pts = sorted(pts, key=lambda p: (p[0], p[1]))
+    book = CapacityBook()
+    book_key = (key.resource, key.hardware, "opportunistic", key.remote)
     changes: list[tuple[float, float]] = []
     for i, (ts, _line, units, expires) in enumerate(pts):
         t = ts - t0
-        changes.append((t, units))
-        if expires is not None and units > 0.0:
-            lapse = t + expires
-            nxt = pts[i + 1][0] - t0 if i + 1 < len(pts) else math.inf
-            if lapse < nxt and lapse <= span:
-                changes.append((lapse, 0.0))
-    points: list[Point] = []
-    for t, units in changes:
-        if points and points[-1][0] == t:
-            points[-1] = (t, units)  # the later message at the same instant wins
-        else:
-            points.append((t, units))
+        book.apply(
+            CapacityLevel(
+                resource=key.resource,  # type: ignore[arg-type]  # checked when read
+                hardware=key.hardware,
+                pool="opportunistic",
+                units=units,
+                expires_in_s=expires,
+                remote=key.remote,
+                ts=t,
+            )
+        )
+        nxt = pts[i + 1][0] - t0 if i + 1 < len(pts) else math.inf
+        if nxt == t:
+            continue  # the book decides between the levels of one instant
+        changes.append((t, book.units(book_key, t)))
+        lapse = book.next_lapse(t)
+        if lapse is not None and lapse < nxt and lapse <= span:
+            changes.append((lapse, book.units(book_key, lapse)))
     dedup: list[Point] = []
-    for t, units in points:
-        if not dedup or dedup[-1][1] != units:
-            dedup.append((t, units))
+    for t, level in changes:
+        if not dedup or dedup[-1][1] != level:
+            dedup.append((t, level))
     expires_seen = [p[3] for p in pts if p[3] is not None]
     return PoolRecord(
         key=key,

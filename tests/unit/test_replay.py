@@ -218,11 +218,25 @@ def test_capacity_newest_ts_wins_whatever_the_file_order(tmp_path: Path) -> None
     r.cap(0.0, 2.0)
     r.cap(10.0, 0.0)
     r.cap(5.0, 4.0)  # older than the line before: lands at t = 5, never overrides t = 10
-    r.cap(10.0, 1.0)  # same ts as a line before: the later line wins
+    r.cap(10.0, 1.0)  # same ts as a line before: the lower level wins (the capacity book's rule)
+    r.cap(20.0, 1.0)
     r.cap(20.0, 1.0)  # same level again: not a change
     r.req(20.0)
     rec = read(r.write(tmp_path / "r.jsonl"))
-    assert levels(rec, "us-east", GPU_B) == ((0.0, 2.0), (5.0, 4.0), (10.0, 1.0))
+    assert levels(rec, "us-east", GPU_B) == ((0.0, 2.0), (5.0, 4.0), (10.0, 0.0), (20.0, 1.0))
+
+
+def test_capacity_at_one_instant_is_decided_as_the_capacity_book_decides(tmp_path: Path) -> None:
+    # a grant and a reclaim stamped at the same instant, in either line order: the reclaim holds,
+    # as on every server and controller (headroom.defences.capacity.CapacityBook)
+    for order in ((3.0, 0.0), (0.0, 3.0)):
+        r = Rec()
+        r.cap(0.0, 2.0)
+        for units in order:
+            r.cap(10.0, units)
+        r.req(20.0)
+        rec = read(r.write(tmp_path / "r.jsonl"))
+        assert levels(rec, "us-east", GPU_B) == ((0.0, 2.0), (10.0, 0.0))
 
 
 def test_a_level_lapses_when_its_lifetime_passes_unannounced(tmp_path: Path) -> None:
