@@ -53,10 +53,22 @@ class Models:
 
 @dataclass(frozen=True, slots=True)
 class ValueDist:
-    """Log-normal request value: value = exp(N(ln(mean) - sigma²/2, sigma)) so E[value] = mean."""
+    """Log-normal request value: value = exp(N(ln(mean) - sigma²/2, sigma)) so E[value] = mean.
+
+    With an optional recorded histogram (``csv: FILE``, columns ``value,requests``; what
+    ``scenario from-recording`` writes) the values are drawn from it instead: a row stands for
+    the requests valued in ``[value/√r, value·√r)`` (``r`` = :data:`VALUE_BIN_RATIO`,
+    log-uniform inside); ``mean`` and ``sigma`` are then its log-normal summary.
+    """
 
     mean: float
     sigma: float
+    csv: str | None = None
+    histogram: tuple[Point, ...] | None = None  # (value, requests), increasing values
+
+
+# the relative width of one row of a recorded value histogram: a 0.5 % grid, (1 + α)/(1 − α)
+VALUE_BIN_RATIO = 1.005 / 0.995
 
 
 @dataclass(frozen=True, slots=True)

@@ -108,7 +108,7 @@ KEYS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
         frozenset({"name", "share", "value", "base_error", "strong_error"}),
         frozenset({"return_rate_per_h"}),
     ),
-    "value": (frozenset({"mean", "sigma"}), frozenset()),
+    "value": (frozenset({"mean", "sigma"}), frozenset({"csv"})),
     "region": (frozenset({"name", "dedicated", "traffic"}), frozenset({"opportunistic"})),
     "dedicated": (frozenset({"cpu", "accelerator", "hardware"}), frozenset()),
     "traffic": (
@@ -576,9 +576,34 @@ def _value_dist(ctx: _Ctx, path: str, value: Any) -> ValueDist | None:
         return None
     mean = _req_number(ctx, path, m, "mean", gt=0)
     sigma = _req_number(ctx, path, m, "sigma", ge=0, le=5)
+    csv_name: str | None = None
+    histogram: tuple[Point, ...] | None = None
+    if "csv" in m:
+        csv_name = _string(ctx, f"{path}.csv", m["csv"])
+        if csv_name is None:
+            return None
+        histogram = _value_histogram(ctx, f"{path}.csv", csv_name)
+        if histogram is None:
+            return None
     if mean is None or sigma is None:
         return None
-    return ValueDist(mean=mean, sigma=sigma)
+    return ValueDist(mean=mean, sigma=sigma, csv=csv_name, histogram=histogram)
+
+
+def _value_histogram(ctx: _Ctx, path: str, name: str) -> tuple[Point, ...] | None:
+    """A recorded value histogram: ``value,requests`` rows, increasing values, whole counts,
+    at least one request."""
+    points = _csv_trace(ctx, path, name, ("value", "requests"))
+    if points is None:
+        return None
+    for i, (_, n) in enumerate(points):
+        if n != math.floor(n):
+            ctx.add(path, f"{name} row {i + 1}: requests must be a whole number, got {n:g}")
+            return None
+    if not any(n > 0 for _, n in points):
+        ctx.add(path, f"{name}: holds no request (every count is 0)")
+        return None
+    return points
 
 
 def _regions(ctx: _Ctx, value: Any, models: Models | None) -> tuple[Region, ...] | None:

@@ -105,6 +105,14 @@ _SEGMENT = _obj(
             {
                 "mean": _num("mean value of a request (value units)", exclusiveMinimum=0),
                 "sigma": _num("log-space standard deviation", minimum=0, maximum=5),
+                "csv": {
+                    "type": "string",
+                    "minLength": 1,
+                    "description": "optional recorded value histogram: file with columns "
+                    "value,requests (increasing values, whole counts); values are drawn from it "
+                    "(log-uniform within 0.5 % of each row's value) and mean/sigma are its "
+                    "summary (scenario from-recording writes it); relative to the scenario file",
+                },
             },
             ["mean", "sigma"],
         ),

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from headroom.kernel import seeds
-from headroom.kernel.scenario import Scenario
+from headroom.kernel.scenario import VALUE_BIN_RATIO, Scenario
 from headroom.kernel.traces import CapacityChange, PoolTrace, ScenarioTraces
 
 __all__ = [
@@ -98,6 +98,12 @@ class FeedSchedule:
         sig = np.array([s.value.sigma for s in segs], dtype=np.float64)
         self._sigma = sig
         self._mu = np.log([s.value.mean for s in segs]) - 0.5 * sig * sig
+        # a segment with a recorded value histogram draws from it: (values, cumulative shares)
+        self._hist: dict[int, tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]] = {}
+        for i, s in enumerate(segs):
+            if s.value.histogram is not None:
+                h = np.asarray(s.value.histogram, dtype=np.float64)
+                self._hist[i] = (h[:, 0], np.cumsum(h[:, 1]) / h[:, 1].sum())
         # users by segment, as the simulator splits them (a user belongs to one segment and
         # returns at its rate); a segment without a return rate gets never-returning ids
         self._seg_users, self._seg_offset = users_by_segment(scenario)
@@ -167,6 +173,12 @@ class FeedSchedule:
             values = np.exp(self._mu[seg] + self._sigma[seg] * rng.standard_normal(n))
             eligible = rng.random(n) < ELIGIBLE_SHARE
             users = self._draw_users(rng, seg)
+            for s_i, (h_values, h_cdf) in self._hist.items():
+                # after every other draw, so a scenario without histograms draws as before
+                sel = np.nonzero(seg == s_i)[0]
+                u = rng.random((2, sel.size))
+                row = np.minimum(np.searchsorted(h_cdf, u[0], side="right"), h_cdf.size - 1)
+                values[sel] = h_values[row] * VALUE_BIN_RATIO ** (u[1] - 0.5)
             for i in range(n):
                 out.append(
                     (

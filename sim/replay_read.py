@@ -95,6 +95,7 @@ from headroom.streams.recording import CorruptLine, Envelope, read_recording
 from headroom.streams.topics import trailing_kind
 
 __all__ = [
+    "VALUE_ALPHA",
     "Handling",
     "IssueKind",
     "PoolRecord",
@@ -114,6 +115,7 @@ USED_KINDS = ("capacity", "requests")
 # Values below V_MIN share one linear bin with the zeros; values above V_MAX are counted in the
 # top bin. Request values are ad values in currency units: 1e-9 .. 1e12 covers every real one.
 V_MIN = 1e-9
+VALUE_ALPHA = 0.005  # the value grid's relative bin width (kernel.scenario.VALUE_BIN_RATIO)
 V_MAX = 1e12
 _FLUSH = 65_536  # buffered values / step indices folded into numpy arrays at a time
 _PROGRESS_EVERY = 4096  # lines between progress callbacks
@@ -130,7 +132,7 @@ class ReplayConfig:
 
     step_s: float = 1.0  # must equal the simulator's step (SimConfig.step_s)
     rate_window_s: float = 10.0
-    value_alpha: float = 0.005
+    value_alpha: float = VALUE_ALPHA
     gap_min_s: float = 5.0
     gap_arrivals: float = 30.0
     backwards_tolerance_s: float = 0.0

@@ -130,17 +130,19 @@ def replay_for_simulate(args: argparse.Namespace, base: Scenario) -> tuple[Scena
 
 def csv_names(
     stem: str, recording: Recording
-) -> tuple[dict[str, str], dict[str, str], dict[tuple[str, PoolKey], str]]:
-    """File names (beside the scenario) of every region's traffic, arrivals and pool CSV."""
+) -> tuple[dict[str, str], dict[str, str], dict[str, str], dict[tuple[str, PoolKey], str]]:
+    """File names (beside the scenario) of every region's traffic, arrivals and pool CSV and of
+    every segment's value histogram."""
     traffic = {r: f"{stem}.{r}.traffic.csv" for r in recording.regions}
     arrivals = {r: f"{stem}.{r}.arrivals.csv" for r in recording.regions}
+    values = {s: f"{stem}.{s}.values.csv" for s in recording.segments}
     pools = {
         (r, p.key): f"{stem}.{r}.{p.key.resource}.{p.key.hardware}."
         f"{'remote' if p.key.remote else 'opportunistic'}.csv"
         for r in recording.regions
         for p in recording.pools[r]
     }
-    return traffic, arrivals, pools
+    return traffic, arrivals, values, pools
 
 
 def scenario_yaml(scenario: Scenario, header: str = "") -> str:
@@ -171,7 +173,8 @@ def scenario_yaml(scenario: Scenario, header: str = "") -> str:
         seg: dict[str, Any] = {
             "name": s.name,
             "share": s.share,
-            "value": {"mean": s.value.mean, "sigma": s.value.sigma},
+            "value": {"mean": s.value.mean, "sigma": s.value.sigma}
+            | ({"csv": s.value.csv} if s.value.csv else {}),
             "base_error": s.base_error,
             "strong_error": s.strong_error,
         }
@@ -257,7 +260,7 @@ def write_derived(
             ]
         )
     stem = out.stem
-    traffic, arrivals, pools = csv_names(stem, recording)
+    traffic, arrivals, values, pools = csv_names(stem, recording)
     derived = derived_scenario(
         base,
         recording,
@@ -266,8 +269,12 @@ def write_derived(
         traffic_csv=traffic,
         pool_csv=pools,
         arrivals_csv=arrivals,
+        value_csv=values,
     )
     out.parent.mkdir(parents=True, exist_ok=True)
+    for seg in derived.segments:
+        if seg.value.csv is not None and seg.value.histogram is not None:
+            _csv(out.parent / seg.value.csv, "value,requests", seg.value.histogram)
     for region in derived.regions:
         assert region.traffic.csv is not None
         assert region.traffic.trace is not None
@@ -320,6 +327,7 @@ def scenario_from_recording(args: argparse.Namespace) -> int:
     )
     files = [r.traffic.csv for r in written.regions]
     files += [r.traffic.arrivals_csv for r in written.regions if r.traffic.arrivals_csv]
+    files += [s.value.csv for s in written.segments if s.value.csv]
     files += [o.csv for r in written.regions for o in r.opportunistic]
     print(
         orjson.dumps(

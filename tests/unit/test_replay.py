@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from headroom.cli import main
 from headroom.commands.sim_replay import write_derived
 from headroom.kernel.errors import ConfigError
-from headroom.kernel.scenario import Scenario, ValueDist
+from headroom.kernel.scenario import VALUE_BIN_RATIO, Scenario
 from headroom.kernel.scenario_load import load_scenario, load_scenario_text
 from headroom.kernel.traces import PoolKey
 from headroom.sim.config import SimConfig
@@ -460,7 +460,11 @@ def test_the_derived_scenario_is_the_base_with_the_recordings_regions(
     ]
     premium, casual = got.segments
     assert (premium.share, premium.value) == (ABSENT_SHARE, base.segments[0].value)
-    assert (casual.share, casual.value) == (1.0, ValueDist(mean=1.0, sigma=0.0))
+    assert (casual.share, casual.value.mean, casual.value.sigma) == (1.0, 1.0, 0.0)
+    # the histogram: both requests in the 0.5 % bin of 1.0, written at its log middle
+    ((v, n),) = casual.value.histogram or ()
+    assert n == 2.0
+    assert v / math.sqrt(VALUE_BIN_RATIO) <= 1.0 < v * math.sqrt(VALUE_BIN_RATIO)
     assert got.duration_s == rec.span_s == 9.0
     assert got.events == ()
     (region,) = got.regions
@@ -492,14 +496,18 @@ def test_from_recording_files_load_back_as_the_derived_scenario(
     assert [(x.name, x.traffic.trace, x.traffic.arrivals) for x in written.regions] == [
         (x.name, x.traffic.trace, x.traffic.arrivals) for x in expected.regions
     ]
-    assert written.segments == expected.segments
+    assert [
+        (x.share, x.value.mean, x.value.sigma, x.value.histogram) for x in written.segments
+    ] == [(x.share, x.value.mean, x.value.sigma, x.value.histogram) for x in expected.segments]
     assert [o.trace for x in written.regions for o in x.opportunistic] == [
         o.trace for x in expected.regions for o in x.opportunistic
     ]
     names = sorted(p.name for p in out.parent.iterdir())
     assert names == [
+        "day-1.casual.values.csv",
         "day-1.eu-west.arrivals.csv",
         "day-1.eu-west.traffic.csv",
+        "day-1.premium.values.csv",
         "day-1.us-east.accelerator.gpu-b.opportunistic.csv",
         "day-1.us-east.accelerator.gpu-b.remote.csv",
         "day-1.us-east.arrivals.csv",
