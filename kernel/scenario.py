@@ -183,6 +183,8 @@ class Scenario:
     events: tuple[ScenarioEvent, ...] = ()
     control: Control = Control()
     source: str | None = field(default=None, compare=False)  # the file it came from
+    # share of requests eligible for the strong model (None: not given, the engines' default 1)
+    eligible_share: float | None = None
 
     @property
     def precompute_enabled(self) -> bool:

@@ -91,7 +91,7 @@ MAX_ERROR = 10.0  # model error is relative to the utility spread; 10 spreads is
 KEYS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "scenario": (
         frozenset({"name", "seed", "duration_s", "slo", "world", "models", "segments", "regions"}),
-        frozenset({"events", "control"}),
+        frozenset({"events", "control", "eligible_share"}),
     ),
     "control": (frozenset(), frozenset({"interval_s", "ttl_s"})),
     "slo": (frozenset({"p99_ms", "window_s"}), frozenset()),
@@ -314,6 +314,11 @@ def _scenario(ctx: _Ctx, doc: dict[Any, Any], source: str | None) -> Scenario | 
         names = set(_raw_names(m.get("regions")))
         events = _events(ctx, m["events"], names, regions, duration) or ()
     control = _control(ctx, m["control"], slo) if m.get("control") is not None else Control()
+    eligible = (
+        _number(ctx, "eligible_share", m["eligible_share"], ge=0, le=1)
+        if "eligible_share" in m
+        else None
+    )
     if regions is not None and duration is not None:
         for i, r in enumerate(regions):
             late = [t for t, _ in r.traffic.arrivals or () if t >= duration]
@@ -351,6 +356,7 @@ def _scenario(ctx: _Ctx, doc: dict[Any, Any], source: str | None) -> Scenario | 
         events=tuple(sorted(events, key=lambda e: e.at_s)),
         control=control,
         source=source,
+        eligible_share=eligible,
     )
 
 

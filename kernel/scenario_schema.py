@@ -388,6 +388,12 @@ SCHEMA: dict[str, Any] = _obj(
             "items": _EVENT,
         },
         "control": _nullable(_CONTROL),
+        "eligible_share": _num(
+            "optional: share of requests that may be routed to the strong model (the messages' "
+            "eligible flag; default 1; scenario from-recording writes the recorded share)",
+            minimum=0,
+            maximum=1,
+        ),
     },
     ["name", "seed", "duration_s", "slo", "world", "models", "segments", "regions"],
 )

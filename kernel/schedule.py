@@ -30,8 +30,8 @@ __all__ = [
 
 IntArray = npt.NDArray[np.int64]
 
-# Share of requests that may go to the strong model: the scenario format has no field for it, and
-# the simulator's default is 1.0 (sim/config.py, eligible_share); the two engines must agree.
+# Share of requests that may go to the strong model when the scenario does not give one
+# (``eligible_share``): the simulator's default is 1.0 (sim/config.py); the two engines must agree.
 ELIGIBLE_SHARE = 1.0
 USER_ID_SPACE = 1 << 31
 
@@ -93,6 +93,8 @@ class FeedSchedule:
         self.traces = ScenarioTraces(scenario, seeds.traces_rng(self.seed), step_s=1.0)
         segs = scenario.segments
         self._seg_names = [s.name for s in segs]
+        share = scenario.eligible_share
+        self._eligible = ELIGIBLE_SHARE if share is None else share
         shares = np.array([s.share for s in segs], dtype=np.float64)
         self._seg_cdf = np.cumsum(shares / shares.sum())
         sig = np.array([s.value.sigma for s in segs], dtype=np.float64)
@@ -171,7 +173,7 @@ class FeedSchedule:
             seg = np.searchsorted(self._seg_cdf, rng.random(n), side="right")
             seg = np.minimum(seg, len(self._seg_names) - 1)
             values = np.exp(self._mu[seg] + self._sigma[seg] * rng.standard_normal(n))
-            eligible = rng.random(n) < ELIGIBLE_SHARE
+            eligible = rng.random(n) < self._eligible
             users = self._draw_users(rng, seg)
             for s_i, (h_values, h_cdf) in self._hist.items():
                 # after every other draw, so a scenario without histograms draws as before

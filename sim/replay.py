@@ -172,6 +172,7 @@ def derived_scenario(
         events=(),
         control=base.control,
         source=recording.path,
+        eligible_share=recording.eligible_share,
     )
 
 

@@ -29,7 +29,7 @@ import orjson
 import yaml
 
 from headroom.kernel.errors import ConfigError, HeadroomError
-from headroom.kernel.scenario import Control, Scenario
+from headroom.kernel.scenario import Control, Scenario, Segment
 from headroom.kernel.traces import PoolKey
 from headroom.sim.replay import (
     ReplayContext,
@@ -145,6 +145,22 @@ def csv_names(
     return traffic, arrivals, values, pools
 
 
+def _segment_yaml(s: Segment) -> dict[str, Any]:
+    value: dict[str, Any] = {"mean": s.value.mean, "sigma": s.value.sigma}
+    if s.value.csv:
+        value["csv"] = s.value.csv
+    seg: dict[str, Any] = {
+        "name": s.name,
+        "share": s.share,
+        "value": value,
+        "base_error": s.base_error,
+        "strong_error": s.strong_error,
+    }
+    if s.return_rate_per_h is not None:
+        seg["return_rate_per_h"] = s.return_rate_per_h
+    return seg
+
+
 def scenario_yaml(scenario: Scenario, header: str = "") -> str:
     """The scenario as YAML (docs/scenarios.md field names); traces by their ``csv`` names."""
     w = scenario.world
@@ -168,19 +184,7 @@ def scenario_yaml(scenario: Scenario, header: str = "") -> str:
             "load_s": m.load_s,
         }
 
-    segments = []
-    for s in scenario.segments:
-        seg: dict[str, Any] = {
-            "name": s.name,
-            "share": s.share,
-            "value": {"mean": s.value.mean, "sigma": s.value.sigma}
-            | ({"csv": s.value.csv} if s.value.csv else {}),
-            "base_error": s.base_error,
-            "strong_error": s.strong_error,
-        }
-        if s.return_rate_per_h is not None:
-            seg["return_rate_per_h"] = s.return_rate_per_h
-        segments.append(seg)
+    segments = [_segment_yaml(s) for s in scenario.segments]
     regions = []
     for r in scenario.regions:
         if r.traffic.csv is None:
@@ -219,6 +223,8 @@ def scenario_yaml(scenario: Scenario, header: str = "") -> str:
         "segments": segments,
         "regions": regions,
     }
+    if scenario.eligible_share is not None:
+        doc["eligible_share"] = scenario.eligible_share
     if scenario.control != Control():
         control: dict[str, Any] = {"interval_s": scenario.control.interval_s}
         if scenario.control.ttl_s is not None:
