@@ -24,6 +24,12 @@ over the part ``[a, b]`` of each log bin ``i`` (mass share ``m_i``) inside the c
 eligible requests is the recorded one (``SimConfig.eligible_share``). What the cell model cannot
 hold: the segment mix and the value distribution are pooled over regions and time (per-region,
 per-step *counts* stay exact), and eligibility is independent of segment and value.
+
+The derived scenario (:func:`derived_scenario`) carries all of it — the recorded shares, each
+segment's histogram (``value.csv``, rows at the bins' middles: :func:`value_histogram`), the
+eligible share and the arrivals per second (``traffic.arrivals``) — and a scenario with value
+histograms gets these very cells (:meth:`RecordedPopulation.from_histograms`), so for one seed
+``simulate DERIVED`` and ``simulate BASE --replay FILE`` are the same simulation.
 """
 
 from __future__ import annotations
