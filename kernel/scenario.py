@@ -57,8 +57,10 @@ class ValueDist:
 
     With an optional recorded histogram (``csv: FILE``, columns ``value,requests``; what
     ``scenario from-recording`` writes) the values are drawn from it instead: a row stands for
-    the requests valued in ``[value/√r, value·√r)`` (``r`` = :data:`VALUE_BIN_RATIO`,
-    log-uniform inside); ``mean`` and ``sigma`` are then its log-normal summary.
+    ``requests`` requests valued in the grid bin that holds ``value`` — bin 0 is
+    ``[0, VALUE_GRID_MIN)`` (uniform inside), bin ``k ≥ 1`` is
+    ``[VALUE_GRID_MIN·r^(k−1), VALUE_GRID_MIN·r^k)`` with ``r`` = :data:`VALUE_BIN_RATIO`
+    (log-uniform inside); ``mean`` and ``sigma`` are then its log-normal summary.
     """
 
     mean: float
@@ -67,8 +69,11 @@ class ValueDist:
     histogram: tuple[Point, ...] | None = None  # (value, requests), increasing values
 
 
-# the relative width of one row of a recorded value histogram: a 0.5 % grid, (1 + α)/(1 − α)
-VALUE_BIN_RATIO = 1.005 / 0.995
+# The grid of recorded value histograms: a 0.5 % log grid, bin ratio (1 + α)/(1 − α), α = 0.005,
+# above VALUE_GRID_MIN (values below it share bin 0 with the zeros).
+VALUE_GRID_ALPHA = 0.005
+VALUE_BIN_RATIO = (1.0 + VALUE_GRID_ALPHA) / (1.0 - VALUE_GRID_ALPHA)
+VALUE_GRID_MIN = 1e-9
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from headroom.kernel import seeds
-from headroom.kernel.scenario import VALUE_BIN_RATIO, Scenario
+from headroom.kernel.scenario import VALUE_BIN_RATIO, VALUE_GRID_MIN, Scenario
 from headroom.kernel.traces import CapacityChange, PoolTrace, ScenarioTraces
 
 __all__ = [
@@ -180,7 +180,7 @@ class FeedSchedule:
                 sel = np.nonzero(seg == s_i)[0]
                 u = rng.random((2, sel.size))
                 row = np.minimum(np.searchsorted(h_cdf, u[0], side="right"), h_cdf.size - 1)
-                values[sel] = h_values[row] * VALUE_BIN_RATIO ** (u[1] - 0.5)
+                values[sel] = _in_value_bin(h_values[row], u[1])
             for i in range(n):
                 out.append(
                     (
@@ -206,6 +206,18 @@ class FeedSchedule:
         own = self._seg_offset[seg] + np.floor(uniform * np.maximum(pool, 1)).astype(np.int64)
         anon = (uniform * USER_ID_SPACE).astype(np.int64)
         return np.where(pool > 0, own, anon)
+
+
+def _in_value_bin(v: npt.NDArray[np.float64], u: npt.NDArray[np.float64]) -> Any:
+    """A value at position ``u`` of the value-grid bin holding ``v`` (kernel.scenario.ValueDist:
+    uniform in bin 0 below ``VALUE_GRID_MIN``, log-uniform above): how the simulator's
+    population spreads a histogram row."""
+    with np.errstate(divide="ignore"):
+        k = np.floor(
+            np.log(np.maximum(v, VALUE_GRID_MIN) / VALUE_GRID_MIN) / np.log(VALUE_BIN_RATIO)
+        )
+    lo = VALUE_GRID_MIN * VALUE_BIN_RATIO**k
+    return np.where(v < VALUE_GRID_MIN, u * VALUE_GRID_MIN, lo * VALUE_BIN_RATIO**u)
 
 
 def _reason(change: CapacityChange, preempt: bool) -> str:

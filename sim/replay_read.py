@@ -86,9 +86,7 @@ import orjson
 from headroom.defences.capacity import CapacityBook, CapacityLevel
 from headroom.kernel.codec import ValidationError
 from headroom.kernel.errors import ConfigError
-from headroom.kernel.scenario import (
-    Point,
-)
+from headroom.kernel.scenario import VALUE_GRID_ALPHA, VALUE_GRID_MIN, Point
 from headroom.kernel.traces import PoolKey
 from headroom.streams.messages import Capacity, Request, decode
 from headroom.streams.recording import CorruptLine, Envelope, read_recording
@@ -114,8 +112,8 @@ ProgressFn = Callable[[int, int, int], None]  # (pass 1 or 2, bytes read, file s
 USED_KINDS = ("capacity", "requests")
 # Values below V_MIN share one linear bin with the zeros; values above V_MAX are counted in the
 # top bin. Request values are ad values in currency units: 1e-9 .. 1e12 covers every real one.
-V_MIN = 1e-9
-VALUE_ALPHA = 0.005  # the value grid's relative bin width (kernel.scenario.VALUE_BIN_RATIO)
+V_MIN = VALUE_GRID_MIN
+VALUE_ALPHA = VALUE_GRID_ALPHA  # the value grid's relative bin width (a scenario's value.csv)
 V_MAX = 1e12
 _FLUSH = 65_536  # buffered values / step indices folded into numpy arrays at a time
 _PROGRESS_EVERY = 4096  # lines between progress callbacks

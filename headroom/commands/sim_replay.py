@@ -280,7 +280,10 @@ def write_derived(
     out.parent.mkdir(parents=True, exist_ok=True)
     for seg in derived.segments:
         if seg.value.csv is not None and seg.value.histogram is not None:
-            _csv(out.parent / seg.value.csv, "value,requests", seg.value.histogram)
+            rows = [f"{v!r},{int(n)}" for v, n in seg.value.histogram]
+            (out.parent / seg.value.csv).write_text(
+                "\n".join(["value,requests", *rows]) + "\n", encoding="utf-8"
+            )
     for region in derived.regions:
         assert region.traffic.csv is not None
         assert region.traffic.trace is not None
@@ -294,8 +297,8 @@ def write_derived(
         f"# Derived by `headroom scenario from-recording` from {recording.path}\n"
         f"# (first ts {recording.t0!r} = scenario time 0, span {recording.span_s:.3f} s) with the\n"
         f"# slo, world and models of {base.source or base.name}; segment shares and values,\n"
-        "# traffic, arrivals per second and capacity from the recording. Traces beside this "
-        "file.\n"
+        "# eligible share, traffic, arrivals per second and capacity from the recording. Traces\n"
+        "# beside this file.\n"
     )
     out.write_text(scenario_yaml(derived, header), encoding="utf-8")
     try:
