@@ -53,10 +53,27 @@ class Models:
 
 @dataclass(frozen=True, slots=True)
 class ValueDist:
-    """Log-normal request value: value = exp(N(ln(mean) - sigma²/2, sigma)) so E[value] = mean."""
+    """Log-normal request value: value = exp(N(ln(mean) - sigma²/2, sigma)) so E[value] = mean.
+
+    With an optional recorded histogram (``csv: FILE``, columns ``value,requests``; what
+    ``scenario from-recording`` writes) the values are drawn from it instead: a row stands for
+    ``requests`` requests valued in the grid bin that holds ``value`` — bin 0 is
+    ``[0, VALUE_GRID_MIN)`` (uniform inside), bin ``k ≥ 1`` is
+    ``[VALUE_GRID_MIN·r^(k−1), VALUE_GRID_MIN·r^k)`` with ``r`` = :data:`VALUE_BIN_RATIO`
+    (log-uniform inside); ``mean`` and ``sigma`` are then its log-normal summary.
+    """
 
     mean: float
     sigma: float
+    csv: str | None = None
+    histogram: tuple[Point, ...] | None = None  # (value, requests), increasing values
+
+
+# The grid of recorded value histograms: a 0.5 % log grid, bin ratio (1 + α)/(1 − α), α = 0.005,
+# above VALUE_GRID_MIN (values below it share bin 0 with the zeros).
+VALUE_GRID_ALPHA = 0.005
+VALUE_BIN_RATIO = (1.0 + VALUE_GRID_ALPHA) / (1.0 - VALUE_GRID_ALPHA)
+VALUE_GRID_MIN = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +104,11 @@ class Traffic:
     noise: float = 0.0
     csv: str | None = None
     trace: tuple[Point, ...] | None = None  # (t_s, rps), linear between rows
+    # optional recorded arrivals (``arrivals: FILE``, columns t_s,requests): the requests arriving
+    # in each second [t_s, t_s + 1); seconds without a row have none. When given, the arrivals are
+    # these counts (scaled by noise and surges) instead of Poisson draws around the rate.
+    arrivals_csv: str | None = None
+    arrivals: tuple[Point, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +188,8 @@ class Scenario:
     events: tuple[ScenarioEvent, ...] = ()
     control: Control = Control()
     source: str | None = field(default=None, compare=False)  # the file it came from
+    # share of requests eligible for the strong model (None: not given, the engines' default 1)
+    eligible_share: float | None = None
 
     @property
     def precompute_enabled(self) -> bool:

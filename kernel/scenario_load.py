@@ -91,7 +91,7 @@ MAX_ERROR = 10.0  # model error is relative to the utility spread; 10 spreads is
 KEYS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "scenario": (
         frozenset({"name", "seed", "duration_s", "slo", "world", "models", "segments", "regions"}),
-        frozenset({"events", "control"}),
+        frozenset({"events", "control", "eligible_share"}),
     ),
     "control": (frozenset(), frozenset({"interval_s", "ttl_s"})),
     "slo": (frozenset({"p99_ms", "window_s"}), frozenset()),
@@ -108,12 +108,14 @@ KEYS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
         frozenset({"name", "share", "value", "base_error", "strong_error"}),
         frozenset({"return_rate_per_h"}),
     ),
-    "value": (frozenset({"mean", "sigma"}), frozenset()),
+    "value": (frozenset({"mean", "sigma"}), frozenset({"csv"})),
     "region": (frozenset({"name", "dedicated", "traffic"}), frozenset({"opportunistic"})),
     "dedicated": (frozenset({"cpu", "accelerator", "hardware"}), frozenset()),
     "traffic": (
         frozenset(),
-        frozenset({"rps", "daily_amplitude", "peak_s", "period_s", "noise", "csv", "trace"}),
+        frozenset(
+            {"rps", "daily_amplitude", "peak_s", "period_s", "noise", "csv", "trace", "arrivals"}
+        ),
     ),
     "opportunistic": (
         frozenset({"resource", "hardware"}),
@@ -312,6 +314,20 @@ def _scenario(ctx: _Ctx, doc: dict[Any, Any], source: str | None) -> Scenario | 
         names = set(_raw_names(m.get("regions")))
         events = _events(ctx, m["events"], names, regions, duration) or ()
     control = _control(ctx, m["control"], slo) if m.get("control") is not None else Control()
+    eligible = (
+        _number(ctx, "eligible_share", m["eligible_share"], ge=0, le=1)
+        if "eligible_share" in m
+        else None
+    )
+    if regions is not None and duration is not None:
+        for i, r in enumerate(regions):
+            late = [t for t, _ in r.traffic.arrivals or () if t >= duration]
+            if late:
+                ctx.add(
+                    f"regions[{i}].traffic.arrivals",
+                    f"{r.traffic.arrivals_csv}: second {late[0]:g} is at or after the end of the "
+                    f"run (duration_s {duration:g})",
+                )
     if slo is not None and control.interval_s < slo.window_s and m.get("control") is None:
         ctx.add(
             "control.interval_s",
@@ -340,6 +356,7 @@ def _scenario(ctx: _Ctx, doc: dict[Any, Any], source: str | None) -> Scenario | 
         events=tuple(sorted(events, key=lambda e: e.at_s)),
         control=control,
         source=source,
+        eligible_share=eligible,
     )
 
 
@@ -565,9 +582,34 @@ def _value_dist(ctx: _Ctx, path: str, value: Any) -> ValueDist | None:
         return None
     mean = _req_number(ctx, path, m, "mean", gt=0)
     sigma = _req_number(ctx, path, m, "sigma", ge=0, le=5)
+    csv_name: str | None = None
+    histogram: tuple[Point, ...] | None = None
+    if "csv" in m:
+        csv_name = _string(ctx, f"{path}.csv", m["csv"])
+        if csv_name is None:
+            return None
+        histogram = _value_histogram(ctx, f"{path}.csv", csv_name)
+        if histogram is None:
+            return None
     if mean is None or sigma is None:
         return None
-    return ValueDist(mean=mean, sigma=sigma)
+    return ValueDist(mean=mean, sigma=sigma, csv=csv_name, histogram=histogram)
+
+
+def _value_histogram(ctx: _Ctx, path: str, name: str) -> tuple[Point, ...] | None:
+    """A recorded value histogram: ``value,requests`` rows, increasing values, whole counts,
+    at least one request."""
+    points = _csv_trace(ctx, path, name, ("value", "requests"))
+    if points is None:
+        return None
+    for i, (_, n) in enumerate(points):
+        if n != math.floor(n):
+            ctx.add(path, f"{name} row {i + 1}: requests must be a whole number, got {n:g}")
+            return None
+    if not any(n > 0 for _, n in points):
+        ctx.add(path, f"{name}: holds no request (every count is 0)")
+        return None
+    return points
 
 
 def _regions(ctx: _Ctx, value: Any, models: Models | None) -> tuple[Region, ...] | None:
@@ -701,6 +743,12 @@ def _traffic(ctx: _Ctx, path: str, value: Any) -> Traffic | None:
     if trace is not None and all(v == 0 for _, v in trace):
         where = f"{path}.csv" if csv_name else f"{path}.trace"
         ctx.add(where, "every rate is 0: the region would receive no traffic")
+    arrivals_csv: str | None = None
+    arrivals: tuple[Point, ...] | None = None
+    if "arrivals" in m:
+        arrivals_csv = _string(ctx, f"{path}.arrivals", m["arrivals"])
+        if arrivals_csv is not None:
+            arrivals = _arrival_counts(ctx, f"{path}.arrivals", arrivals_csv)
     if len(ctx.problems) != n:
         return None
     return Traffic(
@@ -711,7 +759,26 @@ def _traffic(ctx: _Ctx, path: str, value: Any) -> Traffic | None:
         noise=0.0 if noise is None else noise,
         csv=csv_name,
         trace=trace,
+        arrivals_csv=arrivals_csv,
+        arrivals=arrivals,
     )
+
+
+def _arrival_counts(ctx: _Ctx, path: str, name: str) -> tuple[Point, ...] | None:
+    """Recorded arrivals: ``t_s,requests`` rows, whole seconds in increasing order, whole counts
+    (the end of the run is checked with ``duration_s``)."""
+    points = _csv_trace(ctx, path, name, ("t_s", "requests"))
+    if points is None:
+        return None
+    for i, (t, v) in enumerate(points):
+        if t != math.floor(t) or v != math.floor(v):
+            ctx.add(
+                path,
+                f"{name} row {i + 1}: t_s and requests must be whole numbers (a second and a "
+                f"count), got {t:g},{v:g}",
+            )
+            return None
+    return points
 
 
 def _opportunistic(ctx: _Ctx, path: str, value: Any) -> Opportunistic | None:

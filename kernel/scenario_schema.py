@@ -105,6 +105,14 @@ _SEGMENT = _obj(
             {
                 "mean": _num("mean value of a request (value units)", exclusiveMinimum=0),
                 "sigma": _num("log-space standard deviation", minimum=0, maximum=5),
+                "csv": {
+                    "type": "string",
+                    "minLength": 1,
+                    "description": "optional recorded value histogram: file with columns "
+                    "value,requests (increasing values, whole counts); values are drawn from it "
+                    "(log-uniform within 0.5 % of each row's value) and mean/sigma are its "
+                    "summary (scenario from-recording writes it); relative to the scenario file",
+                },
             },
             ["mean", "sigma"],
         ),
@@ -154,6 +162,14 @@ _TRAFFIC = _obj(
             "relative to the scenario file",
         },
         "trace": _points("rps", "requests per second, linear between points"),
+        "arrivals": {
+            "type": "string",
+            "minLength": 1,
+            "description": "optional recorded arrivals: file with columns t_s,requests, the "
+            "requests arriving in each whole second [t_s, t_s + 1) (no row: none); the arrivals "
+            "are these counts, scaled by noise and surges, instead of Poisson draws around the "
+            "rate (scenario from-recording writes it); relative to the scenario file",
+        },
     },
     [],
     oneOf=[
@@ -372,6 +388,12 @@ SCHEMA: dict[str, Any] = _obj(
             "items": _EVENT,
         },
         "control": _nullable(_CONTROL),
+        "eligible_share": _num(
+            "optional: share of requests that may be routed to the strong model (the messages' "
+            "eligible flag; default 1; scenario from-recording writes the recorded share)",
+            minimum=0,
+            maximum=1,
+        ),
     },
     ["name", "seed", "duration_s", "slo", "world", "models", "segments", "regions"],
 )

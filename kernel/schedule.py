@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from headroom.kernel import seeds
-from headroom.kernel.scenario import Scenario
+from headroom.kernel.scenario import VALUE_BIN_RATIO, VALUE_GRID_MIN, Scenario
 from headroom.kernel.traces import CapacityChange, PoolTrace, ScenarioTraces
 
 __all__ = [
@@ -30,8 +30,8 @@ __all__ = [
 
 IntArray = npt.NDArray[np.int64]
 
-# Share of requests that may go to the strong model: the scenario format has no field for it, and
-# the simulator's default is 1.0 (sim/config.py, eligible_share); the two engines must agree.
+# Share of requests that may go to the strong model when the scenario does not give one
+# (``eligible_share``): the simulator's default is 1.0 (sim/config.py); the two engines must agree.
 ELIGIBLE_SHARE = 1.0
 USER_ID_SPACE = 1 << 31
 
@@ -93,11 +93,19 @@ class FeedSchedule:
         self.traces = ScenarioTraces(scenario, seeds.traces_rng(self.seed), step_s=1.0)
         segs = scenario.segments
         self._seg_names = [s.name for s in segs]
+        share = scenario.eligible_share
+        self._eligible = ELIGIBLE_SHARE if share is None else share
         shares = np.array([s.share for s in segs], dtype=np.float64)
         self._seg_cdf = np.cumsum(shares / shares.sum())
         sig = np.array([s.value.sigma for s in segs], dtype=np.float64)
         self._sigma = sig
         self._mu = np.log([s.value.mean for s in segs]) - 0.5 * sig * sig
+        # a segment with a recorded value histogram draws from it: (values, cumulative shares)
+        self._hist: dict[int, tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]] = {}
+        for i, s in enumerate(segs):
+            if s.value.histogram is not None:
+                h = np.asarray(s.value.histogram, dtype=np.float64)
+                self._hist[i] = (h[:, 0], np.cumsum(h[:, 1]) / h[:, 1].sum())
         # users by segment, as the simulator splits them (a user belongs to one segment and
         # returns at its rate); a segment without a return rate gets never-returning ids
         self._seg_users, self._seg_offset = users_by_segment(scenario)
@@ -165,8 +173,14 @@ class FeedSchedule:
             seg = np.searchsorted(self._seg_cdf, rng.random(n), side="right")
             seg = np.minimum(seg, len(self._seg_names) - 1)
             values = np.exp(self._mu[seg] + self._sigma[seg] * rng.standard_normal(n))
-            eligible = rng.random(n) < ELIGIBLE_SHARE
+            eligible = rng.random(n) < self._eligible
             users = self._draw_users(rng, seg)
+            for s_i, (h_values, h_cdf) in self._hist.items():
+                # after every other draw, so a scenario without histograms draws as before
+                sel = np.nonzero(seg == s_i)[0]
+                u = rng.random((2, sel.size))
+                row = np.minimum(np.searchsorted(h_cdf, u[0], side="right"), h_cdf.size - 1)
+                values[sel] = _in_value_bin(h_values[row], u[1])
             for i in range(n):
                 out.append(
                     (
@@ -192,6 +206,18 @@ class FeedSchedule:
         own = self._seg_offset[seg] + np.floor(uniform * np.maximum(pool, 1)).astype(np.int64)
         anon = (uniform * USER_ID_SPACE).astype(np.int64)
         return np.where(pool > 0, own, anon)
+
+
+def _in_value_bin(v: npt.NDArray[np.float64], u: npt.NDArray[np.float64]) -> Any:
+    """A value at position ``u`` of the value-grid bin holding ``v`` (kernel.scenario.ValueDist:
+    uniform in bin 0 below ``VALUE_GRID_MIN``, log-uniform above): how the simulator's
+    population spreads a histogram row."""
+    with np.errstate(divide="ignore"):
+        k = np.floor(
+            np.log(np.maximum(v, VALUE_GRID_MIN) / VALUE_GRID_MIN) / np.log(VALUE_BIN_RATIO)
+        )
+    lo = VALUE_GRID_MIN * VALUE_BIN_RATIO**k
+    return np.where(v < VALUE_GRID_MIN, u * VALUE_GRID_MIN, lo * VALUE_BIN_RATIO**u)
 
 
 def _reason(change: CapacityChange, preempt: bool) -> str:

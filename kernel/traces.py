@@ -15,7 +15,9 @@ its ``factor`` over ``[at_s, at_s + duration_s)``; overlapping surges multiply.
 
 The rate is evaluated at the middle of every step of ``step_s`` seconds, and the step's
 arrivals are a Poisson draw of ``rate · step_s`` (the request count of a real step is random
-even at a known rate).
+even at a known rate) — unless the traffic has recorded ``arrivals`` (counts per second, what
+``scenario from-recording`` writes): then they are those counts, scaled only where noise or a
+surge moves the rate off its trace.
 
 Capacity (per region and opportunistic pool)
 --------------------------------------------
@@ -154,7 +156,10 @@ class ScenarioTraces:
             # one child generator per region and purpose: adding a region never changes another's
             noise_rng, arrival_rng = rng.spawn(2)
             rate = self._rate(region, mids, noise_rng) * self._surge(region.name, mids)
-            arrivals = arrival_rng.poisson(np.maximum(rate, 0.0) * self.step_len)
+            if region.traffic.arrivals is not None:
+                arrivals = self._recorded_arrivals(region, mids, rate, arrival_rng)
+            else:
+                arrivals = arrival_rng.poisson(np.maximum(rate, 0.0) * self.step_len)
             pools, changes = self._pools(ri, region)
             outages = tuple(
                 (e.at_s, e.at_s + (e.duration_s or 0.0))
@@ -175,7 +180,8 @@ class ScenarioTraces:
 
     # -- traffic ----------------------------------------------------------------------------------
 
-    def _rate(self, region: Region, t: FloatArray, rng: np.random.Generator) -> FloatArray:
+    def _rate(self, region: Region, t: FloatArray, rng: np.random.Generator | None) -> FloatArray:
+        """The rate at ``t`` before surges; without ``rng``, before noise as well."""
         tr = region.traffic
         if tr.trace is not None:
             pts = np.asarray(tr.trace, dtype=np.float64)
@@ -185,11 +191,36 @@ class ScenarioTraces:
             period = tr.period_s if tr.period_s > 0 else 86400.0
             base = rps * (1.0 + tr.daily_amplitude * np.cos(2.0 * np.pi * (t - tr.peak_s) / period))
         sigma = float(tr.noise)
-        if sigma > 0.0:
+        if sigma > 0.0 and rng is not None:
             knots = np.arange(0.0, self.duration_s + NOISE_PERIOD_S, NOISE_PERIOD_S)
             eps = rng.standard_normal(knots.size)
             base = base * np.exp(sigma * np.interp(t, knots, eps) - 0.5 * sigma * sigma)
         return np.maximum(np.asarray(base, dtype=np.float64), 0.0)
+
+    def _recorded_arrivals(
+        self, region: Region, mids: FloatArray, rate: FloatArray, rng: np.random.Generator
+    ) -> IntArray:
+        """A region's recorded arrivals (``traffic.arrivals``): the counts per second, scaled
+        where noise or a surge moves the rate off the traffic trace (``rate / trace``): a factor
+        ``f > 1`` adds a Poisson draw of ``(f − 1)·count``, ``f < 1`` keeps each request with
+        probability ``f``. Without noise and surges the arrivals are the counts exactly."""
+        if self.step_s != 1.0:
+            raise ValueError(
+                f"region {region.name}: recorded arrivals are per second; step_s must be 1, "
+                f"got {self.step_s!r}"
+            )
+        counts = np.zeros(self.n_steps, dtype=np.int64)
+        for t, n in region.traffic.arrivals or ():
+            if int(t) < self.n_steps:
+                counts[int(t)] = int(n)
+        plain = self._rate(region, mids, None)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            factor = np.where(plain > 0, rate / np.where(plain > 0, plain, 1.0), 1.0)
+        if np.all(factor == 1.0):
+            return counts
+        extra = rng.poisson(np.maximum(factor - 1.0, 0.0) * counts)
+        kept = rng.binomial(counts, np.clip(factor, 0.0, 1.0))
+        return np.asarray(np.where(factor >= 1.0, counts + extra, kept), dtype=np.int64)
 
     def _surge(self, region: str, t: FloatArray) -> FloatArray:
         factor = np.ones_like(t)

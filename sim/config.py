@@ -35,8 +35,8 @@ class SimConfig:
     # Controller publish → client apply. Loopback Kafka measures ~10 ms (target_propagation bench);
     # a fleet of clients polling a compacted topic takes seconds: 2 s is a conservative middle.
     propagation_s: float = 2.0
-    # Share of requests that may be routed to the strong model (docs/messages.md ``eligible``). The
-    # scenario format has no field for it; the streaming side's default is 1.0 as well.
+    # Share of requests that may be routed to the strong model (docs/messages.md ``eligible``), when
+    # the scenario gives no ``eligible_share``; the streaming side's default is 1.0 as well.
     eligible_share: float = 1.0
     # A request routed to strong replicas that are gone fails fast (connection refused) and is
     # retried on the base path: this is what the failed attempt costs.

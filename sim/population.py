@@ -85,6 +85,11 @@ class Population:
     def from_scenario(cls, scenario: Scenario, bins: int = 8) -> Population:
         if bins < 1:
             raise ValueError(f"bins: must be >= 1, got {bins}")
+        if any(s.value.histogram is not None for s in scenario.segments):
+            # recorded value histograms: the recorded population's cells (sim/replay.py)
+            from headroom.sim.replay import RecordedPopulation
+
+            return RecordedPopulation.from_histograms(scenario, bins)
         names = tuple(s.name for s in scenario.segments)
         shares = np.array([s.share for s in scenario.segments], dtype=np.float64)
         shares = shares / shares.sum()

@@ -24,6 +24,12 @@ over the part ``[a, b]`` of each log bin ``i`` (mass share ``m_i``) inside the c
 eligible requests is the recorded one (``SimConfig.eligible_share``). What the cell model cannot
 hold: the segment mix and the value distribution are pooled over regions and time (per-region,
 per-step *counts* stay exact), and eligibility is independent of segment and value.
+
+The derived scenario (:func:`derived_scenario`) carries all of it — the recorded shares, each
+segment's histogram (``value.csv``, rows at the bins' middles: :func:`value_histogram`), the
+eligible share and the arrivals per second (``traffic.arrivals``) — and a scenario with value
+histograms gets these very cells (:meth:`RecordedPopulation.from_histograms`), so for one seed
+``simulate DERIVED`` and ``simulate BASE --replay FILE`` are the same simulation.
 """
 
 from __future__ import annotations
@@ -43,10 +49,12 @@ from headroom.kernel.errors import ConfigError
 from headroom.kernel.scenario import (
     Dedicated,
     Opportunistic,
+    Point,
     Region,
     Scenario,
     Segment,
     Traffic,
+    ValueDist,
 )
 from headroom.kernel.traces import PoolKey, ScenarioTraces
 from headroom.sim.config import SimConfig
@@ -54,6 +62,7 @@ from headroom.sim.engine import Curves, SimContext
 from headroom.sim.population import Population
 from headroom.sim.replay_read import (
     V_MIN,
+    VALUE_ALPHA,
     ProgressFn,
     Recording,
     ReplayConfig,
@@ -64,12 +73,15 @@ from headroom.streams.messages import Capacity, Request
 from headroom.streams.recording import Envelope
 
 __all__ = [
+    "ABSENT_SHARE",
     "RecordedPopulation",
     "ReplayContext",
     "ReplayTraces",
     "derived_scenario",
+    "recorded_segments",
     "replay_context",
     "scenario_regions_text",
+    "value_histogram",
     "write_feed_recording",
 ]
 
@@ -90,13 +102,17 @@ def derived_scenario(
     name: str | None = None,
     traffic_csv: Mapping[str, str] | None = None,
     pool_csv: Mapping[tuple[str, PoolKey], str] | None = None,
+    arrivals_csv: Mapping[str, str] | None = None,
+    value_csv: Mapping[str, str] | None = None,
 ) -> Scenario:
-    """The base's slo, world, models and segments with the recording's regions, traffic (rate
-    trace) and opportunistic capacity (level traces), lasting the recording's span, no events.
+    """The base's slo, world and models with the recording's segment mix and values
+    (:func:`recorded_segments`), regions, traffic (rate trace and the arrivals per second) and
+    opportunistic capacity (level traces), lasting the recording's span, no events.
 
-    ``traffic_csv`` / ``pool_csv`` only name the CSV files a written copy uses (so the loaded
-    file compares equal). :class:`ConfigError` for a recorded region the base does not list,
-    unless ``default_dedicated`` names the base region whose dedicated capacity it gets.
+    ``traffic_csv`` / ``pool_csv`` / ``arrivals_csv`` / ``value_csv`` only name the CSV files a
+    written copy uses (so the loaded file compares equal). :class:`ConfigError` for a recorded
+    region the base does not list, unless ``default_dedicated`` names the base region whose
+    dedicated capacity it gets.
     """
     by_name = {r.name: r for r in base.regions}
     problems = []
@@ -123,7 +139,17 @@ def derived_scenario(
                 )
             continue
         csv_name = traffic_csv.get(rname) if traffic_csv else None
-        traffic = Traffic(csv=csv_name, trace=recording.rate_points[rname])
+        per_second = recording.step_s == 1.0
+        traffic = Traffic(
+            csv=csv_name,
+            trace=recording.rate_points[rname],
+            arrivals_csv=arrivals_csv.get(rname) if arrivals_csv and per_second else None,
+            arrivals=(
+                tuple((float(k), float(n)) for k, n in enumerate(recording.arrivals[rname]))
+                if per_second
+                else None
+            ),
+        )
         pools = tuple(
             Opportunistic(
                 resource=p.key.resource,  # type: ignore[arg-type]  # checked when read
@@ -147,12 +173,68 @@ def derived_scenario(
         slo=base.slo,
         world=base.world,
         models=base.models,
-        segments=base.segments,
+        segments=recorded_segments(base.segments, recording, value_csv),
         regions=tuple(regions),
         events=(),
         control=base.control,
         source=recording.path,
+        eligible_share=recording.eligible_share,
     )
+
+
+# a scenario segment no recorded request belongs to keeps this share (shares must be > 0)
+ABSENT_SHARE = 1e-9
+
+
+def recorded_segments(
+    base: Sequence[Segment],
+    recording: Recording,
+    value_csv: Mapping[str, str] | None = None,
+) -> tuple[Segment, ...]:
+    """The base's segments with the recording's share and value distribution each.
+
+    ``share`` is the segment's share of the recorded requests (exactly the replay's); ``value``
+    is the recorded histogram (:func:`value_histogram`, the replay's cells exactly) summarised by
+    the log-normal with the recorded mean (``mean`` = Σv / n, zeros included) and the recorded
+    spread of ``ln v`` over the values above 0 (``sigma``, at most 5). ``base_error`` and
+    ``strong_error`` are the base's (the ranking world is not in a recording). A segment
+    without a recorded request keeps the base's value and gets share :data:`ABSENT_SHARE`.
+    ``value_csv`` only names the files a written copy uses, per segment.
+    """
+    counts = np.asarray(recording.value_counts, dtype=np.int64).sum(axis=1)
+    total = int(counts.sum())
+    sums = recording.value_sums
+    if total == 0 or sums.shape != (len(base), 4):
+        return tuple(base)
+    out = []
+    for s, seg in enumerate(base):
+        n = int(counts[s])
+        if n == 0:
+            out.append(replace(seg, share=ABSENT_SHARE))
+            continue
+        total_v, n_pos, sum_l, sum_l2 = (float(x) for x in sums[s])
+        mean = total_v / n
+        value = seg.value
+        if mean > 0.0 and n_pos > 0:
+            var = max(sum_l2 / n_pos - (sum_l / n_pos) ** 2, 0.0)
+            value = ValueDist(
+                mean=mean,
+                sigma=min(math.sqrt(var), 5.0),
+                csv=value_csv.get(seg.name) if value_csv else None,
+                histogram=value_histogram(recording, s),
+            )
+        out.append(replace(seg, share=n / total, value=value))
+    return tuple(out)
+
+
+def value_histogram(recording: Recording, s: int) -> tuple[Point, ...]:
+    """Segment ``s``'s recorded values as ``(value, requests)`` rows: one per non-empty bin of
+    the value grid, at the bin's middle (log middle; bin 0, below ``V_MIN``, its linear one), so
+    that each row reads back into its own bin."""
+    row = np.asarray(recording.value_counts[s])
+    idx = np.nonzero(row)[0]
+    mids = recording.grid.at(idx, np.full(idx.size, 0.5))
+    return tuple((float(v), float(n)) for v, n in zip(mids, row[idx], strict=True))
 
 
 def _name(text: str) -> str:
@@ -180,9 +262,40 @@ class RecordedPopulation(Population):
     recorded: IntArray  # (S,) requests per segment
 
     @classmethod
-    def from_counts(
-        cls, segments: Sequence[Segment], counts: npt.NDArray[np.int64], grid: ValueGrid, bins: int
+    def from_histograms(
+        cls, scenario: Scenario, bins: int, alpha: float = VALUE_ALPHA
     ) -> RecordedPopulation:
+        """The cells of a scenario whose segments carry recorded value histograms
+        (``value.csv``): each row's requests in the grid bin of its value; the segment shares
+        are the scenario's (normalised only when they do not sum to 1 within 1e-12); a segment
+        without a histogram keeps its log-normal."""
+        grid = ValueGrid.make(alpha)
+        counts = np.zeros((len(scenario.segments), grid.n_bins), dtype=np.int64)
+        for s, seg in enumerate(scenario.segments):
+            if seg.value.histogram is not None:
+                h = np.asarray(seg.value.histogram, dtype=np.float64)
+                idx = grid.index(h[:, 0])
+                counts[s] = np.bincount(idx, weights=h[:, 1], minlength=grid.n_bins).astype(
+                    np.int64
+                )
+        shares = np.array([seg.share for seg in scenario.segments], dtype=np.float64)
+        total = float(shares.sum())
+        if abs(total - 1.0) > 1e-12:
+            shares = shares / total
+        return cls.from_counts(scenario.segments, counts, grid, bins, shares=shares)
+
+    @classmethod
+    def from_counts(
+        cls,
+        segments: Sequence[Segment],
+        counts: npt.NDArray[np.int64],
+        grid: ValueGrid,
+        bins: int,
+        *,
+        shares: FloatArray | None = None,
+    ) -> RecordedPopulation:
+        """``shares``: the segment shares (default: the recorded ones, ``counts`` per segment
+        over the total)."""
         if bins < 1:
             raise ValueError(f"bins: must be >= 1, got {bins}")
         n_seg = len(segments)
@@ -201,7 +314,9 @@ class RecordedPopulation(Population):
                 cdf[s] = np.where(grid.edges > 0, ndtr(z), 0.0)
                 cdf[s, -1] = 1.0
         cdf[:, -1] = 1.0
-        if total > 0:
+        if shares is not None:
+            seg_share = np.asarray(shares, dtype=np.float64)
+        elif total > 0:
             seg_share = per_seg / total
         else:
             seg_share = np.array([s.share for s in segments], dtype=np.float64)

@@ -34,11 +34,13 @@ scenario's ``traffic.csv`` trace means, so ``scenario from-recording`` writes th
 Capacity (newest ``ts`` wins, as on Kafka)
 ------------------------------------------
 Each opportunistic ``(region, resource, hardware, remote)`` pool is a piecewise-constant level:
-every message sets it at its ``t``; at the same ``t`` the later line wins; a message whose
-``ts`` is older than one already read still lands at its own ``t`` (it never overrides a newer
-level). A level announced with ``expires_in_s`` that is not announced again within that time
-drops to 0 when it lapses, as the servers and controllers treat it (workers/server.py
-``CapacityBook``, controllers/observe.py). Before a pool's first message its level is 0.
+every message sets it at its ``t``, by the rules of the one capacity-level book every server
+and controller keeps (:class:`headroom.defences.capacity.CapacityBook`): at the same ``t`` the
+lower level wins (then the shorter lifetime; a grant stamped with a reclaim cannot hide it,
+whatever the line order); a message whose ``ts`` is older than one already read still lands at
+its own ``t`` (it never overrides a newer level). A level announced with ``expires_in_s`` that is
+not announced again within that time drops to 0 when it lapses. Before a pool's first message
+its level is 0.
 Dedicated levels are counted but not used: dedicated capacity comes from the scenario.
 
 Regions
@@ -81,17 +83,17 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
+from headroom.defences.capacity import CapacityBook, CapacityLevel
 from headroom.kernel.codec import ValidationError
 from headroom.kernel.errors import ConfigError
-from headroom.kernel.scenario import (
-    Point,
-)
+from headroom.kernel.scenario import VALUE_GRID_ALPHA, VALUE_GRID_MIN, Point
 from headroom.kernel.traces import PoolKey
 from headroom.streams.messages import Capacity, Request, decode
 from headroom.streams.recording import CorruptLine, Envelope, read_recording
 from headroom.streams.topics import trailing_kind
 
 __all__ = [
+    "VALUE_ALPHA",
     "Handling",
     "IssueKind",
     "PoolRecord",
@@ -110,7 +112,8 @@ ProgressFn = Callable[[int, int, int], None]  # (pass 1 or 2, bytes read, file s
 USED_KINDS = ("capacity", "requests")
 # Values below V_MIN share one linear bin with the zeros; values above V_MAX are counted in the
 # top bin. Request values are ad values in currency units: 1e-9 .. 1e12 covers every real one.
-V_MIN = 1e-9
+V_MIN = VALUE_GRID_MIN
+VALUE_ALPHA = VALUE_GRID_ALPHA  # the value grid's relative bin width (a scenario's value.csv)
 V_MAX = 1e12
 _FLUSH = 65_536  # buffered values / step indices folded into numpy arrays at a time
 _PROGRESS_EVERY = 4096  # lines between progress callbacks
@@ -127,7 +130,7 @@ class ReplayConfig:
 
     step_s: float = 1.0  # must equal the simulator's step (SimConfig.step_s)
     rate_window_s: float = 10.0
-    value_alpha: float = 0.005
+    value_alpha: float = VALUE_ALPHA
     gap_min_s: float = 5.0
     gap_arrivals: float = 30.0
     backwards_tolerance_s: float = 0.0
@@ -336,6 +339,8 @@ class Recording:
     grid: ValueGrid
     eligible: int  # requests marked eligible
     summary: ReplaySummary
+    # (S, 4) per segment, exact: sum of values, then over values > 0: count, Σ ln v, Σ (ln v)²
+    value_sums: npt.NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, 4)))
 
     @property
     def requests(self) -> int:
@@ -547,6 +552,7 @@ class _Reader:
         # pool key -> [(ts, line, units, expires_in_s)]
         self.points: dict[tuple[str, PoolKey], list[tuple[float, int, float, float | None]]] = {}
         self.value_counts = np.zeros((len(self.segments), self.grid.n_bins), dtype=np.int64)
+        self.value_sums = np.zeros((len(self.segments), 4))
         buffers: list[list[float]] = [[] for _ in self.segments]
         newest: dict[tuple[str, str], float] = {}
         for it in self._items():
@@ -589,8 +595,11 @@ class _Reader:
     def _fold_values(self, buffers: list[list[float]]) -> None:
         for s, buf in enumerate(buffers):
             if buf:
-                idx = self.grid.index(np.asarray(buf))
+                v = np.asarray(buf)
+                idx = self.grid.index(v)
                 self.value_counts[s] += np.bincount(idx, minlength=self.grid.n_bins)
+                lv = np.log(v[v > 0.0])
+                self.value_sums[s] += (math.fsum(v), lv.size, math.fsum(lv), math.fsum(lv * lv))
                 buf.clear()
 
     # -- pass 2 -----------------------------------------------------------------------------
@@ -725,6 +734,7 @@ def read_replay(
         grid=reader.grid,
         eligible=reader.eligible,
         summary=summary,
+        value_sums=reader.value_sums,
     )
 
 
@@ -747,27 +757,38 @@ def _rate_points(counts: IntArray, span: float, w: float) -> tuple[Point, ...]:
 def _pool_record(
     key: PoolKey, pts: list[tuple[float, int, float, float | None]], t0: float, span: float
 ) -> PoolRecord:
-    """Newest ts wins (the later line at equal ts); unrenewed lifetimes lapse to 0."""
+    """The pool's level over time, as the one capacity-level book
+    (:class:`headroom.defences.capacity.CapacityBook`) has it after each message: newest ts
+    wins (at equal ts the lower level, then the shorter lifetime), an unrenewed lifetime lapses
+    to 0 at ``ts + expires_in_s``."""
     pts = sorted(pts, key=lambda p: (p[0], p[1]))
+    book = CapacityBook()
+    book_key = (key.resource, key.hardware, "opportunistic", key.remote)
     changes: list[tuple[float, float]] = []
     for i, (ts, _line, units, expires) in enumerate(pts):
         t = ts - t0
-        changes.append((t, units))
-        if expires is not None and units > 0.0:
-            lapse = t + expires
-            nxt = pts[i + 1][0] - t0 if i + 1 < len(pts) else math.inf
-            if lapse < nxt and lapse <= span:
-                changes.append((lapse, 0.0))
-    points: list[Point] = []
-    for t, units in changes:
-        if points and points[-1][0] == t:
-            points[-1] = (t, units)  # the later message at the same instant wins
-        else:
-            points.append((t, units))
+        book.apply(
+            CapacityLevel(
+                resource=key.resource,  # type: ignore[arg-type]  # checked when read
+                hardware=key.hardware,
+                pool="opportunistic",
+                units=units,
+                expires_in_s=expires,
+                remote=key.remote,
+                ts=t,
+            )
+        )
+        nxt = pts[i + 1][0] - t0 if i + 1 < len(pts) else math.inf
+        if nxt == t:
+            continue  # the book decides between the levels of one instant
+        changes.append((t, book.units(book_key, t)))
+        lapse = book.next_lapse(t)
+        if lapse is not None and lapse < nxt and lapse <= span:
+            changes.append((lapse, book.units(book_key, lapse)))
     dedup: list[Point] = []
-    for t, units in points:
-        if not dedup or dedup[-1][1] != units:
-            dedup.append((t, units))
+    for t, level in changes:
+        if not dedup or dedup[-1][1] != level:
+            dedup.append((t, level))
     expires_seen = [p[3] for p in pts if p[3] is not None]
     return PoolRecord(
         key=key,

@@ -52,6 +52,8 @@ def build_context(
         from headroom.world.curves import curves_for
 
         curves = curves_for(scenario, seed=seed)
+    if scenario.eligible_share is not None:  # the scenario's own share of eligible requests
+        config = (config or SimConfig()).with_overrides(eligible_share=scenario.eligible_share)
     return SimContext(scenario, curves, seed=seed, config=config)
 
 

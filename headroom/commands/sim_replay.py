@@ -29,7 +29,7 @@ import orjson
 import yaml
 
 from headroom.kernel.errors import ConfigError, HeadroomError
-from headroom.kernel.scenario import Control, Scenario
+from headroom.kernel.scenario import Control, Scenario, Segment
 from headroom.kernel.traces import PoolKey
 from headroom.sim.replay import (
     ReplayContext,
@@ -130,16 +130,35 @@ def replay_for_simulate(args: argparse.Namespace, base: Scenario) -> tuple[Scena
 
 def csv_names(
     stem: str, recording: Recording
-) -> tuple[dict[str, str], dict[tuple[str, PoolKey], str]]:
-    """File names (beside the scenario) of every region's traffic and pool CSV."""
+) -> tuple[dict[str, str], dict[str, str], dict[str, str], dict[tuple[str, PoolKey], str]]:
+    """File names (beside the scenario) of every region's traffic, arrivals and pool CSV and of
+    every segment's value histogram."""
     traffic = {r: f"{stem}.{r}.traffic.csv" for r in recording.regions}
+    arrivals = {r: f"{stem}.{r}.arrivals.csv" for r in recording.regions}
+    values = {s: f"{stem}.{s}.values.csv" for s in recording.segments}
     pools = {
         (r, p.key): f"{stem}.{r}.{p.key.resource}.{p.key.hardware}."
         f"{'remote' if p.key.remote else 'opportunistic'}.csv"
         for r in recording.regions
         for p in recording.pools[r]
     }
-    return traffic, pools
+    return traffic, arrivals, values, pools
+
+
+def _segment_yaml(s: Segment) -> dict[str, Any]:
+    value: dict[str, Any] = {"mean": s.value.mean, "sigma": s.value.sigma}
+    if s.value.csv:
+        value["csv"] = s.value.csv
+    seg: dict[str, Any] = {
+        "name": s.name,
+        "share": s.share,
+        "value": value,
+        "base_error": s.base_error,
+        "strong_error": s.strong_error,
+    }
+    if s.return_rate_per_h is not None:
+        seg["return_rate_per_h"] = s.return_rate_per_h
+    return seg
 
 
 def scenario_yaml(scenario: Scenario, header: str = "") -> str:
@@ -165,18 +184,7 @@ def scenario_yaml(scenario: Scenario, header: str = "") -> str:
             "load_s": m.load_s,
         }
 
-    segments = []
-    for s in scenario.segments:
-        seg: dict[str, Any] = {
-            "name": s.name,
-            "share": s.share,
-            "value": {"mean": s.value.mean, "sigma": s.value.sigma},
-            "base_error": s.base_error,
-            "strong_error": s.strong_error,
-        }
-        if s.return_rate_per_h is not None:
-            seg["return_rate_per_h"] = s.return_rate_per_h
-        segments.append(seg)
+    segments = [_segment_yaml(s) for s in scenario.segments]
     regions = []
     for r in scenario.regions:
         if r.traffic.csv is None:
@@ -191,6 +199,8 @@ def scenario_yaml(scenario: Scenario, header: str = "") -> str:
             if o.remote:
                 pool["remote"] = True
             pools.append(pool)
+        traffic: dict[str, Any] = {"csv": r.traffic.csv}
+        traffic.update({"arrivals": r.traffic.arrivals_csv} if r.traffic.arrivals_csv else {})
         region: dict[str, Any] = {
             "name": r.name,
             "dedicated": {
@@ -198,7 +208,7 @@ def scenario_yaml(scenario: Scenario, header: str = "") -> str:
                 "accelerator": r.dedicated.accelerator,
                 "hardware": r.dedicated.hardware,
             },
-            "traffic": {"csv": r.traffic.csv},
+            "traffic": traffic,
         }
         if pools:
             region["opportunistic"] = pools
@@ -213,6 +223,8 @@ def scenario_yaml(scenario: Scenario, header: str = "") -> str:
         "segments": segments,
         "regions": regions,
     }
+    if scenario.eligible_share is not None:
+        doc["eligible_share"] = scenario.eligible_share
     if scenario.control != Control():
         control: dict[str, Any] = {"interval_s": scenario.control.interval_s}
         if scenario.control.ttl_s is not None:
@@ -225,6 +237,11 @@ def scenario_yaml(scenario: Scenario, header: str = "") -> str:
 def _csv(path: Path, columns: str, points: tuple[tuple[float, float], ...]) -> None:
     # repr() of a float reads back as the same float: the loaded trace equals the recorded one
     lines = [columns] + [f"{t!r},{v!r}" for t, v in points]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _counts_csv(path: Path, points: tuple[tuple[float, float], ...]) -> None:
+    lines = ["t_s,requests"] + [f"{int(t)},{int(n)}" for t, n in points]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -249,7 +266,7 @@ def write_derived(
             ]
         )
     stem = out.stem
-    traffic, pools = csv_names(stem, recording)
+    traffic, arrivals, values, pools = csv_names(stem, recording)
     derived = derived_scenario(
         base,
         recording,
@@ -257,20 +274,31 @@ def write_derived(
         name=_scenario_name(stem),
         traffic_csv=traffic,
         pool_csv=pools,
+        arrivals_csv=arrivals,
+        value_csv=values,
     )
     out.parent.mkdir(parents=True, exist_ok=True)
+    for seg in derived.segments:
+        if seg.value.csv is not None and seg.value.histogram is not None:
+            rows = [f"{v!r},{int(n)}" for v, n in seg.value.histogram]
+            (out.parent / seg.value.csv).write_text(
+                "\n".join(["value,requests", *rows]) + "\n", encoding="utf-8"
+            )
     for region in derived.regions:
         assert region.traffic.csv is not None
         assert region.traffic.trace is not None
         _csv(out.parent / region.traffic.csv, "t_s,rps", region.traffic.trace)
+        if region.traffic.arrivals_csv is not None and region.traffic.arrivals is not None:
+            _counts_csv(out.parent / region.traffic.arrivals_csv, region.traffic.arrivals)
         for o in region.opportunistic:
             assert o.csv is not None
             _csv(out.parent / o.csv, "t_s,units", o.trace)
     header = (
         f"# Derived by `headroom scenario from-recording` from {recording.path}\n"
         f"# (first ts {recording.t0!r} = scenario time 0, span {recording.span_s:.3f} s) with the\n"
-        f"# slo, world, models and segments of {base.source or base.name}. Traces beside this "
-        "file.\n"
+        f"# slo, world and models of {base.source or base.name}; segment shares and values,\n"
+        "# eligible share, traffic, arrivals per second and capacity from the recording. Traces\n"
+        "# beside this file.\n"
     )
     out.write_text(scenario_yaml(derived, header), encoding="utf-8")
     try:
@@ -306,9 +334,10 @@ def scenario_from_recording(args: argparse.Namespace) -> int:
     written = write_derived(
         base, recording, out, default_dedicated=getattr(args, "default_dedicated", None)
     )
-    files = [r.traffic.csv for r in written.regions] + [
-        o.csv for r in written.regions for o in r.opportunistic
-    ]
+    files = [r.traffic.csv for r in written.regions]
+    files += [r.traffic.arrivals_csv for r in written.regions if r.traffic.arrivals_csv]
+    files += [s.value.csv for s in written.segments if s.value.csv]
+    files += [o.csv for r in written.regions for o in r.opportunistic]
     print(
         orjson.dumps(
             {

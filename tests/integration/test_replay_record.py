@@ -4,7 +4,8 @@ the simulator saw are the recording's.
 
 The expectation is computed here from the raw lines, independently of sim/replay.py: each
 request counts in step ``⌊(ts − t0)/1 s⌋`` of its region; each pool's level at ``t`` is the
-``units`` of its newest message (greatest ``ts``, later line on a tie) with ``ts ≤ t0 + t``.
+``units`` of its newest message (greatest ``ts``, the lowest ``units`` on a tie) with
+``ts ≤ t0 + t``.
 """
 
 from __future__ import annotations
@@ -89,7 +90,10 @@ class Expected:
 
     def level(self, key: tuple[str, str, str, bool], t: float) -> float:
         known = [p for p in self.capacity[key] if p[0] <= self.t0 + t]
-        return max(known)[2] if known else 0.0
+        if not known:
+            return 0.0
+        newest = max(ts for ts, _, _ in known)
+        return min(units for ts, _, units in known if ts == newest)
 
 
 def check_replay(path: Path, tmp: Path, run_headroom: Run) -> None:

@@ -18,11 +18,12 @@ from hypothesis import strategies as st
 from headroom.cli import main
 from headroom.commands.sim_replay import write_derived
 from headroom.kernel.errors import ConfigError
-from headroom.kernel.scenario import Scenario
+from headroom.kernel.scenario import VALUE_BIN_RATIO, Scenario
 from headroom.kernel.scenario_load import load_scenario, load_scenario_text
 from headroom.kernel.traces import PoolKey
 from headroom.sim.config import SimConfig
 from headroom.sim.replay import (
+    ABSENT_SHARE,
     RecordedPopulation,
     ReplayContext,
     derived_scenario,
@@ -217,11 +218,25 @@ def test_capacity_newest_ts_wins_whatever_the_file_order(tmp_path: Path) -> None
     r.cap(0.0, 2.0)
     r.cap(10.0, 0.0)
     r.cap(5.0, 4.0)  # older than the line before: lands at t = 5, never overrides t = 10
-    r.cap(10.0, 1.0)  # same ts as a line before: the later line wins
+    r.cap(10.0, 1.0)  # same ts as a line before: the lower level wins (the capacity book's rule)
+    r.cap(20.0, 1.0)
     r.cap(20.0, 1.0)  # same level again: not a change
     r.req(20.0)
     rec = read(r.write(tmp_path / "r.jsonl"))
-    assert levels(rec, "us-east", GPU_B) == ((0.0, 2.0), (5.0, 4.0), (10.0, 1.0))
+    assert levels(rec, "us-east", GPU_B) == ((0.0, 2.0), (5.0, 4.0), (10.0, 0.0), (20.0, 1.0))
+
+
+def test_capacity_at_one_instant_is_decided_as_the_capacity_book_decides(tmp_path: Path) -> None:
+    # a grant and a reclaim stamped at the same instant, in either line order: the reclaim holds,
+    # as on every server and controller (headroom.defences.capacity.CapacityBook)
+    for order in ((3.0, 0.0), (0.0, 3.0)):
+        r = Rec()
+        r.cap(0.0, 2.0)
+        for units in order:
+            r.cap(10.0, units)
+        r.req(20.0)
+        rec = read(r.write(tmp_path / "r.jsonl"))
+        assert levels(rec, "us-east", GPU_B) == ((0.0, 2.0), (10.0, 0.0))
 
 
 def test_a_level_lapses_when_its_lifetime_passes_unannounced(tmp_path: Path) -> None:
@@ -437,17 +452,28 @@ def test_the_derived_scenario_is_the_base_with_the_recordings_regions(
     r.req(9.0, region="eu-west")
     rec = read(r.write(tmp_path / "r.jsonl"))
     got = derived_scenario(base, rec)
-    assert (got.slo, got.world, got.models, got.segments) == (
-        base.slo,
-        base.world,
-        base.models,
-        base.segments,
-    )
+    assert (got.slo, got.world, got.models) == (base.slo, base.world, base.models)
+    # the world's segments (names, model errors) are the base's; mix and values the recording's:
+    # both requests are casual with value 1.0; premium, never recorded, keeps its base value
+    assert [(s.name, s.base_error, s.strong_error) for s in got.segments] == [
+        (s.name, s.base_error, s.strong_error) for s in base.segments
+    ]
+    premium, casual = got.segments
+    assert (premium.share, premium.value) == (ABSENT_SHARE, base.segments[0].value)
+    assert (casual.share, casual.value.mean, casual.value.sigma) == (1.0, 1.0, 0.0)
+    # the histogram: both requests in the 0.5 % bin of 1.0, written at its log middle
+    ((v, n),) = casual.value.histogram or ()
+    assert n == 2.0
+    assert v / math.sqrt(VALUE_BIN_RATIO) <= 1.0 < v * math.sqrt(VALUE_BIN_RATIO)
     assert got.duration_s == rec.span_s == 9.0
     assert got.events == ()
     (region,) = got.regions
     assert region.name == "eu-west"
     assert region.traffic.trace == rec.rate_points["eu-west"]
+    assert region.traffic.arrivals is not None  # one row a second, the last second included
+    assert [(int(t), int(n)) for t, n in region.traffic.arrivals] == [
+        (t, 1 if t in (0, 8) else 0) for t in range(9)
+    ]
     assert region.opportunistic[0].trace == ((0.0, 2.0),)
 
 
@@ -467,17 +493,24 @@ def test_from_recording_files_load_back_as_the_derived_scenario(
     written = write_derived(base, rec, out)
     assert load_scenario(out) == written
     expected = derived_scenario(base, rec, name="day-1")
-    assert [(x.name, x.traffic.trace) for x in written.regions] == [
-        (x.name, x.traffic.trace) for x in expected.regions
+    assert [(x.name, x.traffic.trace, x.traffic.arrivals) for x in written.regions] == [
+        (x.name, x.traffic.trace, x.traffic.arrivals) for x in expected.regions
     ]
+    assert [
+        (x.share, x.value.mean, x.value.sigma, x.value.histogram) for x in written.segments
+    ] == [(x.share, x.value.mean, x.value.sigma, x.value.histogram) for x in expected.segments]
     assert [o.trace for x in written.regions for o in x.opportunistic] == [
         o.trace for x in expected.regions for o in x.opportunistic
     ]
     names = sorted(p.name for p in out.parent.iterdir())
     assert names == [
+        "day-1.casual.values.csv",
+        "day-1.eu-west.arrivals.csv",
         "day-1.eu-west.traffic.csv",
+        "day-1.premium.values.csv",
         "day-1.us-east.accelerator.gpu-b.opportunistic.csv",
         "day-1.us-east.accelerator.gpu-b.remote.csv",
+        "day-1.us-east.arrivals.csv",
         "day-1.us-east.cpu.any.opportunistic.csv",
         "day-1.us-east.traffic.csv",
         "day-1.yaml",
@@ -485,6 +518,9 @@ def test_from_recording_files_load_back_as_the_derived_scenario(
     assert (out.parent / "day-1.us-east.accelerator.gpu-b.opportunistic.csv").read_text() == (
         "t_s,units\n0.0,2.0\n12.0,0.5\n"
     )
+    arrivals = (out.parent / "day-1.us-east.arrivals.csv").read_text().splitlines()
+    assert arrivals[:3] == ["t_s,requests", "0,10", "1,10"]
+    assert len(arrivals) == 1 + rec.n_steps
 
 
 def test_from_recording_refuses_a_region_without_requests(tmp_path: Path, base: Scenario) -> None:
