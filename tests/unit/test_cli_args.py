@@ -196,3 +196,32 @@ def test_a_seed_is_valid_as_a_flag_exactly_when_valid_in_a_scenario(seed: int) -
     except ConfigError:
         as_flag = False
     assert in_file == as_flag == (0 <= seed <= MAX_SEED)
+
+
+# --- long runs say so at start -----------------------------------------------------------------
+
+
+def test_a_run_of_a_simulated_day_announces_its_time_and_log_size(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from headroom.commands.simulate import LONG_RUN_S, _warn_if_long
+    from headroom.kernel.scenario_load import load_scenario
+    from headroom.sim.estimate import estimate_run
+    from headroom.sim.policies import POLICIES
+
+    day = load_scenario(resolve_scenario("diurnal-3region"))
+    est = estimate_run(day, list(POLICIES))
+    assert est.wall_s > 10 * LONG_RUN_S
+    assert est.compress
+    assert est.window_lines == 8640 * 3 * len(POLICIES)
+    _warn_if_long(day, list(POLICIES))
+    err = capsys.readouterr().err
+    assert err.startswith("simulate: this run is expected to take about ")
+    assert "min" in err
+    assert "(gzip)" in err
+    assert "7 policies x 3 region(s) x 86400 simulated s" in err
+
+    hour = load_scenario(resolve_scenario("quickstart"))
+    assert estimate_run(hour, list(POLICIES)).wall_s < LONG_RUN_S
+    _warn_if_long(hour, list(POLICIES))
+    assert capsys.readouterr().err == ""  # a short run says nothing
