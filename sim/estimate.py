@@ -11,15 +11,17 @@ work is per SLO window and region (a fixed number of latency samples, one fluid-
 the cost scales with simulated time × regions, not with the request rate; the policies differ by
 how often they act (AIMD and gradient step every window, the others every control interval).
 
-Basis of the figures: measured on the development machine (2 cores, shared with other jobs, load
-~2–4) with ``headroom simulate scenarios/diurnal-3region.yaml --no-plots`` (86,400 s × 3 regions,
-every policy; ``run.finished.wall_s`` per policy) and ``headroom simulate quickstart`` (3,600 s,
-1 region). A faster or idle machine finishes sooner; the estimate is meant to be right within a
-factor of about two, enough to warn before a ten-minute run.
+Basis of the figures: measured on the development machine (2 cores, shared with other jobs: load
+4–7 during the run) with ``headroom simulate scenarios/diurnal-3region.yaml --no-plots``
+(86,400 s × 3 regions, every policy: 15 min 31 s in all; ``run.finished.wall_s`` per policy,
+divided by 259,200 region-seconds). ``headroom simulate quickstart`` (3,600 s, 1 region, a lighter
+load) ran each policy 1.5–2.5× faster per region-second. An idle or faster machine finishes
+sooner; the estimate is meant to be right within a factor of about two, enough to warn before a
+ten-minute run.
 
 **Log size** = window lines (SLO windows × regions × policies) × :data:`BYTES_PER_WINDOW_LINE`
-(plain JSON, measured: 2.2–2.5 kB a line on both scenarios; the other kinds add a few percent),
-divided by :data:`GZIP_RATIO` when compressed.
+(plain JSON, measured on the same diurnal-3region run: 487.3 MB for 181,440 window lines, 90 % of
+it window lines), divided by :data:`GZIP_RATIO` when compressed.
 """
 
 from __future__ import annotations
@@ -39,19 +41,20 @@ __all__ = [
 
 # wall seconds per simulated second and region, per policy (module docstring: basis)
 COST_S_PER_REGION_S: dict[str, float] = {
-    "static": 1.6e-4,
-    "greedy": 1.3e-4,
-    "central-only": 0.9e-4,
-    "aimd": 9.6e-4,
-    "gradient": 9.6e-4,
-    "headroom": 4.0e-4,
-    "oracle": 4.0e-4,
+    "static": 1.6e-4,  # 42 s for the day (the first policy: some warm-up)
+    "greedy": 1.3e-4,  # 34 s
+    "central-only": 0.9e-4,  # 22 s
+    "aimd": 9.6e-4,  # 249 s
+    "gradient": 11.5e-4,  # 298 s
+    "headroom": 6.0e-4,  # 155 s
+    "oracle": 3.5e-4,  # 90 s
 }
 DEFAULT_COST = max(COST_S_PER_REGION_S.values())  # a policy not measured: the slowest
-ANALYSIS_S_PER_LINE = 1.0e-4  # metrics from the log, per window line (plots add about as much)
-START_S = 5.0
-BYTES_PER_WINDOW_LINE = 2_500  # plain JSON, plus the other kinds' share
-GZIP_RATIO = 6.0  # zlib level 6 on a window-line log (measured 6.3x on diurnal-3region)
+# metrics from the log, per window line: the day's 181,440 lines took ~30 s (plots: as much)
+ANALYSIS_S_PER_LINE = 1.7e-4
+START_S = 10.0  # the value curves (cached after the first run of a world), context, oracle bound
+BYTES_PER_WINDOW_LINE = 2_700  # plain JSON: 2,430 B a window line, the other kinds add 10 %
+GZIP_RATIO = 6.3  # zlib level 6 on the day's log: 487.3 MB -> 77.3 MB
 # a plain log larger than this is written gzip-compressed: every run of a simulated day is, a
 # one-hour run of every policy (quickstart: 7 MB) stays plain text
 COMPRESS_ABOVE_BYTES = 32 * 1024 * 1024
