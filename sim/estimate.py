@@ -9,13 +9,14 @@ analysis of the log afterwards (``window lines × ANALYSIS_S_PER_LINE``) + a fix
 (:data:`START_S`: the world's value curves, the run's context and the oracle's bound). The engine's
 work is per SLO window and region (a fixed number of latency samples, one fluid-model pass), so
 the cost scales with simulated time × regions, not with the request rate; the policies differ by
-how often they act (AIMD and gradient step every window, the others every control interval).
+how often they act (AIMD and gradient adjust a client-side limit from the health of every step).
 
 Basis of the figures: measured on the development machine (2 cores, shared with other jobs: load
-4–7 during the run) with ``headroom simulate scenarios/diurnal-3region.yaml --no-plots``
-(86,400 s × 3 regions, every policy: 15 min 31 s in all; ``run.finished.wall_s`` per policy,
-divided by 259,200 region-seconds). ``headroom simulate quickstart`` (3,600 s, 1 region, a lighter
-load) ran each policy 1.5–2.5× faster per region-second. An idle or faster machine finishes
+2–7 during the runs) with ``headroom simulate scenarios/diurnal-3region.yaml --no-plots``
+(86,400 s × 3 regions, every policy), twice: 15 min 31 s and 12 min 46 s in all. The cost of a
+policy is the mean of its two ``run.finished.wall_s``, divided by 259,200 region-seconds; one
+policy's two figures differ by up to 3× with the machine's load. ``headroom simulate quickstart``
+(3,600 s, 1 region, a lighter load) took 9 s (estimate: 31 s). An idle or faster machine finishes
 sooner; the estimate is meant to be right within a factor of about two, enough to warn before a
 ten-minute run.
 
@@ -41,18 +42,18 @@ __all__ = [
 
 # wall seconds per simulated second and region, per policy (module docstring: basis)
 COST_S_PER_REGION_S: dict[str, float] = {
-    "static": 1.6e-4,  # 42 s for the day (the first policy: some warm-up)
-    "greedy": 1.3e-4,  # 34 s
-    "central-only": 0.9e-4,  # 22 s
-    "aimd": 9.6e-4,  # 249 s
-    "gradient": 11.5e-4,  # 298 s
-    "headroom": 6.0e-4,  # 155 s
-    "oracle": 3.5e-4,  # 90 s
+    "static": 1.64e-4,  # 43 s and 43 s for the day (two runs)
+    "greedy": 1.85e-4,  # 34 s, 62 s
+    "central-only": 1.70e-4,  # 22 s, 65 s
+    "aimd": 8.5e-4,  # 249 s, 191 s
+    "gradient": 9.8e-4,  # 298 s, 209 s
+    "headroom": 4.4e-4,  # 155 s, 75 s
+    "oracle": 3.6e-4,  # 90 s, 97 s
 }
 DEFAULT_COST = max(COST_S_PER_REGION_S.values())  # a policy not measured: the slowest
-# metrics from the log, per window line: the day's 181,440 lines took ~30 s (plots: as much)
-ANALYSIS_S_PER_LINE = 1.7e-4
-START_S = 10.0  # the value curves (cached after the first run of a world), context, oracle bound
+# metrics from the log, per window line: `analyze` read the day's 181,440 lines in 10 s
+ANALYSIS_S_PER_LINE = 0.6e-4
+START_S = 20.0  # the value curves (cached after the first run of a world), context, oracle bound
 BYTES_PER_WINDOW_LINE = 2_700  # plain JSON: 2,430 B a window line, the other kinds add 10 %
 GZIP_RATIO = 6.3  # zlib level 6 on the day's log: 487.3 MB -> 77.3 MB
 # a plain log larger than this is written gzip-compressed: every run of a simulated day is, a
