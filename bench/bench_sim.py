@@ -6,6 +6,13 @@ oracle's bound (every run writes it) and simulating every window into an event l
 Measuring the world's value curves is not counted (they are cached per world seed); nor is the
 analysis afterwards. Goal: ≥ 1,440× real time, i.e. a simulated day in a minute. ``--quick``
 simulates the first two hours only.
+
+``sim_event_log_mb_day`` — the size of the event log ``headroom simulate`` writes for a simulated
+day of diurnal-3region with every policy side by side (the run compresses it: its plain log is
+over :data:`headroom.sim.estimate.COMPRESS_ABOVE_BYTES`). The benchmark simulates the first
+:data:`LOG_HOURS` hours of every policy through :func:`headroom.sim.run.run_simulation` exactly as
+the command does and scales the bytes to 24 h (the log is one window line per policy, region and
+SLO window, so its size is linear in simulated time). Goal: ≤ 100 MB. ``--quick``: half an hour.
 """
 
 from __future__ import annotations
@@ -62,4 +69,58 @@ def sim_speedup_diurnal_3region(ctx: BenchContext) -> BenchResult:
     )
 
 
-BENCHMARKS = {"sim_speedup_diurnal_3region": sim_speedup_diurnal_3region}
+LOG_GOAL_MB = 100.0
+LOG_HOURS = 3.0
+
+
+def sim_event_log_mb_day(ctx: BenchContext) -> BenchResult:
+    from headroom.sim.estimate import estimate_run
+    from headroom.sim.policies import POLICIES
+    from headroom.sim.run import run_simulation
+    from headroom.world.curves import curves_for
+
+    day = load_scenario(_scenario_path("diurnal-3region"))
+    policies = list(POLICIES)
+    compress = estimate_run(day, policies).compress  # what `simulate` decides for the whole day
+    hours = 0.5 if ctx.quick else LOG_HOURS
+    scenario = dataclasses.replace(day, duration_s=3600.0 * hours)
+    curves = curves_for(scenario)
+    with tempfile.TemporaryDirectory() as tmp:
+        started = time.perf_counter()
+        run = run_simulation(
+            scenario, policies, Path(tmp), curves=curves, plots=False, compress_events=compress
+        )
+        wall = time.perf_counter() - started
+        size = run.events_path.stat().st_size
+        plain = sum(len(line) for line in _plain_lines(run.events_path))
+    scale = day.duration_s / scenario.duration_s
+    return BenchResult(
+        value=size * scale / 1e6,
+        unit="MB",
+        goal=LOG_GOAL_MB,
+        extra={
+            "simulated_s": scenario.duration_s,
+            "scaled_to_s": day.duration_s,
+            "policies": len(policies),
+            "regions": len(day.regions),
+            "compressed": compress,
+            "plain_mb_day": plain * scale / 1e6,
+            "wall_s": wall,
+        },
+    )
+
+
+def _plain_lines(path: Path) -> list[bytes]:
+    import gzip
+
+    with open(path, "rb") as fh:
+        head = fh.read(2)
+    opener = gzip.open if head == b"\x1f\x8b" else open
+    with opener(path, "rb") as fh:
+        return list(fh)
+
+
+BENCHMARKS = {
+    "sim_speedup_diurnal_3region": sim_speedup_diurnal_3region,
+    "sim_event_log_mb_day": sim_event_log_mb_day,
+}

@@ -17,6 +17,17 @@ import sys
 from collections.abc import Callable, Sequence
 
 from headroom.kernel.errors import ConfigError, HeadroomError
+from headroom.kernel.flags import (
+    DURATION,
+    EPOCH,
+    FAST_SPEED,
+    FIXED_PORT,
+    PORT,
+    SEED,
+    SHARE,
+    SPEED,
+    number,
+)
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -60,10 +71,11 @@ def _add_scenario_flag(p: argparse.ArgumentParser) -> None:
 
 
 def _add_metrics_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
+    number(
+        p,
         "--metrics-port",
+        PORT,
         metavar="N",
-        type=int,
         default=None,
         help="serve Prometheus metrics on this port (0 = a free port, printed at start-up; "
         "default: no endpoint)",
@@ -81,28 +93,23 @@ def _state_dir_flag(p: argparse.ArgumentParser) -> None:
 
 
 def _add_run_clock_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
+    number(
+        p,
         "--t0",
-        type=_positive_float,
+        EPOCH,
         default=None,
         metavar="EPOCH",
         help="wall-clock time of scenario time 0, the same for feed, servers and clients so "
         "their SLO windows line up (default: $HEADROOM_T0, else 0)",
     )
-    p.add_argument(
+    number(
+        p,
         "--speed",
-        type=_positive_float,
+        SPEED,
         default=1.0,
         metavar="X",
-        help="scenario seconds per wall second, as given to the feed (default 1)",
+        help="scenario seconds per wall second, as given to the feed, > 0 (default 1)",
     )
-
-
-def _share(text: str) -> float:
-    value = _positive_float(text)
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must lie in (0, 1]: {text!r}")
-    return value
 
 
 def _add_server_flags(p: argparse.ArgumentParser) -> None:
@@ -115,9 +122,10 @@ def _add_server_flags(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="replica name in latency messages and events (default: region-pool-host-pid)",
     )
-    p.add_argument(
+    number(
+        p,
         "--share",
-        type=_share,
+        SHARE,
         default=1.0,
         metavar="F",
         help="share of the region's pool capacity this replica holds, in (0, 1] (default 1)",
@@ -146,12 +154,14 @@ def _add_client_flags(p: argparse.ArgumentParser) -> None:
         help="static group membership id: a client restarted with the same id gets its "
         "partitions back at once (default: dynamic membership)",
     )
-    p.add_argument(
+    number(
+        p,
         "--seed",
-        type=int,
+        SEED,
         default=None,
         metavar="N",
-        help="seed of the holdout and routing draws (default: the scenario's)",
+        help="seed of the holdout and routing draws, an integer in [0, 2**63 - 1] (default: the "
+        "scenario's)",
     )
     _add_run_clock_flags(p)
 
@@ -167,18 +177,20 @@ def _add_default_dedicated_flag(p: argparse.ArgumentParser) -> None:
 
 
 def _add_feed_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
+    number(
+        p,
         "--t0",
-        type=_positive_float,
+        EPOCH,
         default=None,
         metavar="EPOCH",
         help="wall-clock time of scenario time 0; the feed waits for it (default: $HEADROOM_T0, "
         "else now)",
     )
-    p.add_argument("--seed", type=int, default=None, metavar="N", help="override the scenario seed")
-    p.add_argument(
+    _add_seed_flag(p)
+    number(
+        p,
         "--duration",
-        type=_positive_float,
+        DURATION,
         default=None,
         metavar="S",
         help="stop after S scenario seconds (default: the scenario's duration_s)",
@@ -186,29 +198,32 @@ def _add_feed_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_up_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
+    number(
+        p,
         "--speed",
-        type=_positive_float,
+        SPEED,
         default=1.0,
         metavar="X",
-        help="run the scenario X times faster than real time (default 1)",
+        help="run the scenario X times faster than real time, > 0 (default 1)",
     )
     _add_control_flags(p)
     p.add_argument("--no-plots", action="store_true", help="skip PNG plots and report.html")
 
 
 def _add_control_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
+    number(
+        p,
         "--interval",
-        type=_float,
+        DURATION,
         default=None,
         metavar="S",
         help="control interval, seconds of scenario time (default: the scenario's "
         "control.interval_s, else 60)",
     )
-    p.add_argument(
+    number(
+        p,
         "--ttl",
-        type=_float,
+        DURATION,
         default=None,
         metavar="S",
         help="lifetime of each target, seconds; clients fall back to the baseline when it passes "
@@ -216,23 +231,18 @@ def _add_control_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _float(text: str) -> float:
-    """A number; its range is checked where the value is used, with the flag's name."""
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+def _add_seed_flag(p: argparse.ArgumentParser) -> None:
+    number(
+        p,
+        "--seed",
+        SEED,
+        metavar="N",
+        default=None,
+        help="override the scenario's seed: an integer in [0, 2**63 - 1], as in a scenario file",
+    )
 
 
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value >= 0 or value != value or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0: {text!r}")
-    return value
-
+SUBCOMMAND_HELP = "what to do (SUBCOMMAND --help)"
 
 # (command path, module, function) — the function takes the parsed args and returns an exit code.
 Handler = tuple[str, str]
@@ -245,7 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
         "work, and give it back within milliseconds.",
     )
     parser.add_argument("--version", action="version", version=f"headroom {_version()}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(
+        dest="command", metavar="COMMAND", required=True, help="what to do (COMMAND --help)"
+    )
 
     def cmd(
         parent: argparse._SubParsersAction[argparse.ArgumentParser],
@@ -274,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="policy to run (repeatable or comma-separated): static, greedy, central-only, aimd, "
         "gradient, headroom, oracle (default: all side by side)",
     )
-    p.add_argument("--seed", type=int, metavar="N", default=None, help="override the scenario seed")
+    _add_seed_flag(p)
     p.add_argument(
         "--replay",
         metavar="FILE",
@@ -294,7 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     # --- scenario -----------------------------------------------------------------------------
     p = cmd(sub, "scenario", "scenario files: schema, validation, conversion", None)
-    ssub = p.add_subparsers(dest="scenario_command", metavar="SUBCOMMAND", required=True)
+    ssub = p.add_subparsers(
+        dest="scenario_command", metavar="SUBCOMMAND", required=True, help=SUBCOMMAND_HELP
+    )
     cmd(
         ssub,
         "schema",
@@ -327,7 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     # --- kafka --------------------------------------------------------------------------------
     p = cmd(sub, "kafka", "the local Apache Kafka broker for development and tests", None)
-    ksub = p.add_subparsers(dest="kafka_command", metavar="SUBCOMMAND", required=True)
+    ksub = p.add_subparsers(
+        dest="kafka_command", metavar="SUBCOMMAND", required=True, help=SUBCOMMAND_HELP
+    )
     q = cmd(
         ksub,
         "start",
@@ -335,23 +351,23 @@ def build_parser() -> argparse.ArgumentParser:
         "bootstrap address last",
         ("headroom.commands.kafka", "start"),
     )
-    q.add_argument(
-        "--port", type=int, metavar="N", default=None, help="client port (default 19092)"
-    )
-    q.add_argument(
+    number(q, "--port", FIXED_PORT, metavar="N", default=None, help="client port (default 19092)")
+    number(
+        q,
         "--controller-port",
-        type=int,
+        FIXED_PORT,
         metavar="N",
         default=None,
         help="KRaft controller port (default: the client port + 1 when free, else any free port)",
     )
     _state_dir_flag(q)
-    q.add_argument(
+    number(
+        q,
         "--timeout",
-        type=_positive_float,
+        DURATION,
         default=120.0,
         metavar="S",
-        help="give up after S seconds",
+        help="give up after S seconds (default 120)",
     )
     q = cmd(
         ksub,
@@ -370,7 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     # --- topics -------------------------------------------------------------------------------
     p = cmd(sub, "topics", "headroom's Kafka topics", None)
-    tsub = p.add_subparsers(dest="topics_command", metavar="SUBCOMMAND", required=True)
+    tsub = p.add_subparsers(
+        dest="topics_command", metavar="SUBCOMMAND", required=True, help=SUBCOMMAND_HELP
+    )
     q = cmd(
         tsub,
         "create",
@@ -398,9 +416,10 @@ def build_parser() -> argparse.ArgumentParser:
         "topic", metavar="TOPIC", help="topic name, with or without the prefix (e.g. capacity)"
     )
     q.add_argument("--from-beginning", action="store_true", help="start at the earliest offset")
-    q.add_argument(
+    number(
+        q,
         "--timeout",
-        type=_positive_float,
+        DURATION,
         default=5.0,
         metavar="S",
         help="stop after S seconds with no new message (default 5)",
@@ -421,10 +440,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_metrics_flag(p)
 
     p = cmd(sub, "server", "run one ranking-server worker", ("headroom.commands.server", "server"))
-    p.add_argument("--region", required=True, metavar="R")
-    p.add_argument("--pool", required=True, metavar="P", choices=["dedicated", "opportunistic"])
     p.add_argument(
-        "--port", type=int, default=0, metavar="N", help="port clients connect to (0 = free port)"
+        "--region", required=True, metavar="R", help="region (of the scenario) this server is in"
+    )
+    p.add_argument(
+        "--pool",
+        required=True,
+        metavar="P",
+        choices=["dedicated", "opportunistic"],
+        help="capacity pool this server's share is taken from: dedicated or opportunistic",
+    )
+    number(
+        p,
+        "--port",
+        PORT,
+        default=0,
+        metavar="N",
+        help="port clients connect to (0 = a free port, printed at start-up)",
     )
     _add_server_flags(p)
     _add_scenario_flag(p)
@@ -432,7 +464,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_metrics_flag(p)
 
     p = cmd(sub, "client", "run one client worker", ("headroom.commands.client", "client"))
-    p.add_argument("--region", required=True, metavar="R")
+    p.add_argument(
+        "--region",
+        required=True,
+        metavar="R",
+        help="region (of the scenario) whose requests this client consumes and ranks",
+    )
     _add_client_flags(p)
     _add_scenario_flag(p)
     _add_kafka_flags(p)
@@ -462,12 +499,13 @@ def build_parser() -> argparse.ArgumentParser:
         ("headroom.commands.feed", "feed"),
     )
     p.add_argument("scenario", metavar="SCENARIO", help=_scenario_help())
-    p.add_argument(
+    number(
+        p,
         "--speed",
-        type=_positive_float,
+        SPEED,
         default=1.0,
         metavar="X",
-        help="X times faster than real time (default 1)",
+        help="X times faster than real time, > 0 (default 1)",
     )
     _add_kafka_flags(p)
     _add_feed_flags(p)
@@ -479,7 +517,13 @@ def build_parser() -> argparse.ArgumentParser:
         ("headroom.commands.up", "up"),
     )
     p.add_argument("scenario", metavar="SCENARIO", help=_scenario_help())
-    p.add_argument("--out", metavar="DIR", default=None)
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        default=None,
+        help="output directory for events.jsonl, metrics.json, plots and report.html "
+        "(default: runs/<scenario>-up-<time>/)",
+    )
     _add_up_flags(p)
     _add_kafka_flags(p)
 
@@ -497,11 +541,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="T",
         help="topic to record (repeatable; with or without the prefix)",
     )
-    p.add_argument("--out", required=True, metavar="FILE")
-    p.add_argument("--from-beginning", action="store_true", help="start at the earliest offset")
     p.add_argument(
+        "--out",
+        required=True,
+        metavar="FILE",
+        help="recording to write (JSON lines, kcat -C -J envelope; replaced if it exists)",
+    )
+    p.add_argument("--from-beginning", action="store_true", help="start at the earliest offset")
+    number(
+        p,
         "--timeout",
-        type=_positive_float,
+        DURATION,
         default=None,
         metavar="S",
         help="stop after S seconds with no new message (default: until interrupted)",
@@ -514,13 +564,16 @@ def build_parser() -> argparse.ArgumentParser:
         "replay a recording into Kafka, keeping keys, per-key order and timing",
         ("headroom.commands.record", "replay"),
     )
-    p.add_argument("file", metavar="FILE")
     p.add_argument(
+        "file", metavar="FILE", help="recording to replay (JSON lines, kcat -C -J envelope)"
+    )
+    number(
+        p,
         "--speed",
-        type=_positive_float,
+        FAST_SPEED,
         default=1.0,
         metavar="X",
-        help="X times faster than recorded (0 = as fast as possible)",
+        help="X times faster than recorded, >= 0 (0 = as fast as possible; default 1)",
     )
     p.add_argument(
         "--topic-map",
@@ -585,9 +638,10 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    module_name, func_name = args._handler
     try:
+        # a bad numeric flag raises ConfigError here (headroom.kernel.flags.py): exit 2
+        args = parser.parse_args(argv)
+        module_name, func_name = args._handler
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:

@@ -16,6 +16,11 @@ from typing import Literal
 
 Resource = Literal["cpu", "accelerator"]
 EventKind = Literal["preempt", "grant", "surge", "control_outage"]
+
+# The largest seed a scenario may give, in its file or as ``--seed`` (the loader, the schema and
+# the command line's flag check share it): numpy's seed sequences take any non-negative integer,
+# but the event log encodes the seed as a signed 64-bit integer.
+MAX_SEED = 2**63 - 1
 Point = tuple[float, float]
 
 

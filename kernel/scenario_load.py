@@ -47,6 +47,7 @@ import yaml
 
 from headroom.kernel.errors import ConfigError
 from headroom.kernel.scenario import (
+    MAX_SEED,
     Control,
     Dedicated,
     Models,
@@ -302,7 +303,7 @@ def _scenario(ctx: _Ctx, doc: dict[Any, Any], source: str | None) -> Scenario | 
     if m is None:
         return None
     name = _string(ctx, "name", m.get("name"), pattern=True) if "name" in m else None
-    seed = _integer(ctx, "seed", m.get("seed"), ge=0, lt=2**63) if "seed" in m else None
+    seed = _integer(ctx, "seed", m.get("seed"), ge=0, le=MAX_SEED) if "seed" in m else None
     duration = _number(ctx, "duration_s", m["duration_s"], gt=0) if "duration_s" in m else None
     slo = _slo(ctx, m["slo"]) if "slo" in m else None
     world = _world(ctx, m["world"]) if "world" in m else None

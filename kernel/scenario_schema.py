@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from headroom.kernel.scenario import DEFAULT_INTERVAL_S, TTL_INTERVALS
+from headroom.kernel.scenario import DEFAULT_INTERVAL_S, MAX_SEED, TTL_INTERVALS
 from headroom.kernel.scenario_load import EVENT_KINDS, NAME_PATTERN, RESOURCES
 
 __all__ = ["SCHEMA"]
@@ -330,7 +330,7 @@ SCHEMA: dict[str, Any] = _obj(
     "control.interval_s.",
     {
         "name": _name("scenario name"),
-        "seed": _int("random seed: same seed, same run", minimum=0, maximum=2**63 - 1),
+        "seed": _int("random seed: same seed, same run", minimum=0, maximum=MAX_SEED),
         "duration_s": _num("simulated seconds", exclusiveMinimum=0),
         "slo": _obj(
             "the latency promise of the ranking path",

@@ -22,6 +22,7 @@ from headroom.analysis.metrics import compute_metrics
 from headroom.kernel.scenario import Scenario
 from headroom.sim.config import SimConfig
 from headroom.sim.engine import Curves, SimContext, run_policy
+from headroom.sim.estimate import estimate_run
 from headroom.sim.oracle import oracle_for
 from headroom.sim.policies import POLICIES, PolicyFactory
 
@@ -69,9 +70,12 @@ def run_simulation(
     plots: bool = True,
     progress: ProgressFn | None = None,
     clock: Callable[[], float] | None = None,
+    compress_events: bool | None = None,
 ) -> RunResult:
     """Simulate ``policies`` side by side and write ``events.jsonl``, ``metrics.json`` and (with
-    ``plots``) the PNG plots and ``report.html`` into ``out_dir``."""
+    ``plots``) the PNG plots and ``report.html`` into ``out_dir``. ``compress_events``: write the
+    log gzip-compressed (None: when its plain size would exceed
+    :data:`headroom.sim.estimate.COMPRESS_ABOVE_BYTES`, i.e. long runs)."""
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         raise ValueError(f"unknown policies {unknown} (known: {', '.join(POLICIES)})")
@@ -79,8 +83,10 @@ def run_simulation(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     events_path = out_dir / "events.jsonl"
+    if compress_events is None:
+        compress_events = estimate_run(scenario, policies, duration_s=ctx.duration_s).compress
     bound = oracle_for(ctx).bound()
-    with EventWriter(events_path) as writer:
+    with EventWriter(events_path, compress=compress_events) as writer:
         writer.write(
             {
                 "v": 1,

@@ -19,9 +19,12 @@ import dataclasses
 import sys
 import time
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from headroom.kernel.errors import ConfigError
+
+if TYPE_CHECKING:
+    from headroom.kernel.scenario import Scenario
 
 __all__ = ["Progress", "default_out_dir", "simulate"]
 
@@ -95,6 +98,7 @@ def simulate(args: argparse.Namespace) -> int:
         f"{control.target_ttl_s:g} s)",
         file=sys.stderr,
     )
+    _warn_if_long(scenario, policies)
     ctx = replayed if replayed is not None else build_context(scenario, seed=seed)
     _print_costs(scenario, seed)
     progress = Progress(sys.stderr, policies, enabled=not args.no_progress)
@@ -118,6 +122,27 @@ def simulate(args: argparse.Namespace) -> int:
         paths.append(("report", result.report_path))
     print("\n".join(closing_lines(result.metrics, paths)))
     return 0
+
+
+# a run expected to take longer than this says so at start, with its estimate
+LONG_RUN_S = 60.0
+
+
+def _warn_if_long(scenario: Scenario, policies: list[str]) -> None:
+    """Say at start how long a run expected to take over :data:`LONG_RUN_S` will take, and how
+    large its event log will be (:func:`headroom.sim.estimate.estimate_run`)."""
+    from headroom.sim.estimate import estimate_run
+
+    est = estimate_run(scenario, policies)
+    if est.wall_s > LONG_RUN_S:
+        print(
+            f"simulate: this run is expected to take {est.describe()} ({len(policies)} "
+            f"policies x {len(scenario.regions)} region(s) x {scenario.duration_s:g} simulated s, "
+            "at the speed measured on a 2-core machine); fewer --policy flags or a shorter "
+            "scenario run faster",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _print_costs(scenario: object, seed: int | None) -> None:

@@ -107,6 +107,16 @@ async def _run_until_signal(config: StackConfig, scenario: Scenario) -> UpResult
             loop.remove_signal_handler(sig)
 
 
+# a run expected to take longer than this says so at start
+LONG_RUN_S = 60.0
+
+
+def _minutes(seconds: float) -> str:
+    if seconds >= 5400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
+
+
 def up(args: argparse.Namespace) -> int:
     configure()
     from headroom.analysis.metrics import incomplete_policies, write_metrics
@@ -141,6 +151,15 @@ def up(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
+    real_s = scenario.duration_s / config.speed  # the stack runs in real time (× speed)
+    if real_s > LONG_RUN_S:
+        print(
+            f"up: this run takes about {_minutes(real_s)} of real time ({scenario.duration_s:g} "
+            f"scenario s at speed {config.speed:g}), plus start-up and analysis; --speed X runs "
+            "it X times faster",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         result = asyncio.run(_run_until_signal(config, scenario))
     except asyncio.CancelledError:
