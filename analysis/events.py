@@ -223,6 +223,10 @@ class WindowTraffic:
     value_total: float
     value_baseline: float
     inc: Mapping[str, float]
+    # ground-truth value lost by requests that failed or timed out against what the baseline
+    # would have delivered for them (≤ 0 as a rule): inc's levers + value_lost add up to
+    # value_total − value_baseline
+    value_lost: float
     arms: Mapping[str, Mapping[str, Sums]]
     itt: Mapping[str, Mapping[str, Sums]]
     eligible_treated: Mapping[str, float]
@@ -296,6 +300,7 @@ def window_event(
             value_total=float(tr.value_total),
             value_baseline=float(tr.value_baseline),
             inc={lever: float(tr.inc.get(lever, 0.0)) for lever in WINDOW_LEVERS},
+            value_lost=float(tr.value_lost),
             arms=_groups(tr.arms),
             itt=_groups(tr.itt),
             eligible_treated={k: round(float(v)) for k, v in treated.items()},

@@ -353,6 +353,7 @@ class _PolicyState:
     value_total: float = 0.0
     value_baseline: float = 0.0
     inc: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LEVERS, 0.0))
+    value_lost: float = 0.0
     arms: dict[str, dict[str, ArmSums]] = field(default_factory=dict)
     offered: dict[str, float] = field(default_factory=lambda: dict.fromkeys(RESOURCES, 0.0))
     used: dict[str, float] = field(default_factory=lambda: dict.fromkeys(RESOURCES, 0.0))
@@ -488,6 +489,7 @@ class MetricsAccumulator:
         if isinstance(inc, dict):
             for lever, v in inc.items():
                 state.inc[lever] = state.inc.get(lever, 0.0) + _num(v)
+        state.value_lost += _num(e.get("value_lost"))
         arms = e.get("arms")
         if isinstance(arms, dict):
             self._window_arms(state, arms)
@@ -657,6 +659,7 @@ class MetricsAccumulator:
                 "incremental_rma": state.inc.get("rma", 0.0),
                 "incremental_sbm": state.inc.get("sbm", 0.0),
                 "incremental_precompute": state.inc.get("precompute", 0.0),
+                "incremental_lost": state.value_lost,
                 "oracle_incremental": oracle_total,
                 "oracle_by_lever": oracle_by_lever,
                 "capture_ratio": incremental / oracle_total if oracle_total else 0.0,

@@ -49,7 +49,7 @@ _POLICY_COLOURS = {
 }
 _EXTRA_COLOURS = ["#17becf", "#bcbd22", "#e377c2", "#393b79", "#637939", "#843c39"]
 # the precompute counters of window lines the report plots (docs/events.md)
-_LEVER_COLOURS = {"rma": "#1f77b4", "sbm": "#ff7f0e", "precompute": "#2ca02c"}
+_LEVER_COLOURS = {"rma": "#1f77b4", "sbm": "#ff7f0e", "precompute": "#2ca02c", "lost": "#7f7f7f"}
 
 
 def policy_colour(policy: str, order: Sequence[str]) -> str:
@@ -126,13 +126,21 @@ def plot_summary(metrics: Mapping[str, Any], data: ReportData, path: Path) -> No
     fig = _figure(11, 3.8)
     ax1, ax2 = fig.subplots(1, 2, width_ratios=[2, 1])
     x = np.arange(len(pols))
-    bottom = np.zeros(len(pols))
-    for lever in LEVERS:
+    # gains stack up from 0 and losses down from 0, so the bar spans the parts that add up to
+    # the incremental value (the lost value of failed and timed-out requests its own segment)
+    up = np.zeros(len(pols))
+    down = np.zeros(len(pols))
+    for lever in (*LEVERS, "lost"):
         v = np.array([m[p]["value"].get(f"incremental_{lever}", 0.0) for p in pols])
         if not np.any(v):
             continue
-        ax1.bar(x, v, bottom=bottom, color=_LEVER_COLOURS[lever], label=lever)
-        bottom += v
+        base = np.where(v >= 0, up, down)
+        ax1.bar(x, v, bottom=base, color=_LEVER_COLOURS[lever], label=lever)
+        up += np.maximum(v, 0.0)
+        down += np.minimum(v, 0.0)
+    total = np.array([m[p]["value"].get("incremental", 0.0) for p in pols])
+    ax1.scatter(x, total, marker="o", s=18, color="white", edgecolors="black", zorder=4,
+                label="incremental (net)")  # fmt: skip
     oracle = np.array([m[p]["value"].get("oracle_incremental", 0.0) for p in pols])
     ax1.scatter(x, oracle, marker="_", s=900, color="black", label="oracle bound", zorder=3)
     ax1.set_xticks(x, pols, rotation=20)
@@ -509,7 +517,9 @@ def render_plots(metrics: Mapping[str, Any], data: ReportData, plot_dir: Path) -
             "summary",
             "Summary: value captured and SLO kept",
             "Left: ground-truth incremental value of each policy (value delivered minus what the "
-            "baseline would have delivered for the same requests), stacked by lever; the black "
+            "baseline would have delivered for the same requests), stacked by lever, gains up "
+            "and losses down from 0, with the value lost to failed and timed-out requests as its "
+            "own grey segment and a dot at the net figure; the black "
             "bar is the oracle bound (perfect foresight, no control lag) — no policy should pass "
             "it. Right: share of SLO windows whose p99, over every request of the window from "
             "the merged sketches of all sources, exceeded the limit.",

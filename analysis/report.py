@@ -192,12 +192,18 @@ def consistency_checks(metrics: Mapping[str, Any]) -> list[str]:
     found: list[str] = []
     for name, m in metrics["policies"].items():
         v = m["value"]
-        levers = v["incremental_rma"] + v["incremental_sbm"] + v["incremental_precompute"]
-        tolerance = 1e-6 * max(1.0, abs(v["incremental"]))
+        levers = (
+            v["incremental_rma"]
+            + v["incremental_sbm"]
+            + v["incremental_precompute"]
+            + v.get("incremental_lost", 0.0)
+        )
+        tolerance = 1e-6 * max(1.0, abs(v["incremental"]), abs(v["baseline"]))
         if abs(v["incremental"] - levers) > tolerance:
             found.append(
                 f"{name}: incremental value {v['incremental']:.6g} differs from the sum over "
-                f"levers {levers:.6g} (value_total − value_baseline vs inc in the window lines)"
+                f"levers and lost value {levers:.6g} (value_total − value_baseline vs inc and "
+                "value_lost in the window lines)"
             )
         if v["oracle_incremental"] and v["incremental"] > v["oracle_incremental"] + tolerance:
             found.append(

@@ -45,7 +45,11 @@ Delivered value of a request = value × top-ad quality of the option it got (the
 mean, :mod:`headroom.world.curves`), counted only if it finished within the timeout. The baseline is
 the same requests under the static configuration (no optional work: a shadow of the queues with
 baseline work only, run alongside), so ``incremental = total − baseline`` is exactly 0 for the
-static policy and counts the harm optional work does through queueing for any other.
+static policy and counts the harm optional work does through queueing for any other. It splits
+exactly into ``inc`` per lever and ``value_lost``: a class of requests that finished in time
+credits its lever (if any) with ``π_k·(value_k − base_k)``; ``(π_k − π_s)·base_k`` over every
+class (``π`` the in-time probability, ``π_s`` the shadow's) is the baseline value of requests that
+timed out where the baseline's would not — lost, ≤ 0 whenever optional work slows a class down.
 """
 
 from __future__ import annotations
@@ -1150,6 +1154,7 @@ class RegionRun:
         seg_sbm = np.zeros((n_w, n_s))
         inc_rma = np.zeros(n_w)
         inc_sbm = np.zeros(n_w)
+        inc_lost = np.zeros(n_w)
         treated_rma = np.zeros(n_w)
         treated_sbm = np.zeros(n_w)
         routed = 0.0
@@ -1178,17 +1183,18 @@ class RegionRun:
             _add_rows(s_base, widx, np.outer(a_pis, mix.base_value.sum(axis=0)))
             s_count += a_sum * mix.count.sum(axis=0)
             _add_rows(seg_sbm, widx, np.outer(a, mix.count[1 + n_levels]))
-            inc_rma += np.bincount(
-                widx,
-                weights=a_pi_rows[:, r_rma] @ mix.value[r_rma].sum(axis=1)
-                - a_pis * float(mix.base_value[r_rma].sum()),
-                minlength=n_w,
-            )
-            inc_sbm += np.bincount(
-                widx,
-                weights=a_pi_rows[:, r_sbm] @ mix.value[r_sbm].sum(axis=1)
-                - a_pis * float(mix.base_value[r_sbm].sum()),
-                minlength=n_w,
+            # value by lever and lost value (module docstring, *Ground truth*): a class's
+            # requests that finished in time credit their lever with value − baseline value;
+            # the baseline value of requests that missed the timeout while the shadow's made it
+            # (in-time probability pi_k against pi_s) is lost. The parts add up to
+            # value_total − value_baseline exactly.
+            cls_value = mix.value.sum(axis=1)  # (K,)
+            cls_base = mix.base_value.sum(axis=1)
+            gain = a_pi_rows * (cls_value - cls_base)[None, :]
+            inc_rma += np.bincount(widx, weights=gain[:, r_rma].sum(axis=1), minlength=n_w)
+            inc_sbm += np.bincount(widx, weights=gain[:, r_sbm].sum(axis=1), minlength=n_w)
+            inc_lost += np.bincount(
+                widx, weights=(a_pi_rows - a_pis[:, None]) @ cls_base, minlength=n_w
             )
             treated_rma += np.bincount(widx, weights=a, minlength=n_w) * float(
                 mix.frac[r_rma].sum()
@@ -1257,6 +1263,7 @@ class RegionRun:
                     "sbm": float(inc_sbm[w]),
                     "precompute": float(pre.inc[w]) if pre is not None else 0.0,
                 },
+                value_lost=float(inc_lost[w]),
                 # the holdout sums and the intent-to-treat sums the control plane learned
                 # from are drawn once per control interval: on its last window
                 arms=arms if w == n_w - 1 else {},

@@ -470,6 +470,7 @@ class _Window:
     value_total: float = 0.0
     value_baseline: float = 0.0
     inc: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LEVERS, 0.0))
+    value_lost: float = 0.0
     arms: dict[str, dict[str, _Arm]] = field(default_factory=dict)
     itt: dict[str, dict[str, _Arm]] = field(default_factory=dict)  # segment -> lever -> sums
     # the value signals' sums, per (segment, stratum): the intent-to-treat groups (lever ->
@@ -507,10 +508,17 @@ class _Window:
         seg["sbm"] += int(o.sbm_served)
         if o.precompute is not None:
             self._add_lookup(o)
-        if not o.ok:
-            return
         inc = o.value_total - o.value_baseline
         seg["inc"] += inc
+        if not o.ok:
+            # failed: it delivered nothing where the baseline would have delivered
+            # value_baseline (docs/events.md ``value_lost``)
+            self.value_lost += inc
+            return
+        if o.control or o.lever is None:
+            # no optional work: value − baseline value is 0 unless its answer differed from
+            # the baseline's; kept in value_lost so the levers and value_lost add up exactly
+            self.value_lost += inc
         arms = self.arms.setdefault(o.segment, {})
         if o.control:
             arms.setdefault("control", _Arm()).add(o.value_total)
@@ -602,6 +610,7 @@ class WindowBook:
             value_total=w.value_total,
             value_baseline=w.value_baseline,
             inc=w.inc,
+            value_lost=w.value_lost,
             arms={seg: {a: arm.sums() for a, arm in by.items()} for seg, by in w.arms.items()},
             # the intent-to-treat sums behind the value signals (headroom.value), per segment
             itt={seg: {lv: arm.sums() for lv, arm in by.items()} for seg, by in w.itt.items()},
@@ -1150,6 +1159,11 @@ class RankingClient(Service):
                 extra = response.candidates - self.base
                 cost_cpu = extra * models.base.cpu_ms_per_candidate
                 cost_acc = extra * models.base.accelerator_ms_per_candidate
+        elif self.world is not None:
+            # a failed request delivers nothing; what the baseline would have delivered for it
+            # (the base model's first ad) is its lost value (docs/events.md ``value_lost``)
+            base = self.world.rank(msg.user, msg.segment, self.base, "base", now_t)
+            value_baseline = msg.value * float(base.quality)
         path = lever or "base"
         if self.metrics is not None:
             outcome_label = "timeout" if timeout else ("ok" if ok else "error")
