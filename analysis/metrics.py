@@ -57,12 +57,12 @@ from typing import Any
 import orjson
 
 from headroom.analysis.events import KNOWN_KINDS as _KNOWN
+from headroom.controllers.types import segment_of
 from headroom.kernel.errors import ConfigError, HeadroomError
+from headroom.kernel.estimate import Z_95, Moments, estimate
 from headroom.kernel.vocab import LEVERS, RESOURCES
 
 CONTROL_ARM = "control"
-# 97.5th percentile of the standard normal: the two-sided 95% interval.
-Z_95 = 1.959963984540054
 # A window is judged once event time has moved this far past its end (see module docstring).
 MIN_LATENESS_S = 60.0
 LATENESS_WINDOWS = 6
@@ -127,29 +127,40 @@ class HoldoutEstimate:
         return (self.value - half, self.value + half)
 
 
-def holdout_estimate(arms: Mapping[str, Mapping[str, ArmSums]]) -> HoldoutEstimate:
-    """The stratified holdout estimate of the incremental value (module docstring formula)."""
-    total = 0.0
-    variance = 0.0
-    unusable: list[str] = []
-    for segment in sorted(arms):
-        by_arm = arms[segment]
-        control = by_arm.get(CONTROL_ARM, ArmSums())
-        treated = [s for name, s in by_arm.items() if name != CONTROL_ARM and s.n > 0]
-        if not treated:
-            continue
-        if control.n < 2:
-            unusable.append(segment)
-            continue
-        control_var = control.variance
-        n_treated = 0
-        for arm in treated:
-            total += arm.n * (arm.mean - control.mean)
-            arm_var = arm.variance if arm.n >= 2 else control_var
-            variance += arm.n * arm_var
-            n_treated += arm.n
-        variance += n_treated**2 * control_var / control.n
-    return HoldoutEstimate(total, variance, tuple(unusable))
+def holdout_estimate(
+    arms: Mapping[str, Mapping[str, ArmSums]], levers: Sequence[str] | None = None
+) -> HoldoutEstimate:
+    """The holdout estimate from per-segment arms (no value bins, no signal sums): the one
+    estimator (:func:`headroom.kernel.estimate.estimate`) with segments as strata and no
+    regression term; ``levers`` restricts it to the arms that received one of them."""
+    strata = {
+        seg: {
+            name: Moments(float(a.n), a.value_sum, a.value_sq_sum)
+            for name, a in by_arm.items()
+            if name == CONTROL_ARM or levers is None or _arm_has(name, levers)
+        }
+        for seg, by_arm in arms.items()
+    }
+    est = estimate(strata)
+    return HoldoutEstimate(est.value, est.variance, est.unusable)
+
+
+def _arm_has(arm: str, levers: Sequence[str]) -> bool:
+    """An arm named by the levers it received (``rma``, ``rma+sbm``) got one of ``levers``."""
+    return any(part in levers for part in arm.split("+"))
+
+
+def stratified_estimate(
+    strata: Mapping[str, Mapping[str, Moments]], levers: Sequence[str] | None = None
+) -> HoldoutEstimate:
+    """The holdout estimate from the window lines' ``strata`` (segment × value bin, with the
+    value signal's sums): post-stratified and regression-adjusted, one slope per segment."""
+    chosen = None
+    if levers is not None:
+        names = {n for by in strata.values() for n in by if n != CONTROL_ARM}
+        chosen = [n for n in names if _arm_has(n, levers)]
+    est = estimate(strata, arms=chosen, group_of=segment_of)
+    return HoldoutEstimate(est.value, est.variance, est.unusable)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -355,6 +366,10 @@ class _PolicyState:
     inc: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LEVERS, 0.0))
     value_lost: float = 0.0
     arms: dict[str, dict[str, ArmSums]] = field(default_factory=dict)
+    # the estimator's sums per (segment, value bin) stratum and arm, and whether some line had
+    # arms but no strata (then the per-segment arms are the estimator's input)
+    strata: dict[str, dict[str, Moments]] = field(default_factory=dict)
+    arms_without_strata: bool = False
     offered: dict[str, float] = field(default_factory=lambda: dict.fromkeys(RESOURCES, 0.0))
     used: dict[str, float] = field(default_factory=lambda: dict.fromkeys(RESOURCES, 0.0))
     segments: dict[str, _SegmentSums] = field(default_factory=dict)
@@ -493,6 +508,11 @@ class MetricsAccumulator:
         arms = e.get("arms")
         if isinstance(arms, dict):
             self._window_arms(state, arms)
+        strata = e.get("strata")
+        if isinstance(strata, dict) and strata:
+            self._window_strata(state, strata)
+        elif isinstance(arms, dict) and arms:
+            state.arms_without_strata = True
         for key, target in (("offered_unit_s", state.offered), ("used_unit_s", state.used)):
             d = e.get(key)
             if isinstance(d, dict):
@@ -518,6 +538,29 @@ class MetricsAccumulator:
                     if a is None:
                         a = seg[arm] = ArmSums()
                     a.add(sums)
+
+    @staticmethod
+    def _window_strata(state: _PolicyState, strata: Mapping[str, Any]) -> None:
+        """A window's estimator sums, per (segment, value bin) stratum and arm."""
+        for key, by_arm in strata.items():
+            if not isinstance(by_arm, dict):
+                continue
+            st = state.strata.setdefault(str(key), {})
+            for arm, d in by_arm.items():
+                if isinstance(d, dict):
+                    m = st.get(arm)
+                    if m is None:
+                        m = st[arm] = Moments()
+                    m.add(
+                        Moments(
+                            float(_count(d.get("n"))),
+                            _num(d.get("value_sum")),
+                            _num(d.get("value_sq_sum")),
+                            _num(d.get("signal_sum")),
+                            _num(d.get("signal_sq_sum")),
+                            _num(d.get("signal_value_sum")),
+                        )
+                    )
 
     @staticmethod
     def _window_segments(state: _PolicyState, segments: Mapping[str, Any]) -> None:
@@ -613,7 +656,7 @@ class MetricsAccumulator:
 
         incremental = state.value_total - state.value_baseline
         oracle_total, oracle_by_lever = self._oracle(state)
-        estimate = holdout_estimate(state.arms)
+        estimate, by_lever = self._estimates(state)
         ci_low, ci_high = estimate.ci95
 
         duration = run.get("duration_s")
@@ -666,6 +709,7 @@ class MetricsAccumulator:
                 "estimated_incremental": estimate.value,
                 "estimated_ci95": [ci_low, ci_high],
                 "estimate_unusable_segments": list(estimate.unusable_segments),
+                "estimated_by_lever": by_lever,
             },
             "capacity": {
                 "offered_unit_s": {r: state.offered.get(r, 0.0) for r in _keys(state.offered)},
@@ -706,6 +750,31 @@ class MetricsAccumulator:
                 "wasted_partial": int(pre["wasted_partial"]),
             }
         return out
+
+    @staticmethod
+    def _estimates(state: _PolicyState) -> tuple[HoldoutEstimate, dict[str, Any]]:
+        """The holdout estimate of the incremental value, and per lever that has treated
+        requests (``{estimate, ci95}``), from one estimator: on the ``strata`` sums where every
+        line carried them, else on the per-segment ``arms``."""
+        use_strata = bool(state.strata) and not state.arms_without_strata
+        names = (
+            {n for by in state.strata.values() for n in by}
+            if use_strata
+            else {n for by in state.arms.values() for n in by}
+        )
+
+        def one(levers: Sequence[str] | None) -> HoldoutEstimate:
+            if use_strata:
+                return stratified_estimate(state.strata, levers)
+            return holdout_estimate(state.arms, levers)
+
+        by_lever: dict[str, Any] = {}
+        for lever in LEVERS:
+            if any(_arm_has(n, [lever]) for n in names if n != CONTROL_ARM):
+                est = one([lever])
+                low, high = est.ci95
+                by_lever[lever] = {"estimate": est.value, "ci95": [low, high]}
+        return one(None), by_lever
 
     def _oracle(self, state: _PolicyState) -> tuple[float, dict[str, float]]:
         bounds = state.oracle or self._oracle_default

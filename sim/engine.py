@@ -94,7 +94,7 @@ from headroom.sim.latency import (
     wait_params,
     wait_params_array,
 )
-from headroom.sim.population import Population, arm_sums
+from headroom.sim.population import Population, arm_signal_sums
 from headroom.sim.precompute_sim import PrecomputeRegion, PrecomputeWindows, precompute_region
 
 __all__ = [
@@ -1215,11 +1215,13 @@ class RegionRun:
         # holdout sums and value signals, once per control interval (the estimate is the same
         # as with one draw per window: the sums add up); they ride on the interval's last window
         pi_ctl = base_pi_num / total_a if total_a > 0 else 1.0
-        arms, value_obs = self._arms(
+        arms, value_obs, est_strata = self._arms(
             n_ctl.sum(axis=0), (n_seg - n_ctl).sum(axis=0), s_count, pi_ctl, arm_acc
         )
         pre = None
         if self.precompute is not None:
+            # hits are drawn per segment only: the estimator then reads the segments' arms
+            est_strata = {}
             # hits replace the live outcome of their requests (sim/precompute_sim.py)
             pre = self.precompute.flush(a_win, s_value, pi_ctl)
             s_value = s_value + pre.inc_seg
@@ -1267,6 +1269,7 @@ class RegionRun:
                 # the holdout sums and the intent-to-treat sums the control plane learned
                 # from are drawn once per control interval: on its last window
                 arms=arms if w == n_w - 1 else {},
+                strata=est_strata if w == n_w - 1 else {},
                 itt=_itt_of(value_obs) if w == n_w - 1 else {},
                 eligible_treated=treated,
                 segments={
@@ -1302,7 +1305,11 @@ class RegionRun:
         s_count: FloatArray,
         pi_ctl: float,
         arm_acc: Mapping[str, list[tuple[ArmParts, FloatArray, float]]],
-    ) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[tuple[str, str, str], ArmStats]]:
+    ) -> tuple[
+        dict[str, dict[str, dict[str, Any]]],
+        dict[tuple[str, str, str], ArmStats],
+        dict[str, dict[str, dict[str, Any]]],
+    ]:
         """Observed sums of the control arm and of every treatment group, per population cell
         (segment × value bin), drawn in one batch (group g, cell c → virtual group ``g·C + c``).
 
@@ -1354,7 +1361,7 @@ class RegionRun:
             sd_l.append(np.concatenate([p.sd for p, _, _ in got]))
             pi_l.append(np.concatenate([pi for _, pi, _ in got]))
             vgrp_l.append(gi * n_c + cell)
-        s1, s2 = arm_sums(
+        s1, s2, x1, x2, xy = arm_signal_sums(
             self.arm_rng,
             pop,
             n_all,
@@ -1367,6 +1374,7 @@ class RegionRun:
         )
         arms: dict[str, dict[str, dict[str, Any]]] = {}
         value_obs: dict[tuple[str, str, str], ArmStats] = {}
+        strata = _estimator_strata(groups, n_all, (s1, s2, x1, x2, xy), pop, names)
         for gi, name in enumerate(groups):
             lo = gi * n_c
             for si, seg in enumerate(names):
@@ -1401,7 +1409,7 @@ class RegionRun:
                         value_obs[(key, "sbm", "control")] = st
                     else:
                         value_obs[(key, name[4:], "treatment")] = st
-        return arms, value_obs
+        return arms, value_obs, strata
 
     def _capacity_now(self) -> dict[str, float]:
         out = {"cpu": 0.0, "accelerator": 0.0}
@@ -1670,6 +1678,37 @@ def _sample_windows(
     n_alloc = np.bincount(idx, minlength=st.size)
     weights = st.count[idx] / n_alloc[idx]
     return lat, weights, paths, win[idx]
+
+
+def _estimator_strata(
+    groups: list[str],
+    n_all: IntArray,
+    sums: tuple[FloatArray, ...],
+    pop: Population,
+    names: tuple[str, ...],
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """The window line's ``strata``: the estimator's sums per (segment, value bin) stratum and
+    arm (control and what the requests received), with the value signal's sums."""
+    s1, s2, x1, x2, xy = sums
+    n_c = pop.n_cells
+    strata: dict[str, dict[str, dict[str, Any]]] = {}
+    for gi, name in enumerate(groups):
+        if name.startswith("itt_"):
+            continue
+        for c in range(n_c):
+            i = gi * n_c + c
+            if n_all[i] <= 0:
+                continue
+            key = stratum_key(names[int(pop.seg[c])], c % pop.bins)
+            strata.setdefault(key, {})[name] = {
+                "n": int(n_all[i]),
+                "value_sum": float(s1[i]),
+                "value_sq_sum": float(s2[i]),
+                "signal_sum": float(x1[i]),
+                "signal_sq_sum": float(x2[i]),
+                "signal_value_sum": float(xy[i]),
+            }
+    return strata
 
 
 def _add_precompute_arm(arms: dict[str, dict[str, dict[str, Any]]], pre: PrecomputeWindows) -> None:

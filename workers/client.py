@@ -99,6 +99,7 @@ import numpy as np
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 
 from headroom.analysis.events import WindowTraffic, window_event
+from headroom.controllers.types import stratum_key
 from headroom.defences.plan import VALUE_BINS, PlanRule, RequestPlanner, value_stratum
 from headroom.defences.shedding import (
     ClientShedConfig,
@@ -402,6 +403,7 @@ class PrecomputePath:
             staleness_s=(visit.staleness_s or 0.0) * self.speed,
             remaining_s=(result.expires_at - wall) * self.speed,
             stratum=stratum,
+            value_signal=msg.value,
         )
 
 
@@ -438,6 +440,9 @@ class Outcome:
     # value bin of the request within its segment (value_stratum); None: not known (the value
     # signals then cover the whole segment)
     stratum: int | None = None
+    # the request's value signal (its value, known before ranking in either arm): the
+    # estimator's regression covariate (the window line's ``strata``)
+    value_signal: float = 0.0
 
 
 @dataclass
@@ -460,6 +465,36 @@ class _Arm:
 
 
 @dataclass
+class _StratumArm:
+    """The estimator's sums of one (stratum, arm): value delivered and value signal."""
+
+    n: int = 0
+    value_sum: float = 0.0
+    value_sq_sum: float = 0.0
+    signal_sum: float = 0.0
+    signal_sq_sum: float = 0.0
+    signal_value_sum: float = 0.0
+
+    def add(self, value: float, signal: float) -> None:
+        self.n += 1
+        self.value_sum += value
+        self.value_sq_sum += value * value
+        self.signal_sum += signal
+        self.signal_sq_sum += signal * signal
+        self.signal_value_sum += signal * value
+
+    def sums(self) -> dict[str, Any]:
+        return {
+            "n": self.n,
+            "value_sum": self.value_sum,
+            "value_sq_sum": self.value_sq_sum,
+            "signal_sum": self.signal_sum,
+            "signal_sq_sum": self.signal_sq_sum,
+            "signal_value_sum": self.signal_value_sum,
+        }
+
+
+@dataclass
 class _Window:
     index: int
     requests: int = 0
@@ -472,6 +507,9 @@ class _Window:
     inc: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LEVERS, 0.0))
     value_lost: float = 0.0
     arms: dict[str, dict[str, _Arm]] = field(default_factory=dict)
+    # the estimator's sums per stratum key (segment#bin) and arm, failed requests counted with
+    # the value 0 they delivered (as the simulator counts a timed-out request)
+    strata: dict[str, dict[str, _StratumArm]] = field(default_factory=dict)
     itt: dict[str, dict[str, _Arm]] = field(default_factory=dict)  # segment -> lever -> sums
     # the value signals' sums, per (segment, stratum): the intent-to-treat groups (lever ->
     # sums), and the holdout split: "live" (found no stored result: the control of rma and sbm)
@@ -510,6 +548,11 @@ class _Window:
             self._add_lookup(o)
         inc = o.value_total - o.value_baseline
         seg["inc"] += inc
+        arm_name = "control" if o.control else (o.lever if o.ok and o.lever else "none")
+        by_arm = self.strata.setdefault(stratum_key(o.segment, o.stratum), {})
+        by_arm.setdefault(arm_name, _StratumArm()).add(
+            o.value_total if o.ok else 0.0, o.value_signal
+        )
         if not o.ok:
             # failed: it delivered nothing where the baseline would have delivered
             # value_baseline (docs/events.md ``value_lost``)
@@ -612,6 +655,7 @@ class WindowBook:
             inc=w.inc,
             value_lost=w.value_lost,
             arms={seg: {a: arm.sums() for a, arm in by.items()} for seg, by in w.arms.items()},
+            strata={k: {a: arm.sums() for a, arm in by.items()} for k, by in w.strata.items()},
             # the intent-to-treat sums behind the value signals (headroom.value), per segment
             itt={seg: {lv: arm.sums() for lv, arm in by.items()} for seg, by in w.itt.items()},
             eligible_treated=w.treated,
@@ -1189,6 +1233,7 @@ class RankingClient(Service):
             cost_accelerator_ms=cost_acc,
             precompute=looked,
             stratum=stratum,
+            value_signal=msg.value,
         )
 
     def _serve_hit(

@@ -203,7 +203,7 @@ def _traffic(**kw: object) -> WindowTraffic:
         "sketch": {"alpha": 0.01, "bins": {}, "zeros": 0},
         "sketch_base": {"alpha": 0.01, "bins": {}, "zeros": 0},
         "value_total": 3.0, "value_baseline": 2.5, "inc": {"rma": 0.5}, "value_lost": 0.0,
-        "arms": {}, "itt": {}, "eligible_treated": {"rma": 1},
+        "arms": {}, "strata": {}, "itt": {}, "eligible_treated": {"rma": 1},
         "segments": {"casual": {"requests": 3, "sbm": 0, "inc": 0.5}},
         "targets": {"rma_candidates": 200, "sbm_coverage": 0.0},
     }  # fmt: skip
@@ -227,8 +227,9 @@ def test_the_window_builder_writes_every_field_alike_whoever_calls_it() -> None:
     )  # fmt: skip
     assert list(f) == [
         "t_start", "t_end", "requests", "errors", "timeouts", "sketch", "sketch_base",
-        "value_total", "value_baseline", "inc", "value_lost", "arms", "itt", "eligible_treated",
-        "segments", "offered_unit_s", "used_unit_s", "targets", "capacity", "offsets", "client",
+        "value_total", "value_baseline", "inc", "value_lost", "arms", "strata", "itt",
+        "eligible_treated", "segments", "offered_unit_s", "used_unit_s", "targets", "capacity",
+        "offsets", "client",
     ]  # fmt: skip
     assert (f["t_start"], f["t_end"]) == (0.0, 10.0)
     assert isinstance(f["t_start"], float)
