@@ -33,11 +33,14 @@ work candidates × ``accelerator_ms_per_candidate`` of the model that ranks it. 
 :class:`ValueBook` keeps exponentially discounted sums, ``S <- γ·S + new`` with
 ``γ = 0.5 ** (window_s / half_life_s)``, so an estimate follows a drifting world with a known
 memory. Per segment the uplift per treated request is ``d_s = mean_t - mean_c`` with variance
-``var_t/n_t + var_c/n_c``; a lever's uplift pools segments by their treatment counts
-(``w_s = n_t,s / Σ n_t``; stratified, so a control arm with a different segment mix cannot bias
-it), ``Δ = Σ w_s d_s``, ``se² = Σ w_s² v_s``. Divided by the units of work behind one treated
-request (:meth:`Lever.units_per_treated`: RMA the extra candidates in force, SBM one request,
-precompute the jobs run per request), that is the value per unit of work, and
+``var_t/n_t + var_c/n_c`` (the stratum term of the one holdout estimator,
+:func:`headroom.kernel.estimate.adjusted_difference`, which the analyzer uses too; the value
+signals carry no value-signal sums, so its regression term is 0 here); a lever's uplift pools
+segments by their treatment counts (``w_s = n_t,s / Σ n_t``; stratified, so a control arm with a
+different segment mix cannot bias it), ``Δ = Σ w_s d_s``, ``se² = Σ w_s² v_s``. Divided by the
+units of work behind one treated request (:meth:`Lever.units_per_treated`: RMA the extra
+candidates in force, SBM one request, precompute the jobs run per request), that is the value
+per unit of work, and
 ``lcb = mean - z·se`` (``z`` = 1.645, one-sided 95 %). Below ``min_samples`` effective samples in
 either arm there is no estimate.
 
@@ -70,6 +73,7 @@ from headroom.controllers.types import (
     segment_of,
 )
 from headroom.defences.admission import admissible_utilization
+from headroom.kernel.estimate import Moments, adjusted_difference
 from headroom.kernel.jsonstate import Snapshotting
 
 if TYPE_CHECKING:
@@ -218,16 +222,10 @@ class ValueEstimate:
         return cls(0.0, math.inf, -math.inf, math.inf, n_treatment, n_control, False)
 
 
-def _arm_moments(a: list[float]) -> tuple[float, float, float]:
-    """(n, mean, variance of one observation) from discounted sums [n, s, q, cpu, acc]."""
-    n, s, q = a[0], a[1], a[2]
-    if n <= 0.0:
-        return 0.0, 0.0, 0.0
-    mean = s / n
-    var = max(q / n - mean * mean, 0.0)
-    if n > 1.0:
-        var *= n / (n - 1.0)
-    return n, mean, var
+def _moments(a: list[float]) -> Moments:
+    """The estimator's sums of a book row [n, s, q, cpu, acc]: the value signals carry no
+    signal sums, so the stratum difference is the plain one (no regression term)."""
+    return Moments(a[0], a[1], a[2])
 
 
 _UNITS_ARM = "units"  # snapshot rows of the units book (no real arm is called that)
@@ -323,11 +321,10 @@ class ValueBook:
             c = self._sums.get((seg, lever, "control"))
             if t is None or c is None:
                 continue
-            n_t, m_t, v_t = _arm_moments(t)
-            n_c, m_c, v_c = _arm_moments(c)
+            n_t, n_c = t[0], c[0]
             if n_t < 2.0 or n_c < 2.0:
                 continue
-            parts.append((n_t, m_t - m_c, v_t / n_t + v_c / n_c))
+            parts.append((n_t, *adjusted_difference(_moments(t), _moments(c), 0.0)))
             n_t_total += n_t
             n_c_total += n_c
         if not parts:
@@ -377,15 +374,15 @@ class ValueBook:
             c = self._sums.get((seg, lever, "control"))
             if c is None:
                 continue
-            n_t, m_t, v_t = _arm_moments(t)
-            n_c, m_c, v_c = _arm_moments(c)
+            n_t, n_c = t[0], c[0]
             if n_t < 2.0 or n_c < 2.0:
                 continue
+            d, v_d = adjusted_difference(_moments(t), _moments(c), 0.0)
             u = t[col] / per_unit_ms
-            v = n_t * n_t * (v_t / n_t + v_c / n_c) / (u * u)
+            v = n_t * n_t * v_d / (u * u)
             if not (v > 0.0 and math.isfinite(v)):
                 continue
-            num += (n_t * (m_t - m_c) / u) / v
+            num += (n_t * d / u) / v
             var += 1.0 / v
             total_units += u
             n_t_total += n_t
