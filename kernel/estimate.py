@@ -24,7 +24,9 @@ of arms ``A`` is ``Σ_h Σ_{L∈A} n_{L,h} · d_{L,h}`` and its variance::
 
 where ``s²_e = s²_y − 2θ·s_xy + θ²·s²_x`` is the sample variance of the residual ``y − θx`` (the
 first term the noise of the treated sums, the second that of the one control mean every arm of
-the stratum subtracts). An arm with fewer than 2 requests borrows the control's residual
+the stratum subtracts), plus, per group, ``(Σ_h Σ_{L∈A} n_{L,h}(x̄_{L,h} − x̄_{C,h}))² · Var(θ_g)``
+for the noise of the slope itself (it matters when the arms sit far from the control in ``x``:
+one value-ranked arm alone). An arm with fewer than 2 requests borrows the control's residual
 variance. A stratum with treated requests but fewer than 2 control requests is merged with the
 other such strata of its group (sums add); if the merged stratum still has fewer than 2 control
 requests its treated requests are left out and the group is reported unusable.
@@ -45,7 +47,16 @@ import math
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-__all__ = ["CONTROL", "Z_95", "Estimate", "Moments", "adjusted_difference", "estimate", "slope"]
+__all__ = [
+    "CONTROL",
+    "Z_95",
+    "Estimate",
+    "Moments",
+    "adjusted_difference",
+    "estimate",
+    "slope",
+    "slope_variance",
+]
 
 CONTROL = "control"
 # 97.5th percentile of the standard normal: the two-sided 95 % interval.
@@ -133,6 +144,22 @@ def slope(controls: Iterable[Moments]) -> float:
     return sxy / sxx
 
 
+def slope_variance(controls: Iterable[Moments], theta: float) -> float:
+    """Variance of the pooled slope: ``σ²_e / Σ_h S_xx,h`` with ``σ²_e`` the control arms'
+    residual variance about their stratum means (0 without signal sums)."""
+    sxx = rss = dof = 0.0
+    for c in controls:
+        if c.n < 2:
+            continue
+        syy, sxy, sxx_h = c.centred()
+        sxx += sxx_h
+        rss += max(syy - 2.0 * theta * sxy + theta * theta * sxx_h, 0.0)
+        dof += c.n - 1.0
+    if not (sxx > 0.0 and dof > 1.0):
+        return 0.0
+    return rss / (dof - 1.0) / sxx
+
+
 def adjusted_difference(t: Moments, c: Moments, theta: float) -> tuple[float, float]:
     """Per treated request, ``d = (ȳ_t − ȳ_c) − θ(x̄_t − x̄_c)`` and its variance
     ``s²_e,t/n_t + s²_e,c/n_c`` (the module docstring's stratum term; ``n ≥ 2`` in both arms)."""
@@ -161,7 +188,9 @@ def estimate(
     total = variance = n_t_all = n_c_all = 0.0
     unusable: list[str] = []
     for group, keys in groups.items():
-        theta = slope(strata[k][CONTROL] for k in keys if CONTROL in strata[k])
+        controls = [strata[k][CONTROL] for k in keys if CONTROL in strata[k]]
+        theta = slope(controls)
+        shift = 0.0  # Σ n_L (x̄_L − x̄_C): how far the treated sit from the control in x
         # strata without a usable control arm are merged (their sums add)
         usable: list[Mapping[str, Moments]] = []
         merged: dict[str, Moments] = {}
@@ -188,12 +217,14 @@ def estimate(
             for m in treated:
                 d, _ = adjusted_difference(m, c, theta)
                 total += m.n * d
+                shift += m.n * (m.mean_x - c.mean_x)
                 var_t = m.residual_variance(theta) if m.n >= 2 else var_c
                 variance += m.n * var_t
                 n_t += m.n
             variance += n_t * n_t * var_c / c.n
             n_t_all += n_t
             n_c_all += c.n
+        variance += shift * shift * slope_variance(controls, theta)
     if not (math.isfinite(total) and math.isfinite(variance)):
         return Estimate(0.0, math.inf, n_t_all, n_c_all, tuple(unusable))
     return Estimate(total, variance, n_t_all, n_c_all, tuple(unusable))
