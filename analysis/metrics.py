@@ -24,16 +24,13 @@ The algorithm, per policy (every line carries ``policy``; a ``null`` policy on `
   Σ inc[lever]``. ``oracle_incremental`` from ``oracle.bound``; ``capture_ratio = incremental /
   oracle_incremental`` (0 when the oracle is 0).
 
-* **Holdout estimate** (stratified by segment, with a shared control arm). From the per-segment
-  arm sums ``{n, value_sum, value_sq_sum}`` of every window: for segment s and treatment arm L,
-  ``est = Σ_s Σ_L n_{s,L} (mean_{s,L} − mean_{s,C})`` and
-  ``Var = Σ_s [ Σ_L n_{s,L} s²_{s,L} + (Σ_L n_{s,L})² s²_{s,C} / n_{s,C} ]``
-  (the first term is the noise of the treated sums, the second the noise of the one control mean
-  every arm of the segment subtracts); ``ci95 = est ± 1.959964 √Var`` (normal approximation,
-  justified by the thousands of requests per arm in any run worth estimating). ``s²`` is the
-  unbiased sample variance; an arm with fewer than 2 requests borrows the control arm's ``s²``.
-  A segment with treated requests but fewer than 2 control requests has no usable baseline: its
-  treated requests are left out and counted in ``estimate_unusable_segments``.
+* **Holdout estimate**: the one estimator of :mod:`headroom.kernel.estimate` (post-stratified,
+  regression-adjusted; docs/analysis.md), on the window lines' ``strata`` sums (segment × value
+  bin, with the value signal's sums) when every line with arms carries them, else on the
+  per-segment ``arms`` (segments as strata, no regression term). ``estimated_by_lever`` is the
+  same estimator over the arms that received each lever. A segment with treated requests but
+  fewer than 2 control requests is left out and counted in ``estimate_unusable_segments``.
+  ``incremental_lost = Σ value_lost``: the levers and it add up to ``incremental``.
 
 * **Release times.** ``release_ms`` of ``optional.released`` events; p50 and p99 by the
   nearest-rank rule (the smallest observed value with at least q of the observations at or below

@@ -24,11 +24,13 @@ Value signals (what clients report)
 Ground truth uses mean qualities ``Q`` (the curves' conditional expectation). What a client
 *observes* for one request is ``y = value × u`` with ``u`` the realised quality of the ad shown,
 ``u ~ N(Q, sd)`` (``sd`` = the curves' per-request spread), and ``y = 0`` for a request that timed
-out. The holdout estimator only ever sees these observed sums. :func:`arm_sums` draws
-``(n, Σy, Σy²)`` of ``n`` requests: exactly, request by request, for small arms (the control arm
-of a window is a few dozen requests); for large arms from the bivariate normal limit of the two
-sums (central limit theorem), with the exact mean vector and covariance from the first four
-moments of ``y`` — the estimator's input has the right distribution at a fraction of the cost.
+out. The holdout estimator only ever sees these observed sums, and the value signal ``x = value``
+(known before ranking) for its regression adjustment. :func:`arm_signal_sums` draws
+``(Σy, Σy², Σx, Σx², Σxy)`` of ``n`` requests: exactly, request by request, for small arms (the
+control arm of a window is a few dozen requests); for large arms from the normal limit of the five
+sums (central limit theorem), with the exact mean vector and covariance from the moments of the
+value (up to the 4th), of the quality and the in-time probability — the estimator's input has the
+right joint distribution at a fraction of the cost. :func:`arm_sums` is its first two sums.
 """
 
 from __future__ import annotations
