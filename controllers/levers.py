@@ -73,7 +73,7 @@ from headroom.controllers.types import (
     segment_of,
 )
 from headroom.defences.admission import admissible_utilization
-from headroom.kernel.estimate import Moments, adjusted_difference
+from headroom.kernel.estimate import Moments, adjusted_difference, slope
 from headroom.kernel.jsonstate import Snapshotting
 
 if TYPE_CHECKING:
@@ -223,9 +223,9 @@ class ValueEstimate:
 
 
 def _moments(a: list[float]) -> Moments:
-    """The estimator's sums of a book row [n, s, q, cpu, acc]: the value signals carry no
-    signal sums, so the stratum difference is the plain one (no regression term)."""
-    return Moments(a[0], a[1], a[2])
+    """The estimator's sums of a book row [n, s, q, cpu, acc, Σx, Σx², Σxy] (the signal sums 0
+    where the value signals carry none: then no regression term)."""
+    return Moments(a[0], a[1], a[2], a[5], a[6], a[7])
 
 
 _UNITS_ARM = "units"  # snapshot rows of the units book (no real arm is called that)
@@ -248,7 +248,7 @@ class ValueBook:
         if factor >= 1.0:
             return
         for a in self._sums.values():
-            for i in range(5):
+            for i in range(len(a)):
                 a[i] *= factor
         for u in self._units.values():
             u[0] *= factor
@@ -285,15 +285,23 @@ class ValueBook:
                 if math.isfinite(st.accelerator_ms) and st.accelerator_ms > 0.0
                 else 0.0
             )
+            sig = (st.signal_sum, st.signal_sq_sum, st.signal_value_sum)
+            if not all(math.isfinite(v) for v in sig):
+                sig = (0.0, 0.0, 0.0)
             a = self._sums.get(key)
             if a is None:
-                self._sums[key] = [float(st.n), st.value_sum, max(st.value_sq_sum, 0.0), cpu, acc]
+                self._sums[key] = [
+                    float(st.n), st.value_sum, max(st.value_sq_sum, 0.0), cpu, acc, *sig
+                ]  # fmt: skip
             else:
                 a[0] += st.n
                 a[1] += st.value_sum
                 a[2] += max(st.value_sq_sum, 0.0)
                 a[3] += cpu
                 a[4] += acc
+                a[5] += sig[0]
+                a[6] += sig[1]
+                a[7] += sig[2]
 
     def segments(self, lever: str) -> list[str]:
         """The segments ``lever`` has sums for (strata folded into their segment)."""
@@ -313,6 +321,7 @@ class ValueBook:
         (post-stratification: the between-strata spread of request values leaves the variance).
         """
         segs = self._strata(lever, segment)
+        theta = self._slopes(lever)
         parts: list[tuple[float, float, float]] = []  # (n_t, d, v)
         n_t_total = 0.0
         n_c_total = 0.0
@@ -324,7 +333,8 @@ class ValueBook:
             n_t, n_c = t[0], c[0]
             if n_t < 2.0 or n_c < 2.0:
                 continue
-            parts.append((n_t, *adjusted_difference(_moments(t), _moments(c), 0.0)))
+            th = theta.get(segment_of(seg), 0.0)
+            parts.append((n_t, *adjusted_difference(_moments(t), _moments(c), th)))
             n_t_total += n_t
             n_c_total += n_c
         if not parts:
@@ -339,6 +349,15 @@ class ValueBook:
             # sums so large they overflowed: no usable estimate rather than NaN downstream
             return Uplift(0.0, math.inf, n_t_total, n_c_total)
         return Uplift(mean, math.sqrt(var), n_t_total, n_c_total)
+
+    def _slopes(self, lever: str) -> dict[str, float]:
+        """Per segment, the control arm's slope of value on the value signal, pooled within its
+        strata (:func:`headroom.kernel.estimate.slope`; 0 without signal sums)."""
+        controls: dict[str, list[Moments]] = {}
+        for (key, lv, arm), a in self._sums.items():
+            if lv == lever and arm == "control":
+                controls.setdefault(segment_of(key), []).append(_moments(a))
+        return {seg: slope(ms) for seg, ms in controls.items()}
 
     def per_unit(self, lever: str, unit: ResourceCost) -> Uplift | None:
         """Value per unit of work over the strata where ``lever`` did work, or None when its
@@ -366,6 +385,7 @@ class ValueBook:
         n_t_total = 0.0
         n_c_total = 0.0
         seen_cost = False
+        theta = self._slopes(lever)
         for seg in self._strata(lever, None):
             t = self._sums.get((seg, lever, "treatment"))
             if t is None or t[col] <= 0.0:
@@ -377,7 +397,7 @@ class ValueBook:
             n_t, n_c = t[0], c[0]
             if n_t < 2.0 or n_c < 2.0:
                 continue
-            d, v_d = adjusted_difference(_moments(t), _moments(c), 0.0)
+            d, v_d = adjusted_difference(_moments(t), _moments(c), theta.get(segment_of(seg), 0.0))
             u = t[col] / per_unit_ms
             v = n_t * n_t * v_d / (u * u)
             if not (v > 0.0 and math.isfinite(v)):
@@ -406,7 +426,8 @@ class ValueBook:
         return math.sqrt(max(q / n - mean * mean, 0.0))
 
     def snapshot(self) -> dict[str, Any]:
-        """``{"rows": [[segment, lever, arm, n, sum, sum_sq, cpu_ms, accelerator_ms], …]}``; the
+        """``{"rows": [[segment, lever, arm, n, sum, sum_sq, cpu_ms, accelerator_ms, signal_sum,
+        signal_sq_sum, signal_value_sum], …]}``; the
         units book as rows of arm ``"units"`` (``["", lever, "units", treated, units, 0.0]``)."""
         rows = [[k[0], k[1], k[2], *a] for k, a in sorted(self._sums.items())]
         rows += [
@@ -416,8 +437,8 @@ class ValueBook:
 
     def restore(self, state: Mapping[str, Any] | Iterable[Iterable[Any]]) -> None:
         """Replace the sums with those of a :meth:`snapshot`. Also reads the forms stored by
-        earlier versions: the bare list of rows (no ``{"rows": …}`` around it), and rows without
-        the two cost columns (cost 0)."""
+        earlier versions: the bare list of rows (no ``{"rows": …}`` around it), rows without
+        the two cost columns (cost 0) and rows without the signal columns (0)."""
         rows: Iterable[Any] = state["rows"] if isinstance(state, Mapping) else state
         sums: dict[ValueKey, list[float]] = {}
         units: dict[str, list[float]] = {}
@@ -427,7 +448,8 @@ class ValueBook:
                 units[str(lever)] = [float(n), float(s)]
                 continue
             cpu, acc = (float(cost[0]), float(cost[1])) if len(cost) >= 2 else (0.0, 0.0)
-            sums[(str(seg), str(lever), str(arm))] = [float(n), float(s), float(q), cpu, acc]
+            sig = [float(v) for v in cost[2:5]] if len(cost) >= 5 else [0.0, 0.0, 0.0]
+            sums[(str(seg), str(lever), str(arm))] = [float(n), float(s), float(q), cpu, acc, *sig]
         self._sums = sums
         self._units = units
 

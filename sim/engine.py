@@ -1402,6 +1402,9 @@ class RegionRun:
                         float(s2[lo + c]),
                         nc * float(cpu_per[lo + c]),
                         nc * float(acc_per[lo + c]),
+                        float(x1[lo + c]),
+                        float(x2[lo + c]),
+                        float(xy[lo + c]),
                     )
                     key = stratum_key(seg, c - cells.start)
                     if name == "control":
