@@ -57,6 +57,7 @@ def _row(name: str, m: Mapping[str, Any], with_precompute: bool) -> list[str]:
     ]
     if with_precompute:
         row.append(fmt_value(_g(m, "value", "incremental_precompute")))
+    row.append(fmt_value(_g(m, "value", "incremental_lost")))
     row += [
         fmt_value(_g(m, "value", "oracle_incremental")),
         f"{_g(m, 'value', 'capture_ratio'):.3f}",
@@ -77,6 +78,7 @@ def format_table(metrics: Mapping[str, Any]) -> str:
     header = ["policy", "viol", "worst p99", "errors", "incremental", "rma", "sbm"]
     if with_precompute:
         header.append("precomp")
+    header.append("lost")
     header += ["oracle", "capture", "estimate ± 95%", "release p99", "shed s/c"]
     if with_precompute:
         header.append("hit rate")
@@ -99,7 +101,8 @@ def format_table(metrics: Mapping[str, Any]) -> str:
     out += [line(r) for r in rows]
     out.append(
         "viol: share of SLO windows over the p99 limit; worst p99 in ms; incremental value by "
-        "lever (ground truth); capture = incremental / oracle;"
+        "lever and lost to failed or timed-out requests (ground truth, they add up); "
+        "capture = incremental / oracle;"
     )
     out.append(
         "estimate: holdout A/B estimate of the incremental value with its 95% half-width; "
