@@ -230,7 +230,8 @@ class WindowTraffic:
     arms: Mapping[str, Mapping[str, Sums]]
     # the estimator's sums per (segment, value bin) stratum (``"premium#3"``) and arm, with the
     # value signal's sums: {n, value_sum, value_sq_sum, signal_sum, signal_sq_sum,
-    # signal_value_sum}; {} where the writer has no value bins
+    # signal_value_sum, failed, failed_signal_sum, failed_signal_sq_sum}; {} where the writer has
+    # no value bins
     strata: Mapping[str, Mapping[str, Mapping[str, Any]]]
     itt: Mapping[str, Mapping[str, Sums]]
     eligible_treated: Mapping[str, float]
@@ -247,11 +248,15 @@ def _sums(d: Sums) -> dict[str, Any]:
 
 
 _SIGNAL_SUMS = ("signal_sum", "signal_sq_sum", "signal_value_sum")
+_FAILED_SUMS = ("failed_signal_sum", "failed_signal_sq_sum")
 
 
 def _strata_sums(d: Mapping[str, Any]) -> dict[str, Any]:
     out = _sums(d)
     for k in _SIGNAL_SUMS:
+        out[k] = float(d.get(k, 0.0))
+    out["failed"] = int(d.get("failed", 0))
+    for k in _FAILED_SUMS:
         out[k] = float(d.get(k, 0.0))
     return out
 

@@ -556,6 +556,9 @@ class MetricsAccumulator:
                             _num(d.get("signal_sum")),
                             _num(d.get("signal_sq_sum")),
                             _num(d.get("signal_value_sum")),
+                            float(_count(d.get("failed"))),
+                            _num(d.get("failed_signal_sum")),
+                            _num(d.get("failed_signal_sq_sum")),
                         )
                     )
 

@@ -31,6 +31,15 @@ variance. A stratum with treated requests but fewer than 2 control requests is m
 other such strata of its group (sums add); if the merged stratum still has fewer than 2 control
 requests its treated requests are left out and the group is reported unusable.
 
+Failures in the control. Where the sums report the requests that failed or timed out (``nf``,
+``xf = Σx``, ``xxf = Σx²`` of them), a failed *control* request is taken as harm optional work did
+through the queues every arm shares (the baseline is provisioned to serve every request): the
+slope is fitted on the control's delivered requests, each failed control request is imputed
+``θ·x`` (what a delivered one of its value brings), and the total also counts the control's own
+loss, ``−θ·Σ xf``. Without this, harm that falls on treated and control requests alike cancels
+out of the difference. A baseline that itself fails requests breaks it (its failures are then
+counted as harm).
+
 Why it is unbiased, and when it is not (docs/analysis.md, *The holdout estimator*): holdout is
 random within a stratum, so the treatment group as a whole is comparable with the control arm of
 its stratum, and the sum over every treatment arm (``none`` included) estimates the treatment
@@ -38,7 +47,8 @@ group's incremental value without bias whatever the arms' selection. One arm alo
 selected subset (value-ranked RMA takes the highest values of a bin); the regression term
 corrects for that selection on ``x`` as long as the control's ``E[y | x]`` is linear in ``x``
 within a stratum with the group's slope. The estimate compares requests in the same queues: harm
-that optional work does to the control arm too (queueing, timeouts) is invisible to it.
+that optional work does to the control arm too is seen only as far as it makes control requests
+fail or time out (above); a slowdown that stays inside the timeout is invisible to it.
 """
 
 from __future__ import annotations
@@ -74,6 +84,11 @@ class Moments:
     x: float = 0.0
     xx: float = 0.0
     xy: float = 0.0
+    # of those requests, the ones that failed or timed out (they delivered y = 0): their count
+    # and the sums of their value signal (0 where the writer does not report them)
+    nf: float = 0.0
+    xf: float = 0.0
+    xxf: float = 0.0
 
     def add(self, other: Moments) -> None:
         self.n += other.n
@@ -82,6 +97,27 @@ class Moments:
         self.x += other.x
         self.xx += other.xx
         self.xy += other.xy
+        self.nf += other.nf
+        self.xf += other.xf
+        self.xxf += other.xxf
+
+    def delivered(self) -> Moments:
+        """The requests that did not fail (a failed request's y is 0: its y sums are 0)."""
+        return Moments(
+            self.n - self.nf, self.y, self.yy, self.x - self.xf, self.xx - self.xxf, self.xy
+        )
+
+    def imputed(self, theta: float) -> Moments:
+        """The arm as if no request had failed: each failed one delivers ``θ·x``."""
+        t = theta
+        return Moments(
+            self.n,
+            self.y + t * self.xf,
+            self.yy + t * t * self.xxf,
+            self.x,
+            self.xx,
+            self.xy + t * self.xxf,
+        )
 
     @property
     def mean_y(self) -> float:
@@ -188,14 +224,29 @@ def estimate(
     total = variance = n_t_all = n_c_all = 0.0
     unusable: list[str] = []
     for group, keys in groups.items():
-        controls = [strata[k][CONTROL] for k in keys if CONTROL in strata[k]]
-        theta = slope(controls)
+        raw = {k: strata[k][CONTROL] for k in keys if CONTROL in strata[k]}
+        failed = any(c.xf > 0.0 for c in raw.values())
+        if failed:
+            # the baseline serves every request: a control request that failed is harm done
+            # by optional work (shared queues); it would have delivered like the control's
+            # delivered requests of its value (module docstring, *Failures in the control*)
+            theta = slope(c.delivered() for c in raw.values())
+            ctl = {k: c.imputed(theta) for k, c in raw.items()}
+        else:
+            theta = slope(raw.values())
+            ctl = raw
+        controls = list(ctl.values())
         shift = 0.0  # Σ n_L (x̄_L − x̄_C): how far the treated sit from the control in x
+        if arms is None and failed:
+            # the control's own loss belongs to the total
+            lost = sum(c.xf for c in raw.values())
+            total -= theta * lost
+            shift -= lost
         # strata without a usable control arm are merged (their sums add)
         usable: list[Mapping[str, Moments]] = []
         merged: dict[str, Moments] = {}
         for k in keys:
-            by_arm = strata[k]
+            by_arm = {**strata[k], CONTROL: ctl[k]} if k in ctl else strata[k]
             c = by_arm.get(CONTROL)
             if c is not None and c.n >= 2:
                 usable.append(by_arm)

@@ -1361,7 +1361,7 @@ class RegionRun:
             sd_l.append(np.concatenate([p.sd for p, _, _ in got]))
             pi_l.append(np.concatenate([pi for _, pi, _ in got]))
             vgrp_l.append(gi * n_c + cell)
-        s1, s2, x1, x2, xy = arm_signal_sums(
+        s1, s2, x1, x2, xy, n_late, x_late, x2_late = arm_signal_sums(
             self.arm_rng,
             pop,
             n_all,
@@ -1374,7 +1374,9 @@ class RegionRun:
         )
         arms: dict[str, dict[str, dict[str, Any]]] = {}
         value_obs: dict[tuple[str, str, str], ArmStats] = {}
-        strata = _estimator_strata(groups, n_all, (s1, s2, x1, x2, xy), pop, names)
+        strata = _estimator_strata(
+            groups, n_all, (s1, s2, x1, x2, xy, n_late, x_late, x2_late), pop, names
+        )
         for gi, name in enumerate(groups):
             lo = gi * n_c
             for si, seg in enumerate(names):
@@ -1692,7 +1694,7 @@ def _estimator_strata(
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """The window line's ``strata``: the estimator's sums per (segment, value bin) stratum and
     arm (control and what the requests received), with the value signal's sums."""
-    s1, s2, x1, x2, xy = sums
+    s1, s2, x1, x2, xy, n_late, x_late, x2_late = sums
     n_c = pop.n_cells
     strata: dict[str, dict[str, dict[str, Any]]] = {}
     for gi, name in enumerate(groups):
@@ -1710,6 +1712,9 @@ def _estimator_strata(
                 "signal_sum": float(x1[i]),
                 "signal_sq_sum": float(x2[i]),
                 "signal_value_sum": float(xy[i]),
+                "failed": int(n_late[i]),
+                "failed_signal_sum": float(x_late[i]),
+                "failed_signal_sq_sum": float(x2_late[i]),
             }
     return strata
 

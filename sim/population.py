@@ -225,9 +225,29 @@ def arm_sums(
     return s[0], s[1]
 
 
-# The five sums of a group as powers of (value V, realised quality U, in time I) of one request:
-# y = V·U·I, y², x = V, x², x·y.
-_SUM_POWERS = ((1, 1, 1), (2, 2, 1), (1, 0, 0), (2, 0, 0), (2, 1, 1))
+# The sums of a group as powers of (value V, realised quality U) and an indicator of one request
+# (0: none, 1: in time I, 2: late 1 − I): y = V·U·I, y², x = V, x², x·y, and of the late ones
+# their count, Σx and Σx².
+_SUM_POWERS = (
+    (1, 1, 1),
+    (2, 2, 1),
+    (1, 0, 0),
+    (2, 0, 0),
+    (2, 1, 1),
+    (0, 0, 2),
+    (1, 0, 2),
+    (2, 0, 2),
+)
+N_SUMS = len(_SUM_POWERS)
+
+
+def _both(i: int, j: int) -> int:
+    """The indicator of a product of two (``-1``: I·(1 − I) = 0)."""
+    if i == 0 or i == j:
+        return j
+    if j == 0:
+        return i
+    return -1
 
 
 def arm_signal_sums(
@@ -241,8 +261,9 @@ def arm_signal_sums(
     q_sd: FloatArray,
     in_time: FloatArray,
 ) -> FloatArray:
-    """Observed sums ``(Σy, Σy², Σx, Σx², Σxy)`` (a (5, G) array) per group of ``n[g]`` requests
-    drawn from a mixture of parts; ``x`` is the request's value signal (its value ``V``).
+    """Observed sums ``(Σy, Σy², Σx, Σx², Σxy, n_late, Σx_late, Σx²_late)`` (an (8, G) array)
+    per group of ``n[g]`` requests drawn from a mixture of parts; ``x`` is the request's value
+    signal (its value ``V``), *late* the requests that did not finish in time (they report 0).
 
     Parts are (cell, option) pairs: ``weights`` their shares (normalised per group here),
     ``part_seg`` the group they belong to (any index below ``n.size``: a segment, or a segment
@@ -255,7 +276,7 @@ def arm_signal_sums(
     """
     n_seg = int(np.asarray(n).size)
     n = np.asarray(n, dtype=np.int64)
-    out = np.zeros((5, n_seg))
+    out = np.zeros((N_SUMS, n_seg))
     w = np.asarray(weights, dtype=np.float64)
     seg_w = np.bincount(part_seg, weights=w, minlength=n_seg)
     live = (n > 0) & (seg_w > 0)
@@ -282,16 +303,19 @@ def arm_signal_sums(
         )
 
         def moment(a: int, b: int, i: int) -> FloatArray:
-            row = vm[a] * um[b] * (in_time if i else 1.0) * p
+            if i < 0:
+                return np.zeros(n_seg)
+            ind = (1.0, in_time, 1.0 - in_time)[i]
+            row = vm[a] * um[b] * ind * p
             return np.asarray(np.bincount(part_seg, weights=row, minlength=n_seg), dtype=np.float64)
 
         k = len(_SUM_POWERS)
-        mu = np.stack([moment(*pw) for pw in _SUM_POWERS])  # (5, G)
+        mu = np.stack([moment(*pw) for pw in _SUM_POWERS])  # (N_SUMS, G)
         cov = np.empty((n_seg, k, k))
         for i, (ai, bi, ii) in enumerate(_SUM_POWERS):
             for j in range(i, k):
                 aj, bj, ij = _SUM_POWERS[j]
-                c = moment(ai + aj, bi + bj, max(ii, ij)) - mu[i] * mu[j]
+                c = moment(ai + aj, bi + bj, _both(ii, ij)) - mu[i] * mu[j]
                 cov[:, i, j] = c
                 cov[:, j, i] = c
         # a PSD square root (the matrix is singular where a part has no spread)
@@ -306,7 +330,10 @@ def arm_signal_sums(
             inv_n = np.where(nf > 0, 1.0 / np.where(nf > 0, nf, 1.0), 0.0)
         y2 = np.maximum(draw[1], y1 * y1 * inv_n)  # no negative variance
         x2 = np.maximum(draw[3], x1 * x1 * inv_n)
-        out[:, clt] = np.stack([y1, y2, x1, x2, draw[4]])[:, clt]
+        nl = np.clip(np.round(draw[5]), 0.0, nf)
+        xl = np.clip(draw[6], 0.0, x1)
+        x2l = np.clip(draw[7], 0.0, x2)
+        out[:, clt] = np.stack([y1, y2, x1, x2, draw[4], nl, xl, x2l])[:, clt]
     return out
 
 
@@ -339,8 +366,10 @@ def _exact(
     pick = order[np.minimum(pick, order.size - 1)]
     v = pop.sample_values(part_cell[pick], u[1])
     quality = q_mean[pick] + q_sd[pick] * _norm(u[2])
-    y = np.where(u[3] < in_time[pick], v * quality, 0.0)
-    for i, col in enumerate((y, y * y, v, v * v, v * y)):
+    ok = u[3] < in_time[pick]
+    y = np.where(ok, v * quality, 0.0)
+    late = (~ok).astype(np.float64)
+    for i, col in enumerate((y, y * y, v, v * v, v * y, late, v * late, v * v * late)):
         out[i] += np.bincount(seg_of_req, weights=col, minlength=n.size)
 
 

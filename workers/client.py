@@ -474,14 +474,21 @@ class _StratumArm:
     signal_sum: float = 0.0
     signal_sq_sum: float = 0.0
     signal_value_sum: float = 0.0
+    failed: int = 0  # requests that failed (value 0), and their value signal's sums
+    failed_signal_sum: float = 0.0
+    failed_signal_sq_sum: float = 0.0
 
-    def add(self, value: float, signal: float) -> None:
+    def add(self, value: float, signal: float, failed: bool = False) -> None:
         self.n += 1
         self.value_sum += value
         self.value_sq_sum += value * value
         self.signal_sum += signal
         self.signal_sq_sum += signal * signal
         self.signal_value_sum += signal * value
+        if failed:
+            self.failed += 1
+            self.failed_signal_sum += signal
+            self.failed_signal_sq_sum += signal * signal
 
     def sums(self) -> dict[str, Any]:
         return {
@@ -491,6 +498,9 @@ class _StratumArm:
             "signal_sum": self.signal_sum,
             "signal_sq_sum": self.signal_sq_sum,
             "signal_value_sum": self.signal_value_sum,
+            "failed": self.failed,
+            "failed_signal_sum": self.failed_signal_sum,
+            "failed_signal_sq_sum": self.failed_signal_sq_sum,
         }
 
 
@@ -551,7 +561,7 @@ class _Window:
         arm_name = "control" if o.control else (o.lever if o.ok and o.lever else "none")
         by_arm = self.strata.setdefault(stratum_key(o.segment, o.stratum), {})
         by_arm.setdefault(arm_name, _StratumArm()).add(
-            o.value_total if o.ok else 0.0, o.value_signal
+            o.value_total if o.ok else 0.0, o.value_signal, failed=not o.ok
         )
         if not o.ok:
             # failed: it delivered nothing where the baseline would have delivered

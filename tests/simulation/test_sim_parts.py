@@ -188,8 +188,9 @@ def test_arm_sums_have_the_mixture_mean_and_variance(n: int) -> None:
 
 @pytest.mark.parametrize("n", [EXACT_BELOW // 2, 5000])
 def test_arm_signal_sums_have_the_mixture_means_and_covariance(n: int) -> None:
-    """The value signal's sums (Σx, Σx², Σxy) beside the value's: exact draws and the normal
-    limit alike have the mixture's means, and Σy, Σx co-vary as y = V·U·I and x = V do."""
+    """The value signal's sums (Σx, Σx², Σxy) and the late requests' (count, Σx, Σx²) beside
+    the value's: exact draws and the normal limit alike have the mixture's means, and Σy, Σx
+    co-vary as y = V·U·I and x = V do."""
     pop = Population.from_scenario(scenario(), bins=8)
     rng = np.random.default_rng(12)
     q = np.full(pop.n_cells, 0.8)
@@ -204,10 +205,21 @@ def test_arm_signal_sums_have_the_mixture_means_and_covariance(n: int) -> None:
             ]
             for _ in range(400)
         ]
-    )  # (400, 5): Σy, Σy², Σx, Σx², Σxy
+    )  # (400, 8): Σy, Σy², Σx, Σx², Σxy, late requests, Σx and Σx² of the late ones
     ev = float(pop.v_moments[0] @ pop.share)
     ev2 = float(pop.v_moments[1] @ pop.share)
-    expect = np.array([0.9 * 0.8 * ev, 0.9 * (0.8**2 + 0.1**2) * ev2, ev, ev2, 0.9 * 0.8 * ev2])
+    expect = np.array(
+        [
+            0.9 * 0.8 * ev,
+            0.9 * (0.8**2 + 0.1**2) * ev2,
+            ev,
+            ev2,
+            0.9 * 0.8 * ev2,
+            0.1,
+            0.1 * ev,
+            0.1 * ev2,
+        ]
+    )
     got = draws.mean(axis=0) / n
     sd_mean = draws.std(axis=0) / n / math.sqrt(len(draws))
     assert np.all(np.abs(got - expect) < 4 * sd_mean + 1e-9), (got, expect)

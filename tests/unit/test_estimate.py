@@ -125,3 +125,38 @@ def test_strata_without_a_control_arm_are_merged_or_reported_unusable() -> None:
     alone = estimate({"s#1": {"rma": t}}, group_of=lambda k: k.split("#")[0])
     assert alone.unusable == ("s",)
     assert alone.value == 0.0
+
+
+def test_failed_control_requests_count_as_harm_done_by_optional_work() -> None:
+    """Interference: optional work slows the shared queues, so 5 % of *every* arm's requests
+    fail (deliver 0), where the baseline would have served them all. With the failed requests'
+    signal sums the estimator imputes the control's failures and counts the control's own loss,
+    so the interval covers the truth (effect − every arm's lost value); without them the loss
+    cancels out of the difference and the estimate sits far above the truth."""
+    rng = np.random.default_rng(11)
+    n = 200_000
+    x = np.exp(rng.normal(0.0, 0.6, n))
+    y0 = 0.8 * x * rng.normal(1.0, 0.2, n)
+    control = rng.random(n) < 0.05
+    treated = ~control
+    failed = rng.random(n) < 0.05
+    y1 = y0 + np.where(treated, 0.03 * x, 0.0)
+    y = np.where(failed, 0.0, y1)
+    truth = float((y - y0).sum())
+    edges = np.quantile(x, np.linspace(0, 1, 9)[1:-1])
+    bin_of = np.searchsorted(edges, x)
+    with_failures: dict[str, dict[str, Moments]] = {}
+    for b in range(8):
+        for name, sel in ((CONTROL, control), ("rma", treated)):
+            s = (bin_of == b) & sel
+            m = _m(y[s], x[s])
+            f = s & failed
+            m.nf, m.xf, m.xxf = float(f.sum()), float(x[f].sum()), float((x[f] ** 2).sum())
+            with_failures.setdefault(f"a#{b}", {})[name] = m
+    est = estimate(with_failures, group_of=lambda k: k.split("#")[0])
+    assert est.ci95[0] <= truth <= est.ci95[1]
+    blind = {
+        k: {a: Moments(m.n, m.y, m.yy, m.x, m.xx, m.xy) for a, m in by.items()}
+        for k, by in with_failures.items()
+    }
+    assert estimate(blind, group_of=lambda k: k.split("#")[0]).ci95[0] > truth
