@@ -234,10 +234,12 @@ _UNITS_ARM = "units"  # snapshot rows of the units book (no real arm is called t
 class ValueBook:
     """Discounted holdout sums per (segment, lever, arm); see the module docstring."""
 
-    __slots__ = ("_sums", "_units")
+    __slots__ = ("_slopes_cache", "_sums", "_units")
 
     def __init__(self) -> None:
         self._sums: dict[ValueKey, list[float]] = {}
+        # per lever, the control strata's slopes (unchanged by decay: every sum scales alike)
+        self._slopes_cache: dict[str, dict[str, float]] = {}
         # per lever: discounted [treated requests, units of work behind them], so value per
         # unit divides the book's uplift by the units *the book's requests* received, not by
         # the units in force now (RMA's extra candidates change every interval)
@@ -276,6 +278,7 @@ class ValueBook:
         return float(sum(st.n for k, st in value.items() if k[1] == lever and k[2] == "treatment"))
 
     def add(self, value: Mapping[ValueKey, ArmStats]) -> None:
+        self._slopes_cache.clear()
         for key, st in value.items():
             if st.n <= 0 or not (math.isfinite(st.value_sum) and math.isfinite(st.value_sq_sum)):
                 continue
@@ -353,11 +356,15 @@ class ValueBook:
     def _slopes(self, lever: str) -> dict[str, float]:
         """Per segment, the control arm's slope of value on the value signal, pooled within its
         strata (:func:`headroom.kernel.estimate.slope`; 0 without signal sums)."""
+        got = self._slopes_cache.get(lever)
+        if got is not None:
+            return got
         controls: dict[str, list[Moments]] = {}
         for (key, lv, arm), a in self._sums.items():
             if lv == lever and arm == "control":
                 controls.setdefault(segment_of(key), []).append(_moments(a))
-        return {seg: slope(ms) for seg, ms in controls.items()}
+        got = self._slopes_cache[lever] = {seg: slope(ms) for seg, ms in controls.items()}
+        return got
 
     def per_unit(self, lever: str, unit: ResourceCost) -> Uplift | None:
         """Value per unit of work over the strata where ``lever`` did work, or None when its
@@ -452,6 +459,7 @@ class ValueBook:
             sums[(str(seg), str(lever), str(arm))] = [float(n), float(s), float(q), cpu, acc, *sig]
         self._sums = sums
         self._units = units
+        self._slopes_cache.clear()
 
 
 _SNAPSHOTTING: tuple[type[Snapshotting], ...] = (ValueBook,)  # checked by mypy

@@ -288,10 +288,13 @@ def arm_signal_sums(
         _exact(rng, pop, np.where(exact, n, 0), p, part_seg, part_cell, q_mean, q_sd, in_time, out)
     clt = live & ~exact
     if clt.any():
-        m, sd = q_mean, q_sd
+        # only the parts of the groups drawn here
+        sel = clt[part_seg]
+        ps = part_seg[sel]
+        m, sd = q_mean[sel], q_sd[sel]
         v2 = sd * sd
         # E[V^a | cell] for a = 0..4 and E[U^b] for b = 0..4 (normal U), per part
-        vm = np.vstack([np.ones(part_cell.size), pop.v_moments[:, part_cell]])
+        vm = np.vstack([np.ones(ps.size), pop.v_moments[:, part_cell[sel]]])
         um = np.stack(
             [
                 np.ones_like(m),
@@ -301,23 +304,28 @@ def arm_signal_sums(
                 m**4 + 6 * m * m * v2 + 3 * v2 * v2,
             ]
         )
-
-        def moment(a: int, b: int, i: int) -> FloatArray:
-            if i < 0:
-                return np.zeros(n_seg)
-            ind = (1.0, in_time, 1.0 - in_time)[i]
-            row = vm[a] * um[b] * ind * p
-            return np.asarray(np.bincount(part_seg, weights=row, minlength=n_seg), dtype=np.float64)
-
+        it = in_time[sel]
+        ind = (np.ones_like(it), it, 1.0 - it)
         k = len(_SUM_POWERS)
-        mu = np.stack([moment(*pw) for pw in _SUM_POWERS])  # (N_SUMS, G)
+        pairs = [
+            (i, j, (ai + aj, bi + bj, _both(ii, ij)))
+            for i, (ai, bi, ii) in enumerate(_SUM_POWERS)
+            for j, (aj, bj, ij) in enumerate(_SUM_POWERS)
+            if j >= i
+        ]
+        needed = sorted({*_SUM_POWERS, *(t for _, _, t in pairs if t[2] >= 0)})
+        row_of = {t: r for r, t in enumerate(needed)}
+        rows = np.stack([vm[a] * um[b] * ind[i] * p[sel] for a, b, i in needed])
+        onehot = np.zeros((ps.size, n_seg))
+        onehot[np.arange(ps.size), ps] = 1.0
+        moments = rows @ onehot  # (moments, G): every E[·] of one request, per group
+        mu = np.stack([moments[row_of[t]] for t in _SUM_POWERS])  # (N_SUMS, G)
         cov = np.empty((n_seg, k, k))
-        for i, (ai, bi, ii) in enumerate(_SUM_POWERS):
-            for j in range(i, k):
-                aj, bj, ij = _SUM_POWERS[j]
-                c = moment(ai + aj, bi + bj, _both(ii, ij)) - mu[i] * mu[j]
-                cov[:, i, j] = c
-                cov[:, j, i] = c
+        for i, j, t in pairs:
+            second = moments[row_of[t]] if t[2] >= 0 else np.zeros(n_seg)
+            c = second - mu[i] * mu[j]
+            cov[:, i, j] = c
+            cov[:, j, i] = c
         # a PSD square root (the matrix is singular where a part has no spread)
         evals, evecs = np.linalg.eigh(cov)
         root = evecs * np.sqrt(np.maximum(evals, 0.0))[:, None, :]
