@@ -26,7 +26,7 @@ The algorithm, per policy (every line carries ``policy``; a ``null`` policy on `
 
 * **Holdout estimate**: the one estimator of :mod:`headroom.kernel.estimate` (post-stratified,
   regression-adjusted; docs/analysis.md), on the window lines' ``strata`` sums (segment × value
-  bin, with the value signal's sums) when every line with arms carries them, else on the
+  bin, with the value signal's sums) where the policy's lines carry them, else on the
   per-segment ``arms`` (segments as strata, no regression term). ``estimated_by_lever`` is the
   same estimator over the arms that received each lever. A segment with treated requests but
   fewer than 2 control requests is left out and counted in ``estimate_unusable_segments``.
@@ -363,10 +363,9 @@ class _PolicyState:
     inc: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LEVERS, 0.0))
     value_lost: float = 0.0
     arms: dict[str, dict[str, ArmSums]] = field(default_factory=dict)
-    # the estimator's sums per (segment, value bin) stratum and arm, and whether some line had
-    # arms but no strata (then the per-segment arms are the estimator's input)
+    # the estimator's sums per (segment, value bin) stratum and arm (where the lines carry them,
+    # the estimator's input; else the per-segment arms)
     strata: dict[str, dict[str, Moments]] = field(default_factory=dict)
-    arms_without_strata: bool = False
     offered: dict[str, float] = field(default_factory=lambda: dict.fromkeys(RESOURCES, 0.0))
     used: dict[str, float] = field(default_factory=lambda: dict.fromkeys(RESOURCES, 0.0))
     segments: dict[str, _SegmentSums] = field(default_factory=dict)
@@ -508,8 +507,6 @@ class MetricsAccumulator:
         strata = e.get("strata")
         if isinstance(strata, dict) and strata:
             self._window_strata(state, strata)
-        elif isinstance(arms, dict) and arms:
-            state.arms_without_strata = True
         for key, target in (("offered_unit_s", state.offered), ("used_unit_s", state.used)):
             d = e.get(key)
             if isinstance(d, dict):
@@ -754,9 +751,10 @@ class MetricsAccumulator:
     @staticmethod
     def _estimates(state: _PolicyState) -> tuple[HoldoutEstimate, dict[str, Any]]:
         """The holdout estimate of the incremental value, and per lever that has treated
-        requests (``{estimate, ci95}``), from one estimator: on the ``strata`` sums where every
-        line carried them, else on the per-segment ``arms``."""
-        use_strata = bool(state.strata) and not state.arms_without_strata
+        requests (``{estimate, ci95}``), from one estimator: on the ``strata`` sums where the
+        lines carry them (the simulator adds them up over several windows), else on the
+        per-segment ``arms``."""
+        use_strata = bool(state.strata)
         names = (
             {n for by in state.strata.values() for n in by}
             if use_strata

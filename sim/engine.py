@@ -122,6 +122,10 @@ _KEY_SPAN = 2048  # dense latency-key histogram size: keys 0..2047 cover 1 ms ..
 _EPS = 1e-9
 
 PATH_BASE, PATH_RMA, PATH_SBM = 0, 1, 2
+# The estimator's strata sums (window field ``strata``) are drawn every control interval and
+# written, added up, on one window line every this many seconds of scenario time and at the end:
+# they add exactly, and a line per interval would double the event log.
+STRATA_EVERY_S = 900.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -641,6 +645,10 @@ class RegionRun:
         self._win_reset()
         self._obs_reset()
         self._pending_windows: list[dict[str, Any]] = []
+        # the estimator's strata sums since they were last written (module docstring: written
+        # every STRATA_EVERY_S of scenario time and at the end; the sums add up)
+        self._strata_acc: dict[str, dict[str, dict[str, Any]]] = {}
+        self._strata_since = 0.0
         bind = getattr(policy, "bind", None)
         if bind is not None:
             bind(self)
@@ -1227,6 +1235,15 @@ class RegionRun:
             s_value = s_value + pre.inc_seg
             value_obs.update(pre.value_obs)
             _add_precompute_arm(arms, pre)
+        _add_strata(self._strata_acc, est_strata)
+        t_last = float(recs[-1]["t1"])
+        if t_last - self._strata_since >= STRATA_EVERY_S - _EPS or (
+            t_last >= ctx.duration_s - _EPS
+        ):
+            est_strata, self._strata_acc = self._strata_acc, {}
+            self._strata_since = t_last
+        else:
+            est_strata = {}
         # latency: a stratified sample per window, computed in one pass
         strata_all = _concat_strata(strata_parts) if strata_parts else None
         if strata_all is not None and strata_all.size:
@@ -1683,6 +1700,21 @@ def _sample_windows(
     n_alloc = np.bincount(idx, minlength=st.size)
     weights = st.count[idx] / n_alloc[idx]
     return lat, weights, paths, win[idx]
+
+
+def _add_strata(
+    acc: dict[str, dict[str, dict[str, Any]]], new: Mapping[str, Mapping[str, Mapping[str, Any]]]
+) -> None:
+    """Add one interval's strata sums into ``acc`` (every field is a sum)."""
+    for key, by_arm in new.items():
+        to = acc.setdefault(key, {})
+        for arm, sums in by_arm.items():
+            got = to.get(arm)
+            if got is None:
+                to[arm] = dict(sums)
+            else:
+                for k, v in sums.items():
+                    got[k] += v
 
 
 def _estimator_strata(
