@@ -315,10 +315,14 @@ def arm_signal_sums(
         ]
         needed = sorted({*_SUM_POWERS, *(t for _, _, t in pairs if t[2] >= 0)})
         row_of = {t: r for r, t in enumerate(needed)}
-        rows = np.stack([vm[a] * um[b] * ind[i] * p[sel] for a, b, i in needed])
-        onehot = np.zeros((ps.size, n_seg))
-        onehot[np.arange(ps.size), ps] = 1.0
-        moments = rows @ onehot  # (moments, G): every E[·] of one request, per group
+        pp = p[sel]
+        # every E[·] of one request, per group (one bincount per distinct moment)
+        moments = np.stack(
+            [
+                np.bincount(ps, weights=vm[a] * um[b] * ind[i] * pp, minlength=n_seg)
+                for a, b, i in needed
+            ]
+        )
         mu = np.stack([moments[row_of[t]] for t in _SUM_POWERS])  # (N_SUMS, G)
         cov = np.empty((n_seg, k, k))
         for i, j, t in pairs:
