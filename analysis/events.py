@@ -308,7 +308,16 @@ class WindowTraffic:
     value_total: float
     value_baseline: float
     inc: Mapping[str, float]
+    # ground-truth value lost by requests that failed or timed out against what the baseline
+    # would have delivered for them (≤ 0 as a rule): inc's levers + value_lost add up to
+    # value_total − value_baseline
+    value_lost: float
     arms: Mapping[str, Mapping[str, Sums]]
+    # the estimator's sums per (segment, value bin) stratum (``"premium#3"``) and arm, with the
+    # value signal's sums: {n, value_sum, value_sq_sum, signal_sum, signal_sq_sum,
+    # signal_value_sum, failed, failed_signal_sum, failed_signal_sq_sum}; {} where the writer has
+    # no value bins
+    strata: Mapping[str, Mapping[str, Mapping[str, Any]]]
     itt: Mapping[str, Mapping[str, Sums]]
     eligible_treated: Mapping[str, float]
     segments: Mapping[str, Mapping[str, Any]]
@@ -321,6 +330,20 @@ def _sums(d: Sums) -> dict[str, Any]:
         "value_sum": float(d["value_sum"]),
         "value_sq_sum": float(d["value_sq_sum"]),
     }
+
+
+_SIGNAL_SUMS = ("signal_sum", "signal_sq_sum", "signal_value_sum")
+_FAILED_SUMS = ("failed_signal_sum", "failed_signal_sq_sum")
+
+
+def _strata_sums(d: Mapping[str, Any]) -> dict[str, Any]:
+    out = _sums(d)
+    for k in _SIGNAL_SUMS:
+        out[k] = float(d.get(k, 0.0))
+    out["failed"] = int(d.get("failed", 0))
+    for k in _FAILED_SUMS:
+        out[k] = float(d.get(k, 0.0))
+    return out
 
 
 def _groups(by_seg: Mapping[str, Mapping[str, Sums]]) -> dict[str, dict[str, dict[str, Any]]]:
@@ -381,7 +404,13 @@ def window_event(
             value_total=float(tr.value_total),
             value_baseline=float(tr.value_baseline),
             inc={lever: float(tr.inc.get(lever, 0.0)) for lever in WINDOW_LEVERS},
+            value_lost=float(tr.value_lost),
             arms=_groups(tr.arms),
+            strata={
+                key: {name: _strata_sums(d) for name, d in by.items() if int(d["n"]) > 0}
+                for key, by in tr.strata.items()
+                if any(int(d["n"]) > 0 for d in by.values())
+            },
             itt=_groups(tr.itt),
             eligible_treated={k: round(float(v)) for k, v in treated.items()},
             segments={

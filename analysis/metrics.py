@@ -25,16 +25,13 @@ The algorithm, per policy (every line carries ``policy``; a ``null`` policy on `
   oracle_incremental``, null where the bound is too small to divide by (:func:`capture_ratio`:
   ``bound ≤ max(1e-6 · |baseline|, 1e-9)``) or the policy is incomplete.
 
-* **Holdout estimate** (stratified by segment, with a shared control arm). From the per-segment
-  arm sums ``{n, value_sum, value_sq_sum}`` of every window: for segment s and treatment arm L,
-  ``est = Σ_s Σ_L n_{s,L} (mean_{s,L} − mean_{s,C})`` and
-  ``Var = Σ_s [ Σ_L n_{s,L} s²_{s,L} + (Σ_L n_{s,L})² s²_{s,C} / n_{s,C} ]``
-  (the first term is the noise of the treated sums, the second the noise of the one control mean
-  every arm of the segment subtracts); ``ci95 = est ± 1.959964 √Var`` (normal approximation,
-  justified by the thousands of requests per arm in any run worth estimating). ``s²`` is the
-  unbiased sample variance; an arm with fewer than 2 requests borrows the control arm's ``s²``.
-  A segment with treated requests but fewer than 2 control requests has no usable baseline: its
-  treated requests are left out and counted in ``estimate_unusable_segments``.
+* **Holdout estimate**: the one estimator of :mod:`headroom.kernel.estimate` (post-stratified,
+  regression-adjusted; docs/analysis.md), on the window lines' ``strata`` sums (segment × value
+  bin, with the value signal's sums) where the policy's lines carry them, else on the
+  per-segment ``arms`` (segments as strata, no regression term). ``estimated_by_lever`` is the
+  same estimator over the arms that received each lever. A segment with treated requests but
+  fewer than 2 control requests is left out and counted in ``estimate_unusable_segments``.
+  ``incremental_lost = Σ value_lost``: the levers and it add up to ``incremental``.
 
 * **Release times.** ``release_ms`` of ``optional.released`` events; p50 and p99 by the
   nearest-rank rule (the smallest observed value with at least q of the observations at or below
@@ -70,12 +67,12 @@ import orjson
 
 from headroom.analysis.events import KNOWN_KINDS as _KNOWN
 from headroom.analysis.events import EventLog, LogStats
+from headroom.controllers.types import segment_of
 from headroom.kernel.errors import ConfigError, HeadroomError
+from headroom.kernel.estimate import Z_95, Moments, estimate
 from headroom.kernel.vocab import LEVERS, RESOURCES
 
 CONTROL_ARM = "control"
-# 97.5th percentile of the standard normal: the two-sided 95% interval.
-Z_95 = 1.959963984540054
 # A window is judged once event time has moved this far past its end (see module docstring).
 MIN_LATENESS_S = 60.0
 LATENESS_WINDOWS = 6
@@ -140,29 +137,40 @@ class HoldoutEstimate:
         return (self.value - half, self.value + half)
 
 
-def holdout_estimate(arms: Mapping[str, Mapping[str, ArmSums]]) -> HoldoutEstimate:
-    """The stratified holdout estimate of the incremental value (module docstring formula)."""
-    total = 0.0
-    variance = 0.0
-    unusable: list[str] = []
-    for segment in sorted(arms):
-        by_arm = arms[segment]
-        control = by_arm.get(CONTROL_ARM, ArmSums())
-        treated = [s for name, s in by_arm.items() if name != CONTROL_ARM and s.n > 0]
-        if not treated:
-            continue
-        if control.n < 2:
-            unusable.append(segment)
-            continue
-        control_var = control.variance
-        n_treated = 0
-        for arm in treated:
-            total += arm.n * (arm.mean - control.mean)
-            arm_var = arm.variance if arm.n >= 2 else control_var
-            variance += arm.n * arm_var
-            n_treated += arm.n
-        variance += n_treated**2 * control_var / control.n
-    return HoldoutEstimate(total, variance, tuple(unusable))
+def holdout_estimate(
+    arms: Mapping[str, Mapping[str, ArmSums]], levers: Sequence[str] | None = None
+) -> HoldoutEstimate:
+    """The holdout estimate from per-segment arms (no value bins, no signal sums): the one
+    estimator (:func:`headroom.kernel.estimate.estimate`) with segments as strata and no
+    regression term; ``levers`` restricts it to the arms that received one of them."""
+    strata = {
+        seg: {
+            name: Moments(float(a.n), a.value_sum, a.value_sq_sum)
+            for name, a in by_arm.items()
+            if name == CONTROL_ARM or levers is None or _arm_has(name, levers)
+        }
+        for seg, by_arm in arms.items()
+    }
+    est = estimate(strata)
+    return HoldoutEstimate(est.value, est.variance, est.unusable)
+
+
+def _arm_has(arm: str, levers: Sequence[str]) -> bool:
+    """An arm named by the levers it received (``rma``, ``rma+sbm``) got one of ``levers``."""
+    return any(part in levers for part in arm.split("+"))
+
+
+def stratified_estimate(
+    strata: Mapping[str, Mapping[str, Moments]], levers: Sequence[str] | None = None
+) -> HoldoutEstimate:
+    """The holdout estimate from the window lines' ``strata`` (segment × value bin, with the
+    value signal's sums): post-stratified and regression-adjusted, one slope per segment."""
+    chosen = None
+    if levers is not None:
+        names = {n for by in strata.values() for n in by if n != CONTROL_ARM}
+        chosen = [n for n in names if _arm_has(n, levers)]
+    est = estimate(strata, arms=chosen, group_of=segment_of)
+    return HoldoutEstimate(est.value, est.variance, est.unusable)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -519,7 +527,11 @@ class _PolicyState:
     value_total: float = 0.0
     value_baseline: float = 0.0
     inc: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LEVERS, 0.0))
+    value_lost: float = 0.0
     arms: dict[str, dict[str, ArmSums]] = field(default_factory=dict)
+    # the estimator's sums per (segment, value bin) stratum and arm (where the lines carry them,
+    # the estimator's input; else the per-segment arms)
+    strata: dict[str, dict[str, Moments]] = field(default_factory=dict)
     offered: dict[str, float] = field(default_factory=lambda: dict.fromkeys(RESOURCES, 0.0))
     used: dict[str, float] = field(default_factory=lambda: dict.fromkeys(RESOURCES, 0.0))
     segments: dict[str, _SegmentSums] = field(default_factory=dict)
@@ -671,9 +683,13 @@ class MetricsAccumulator:
         if isinstance(inc, dict):
             for lever, v in inc.items():
                 state.inc[lever] = state.inc.get(lever, 0.0) + _num(v)
+        state.value_lost += _num(e.get("value_lost"))
         arms = e.get("arms")
         if isinstance(arms, dict):
             self._window_arms(state, arms)
+        strata = e.get("strata")
+        if isinstance(strata, dict) and strata:
+            self._window_strata(state, strata)
         for key, target in (("offered_unit_s", state.offered), ("used_unit_s", state.used)):
             d = e.get(key)
             if isinstance(d, dict):
@@ -715,6 +731,32 @@ class MetricsAccumulator:
                     if a is None:
                         a = seg[arm] = ArmSums()
                     a.add(sums)
+
+    @staticmethod
+    def _window_strata(state: _PolicyState, strata: Mapping[str, Any]) -> None:
+        """A window's estimator sums, per (segment, value bin) stratum and arm."""
+        for key, by_arm in strata.items():
+            if not isinstance(by_arm, dict):
+                continue
+            st = state.strata.setdefault(str(key), {})
+            for arm, d in by_arm.items():
+                if isinstance(d, dict):
+                    m = st.get(arm)
+                    if m is None:
+                        m = st[arm] = Moments()
+                    m.add(
+                        Moments(
+                            float(_count(d.get("n"))),
+                            _num(d.get("value_sum")),
+                            _num(d.get("value_sq_sum")),
+                            _num(d.get("signal_sum")),
+                            _num(d.get("signal_sq_sum")),
+                            _num(d.get("signal_value_sum")),
+                            float(_count(d.get("failed"))),
+                            _num(d.get("failed_signal_sum")),
+                            _num(d.get("failed_signal_sq_sum")),
+                        )
+                    )
 
     @staticmethod
     def _window_segments(state: _PolicyState, segments: Mapping[str, Any]) -> None:
@@ -913,7 +955,7 @@ class MetricsAccumulator:
 
         incremental = state.value_total - state.value_baseline
         oracle_total, oracle_by_lever = self._oracle(state)
-        estimate = holdout_estimate(state.arms)
+        estimate, by_lever = self._estimates(state)
         ci_low, ci_high = estimate.ci95
 
         duration = run.get("duration_s")
@@ -960,12 +1002,14 @@ class MetricsAccumulator:
                 "incremental_rma": state.inc.get("rma", 0.0),
                 "incremental_sbm": state.inc.get("sbm", 0.0),
                 "incremental_precompute": state.inc.get("precompute", 0.0),
+                "incremental_lost": state.value_lost,
                 "oracle_incremental": oracle_total,
                 "oracle_by_lever": oracle_by_lever,
                 "capture_ratio": capture_ratio(incremental, oracle_total, state.value_baseline),
                 "estimated_incremental": estimate.value,
                 "estimated_ci95": [ci_low, ci_high],
                 "estimate_unusable_segments": list(estimate.unusable_segments),
+                "estimated_by_lever": by_lever,
             },
             "capacity": {
                 "offered_unit_s": {r: state.offered.get(r, 0.0) for r in _keys(state.offered)},
@@ -1006,6 +1050,32 @@ class MetricsAccumulator:
                 "wasted_partial": int(pre["wasted_partial"]),
             }
         return out
+
+    @staticmethod
+    def _estimates(state: _PolicyState) -> tuple[HoldoutEstimate, dict[str, Any]]:
+        """The holdout estimate of the incremental value, and per lever that has treated
+        requests (``{estimate, ci95}``), from one estimator: on the ``strata`` sums where the
+        lines carry them (the simulator adds them up over several windows), else on the
+        per-segment ``arms``."""
+        use_strata = bool(state.strata)
+        names = (
+            {n for by in state.strata.values() for n in by}
+            if use_strata
+            else {n for by in state.arms.values() for n in by}
+        )
+
+        def one(levers: Sequence[str] | None) -> HoldoutEstimate:
+            if use_strata:
+                return stratified_estimate(state.strata, levers)
+            return holdout_estimate(state.arms, levers)
+
+        by_lever: dict[str, Any] = {}
+        for lever in LEVERS:
+            if any(_arm_has(n, [lever]) for n in names if n != CONTROL_ARM):
+                est = one([lever])
+                low, high = est.ci95
+                by_lever[lever] = {"estimate": est.value, "ci95": [low, high]}
+        return one(None), by_lever
 
     def _oracle(self, state: _PolicyState) -> tuple[float, dict[str, float]]:
         bounds = state.oracle or self._oracle_default

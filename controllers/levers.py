@@ -33,11 +33,14 @@ work candidates × ``accelerator_ms_per_candidate`` of the model that ranks it. 
 :class:`ValueBook` keeps exponentially discounted sums, ``S <- γ·S + new`` with
 ``γ = 0.5 ** (window_s / half_life_s)``, so an estimate follows a drifting world with a known
 memory. Per segment the uplift per treated request is ``d_s = mean_t - mean_c`` with variance
-``var_t/n_t + var_c/n_c``; a lever's uplift pools segments by their treatment counts
-(``w_s = n_t,s / Σ n_t``; stratified, so a control arm with a different segment mix cannot bias
-it), ``Δ = Σ w_s d_s``, ``se² = Σ w_s² v_s``. Divided by the units of work behind one treated
-request (:meth:`Lever.units_per_treated`: RMA the extra candidates in force, SBM one request,
-precompute the jobs run per request), that is the value per unit of work, and
+``var_t/n_t + var_c/n_c`` (the stratum term of the one holdout estimator,
+:func:`headroom.kernel.estimate.adjusted_difference`, which the analyzer uses too; the value
+signals carry no value-signal sums, so its regression term is 0 here); a lever's uplift pools
+segments by their treatment counts (``w_s = n_t,s / Σ n_t``; stratified, so a control arm with a
+different segment mix cannot bias it), ``Δ = Σ w_s d_s``, ``se² = Σ w_s² v_s``. Divided by the
+units of work behind one treated request (:meth:`Lever.units_per_treated`: RMA the extra
+candidates in force, SBM one request, precompute the jobs run per request), that is the value
+per unit of work, and
 ``lcb = mean - z·se`` (``z`` = 1.645, one-sided 95 %). Below ``min_samples`` effective samples in
 either arm there is no estimate.
 
@@ -70,6 +73,7 @@ from headroom.controllers.types import (
     segment_of,
 )
 from headroom.defences.admission import admissible_utilization
+from headroom.kernel.estimate import Moments, adjusted_difference, slope
 from headroom.kernel.jsonstate import Snapshotting
 
 if TYPE_CHECKING:
@@ -218,16 +222,10 @@ class ValueEstimate:
         return cls(0.0, math.inf, -math.inf, math.inf, n_treatment, n_control, False)
 
 
-def _arm_moments(a: list[float]) -> tuple[float, float, float]:
-    """(n, mean, variance of one observation) from discounted sums [n, s, q, cpu, acc]."""
-    n, s, q = a[0], a[1], a[2]
-    if n <= 0.0:
-        return 0.0, 0.0, 0.0
-    mean = s / n
-    var = max(q / n - mean * mean, 0.0)
-    if n > 1.0:
-        var *= n / (n - 1.0)
-    return n, mean, var
+def _moments(a: list[float]) -> Moments:
+    """The estimator's sums of a book row [n, s, q, cpu, acc, Σx, Σx², Σxy] (the signal sums 0
+    where the value signals carry none: then no regression term)."""
+    return Moments(a[0], a[1], a[2], a[5], a[6], a[7])
 
 
 _UNITS_ARM = "units"  # snapshot rows of the units book (no real arm is called that)
@@ -236,10 +234,12 @@ _UNITS_ARM = "units"  # snapshot rows of the units book (no real arm is called t
 class ValueBook:
     """Discounted holdout sums per (segment, lever, arm); see the module docstring."""
 
-    __slots__ = ("_sums", "_units")
+    __slots__ = ("_slopes_cache", "_sums", "_units")
 
     def __init__(self) -> None:
         self._sums: dict[ValueKey, list[float]] = {}
+        # per lever, the control strata's slopes (unchanged by decay: every sum scales alike)
+        self._slopes_cache: dict[str, dict[str, float]] = {}
         # per lever: discounted [treated requests, units of work behind them], so value per
         # unit divides the book's uplift by the units *the book's requests* received, not by
         # the units in force now (RMA's extra candidates change every interval)
@@ -250,7 +250,7 @@ class ValueBook:
         if factor >= 1.0:
             return
         for a in self._sums.values():
-            for i in range(5):
+            for i in range(len(a)):
                 a[i] *= factor
         for u in self._units.values():
             u[0] *= factor
@@ -278,6 +278,7 @@ class ValueBook:
         return float(sum(st.n for k, st in value.items() if k[1] == lever and k[2] == "treatment"))
 
     def add(self, value: Mapping[ValueKey, ArmStats]) -> None:
+        self._slopes_cache.clear()
         for key, st in value.items():
             if st.n <= 0 or not (math.isfinite(st.value_sum) and math.isfinite(st.value_sq_sum)):
                 continue
@@ -287,15 +288,23 @@ class ValueBook:
                 if math.isfinite(st.accelerator_ms) and st.accelerator_ms > 0.0
                 else 0.0
             )
+            sig = (st.signal_sum, st.signal_sq_sum, st.signal_value_sum)
+            if not all(math.isfinite(v) for v in sig):
+                sig = (0.0, 0.0, 0.0)
             a = self._sums.get(key)
             if a is None:
-                self._sums[key] = [float(st.n), st.value_sum, max(st.value_sq_sum, 0.0), cpu, acc]
+                self._sums[key] = [
+                    float(st.n), st.value_sum, max(st.value_sq_sum, 0.0), cpu, acc, *sig
+                ]  # fmt: skip
             else:
                 a[0] += st.n
                 a[1] += st.value_sum
                 a[2] += max(st.value_sq_sum, 0.0)
                 a[3] += cpu
                 a[4] += acc
+                a[5] += sig[0]
+                a[6] += sig[1]
+                a[7] += sig[2]
 
     def segments(self, lever: str) -> list[str]:
         """The segments ``lever`` has sums for (strata folded into their segment)."""
@@ -315,6 +324,7 @@ class ValueBook:
         (post-stratification: the between-strata spread of request values leaves the variance).
         """
         segs = self._strata(lever, segment)
+        theta = self._slopes(lever)
         parts: list[tuple[float, float, float]] = []  # (n_t, d, v)
         n_t_total = 0.0
         n_c_total = 0.0
@@ -323,11 +333,11 @@ class ValueBook:
             c = self._sums.get((seg, lever, "control"))
             if t is None or c is None:
                 continue
-            n_t, m_t, v_t = _arm_moments(t)
-            n_c, m_c, v_c = _arm_moments(c)
+            n_t, n_c = t[0], c[0]
             if n_t < 2.0 or n_c < 2.0:
                 continue
-            parts.append((n_t, m_t - m_c, v_t / n_t + v_c / n_c))
+            th = theta.get(segment_of(seg), 0.0)
+            parts.append((n_t, *adjusted_difference(_moments(t), _moments(c), th)))
             n_t_total += n_t
             n_c_total += n_c
         if not parts:
@@ -342,6 +352,19 @@ class ValueBook:
             # sums so large they overflowed: no usable estimate rather than NaN downstream
             return Uplift(0.0, math.inf, n_t_total, n_c_total)
         return Uplift(mean, math.sqrt(var), n_t_total, n_c_total)
+
+    def _slopes(self, lever: str) -> dict[str, float]:
+        """Per segment, the control arm's slope of value on the value signal, pooled within its
+        strata (:func:`headroom.kernel.estimate.slope`; 0 without signal sums)."""
+        got = self._slopes_cache.get(lever)
+        if got is not None:
+            return got
+        controls: dict[str, list[Moments]] = {}
+        for (key, lv, arm), a in self._sums.items():
+            if lv == lever and arm == "control":
+                controls.setdefault(segment_of(key), []).append(_moments(a))
+        got = self._slopes_cache[lever] = {seg: slope(ms) for seg, ms in controls.items()}
+        return got
 
     def per_unit(self, lever: str, unit: ResourceCost) -> Uplift | None:
         """Value per unit of work over the strata where ``lever`` did work, or None when its
@@ -369,6 +392,7 @@ class ValueBook:
         n_t_total = 0.0
         n_c_total = 0.0
         seen_cost = False
+        theta = self._slopes(lever)
         for seg in self._strata(lever, None):
             t = self._sums.get((seg, lever, "treatment"))
             if t is None or t[col] <= 0.0:
@@ -377,15 +401,15 @@ class ValueBook:
             c = self._sums.get((seg, lever, "control"))
             if c is None:
                 continue
-            n_t, m_t, v_t = _arm_moments(t)
-            n_c, m_c, v_c = _arm_moments(c)
+            n_t, n_c = t[0], c[0]
             if n_t < 2.0 or n_c < 2.0:
                 continue
+            d, v_d = adjusted_difference(_moments(t), _moments(c), theta.get(segment_of(seg), 0.0))
             u = t[col] / per_unit_ms
-            v = n_t * n_t * (v_t / n_t + v_c / n_c) / (u * u)
+            v = n_t * n_t * v_d / (u * u)
             if not (v > 0.0 and math.isfinite(v)):
                 continue
-            num += (n_t * (m_t - m_c) / u) / v
+            num += (n_t * d / u) / v
             var += 1.0 / v
             total_units += u
             n_t_total += n_t
@@ -409,7 +433,8 @@ class ValueBook:
         return math.sqrt(max(q / n - mean * mean, 0.0))
 
     def snapshot(self) -> dict[str, Any]:
-        """``{"rows": [[segment, lever, arm, n, sum, sum_sq, cpu_ms, accelerator_ms], …]}``; the
+        """``{"rows": [[segment, lever, arm, n, sum, sum_sq, cpu_ms, accelerator_ms, signal_sum,
+        signal_sq_sum, signal_value_sum], …]}``; the
         units book as rows of arm ``"units"`` (``["", lever, "units", treated, units, 0.0]``)."""
         rows = [[k[0], k[1], k[2], *a] for k, a in sorted(self._sums.items())]
         rows += [
@@ -419,8 +444,8 @@ class ValueBook:
 
     def restore(self, state: Mapping[str, Any] | Iterable[Iterable[Any]]) -> None:
         """Replace the sums with those of a :meth:`snapshot`. Also reads the forms stored by
-        earlier versions: the bare list of rows (no ``{"rows": …}`` around it), and rows without
-        the two cost columns (cost 0)."""
+        earlier versions: the bare list of rows (no ``{"rows": …}`` around it), rows without
+        the two cost columns (cost 0) and rows without the signal columns (0)."""
         rows: Iterable[Any] = state["rows"] if isinstance(state, Mapping) else state
         sums: dict[ValueKey, list[float]] = {}
         units: dict[str, list[float]] = {}
@@ -430,9 +455,11 @@ class ValueBook:
                 units[str(lever)] = [float(n), float(s)]
                 continue
             cpu, acc = (float(cost[0]), float(cost[1])) if len(cost) >= 2 else (0.0, 0.0)
-            sums[(str(seg), str(lever), str(arm))] = [float(n), float(s), float(q), cpu, acc]
+            sig = [float(v) for v in cost[2:5]] if len(cost) >= 5 else [0.0, 0.0, 0.0]
+            sums[(str(seg), str(lever), str(arm))] = [float(n), float(s), float(q), cpu, acc, *sig]
         self._sums = sums
         self._units = units
+        self._slopes_cache.clear()
 
 
 _SNAPSHOTTING: tuple[type[Snapshotting], ...] = (ValueBook,)  # checked by mypy

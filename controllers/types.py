@@ -35,6 +35,11 @@ class ArmStats:
     value_sq_sum: float = 0.0
     cpu_ms: float = 0.0
     accelerator_ms: float = 0.0
+    # the value signal's sums (Σx, Σx², Σxy; x = the request's value before ranking) where the
+    # writer has them (the simulator): the estimator's regression term (kernel/estimate.py)
+    signal_sum: float = 0.0
+    signal_sq_sum: float = 0.0
+    signal_value_sum: float = 0.0
 
     def __add__(self, other: ArmStats) -> ArmStats:
         return ArmStats(
@@ -43,6 +48,9 @@ class ArmStats:
             self.value_sq_sum + other.value_sq_sum,
             self.cpu_ms + other.cpu_ms,
             self.accelerator_ms + other.accelerator_ms,
+            self.signal_sum + other.signal_sum,
+            self.signal_sq_sum + other.signal_sq_sum,
+            self.signal_value_sum + other.signal_value_sum,
         )
 
 

@@ -45,7 +45,11 @@ Delivered value of a request = value × top-ad quality of the option it got (the
 mean, :mod:`headroom.world.curves`), counted only if it finished within the timeout. The baseline is
 the same requests under the static configuration (no optional work: a shadow of the queues with
 baseline work only, run alongside), so ``incremental = total − baseline`` is exactly 0 for the
-static policy and counts the harm optional work does through queueing for any other.
+static policy and counts the harm optional work does through queueing for any other. It splits
+exactly into ``inc`` per lever and ``value_lost``: a class of requests that finished in time
+credits its lever (if any) with ``π_k·(value_k − base_k)``; ``(π_k − π_s)·base_k`` over every
+class (``π`` the in-time probability, ``π_s`` the shadow's) is the baseline value of requests that
+timed out where the baseline's would not — lost, ≤ 0 whenever optional work slows a class down.
 """
 
 from __future__ import annotations
@@ -90,7 +94,7 @@ from headroom.sim.latency import (
     wait_params,
     wait_params_array,
 )
-from headroom.sim.population import Population, arm_sums
+from headroom.sim.population import Population, arm_signal_sums
 from headroom.sim.precompute_sim import PrecomputeRegion, PrecomputeWindows, precompute_region
 
 __all__ = [
@@ -118,6 +122,10 @@ _KEY_SPAN = 2048  # dense latency-key histogram size: keys 0..2047 cover 1 ms ..
 _EPS = 1e-9
 
 PATH_BASE, PATH_RMA, PATH_SBM = 0, 1, 2
+# The estimator's strata sums (window field ``strata``) are drawn every control interval and
+# written, added up, on one window line every this many seconds of scenario time and at the end:
+# they add exactly, and a line per interval would double the event log.
+STRATA_EVERY_S = 900.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -637,6 +645,10 @@ class RegionRun:
         self._win_reset()
         self._obs_reset()
         self._pending_windows: list[dict[str, Any]] = []
+        # the estimator's strata sums since they were last written (module docstring: written
+        # every STRATA_EVERY_S of scenario time and at the end; the sums add up)
+        self._strata_acc: dict[str, dict[str, dict[str, Any]]] = {}
+        self._strata_since = 0.0
         bind = getattr(policy, "bind", None)
         if bind is not None:
             bind(self)
@@ -1150,6 +1162,7 @@ class RegionRun:
         seg_sbm = np.zeros((n_w, n_s))
         inc_rma = np.zeros(n_w)
         inc_sbm = np.zeros(n_w)
+        inc_lost = np.zeros(n_w)
         treated_rma = np.zeros(n_w)
         treated_sbm = np.zeros(n_w)
         routed = 0.0
@@ -1178,17 +1191,18 @@ class RegionRun:
             _add_rows(s_base, widx, np.outer(a_pis, mix.base_value.sum(axis=0)))
             s_count += a_sum * mix.count.sum(axis=0)
             _add_rows(seg_sbm, widx, np.outer(a, mix.count[1 + n_levels]))
-            inc_rma += np.bincount(
-                widx,
-                weights=a_pi_rows[:, r_rma] @ mix.value[r_rma].sum(axis=1)
-                - a_pis * float(mix.base_value[r_rma].sum()),
-                minlength=n_w,
-            )
-            inc_sbm += np.bincount(
-                widx,
-                weights=a_pi_rows[:, r_sbm] @ mix.value[r_sbm].sum(axis=1)
-                - a_pis * float(mix.base_value[r_sbm].sum()),
-                minlength=n_w,
+            # value by lever and lost value (module docstring, *Ground truth*): a class's
+            # requests that finished in time credit their lever with value − baseline value;
+            # the baseline value of requests that missed the timeout while the shadow's made it
+            # (in-time probability pi_k against pi_s) is lost. The parts add up to
+            # value_total − value_baseline exactly.
+            cls_value = mix.value.sum(axis=1)  # (K,)
+            cls_base = mix.base_value.sum(axis=1)
+            gain = a_pi_rows * (cls_value - cls_base)[None, :]
+            inc_rma += np.bincount(widx, weights=gain[:, r_rma].sum(axis=1), minlength=n_w)
+            inc_sbm += np.bincount(widx, weights=gain[:, r_sbm].sum(axis=1), minlength=n_w)
+            inc_lost += np.bincount(
+                widx, weights=(a_pi_rows - a_pis[:, None]) @ cls_base, minlength=n_w
             )
             treated_rma += np.bincount(widx, weights=a, minlength=n_w) * float(
                 mix.frac[r_rma].sum()
@@ -1209,16 +1223,27 @@ class RegionRun:
         # holdout sums and value signals, once per control interval (the estimate is the same
         # as with one draw per window: the sums add up); they ride on the interval's last window
         pi_ctl = base_pi_num / total_a if total_a > 0 else 1.0
-        arms, value_obs = self._arms(
+        arms, value_obs, est_strata = self._arms(
             n_ctl.sum(axis=0), (n_seg - n_ctl).sum(axis=0), s_count, pi_ctl, arm_acc
         )
         pre = None
         if self.precompute is not None:
+            # hits are drawn per segment only: the estimator then reads the segments' arms
+            est_strata = {}
             # hits replace the live outcome of their requests (sim/precompute_sim.py)
             pre = self.precompute.flush(a_win, s_value, pi_ctl)
             s_value = s_value + pre.inc_seg
             value_obs.update(pre.value_obs)
             _add_precompute_arm(arms, pre)
+        _add_strata(self._strata_acc, est_strata)
+        t_last = float(recs[-1]["t1"])
+        if t_last - self._strata_since >= STRATA_EVERY_S - _EPS or (
+            t_last >= ctx.duration_s - _EPS
+        ):
+            est_strata, self._strata_acc = self._strata_acc, {}
+            self._strata_since = t_last
+        else:
+            est_strata = {}
         # latency: a stratified sample per window, computed in one pass
         strata_all = _concat_strata(strata_parts) if strata_parts else None
         if strata_all is not None and strata_all.size:
@@ -1257,9 +1282,11 @@ class RegionRun:
                     "sbm": float(inc_sbm[w]),
                     "precompute": float(pre.inc[w]) if pre is not None else 0.0,
                 },
+                value_lost=float(inc_lost[w]),
                 # the holdout sums and the intent-to-treat sums the control plane learned
                 # from are drawn once per control interval: on its last window
                 arms=arms if w == n_w - 1 else {},
+                strata=est_strata if w == n_w - 1 else {},
                 itt=_itt_of(value_obs) if w == n_w - 1 else {},
                 eligible_treated=treated,
                 segments={
@@ -1295,7 +1322,11 @@ class RegionRun:
         s_count: FloatArray,
         pi_ctl: float,
         arm_acc: Mapping[str, list[tuple[ArmParts, FloatArray, float]]],
-    ) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[tuple[str, str, str], ArmStats]]:
+    ) -> tuple[
+        dict[str, dict[str, dict[str, Any]]],
+        dict[tuple[str, str, str], ArmStats],
+        dict[str, dict[str, dict[str, Any]]],
+    ]:
         """Observed sums of the control arm and of every treatment group, per population cell
         (segment × value bin), drawn in one batch (group g, cell c → virtual group ``g·C + c``).
 
@@ -1347,7 +1378,7 @@ class RegionRun:
             sd_l.append(np.concatenate([p.sd for p, _, _ in got]))
             pi_l.append(np.concatenate([pi for _, pi, _ in got]))
             vgrp_l.append(gi * n_c + cell)
-        s1, s2 = arm_sums(
+        s1, s2, x1, x2, xy, n_late, x_late, x2_late = arm_signal_sums(
             self.arm_rng,
             pop,
             n_all,
@@ -1360,6 +1391,9 @@ class RegionRun:
         )
         arms: dict[str, dict[str, dict[str, Any]]] = {}
         value_obs: dict[tuple[str, str, str], ArmStats] = {}
+        strata = _estimator_strata(
+            groups, n_all, (s1, s2, x1, x2, xy, n_late, x_late, x2_late), pop, names
+        )
         for gi, name in enumerate(groups):
             lo = gi * n_c
             for si, seg in enumerate(names):
@@ -1387,6 +1421,9 @@ class RegionRun:
                         float(s2[lo + c]),
                         nc * float(cpu_per[lo + c]),
                         nc * float(acc_per[lo + c]),
+                        float(x1[lo + c]),
+                        float(x2[lo + c]),
+                        float(xy[lo + c]),
                     )
                     key = stratum_key(seg, c - cells.start)
                     if name == "control":
@@ -1394,7 +1431,7 @@ class RegionRun:
                         value_obs[(key, "sbm", "control")] = st
                     else:
                         value_obs[(key, name[4:], "treatment")] = st
-        return arms, value_obs
+        return arms, value_obs, strata
 
     def _capacity_now(self) -> dict[str, float]:
         out = {"cpu": 0.0, "accelerator": 0.0}
@@ -1663,6 +1700,55 @@ def _sample_windows(
     n_alloc = np.bincount(idx, minlength=st.size)
     weights = st.count[idx] / n_alloc[idx]
     return lat, weights, paths, win[idx]
+
+
+def _add_strata(
+    acc: dict[str, dict[str, dict[str, Any]]], new: Mapping[str, Mapping[str, Mapping[str, Any]]]
+) -> None:
+    """Add one interval's strata sums into ``acc`` (every field is a sum)."""
+    for key, by_arm in new.items():
+        to = acc.setdefault(key, {})
+        for arm, sums in by_arm.items():
+            got = to.get(arm)
+            if got is None:
+                to[arm] = dict(sums)
+            else:
+                for k, v in sums.items():
+                    got[k] += v
+
+
+def _estimator_strata(
+    groups: list[str],
+    n_all: IntArray,
+    sums: tuple[FloatArray, ...],
+    pop: Population,
+    names: tuple[str, ...],
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """The window line's ``strata``: the estimator's sums per (segment, value bin) stratum and
+    arm (control and what the requests received), with the value signal's sums."""
+    s1, s2, x1, x2, xy, n_late, x_late, x2_late = sums
+    n_c = pop.n_cells
+    strata: dict[str, dict[str, dict[str, Any]]] = {}
+    for gi, name in enumerate(groups):
+        if name.startswith("itt_"):
+            continue
+        for c in range(n_c):
+            i = gi * n_c + c
+            if n_all[i] <= 0:
+                continue
+            key = stratum_key(names[int(pop.seg[c])], c % pop.bins)
+            strata.setdefault(key, {})[name] = {
+                "n": int(n_all[i]),
+                "value_sum": float(s1[i]),
+                "value_sq_sum": float(s2[i]),
+                "signal_sum": float(x1[i]),
+                "signal_sq_sum": float(x2[i]),
+                "signal_value_sum": float(xy[i]),
+                "failed": int(n_late[i]),
+                "failed_signal_sum": float(x_late[i]),
+                "failed_signal_sq_sum": float(x2_late[i]),
+            }
+    return strata
 
 
 def _add_precompute_arm(arms: dict[str, dict[str, dict[str, Any]]], pre: PrecomputeWindows) -> None:

@@ -24,11 +24,13 @@ Value signals (what clients report)
 Ground truth uses mean qualities ``Q`` (the curves' conditional expectation). What a client
 *observes* for one request is ``y = value × u`` with ``u`` the realised quality of the ad shown,
 ``u ~ N(Q, sd)`` (``sd`` = the curves' per-request spread), and ``y = 0`` for a request that timed
-out. The holdout estimator only ever sees these observed sums. :func:`arm_sums` draws
-``(n, Σy, Σy²)`` of ``n`` requests: exactly, request by request, for small arms (the control arm
-of a window is a few dozen requests); for large arms from the bivariate normal limit of the two
-sums (central limit theorem), with the exact mean vector and covariance from the first four
-moments of ``y`` — the estimator's input has the right distribution at a fraction of the cost.
+out. The holdout estimator only ever sees these observed sums, and the value signal ``x = value``
+(known before ranking) for its regression adjustment. :func:`arm_signal_sums` draws
+``(Σy, Σy², Σx, Σx², Σxy)`` of ``n`` requests: exactly, request by request, for small arms (the
+control arm of a window is a few dozen requests); for large arms from the normal limit of the five
+sums (central limit theorem), with the exact mean vector and covariance from the moments of the
+value (up to the 4th), of the quality and the in-time probability — the estimator's input has the
+right joint distribution at a fraction of the cost. :func:`arm_sums` is its first two sums.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from scipy.special import ndtr, ndtri
 
 from headroom.kernel.scenario import Scenario
 
-__all__ = ["EXACT_BELOW", "Population", "arm_sums"]
+__all__ = ["EXACT_BELOW", "Population", "arm_signal_sums", "arm_sums"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -223,56 +225,133 @@ def arm_sums(
     q_sd: FloatArray,
     in_time: FloatArray,
 ) -> tuple[FloatArray, FloatArray]:
-    """Observed ``(Σy, Σy²)`` per group of ``n[g]`` requests drawn from a mixture of parts.
+    """Observed ``(Σy, Σy²)`` per group (:func:`arm_signal_sums` without the signal sums)."""
+    s = arm_signal_sums(rng, pop, n, weights, part_seg, part_cell, q_mean, q_sd, in_time)
+    return s[0], s[1]
+
+
+# The sums of a group as powers of (value V, realised quality U) and an indicator of one request
+# (0: none, 1: in time I, 2: late 1 − I): y = V·U·I, y², x = V, x², x·y, and of the late ones
+# their count, Σx and Σx².
+_SUM_POWERS = (
+    (1, 1, 1),
+    (2, 2, 1),
+    (1, 0, 0),
+    (2, 0, 0),
+    (2, 1, 1),
+    (0, 0, 2),
+    (1, 0, 2),
+    (2, 0, 2),
+)
+N_SUMS = len(_SUM_POWERS)
+
+
+def _both(i: int, j: int) -> int:
+    """The indicator of a product of two (``-1``: I·(1 − I) = 0)."""
+    if i == 0 or i == j:
+        return j
+    if j == 0:
+        return i
+    return -1
+
+
+def arm_signal_sums(
+    rng: np.random.Generator,
+    pop: Population,
+    n: IntArray,
+    weights: FloatArray,
+    part_seg: IntArray,
+    part_cell: IntArray,
+    q_mean: FloatArray,
+    q_sd: FloatArray,
+    in_time: FloatArray,
+) -> FloatArray:
+    """Observed sums ``(Σy, Σy², Σx, Σx², Σxy, n_late, Σx_late, Σx²_late)`` (an (8, G) array)
+    per group of ``n[g]`` requests drawn from a mixture of parts; ``x`` is the request's value
+    signal (its value ``V``), *late* the requests that did not finish in time (they report 0).
 
     Parts are (cell, option) pairs: ``weights`` their shares (normalised per group here),
     ``part_seg`` the group they belong to (any index below ``n.size``: a segment, or a segment
     of one arm), ``part_cell`` their cell, ``q_mean``/``q_sd`` the quality they deliver and
     ``in_time`` the probability a request of the part finishes in time (else it reports 0).
     Groups of fewer than :data:`EXACT_BELOW` requests are drawn request by request; the others
-    from the bivariate normal limit of the two sums with the mixture's exact moments.
+    from the normal limit of the five sums with the mixture's exact mean vector and covariance
+    (every entry a product of moments of ``V`` up to the 4th, of ``U ~ N(q, sd)`` up to the 4th,
+    and the in-time probability).
     """
     n_seg = int(np.asarray(n).size)
     n = np.asarray(n, dtype=np.int64)
-    s1 = np.zeros(n_seg)
-    s2 = np.zeros(n_seg)
+    out = np.zeros((N_SUMS, n_seg))
     w = np.asarray(weights, dtype=np.float64)
     seg_w = np.bincount(part_seg, weights=w, minlength=n_seg)
     live = (n > 0) & (seg_w > 0)
     if not live.any():
-        return s1, s2
+        return out
     p = w / np.where(seg_w[part_seg] > 0, seg_w[part_seg], 1.0)
     exact = live & (n < EXACT_BELOW)
     if exact.any():
-        _exact(
-            rng, pop, np.where(exact, n, 0), p, part_seg, part_cell, q_mean, q_sd, in_time, s1, s2
-        )
+        _exact(rng, pop, np.where(exact, n, 0), p, part_seg, part_cell, q_mean, q_sd, in_time, out)
     clt = live & ~exact
     if clt.any():
-        vm = pop.v_moments[:, part_cell]  # (4, P)
-        m, sd = q_mean, q_sd
+        # only the parts of the groups drawn here
+        sel = clt[part_seg]
+        ps = part_seg[sel]
+        m, sd = q_mean[sel], q_sd[sel]
+        v2 = sd * sd
+        # E[V^a | cell] for a = 0..4 and E[U^b] for b = 0..4 (normal U), per part
+        vm = np.vstack([np.ones(ps.size), pop.v_moments[:, part_cell[sel]]])
         um = np.stack(
-            [m, m * m + sd * sd, m**3 + 3 * m * sd * sd, m**4 + 6 * m * m * sd * sd + 3 * sd**4]
+            [
+                np.ones_like(m),
+                m,
+                m * m + v2,
+                m**3 + 3 * m * v2,
+                m**4 + 6 * m * m * v2 + 3 * v2 * v2,
+            ]
         )
-        part_m = vm * um * in_time * p  # (4, P), summed per segment = E[y^j] of one request
-        ym = np.stack([np.bincount(part_seg, weights=row, minlength=n_seg) for row in part_m])
-        m1, m2, m3, m4 = ym
-        var1 = np.maximum(m2 - m1 * m1, 0.0)
-        var2 = np.maximum(m4 - m2 * m2, 0.0)
-        cov = m3 - m1 * m2
-        a = np.sqrt(var1)
-        b = np.where(a > 0, cov / np.where(a > 0, a, 1.0), 0.0)
-        c = np.sqrt(np.maximum(var2 - b * b, 0.0))
-        z = rng.standard_normal((2, n_seg))
+        it = in_time[sel]
+        ind = (np.ones_like(it), it, 1.0 - it)
+        k = len(_SUM_POWERS)
+        pairs = [
+            (i, j, (ai + aj, bi + bj, _both(ii, ij)))
+            for i, (ai, bi, ii) in enumerate(_SUM_POWERS)
+            for j, (aj, bj, ij) in enumerate(_SUM_POWERS)
+            if j >= i
+        ]
+        needed = sorted({*_SUM_POWERS, *(t for _, _, t in pairs if t[2] >= 0)})
+        row_of = {t: r for r, t in enumerate(needed)}
+        pp = p[sel]
+        # every E[·] of one request, per group (one bincount per distinct moment)
+        moments = np.stack(
+            [
+                np.bincount(ps, weights=vm[a] * um[b] * ind[i] * pp, minlength=n_seg)
+                for a, b, i in needed
+            ]
+        )
+        mu = np.stack([moments[row_of[t]] for t in _SUM_POWERS])  # (N_SUMS, G)
+        cov = np.empty((n_seg, k, k))
+        for i, j, t in pairs:
+            second = moments[row_of[t]] if t[2] >= 0 else np.zeros(n_seg)
+            c = second - mu[i] * mu[j]
+            cov[:, i, j] = c
+            cov[:, j, i] = c
+        # a PSD square root (the matrix is singular where a part has no spread)
+        evals, evecs = np.linalg.eigh(cov)
+        root = evecs * np.sqrt(np.maximum(evals, 0.0))[:, None, :]
+        z = rng.standard_normal((n_seg, k))
         nf = n.astype(np.float64)
-        rt = np.sqrt(nf)
-        t1 = np.maximum(nf * m1 + rt * a * z[0], 0.0)
-        t2 = nf * m2 + rt * (b * z[0] + c * z[1])
+        draw = nf * mu + np.sqrt(nf) * np.einsum("gij,gj->ig", root, z)
+        y1 = np.maximum(draw[0], 0.0)
+        x1 = np.maximum(draw[2], 0.0)
         with np.errstate(divide="ignore", invalid="ignore"):
-            t2 = np.maximum(t2, np.where(nf > 0, t1 * t1 / nf, 0.0))  # no negative variance
-        s1 = np.where(clt, t1, s1)
-        s2 = np.where(clt, t2, s2)
-    return s1, s2
+            inv_n = np.where(nf > 0, 1.0 / np.where(nf > 0, nf, 1.0), 0.0)
+        y2 = np.maximum(draw[1], y1 * y1 * inv_n)  # no negative variance
+        x2 = np.maximum(draw[3], x1 * x1 * inv_n)
+        nl = np.clip(np.round(draw[5]), 0.0, nf)
+        xl = np.clip(draw[6], 0.0, x1)
+        x2l = np.clip(draw[7], 0.0, x2)
+        out[:, clt] = np.stack([y1, y2, x1, x2, draw[4], nl, xl, x2l])[:, clt]
+    return out
 
 
 def _exact(
@@ -285,10 +364,9 @@ def _exact(
     q_mean: FloatArray,
     q_sd: FloatArray,
     in_time: FloatArray,
-    s1: FloatArray,
-    s2: FloatArray,
+    out: FloatArray,
 ) -> None:
-    """Request-by-request draws for the segments with ``n > 0`` (sums added in place)."""
+    """Request-by-request draws for the groups with ``n > 0`` (sums added in place)."""
     total = int(n.sum())
     seg_of_req = np.repeat(np.arange(n.size), n)
     # one CDF over parts sorted by segment: segment s occupies (s, s + 1] after the offset
@@ -305,9 +383,11 @@ def _exact(
     pick = order[np.minimum(pick, order.size - 1)]
     v = pop.sample_values(part_cell[pick], u[1])
     quality = q_mean[pick] + q_sd[pick] * _norm(u[2])
-    y = np.where(u[3] < in_time[pick], v * quality, 0.0)
-    s1 += np.bincount(seg_of_req, weights=y, minlength=n.size)
-    s2 += np.bincount(seg_of_req, weights=y * y, minlength=n.size)
+    ok = u[3] < in_time[pick]
+    y = np.where(ok, v * quality, 0.0)
+    late = (~ok).astype(np.float64)
+    for i, col in enumerate((y, y * y, v, v * v, v * y, late, v * late, v * v * late)):
+        out[i] += np.bincount(seg_of_req, weights=col, minlength=n.size)
 
 
 def _norm(u: FloatArray) -> FloatArray:

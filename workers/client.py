@@ -99,6 +99,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 
 from headroom.analysis.events import WindowTraffic, window_event
+from headroom.controllers.types import stratum_key
 from headroom.defences.client_shedding import ClientShedConfig, ClientShedder
 from headroom.defences.histogram import ValueRanker
 from headroom.defences.plan import VALUE_BINS, PlanRule, RequestPlanner, value_stratum
@@ -396,6 +397,7 @@ class PrecomputePath:
             staleness_s=(visit.staleness_s or 0.0) * self.speed,
             remaining_s=(result.expires_at - wall) * self.speed,
             stratum=stratum,
+            value_signal=msg.value,
         )
 
 
@@ -432,6 +434,9 @@ class Outcome:
     # value bin of the request within its segment (value_stratum); None: not known (the value
     # signals then cover the whole segment)
     stratum: int | None = None
+    # the request's value signal (its value, known before ranking in either arm): the
+    # estimator's regression covariate (the window line's ``strata``)
+    value_signal: float = 0.0
 
 
 @dataclass
@@ -454,6 +459,46 @@ class _Arm:
 
 
 @dataclass
+class _StratumArm:
+    """The estimator's sums of one (stratum, arm): value delivered and value signal."""
+
+    n: int = 0
+    value_sum: float = 0.0
+    value_sq_sum: float = 0.0
+    signal_sum: float = 0.0
+    signal_sq_sum: float = 0.0
+    signal_value_sum: float = 0.0
+    failed: int = 0  # requests that failed (value 0), and their value signal's sums
+    failed_signal_sum: float = 0.0
+    failed_signal_sq_sum: float = 0.0
+
+    def add(self, value: float, signal: float, failed: bool = False) -> None:
+        self.n += 1
+        self.value_sum += value
+        self.value_sq_sum += value * value
+        self.signal_sum += signal
+        self.signal_sq_sum += signal * signal
+        self.signal_value_sum += signal * value
+        if failed:
+            self.failed += 1
+            self.failed_signal_sum += signal
+            self.failed_signal_sq_sum += signal * signal
+
+    def sums(self) -> dict[str, Any]:
+        return {
+            "n": self.n,
+            "value_sum": self.value_sum,
+            "value_sq_sum": self.value_sq_sum,
+            "signal_sum": self.signal_sum,
+            "signal_sq_sum": self.signal_sq_sum,
+            "signal_value_sum": self.signal_value_sum,
+            "failed": self.failed,
+            "failed_signal_sum": self.failed_signal_sum,
+            "failed_signal_sq_sum": self.failed_signal_sq_sum,
+        }
+
+
+@dataclass
 class _Window:
     index: int
     requests: int = 0
@@ -464,7 +509,11 @@ class _Window:
     value_total: float = 0.0
     value_baseline: float = 0.0
     inc: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LEVERS, 0.0))
+    value_lost: float = 0.0
     arms: dict[str, dict[str, _Arm]] = field(default_factory=dict)
+    # the estimator's sums per stratum key (segment#bin) and arm, failed requests counted with
+    # the value 0 they delivered (as the simulator counts a timed-out request)
+    strata: dict[str, dict[str, _StratumArm]] = field(default_factory=dict)
     itt: dict[str, dict[str, _Arm]] = field(default_factory=dict)  # segment -> lever -> sums
     # the value signals' sums, per (segment, stratum): the intent-to-treat groups (lever ->
     # sums), and the holdout split: "live" (found no stored result: the control of rma and sbm)
@@ -501,10 +550,22 @@ class _Window:
         seg["sbm"] += int(o.sbm_served)
         if o.precompute is not None:
             self._add_lookup(o)
-        if not o.ok:
-            return
         inc = o.value_total - o.value_baseline
         seg["inc"] += inc
+        arm_name = "control" if o.control else (o.lever if o.ok and o.lever else "none")
+        by_arm = self.strata.setdefault(stratum_key(o.segment, o.stratum), {})
+        by_arm.setdefault(arm_name, _StratumArm()).add(
+            o.value_total if o.ok else 0.0, o.value_signal, failed=not o.ok
+        )
+        if not o.ok:
+            # failed: it delivered nothing where the baseline would have delivered
+            # value_baseline (docs/events.md ``value_lost``)
+            self.value_lost += inc
+            return
+        if o.control or o.lever is None:
+            # no optional work: value − baseline value is 0 unless its answer differed from
+            # the baseline's; kept in value_lost so the levers and value_lost add up exactly
+            self.value_lost += inc
         arms = self.arms.setdefault(o.segment, {})
         if o.control:
             arms.setdefault("control", _Arm()).add(o.value_total)
@@ -596,7 +657,9 @@ class WindowBook:
             value_total=w.value_total,
             value_baseline=w.value_baseline,
             inc=w.inc,
+            value_lost=w.value_lost,
             arms={seg: {a: arm.sums() for a, arm in by.items()} for seg, by in w.arms.items()},
+            strata={k: {a: arm.sums() for a, arm in by.items()} for k, by in w.strata.items()},
             # the intent-to-treat sums behind the value signals (headroom.value), per segment
             itt={seg: {lv: arm.sums() for lv, arm in by.items()} for seg, by in w.itt.items()},
             eligible_treated=w.treated,
@@ -1144,6 +1207,11 @@ class RankingClient(Service):
                 extra = response.candidates - self.base
                 cost_cpu = extra * models.base.cpu_ms_per_candidate
                 cost_acc = extra * models.base.accelerator_ms_per_candidate
+        elif self.world is not None:
+            # a failed request delivers nothing; what the baseline would have delivered for it
+            # (the base model's first ad) is its lost value (docs/events.md ``value_lost``)
+            base = self.world.rank(msg.user, msg.segment, self.base, "base", now_t)
+            value_baseline = msg.value * float(base.quality)
         path = lever or "base"
         if self.metrics is not None:
             outcome_label = "timeout" if timeout else ("ok" if ok else "error")
@@ -1169,6 +1237,7 @@ class RankingClient(Service):
             cost_accelerator_ms=cost_acc,
             precompute=looked,
             stratum=stratum,
+            value_signal=msg.value,
         )
 
     def _serve_hit(

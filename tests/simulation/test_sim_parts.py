@@ -30,7 +30,7 @@ from headroom.sim.latency import (
     sketch_from_keys,
     wait_params,
 )
-from headroom.sim.population import EXACT_BELOW, Population, arm_sums
+from headroom.sim.population import EXACT_BELOW, Population, arm_signal_sums, arm_sums
 
 SCENARIO = """
 name: parts
@@ -184,6 +184,48 @@ def test_arm_sums_have_the_mixture_mean_and_variance(n: int) -> None:
     var_y = ey2 - ey**2
     assert np.mean(means) == pytest.approx(ey, rel=4 * math.sqrt(var_y / n / 300) / ey + 0.01)
     assert np.mean(variances) == pytest.approx(var_y, rel=0.15)
+
+
+@pytest.mark.parametrize("n", [EXACT_BELOW // 2, 5000])
+def test_arm_signal_sums_have_the_mixture_means_and_covariance(n: int) -> None:
+    """The value signal's sums (Σx, Σx², Σxy) and the late requests' (count, Σx, Σx²) beside
+    the value's: exact draws and the normal limit alike have the mixture's means, and Σy, Σx
+    co-vary as y = V·U·I and x = V do."""
+    pop = Population.from_scenario(scenario(), bins=8)
+    rng = np.random.default_rng(12)
+    q = np.full(pop.n_cells, 0.8)
+    sd = np.full(pop.n_cells, 0.1)
+    pit = np.full(pop.n_cells, 0.9)
+    cells = np.arange(pop.n_cells)
+    n_arr = np.array([n, 0])
+    draws = np.array(
+        [
+            arm_signal_sums(rng, pop, n_arr, pop.share, np.zeros_like(cells), cells, q, sd, pit)[
+                :, 0
+            ]
+            for _ in range(400)
+        ]
+    )  # (400, 8): Σy, Σy², Σx, Σx², Σxy, late requests, Σx and Σx² of the late ones
+    ev = float(pop.v_moments[0] @ pop.share)
+    ev2 = float(pop.v_moments[1] @ pop.share)
+    expect = np.array(
+        [
+            0.9 * 0.8 * ev,
+            0.9 * (0.8**2 + 0.1**2) * ev2,
+            ev,
+            ev2,
+            0.9 * 0.8 * ev2,
+            0.1,
+            0.1 * ev,
+            0.1 * ev2,
+        ]
+    )
+    got = draws.mean(axis=0) / n
+    sd_mean = draws.std(axis=0) / n / math.sqrt(len(draws))
+    assert np.all(np.abs(got - expect) < 4 * sd_mean + 1e-9), (got, expect)
+    # covariance of the two first sums: n · Cov(y, x) = n · (E[xy] − E[y]E[x])
+    cov = float(np.cov(draws[:, 0], draws[:, 2])[0, 1]) / n
+    assert cov == pytest.approx(expect[4] - expect[0] * expect[2], rel=0.2)
 
 
 # --- latency -------------------------------------------------------------------------------------

@@ -105,6 +105,30 @@ def test_static_has_exactly_zero_incremental_value_on_every_scenario(runs: Any) 
         }
 
 
+@pytest.mark.parametrize("name", ["quickstart", "preemption-storm", "precompute-remote"])
+def test_the_levers_and_the_lost_value_add_up_to_the_incremental_value(
+    runs: Any, name: str
+) -> None:
+    """incremental = rma + sbm + precompute + lost for every policy, within 1e-6 of the
+    baseline value; lost (failed and timed-out requests) is a loss, up to the odd request that
+    finishes in time where the baseline's would not (strong replicas unloading the base path:
+    under 1e-4 of the baseline value)."""
+    for p, m in runs(name).metrics["policies"].items():
+        v = m["value"]
+        parts = (
+            v["incremental_rma"]
+            + v["incremental_sbm"]
+            + v["incremental_precompute"]
+            + v["incremental_lost"]
+        )
+        assert v["incremental"] == pytest.approx(parts, abs=1e-6 * v["baseline"]), (name, p)
+        assert v["incremental_lost"] <= 1e-4 * v["baseline"], (name, p)
+    # policies that overrun the strong replicas lose value to failed requests
+    assert runs(name).metrics["policies"]["greedy"]["value"]["incremental_lost"] < 0 or (
+        name == "precompute-remote"
+    )
+
+
 def test_every_policy_sees_the_same_requests(runs: Any) -> None:
     m = runs("quickstart").metrics["policies"]
     totals = {p: m[p]["requests"]["total"] for p in POLICIES}

@@ -190,10 +190,24 @@ def test_per_stratum_value_signals_add_up_to_the_per_segment_ones(
         want = expect[key]
         assert got[0] == want[0]
         assert got[1:] == pytest.approx(want[1:], rel=1e-9, abs=1e-9)
-    # the window line stays per segment, exactly as without strata
+    # the window line stays per segment, exactly as without strata, but for the estimator's
+    # ``strata``, whose value bins add up to the per-segment sums
     fields_s = book_s.event_fields(w_s, targets=TARGETS, source="c")
     fields_p = book_p.event_fields(w_p, targets=TARGETS, source="c")
+    strata_s, strata_p = fields_s.pop("strata"), fields_p.pop("strata")
     assert fields_s == fields_p
+    folded: dict[str, dict[str, dict[str, float]]] = {}
+    for key, by_arm in strata_s.items():
+        assert "#" in key
+        for arm, sums in by_arm.items():
+            acc = folded.setdefault(key.split("#")[0], {}).setdefault(arm, {})
+            for name, v in sums.items():
+                acc[name] = acc.get(name, 0.0) + v
+    assert set(folded) == set(strata_p)
+    for seg, by_arm in strata_p.items():
+        assert set(folded[seg]) == set(by_arm)
+        for arm, sums in by_arm.items():
+            assert folded[seg][arm] == pytest.approx(sums, rel=1e-9, abs=1e-9)
 
 
 def test_each_stratum_gets_its_own_control_under_every_lever() -> None:

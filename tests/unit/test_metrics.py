@@ -317,6 +317,76 @@ def test_holdout_interval_covers_the_truth_about_95_percent_of_the_time() -> Non
     assert 0.92 <= covered / trials <= 0.98
 
 
+def _strata_sums(y: list[float], x: list[float]) -> dict[str, float]:
+    return {
+        "n": len(y),
+        "value_sum": sum(y),
+        "value_sq_sum": sum(v * v for v in y),
+        "signal_sum": sum(x),
+        "signal_sq_sum": sum(v * v for v in x),
+        "signal_value_sum": sum(a * b for a, b in zip(x, y, strict=True)),
+    }
+
+
+def test_the_estimate_reads_the_strata_with_the_value_signal_and_splits_by_lever() -> None:
+    """Lines with ``strata``: the one estimator (kernel/estimate.py) post-stratified by value bin
+    with the regression on the value signal, in total and per lever; the value-ranked rma arm
+    holds the bin's most valuable requests, which the regression corrects for."""
+    # bin 0: control x=[1,2,3], y=2x; "none" x=[1,2], y=2x (no effect)
+    # bin 1: control x=[4,6], y=2x; rma x=[7,9], y=2x+1 (effect +1 each)
+    strata = {
+        "casual#0": {
+            "control": _strata_sums([2, 4, 6], [1, 2, 3]),
+            "none": _strata_sums([2, 4], [1, 2]),
+        },
+        "casual#1": {
+            "control": _strata_sums([8, 12], [4, 6]),
+            "rma": _strata_sums([15, 19], [7, 9]),
+        },
+    }
+    log = LogBuilder()
+    log.run_started("p")
+    log.window("p", "r1", 0.0, latencies_ms=FAST, arms={"casual": {"control": arm([1, 2])}})
+    log.events[-1]["strata"] = strata
+    v = compute_metrics(log.events)["policies"]["p"]["value"]
+    # slope 2 exactly (y = 2x in every control): rma gains 2 × 1, none 0
+    assert v["estimated_incremental"] == pytest.approx(2.0)
+    assert v["estimated_by_lever"]["rma"]["estimate"] == pytest.approx(2.0)
+    assert set(v["estimated_by_lever"]) == {"rma"}
+    # without the signal the rma arm would be credited with its higher values: 2·(17 − 10)
+    plain = {k: {a: {**d, "signal_sum": 0, "signal_sq_sum": 0, "signal_value_sum": 0}
+                 for a, d in by.items()} for k, by in strata.items()}  # fmt: skip
+    log.events[-1]["strata"] = plain
+    v = compute_metrics(log.events)["policies"]["p"]["value"]
+    assert v["estimated_by_lever"]["rma"]["estimate"] == pytest.approx(14.0)
+
+
+def test_lines_without_strata_estimate_from_the_segments_arms() -> None:
+    log = LogBuilder()
+    log.run_started("p")
+    arms = {"casual": {"control": arm([1, 2, 3]), "rma": arm([3, 4]), "sbm+rma": arm([5])}}
+    log.window("p", "r1", 0.0, latencies_ms=FAST, arms=arms)
+    v = compute_metrics(log.events)["policies"]["p"]["value"]
+    assert v["estimated_incremental"] == pytest.approx(2 * 1.5 + 3.0)
+    # an arm that received several levers counts for each of them
+    assert v["estimated_by_lever"]["rma"]["estimate"] == pytest.approx(2 * 1.5 + 3.0)
+    assert v["estimated_by_lever"]["sbm"]["estimate"] == pytest.approx(3.0)
+
+
+def test_the_lost_value_is_summed_from_the_window_lines() -> None:
+    log = LogBuilder()
+    log.run_started("p")
+    log.window("p", "r1", 0.0, latencies_ms=FAST, value_total=9.0, value_baseline=10.0,
+               inc={"rma": 1.5}, value_lost=-2.5)  # fmt: skip
+    log.window("p", "r1", 10.0, latencies_ms=FAST, value_total=5.0, value_baseline=5.0,
+               value_lost=-0.5, inc={"sbm": 0.5})  # fmt: skip
+    v = compute_metrics(log.events)["policies"]["p"]["value"]
+    assert v["incremental_lost"] == pytest.approx(-3.0)
+    assert v["incremental"] == pytest.approx(
+        v["incremental_rma"] + v["incremental_sbm"] + v["incremental_precompute"] - 3.0
+    )
+
+
 def _sums(values: object) -> ArmSums:
     s = ArmSums()
     s.add(arm([float(v) for v in values]))  # type: ignore[attr-defined]

@@ -202,8 +202,8 @@ def _traffic(**kw: object) -> WindowTraffic:
         "requests": 3, "errors": 0, "timeouts": 0,
         "sketch": {"alpha": 0.01, "bins": {}, "zeros": 0},
         "sketch_base": {"alpha": 0.01, "bins": {}, "zeros": 0},
-        "value_total": 3.0, "value_baseline": 2.5, "inc": {"rma": 0.5},
-        "arms": {}, "itt": {}, "eligible_treated": {"rma": 1},
+        "value_total": 3.0, "value_baseline": 2.5, "inc": {"rma": 0.5}, "value_lost": 0.0,
+        "arms": {}, "strata": {}, "itt": {}, "eligible_treated": {"rma": 1},
         "segments": {"casual": {"requests": 3, "sbm": 0, "inc": 0.5}},
         "targets": {"rma_candidates": 200, "sbm_coverage": 0.0},
     }  # fmt: skip
@@ -227,8 +227,9 @@ def test_the_window_builder_writes_every_field_alike_whoever_calls_it() -> None:
     )  # fmt: skip
     assert list(f) == [
         "t_start", "t_end", "requests", "errors", "timeouts", "sketch", "sketch_base",
-        "value_total", "value_baseline", "inc", "arms", "itt", "eligible_treated", "segments",
-        "offered_unit_s", "used_unit_s", "targets", "capacity", "offsets", "client",
+        "value_total", "value_baseline", "inc", "value_lost", "arms", "strata", "itt",
+        "eligible_treated", "segments", "offered_unit_s", "used_unit_s", "targets", "capacity",
+        "offsets", "client",
     ]  # fmt: skip
     assert (f["t_start"], f["t_end"]) == (0.0, 10.0)
     assert isinstance(f["t_start"], float)
@@ -260,7 +261,8 @@ def test_a_window_line_adds_up_requests_value_and_arms() -> None:
             value_baseline=1.0,
         )
     )  # fmt: skip
-    book.add(_outcome(3, 4.0, ok=False, value_total=0.0, value_baseline=0.0, latency_ms=900.0))
+    # failed: delivered nothing where the baseline would have delivered 0.8 (lost value)
+    book.add(_outcome(3, 4.0, ok=False, value_total=0.0, value_baseline=0.8, latency_ms=900.0))
     book.add(_outcome(5, 4.5, value_total=0.5, value_baseline=0.5))  # treated, got nothing
     book.add(_outcome(4, 7.0))  # next window
     assert book.due(5.5) == [0]
@@ -270,14 +272,19 @@ def test_a_window_line_adds_up_requests_value_and_arms() -> None:
     assert (f["t_start"], f["t_end"]) == (0.0, 5.0)
     assert (f["requests"], f["errors"], f["timeouts"]) == (5, 1, 0)
     assert f["value_total"] == pytest.approx(7.0)
-    assert f["value_baseline"] == pytest.approx(6.0)
+    assert f["value_baseline"] == pytest.approx(6.8)
     assert f["inc"] == {"rma": pytest.approx(0.5), "sbm": pytest.approx(0.5), "precompute": 0.0}
+    # the levers and the lost value add up to value_total − value_baseline exactly
+    assert f["value_lost"] == pytest.approx(-0.8)
+    assert sum(f["inc"].values()) + f["value_lost"] == pytest.approx(
+        f["value_total"] - f["value_baseline"]
+    )
     assert f["arms"]["casual"]["control"] == {"n": 1, "value_sum": 2.0, "value_sq_sum": 4.0}
     assert f["arms"]["casual"]["rma"]["n"] == 1
     # a treatment request that got no optional work is in the "none" arm (unbiased estimate)
     assert f["arms"]["casual"]["none"] == {"n": 1, "value_sum": 0.5, "value_sq_sum": 0.25}
     assert f["eligible_treated"] == {"rma": 1, "sbm": 1}
-    assert f["segments"]["casual"] == {"requests": 5, "sbm": 1, "inc": pytest.approx(1.0)}
+    assert f["segments"]["casual"] == {"requests": 5, "sbm": 1, "inc": pytest.approx(0.2)}
     assert f["offsets"] == {"0": [0, 5]}
     assert messages.LatencySketch.from_dict(f["sketch"]).count == 5
     # the with/without-optional-work sketch holds the requests that got no lever
