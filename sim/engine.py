@@ -122,10 +122,12 @@ _KEY_SPAN = 2048  # dense latency-key histogram size: keys 0..2047 cover 1 ms ..
 _EPS = 1e-9
 
 PATH_BASE, PATH_RMA, PATH_SBM = 0, 1, 2
+
 # The estimator's strata sums (window field ``strata``) are drawn every control interval and
-# written, added up, on one window line every this many seconds of scenario time and at the end:
-# they add exactly, and a line per interval would double the event log.
-STRATA_EVERY_S = 900.0
+# written, added up, on one window line every scenario hour and at the end: they add exactly, so
+# only a log cut short loses the unwritten part; every 15 minutes took a simulated day with every
+# policy from 84 to 95 MB (compressed) against a 100 MB budget.
+STRATA_EVERY_S = 3600.0
 
 
 # --------------------------------------------------------------------------------------------
