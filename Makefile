@@ -37,13 +37,12 @@ test: $(STAMP) kcat chromium
 
 ## make kcat: install kcat (Debian package; needs root or sudo) unless it is already there.
 kcat:
-	@command -v kcat >/dev/null 2>&1 || ./tools/install-kcat.sh
+	@./tools/install-debian-package.sh kcat kcat
 
 ## make chromium: install Chromium (Debian package `chromium`; needs root or sudo) unless it is
 ## already there; the report browser test renders report.html in it, headless.
 chromium:
-	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
-		|| ./tools/install-chromium.sh
+	@./tools/install-debian-package.sh chromium chromium chromium-browser
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

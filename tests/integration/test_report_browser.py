@@ -6,7 +6,8 @@ page. Chromium is driven over its DevTools protocol (a websocket), started with 
 directory and a debugging port of its choosing, and stopped afterwards.
 
 Chromium is Debian's ``chromium`` package, which ``make test`` installs when missing
-(tools/install-chromium.sh). Without it this test fails and says so: it is never skipped.
+(``tools/install-debian-package.sh chromium chromium``). Without it this test fails and says so:
+it is never skipped.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def chromium_binary() -> str:
             return found
     pytest.fail(
         "chromium is not installed: the report browser test needs Debian's `chromium` package "
-        "(`make test` installs it; or run tools/install-chromium.sh, or apt-get install chromium)"
+        "(`make test` installs it; or apt-get install chromium)"
     )
 
 
