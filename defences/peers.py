@@ -407,9 +407,10 @@ class EnvoyGradientLimit:
         if self._deferred > 0 and len(self._samples) >= cfg.min_rtt_request_count:
             self._min_rtt = self._aggregate()
             self._samples.clear()
-            restore = self._deferred
+            # Envoy applies the deferred limit before it clears it, so the window after a
+            # remeasure counts its time at the floor from 0.
+            self._set_limit(self._deferred, now)
             self._deferred = 0
-            self._set_limit(restore, now)
             self._next_min_rtt = now + self._jittered_interval()
             self._window_end = now + cfg.sample_interval_s
         return self._limit

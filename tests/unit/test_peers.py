@@ -234,6 +234,40 @@ def test_envoy_remeasures_min_rtt_after_five_windows_at_min_concurrency() -> Non
     assert entered_at < 3.0  # long before the 600 s interval
 
 
+def test_envoy_counts_the_windows_after_a_remeasure_from_zero() -> None:
+    """Envoy applies the deferred limit before it clears it, so the windows pinned at the floor
+    after a remeasure count from 0: the next remeasure comes after ``min_concurrency_retrigger``
+    windows at the floor, not one fewer."""
+    retrigger = 5
+    limit = envoy(
+        min_rtt_request_count=5,
+        sample_interval_s=0.1,
+        min_rtt_calc_interval_s=600.0,
+        jitter=0.0,
+        min_concurrency_retrigger=retrigger,
+    )
+    t = steady(limit, 1.0, 5, 10.0)
+    while not limit.in_min_rtt_window:  # far above minRTT: pinned, then a forced remeasure
+        t += 0.02
+        limit.on_sample(t, 100.0, limit.limit, False)
+    while limit.in_min_rtt_window:  # remeasured while pinned: the floor is restored
+        t += 0.02
+        limit.on_sample(t, 100.0, limit.limit, False, sent_at=t)
+    assert limit.limit == 3
+    assert limit.snapshot()["consecutive_min"] == 0
+    windows_at_floor = 0
+    last = 0
+    while not limit.in_min_rtt_window:
+        t += 0.02
+        limit.on_sample(t, 1000.0, limit.limit, False, sent_at=t)
+        count = int(limit.snapshot()["consecutive_min"])
+        if count > last:
+            windows_at_floor += 1
+        last = count
+        assert t < 10.0
+    assert windows_at_floor == retrigger
+
+
 # -- snapshots ------------------------------------------------------------------------------
 
 
