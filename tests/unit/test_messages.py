@@ -714,8 +714,11 @@ def test_decode_and_from_dict_give_the_same_message_or_the_same_error(
     kind: str, data: st.DataObject
 ) -> None:
     d = _example(kind)
+    # Leaves of the example as it is: a hostile value may be a mapping whose keys hold dots, and
+    # a leaf's parents stay mappings whatever is done to another leaf.
+    leaves = _leaf_paths(d)
     for _ in range(data.draw(st.integers(1, 2))):
-        path = data.draw(st.sampled_from(_leaf_paths(d)))
+        path = data.draw(st.sampled_from(leaves))
         if data.draw(st.booleans()):
             _set_path(d, path, data.draw(_json_hostile))
         else:
@@ -723,7 +726,7 @@ def test_decode_and_from_dict_give_the_same_message_or_the_same_error(
             node = d
             for p in parents:
                 node = node[p]
-            del node[last]
+            node.pop(last, None)
     wire = json.dumps(d).encode()
     from_bytes: Any
     from_dict: Any
