@@ -5,8 +5,11 @@ every setting of headroom — controller settings, shedding and peer configs, wo
 command-line flags — reports a bad value the same way, naming the field.
 :meth:`FieldChecker.raise_if_any` turns the collected lines into one
 :class:`~headroom.kernel.errors.ConfigError` (exit 2 at the command line, one line per problem).
-The scenario loader reports its own problems in the same form (``regions[1].traffic.rps: must be >
-0``).
+The scenario loader reads its fields with the same checker: the ``read_*`` methods take a raw
+parsed value (YAML, JSON), report what is wrong with it at a full path
+(``regions[1].traffic.rps: must be > 0, got -1``) and return the typed value, or ``None`` when it is
+unusable. One comparison rule (:func:`bound_problem`) and one description of a bad value
+(:func:`describe`) serve both kinds of check.
 
 Numbers must be finite (``bool`` is not a number); each check adds at most one problem per field.
 """
@@ -14,15 +17,75 @@ Numbers must be finite (``bool`` is not a number); each check adds at most one p
 from __future__ import annotations
 
 import math
+import re
+from typing import Any
 
 from headroom.kernel.errors import ConfigError
 
-__all__ = ["FieldChecker", "is_finite_number"]
+__all__ = [
+    "NAME_PATTERN",
+    "FieldChecker",
+    "bound_problem",
+    "describe",
+    "is_finite_number",
+    "one_line",
+]
+
+NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"  # region, pool and segment names
+_NAME_RE = re.compile(NAME_PATTERN)
 
 
 def is_finite_number(x: object) -> bool:
     """An ``int`` or ``float`` (not a ``bool``) that is finite."""
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def bound_problem(
+    x: float,
+    *,
+    gt: float | None = None,
+    ge: float | None = None,
+    lt: float | None = None,
+    le: float | None = None,
+) -> str | None:
+    """What ``x`` breaks among the bounds given (``> gt``, ``>= ge``, ``< lt``, ``<= le``, checked
+    in that order), or None."""
+    if gt is not None and not x > gt:
+        return f"must be > {gt:g}"
+    if ge is not None and not x >= ge:
+        return f"must be >= {ge:g}"
+    if lt is not None and not x < lt:
+        return f"must be < {lt:g}"
+    if le is not None and not x <= le:
+        return f"must be <= {le:g}"
+    return None
+
+
+def describe(value: Any) -> str:
+    """A bad value in words, short enough for one problem line: ``a string ('abc')``."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"a bool ({str(value).lower()})"
+    if isinstance(value, int):
+        return f"an integer ({value})"
+    if isinstance(value, float):
+        return f"a number ({value:g})"
+    if isinstance(value, str):
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        return f"a string ({shown!r})"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return f"a list of {len(value)}"
+    return f"a {type(value).__name__} ({value!s:.40})"
+
+
+def one_line(text: str) -> str:
+    """Escape control characters (a newline in a key or a CSV cell) so a problem stays one line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 class FieldChecker:
@@ -65,15 +128,15 @@ class FieldChecker:
         """``value >= lo`` (``>`` when ``strict``)."""
         if not is_finite_number(value):
             self.fail(name, "must be a finite number", value)
-        elif (value <= lo) if strict else (value < lo):
-            self.fail(name, f"must be {'>' if strict else '>='} {lo:g}", value)
+        elif problem := bound_problem(value, **({"gt": lo} if strict else {"ge": lo})):
+            self.fail(name, problem, value)
 
     def at_most(self, name: str, value: float, hi: float, *, strict: bool = False) -> None:
         """``value <= hi`` (``<`` when ``strict``)."""
         if not is_finite_number(value):
             self.fail(name, "must be a finite number", value)
-        elif (value >= hi) if strict else (value > hi):
-            self.fail(name, f"must be {'<' if strict else '<='} {hi:g}", value)
+        elif problem := bound_problem(value, **({"lt": hi} if strict else {"le": hi})):
+            self.fail(name, problem, value)
 
     def positive(self, name: str, value: float) -> None:
         """``value > 0``."""
@@ -92,7 +155,7 @@ class FieldChecker:
         if not isinstance(value, int) or isinstance(value, bool):
             self.fail(name, "must be an integer", value)
         elif lo is not None and value < lo:
-            self.fail(name, f"must be >= {lo}", value)
+            self.fail(name, f"must be >= {lo}", value)  # an integer bound, shown as given
 
     def clock(self, t0: float, speed: float) -> None:
         """A worker's clock flags: ``--t0`` (the wall-clock epoch of scenario time 0) ``>= 0`` and
@@ -104,6 +167,93 @@ class FieldChecker:
         """A rule no other method expresses: record ``text`` unless ``ok``."""
         if not ok:
             self.fail(name, text, value)
+
+    # -- readers of raw values at a full path (the scenario loader's fields) -----------------
+
+    def add(self, path: str, reason: str) -> None:
+        """Record ``path: reason`` as one line (``reason`` alone at the top level)."""
+        self.problems.append(one_line(f"{path}: {reason}" if path else reason))
+
+    def read_number(
+        self,
+        path: str,
+        value: Any,
+        *,
+        gt: float | None = None,
+        ge: float | None = None,
+        lt: float | None = None,
+        le: float | None = None,
+    ) -> float | None:
+        """A finite number inside the bounds given, as a float."""
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            self.add(path, f"must be a number, got {describe(value)}")
+            return None
+        x = float(value)
+        if not math.isfinite(x):
+            self.add(path, f"must be a finite number, got {value}")
+            return None
+        problem = bound_problem(x, gt=gt, ge=ge, lt=lt, le=le)
+        if problem is not None:
+            self.add(path, f"{problem}, got {x:g}")
+            return None
+        return x
+
+    def read_integer(
+        self,
+        path: str,
+        value: Any,
+        *,
+        ge: int | None = None,
+        le: int | None = None,
+        lt: int | None = None,
+    ) -> int | None:
+        """An ``int`` (not a ``bool``) inside the bounds given."""
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.add(path, f"must be an integer, got {describe(value)}")
+            return None
+        problem = bound_problem(value, ge=ge, le=le, lt=lt)
+        if problem is not None:
+            self.add(path, f"{problem}, got {value}")
+            return None
+        return value
+
+    def read_string(self, path: str, value: Any, *, pattern: bool = False) -> str | None:
+        """A non-blank string; with ``pattern``, a name of 1-64 characters of [A-Za-z0-9_.-]."""
+        if not isinstance(value, str):
+            self.add(path, f"must be a string, got {describe(value)}")
+            return None
+        if pattern and not _NAME_RE.match(value):
+            self.add(path, f"must be 1-64 characters of [A-Za-z0-9_.-], got {value!r}")
+            return None
+        if not pattern and not value.strip():
+            self.add(path, "must not be empty")
+            return None
+        return value
+
+    def read_enum(self, path: str, value: Any, allowed: tuple[str, ...]) -> str | None:
+        """One of ``allowed``."""
+        if not isinstance(value, str) or value not in allowed:
+            shown = repr(value) if isinstance(value, str) else describe(value)
+            self.add(path, f"unknown value {shown}; must be one of {', '.join(allowed)}")
+            return None
+        return value
+
+    def read_bool(self, path: str, value: Any) -> bool | None:
+        """``true`` or ``false``."""
+        if not isinstance(value, bool):
+            self.add(path, f"must be true or false, got {describe(value)}")
+            return None
+        return value
+
+    def read_list(self, path: str, value: Any, *, nonempty: bool) -> list[Any] | None:
+        """A list (with at least one item when ``nonempty``)."""
+        if not isinstance(value, list):
+            self.add(path, f"must be a list, got {describe(value)}")
+            return None
+        if nonempty and not value:
+            self.add(path, "must not be empty")
+            return None
+        return value
 
     def raise_if_any(self) -> None:
         """One :class:`ConfigError` with every problem, if there is any."""

@@ -37,14 +37,13 @@ import csv
 import difflib
 import io
 import math
-import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from headroom.kernel.checks import NAME_PATTERN, FieldChecker, describe, one_line
 from headroom.kernel.errors import ConfigError
 from headroom.kernel.scenario import (
     MAX_SEED,
@@ -77,8 +76,6 @@ __all__ = [
     "load_scenario_text",
 ]
 
-NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"  # region names as docs/messages.md allows them
-_NAME_RE = re.compile(NAME_PATTERN)
 EVENT_KINDS = ("preempt", "grant", "surge", "control_outage")
 SHARE_TOLERANCE = 1e-6  # docs/scenarios.md: "shares sum to 1"; float rounding of 0.1 + 0.2 + 0.7
 MAX_FILE_BYTES = 64 * 1024 * 1024  # a scenario or CSV trace larger than this is refused
@@ -145,9 +142,9 @@ class ScenarioError(ConfigError):
     """
 
     def __init__(self, field_problems: Iterable[str], source: str | None = None) -> None:
-        self.field_problems: list[str] = [_one_line(p) for p in field_problems]
+        self.field_problems: list[str] = [one_line(p) for p in field_problems]
         self.source = source
-        prefix = f"{_one_line(source)}: " if source else ""
+        prefix = f"{one_line(source)}: " if source else ""
         super().__init__([prefix + p for p in self.field_problems])
 
 
@@ -262,20 +259,12 @@ def _parse_yaml(text: str) -> tuple[Any, str | None]:
 # The walk
 
 
-@dataclass
-class _Ctx:
-    base_dir: Path
-    problems: list[str]
+class _Ctx(FieldChecker):
+    """The walk's problems (one family of field checks) and the folder CSV paths are relative to."""
 
-    def add(self, path: str, reason: str) -> None:
-        self.problems.append(_one_line(f"{path}: {reason}" if path else reason))
-
-
-def _one_line(text: str) -> str:
-    """Escape control characters (a newline in a key or a CSV cell) so a problem stays one line."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+    def __init__(self, base_dir: Path) -> None:
+        super().__init__()
+        self.base_dir = base_dir
 
 
 def _load(text: str, base_dir: Path, source: str | None) -> Scenario:
@@ -288,9 +277,9 @@ def _load(text: str, base_dir: Path, source: str | None) -> Scenario:
         raise ScenarioError(["file is empty (expected a YAML mapping of scenario fields)"], source)
     if not isinstance(doc, dict):
         raise ScenarioError(
-            [f"the top level must be a mapping of scenario fields, got {_describe(doc)}"], source
+            [f"the top level must be a mapping of scenario fields, got {describe(doc)}"], source
         )
-    ctx = _Ctx(base_dir=base_dir, problems=[])
+    ctx = _Ctx(base_dir)
     scenario = _scenario(ctx, doc, source)
     if ctx.problems or scenario is None:
         raise ScenarioError(ctx.problems or ["invalid scenario"], source)
@@ -509,7 +498,7 @@ def _model(ctx: _Ctx, path: str, value: Any) -> ModelSpec | None:
 
 def _hardware_list(ctx: _Ctx, path: str, value: Any) -> tuple[str, ...] | None:
     if not isinstance(value, list):
-        ctx.add(path, f"must be a list of accelerator type names, got {_describe(value)}")
+        ctx.add(path, f"must be a list of accelerator type names, got {describe(value)}")
         return None
     if not value:
         ctx.add(path, "must name at least one accelerator type")
@@ -960,7 +949,7 @@ def _event_pool(
 
 def _inline_trace(ctx: _Ctx, path: str, value: Any, what: str) -> tuple[Point, ...] | None:
     if not isinstance(value, list):
-        ctx.add(path, f"must be a list of [t_s, {what}] points, got {_describe(value)}")
+        ctx.add(path, f"must be a list of [t_s, {what}] points, got {describe(value)}")
         return None
     if not value:
         ctx.add(path, "must have at least one point")
@@ -973,7 +962,7 @@ def _inline_trace(ctx: _Ctx, path: str, value: Any, what: str) -> tuple[Point, .
     for i, item in enumerate(value):
         where = f"{path}[{i}]"
         if not isinstance(item, list) or len(item) != 2:
-            ctx.add(where, f"must be a [t_s, {what}] pair, got {_describe(item)}")
+            ctx.add(where, f"must be a [t_s, {what}] pair, got {describe(item)}")
             continue
         t = _number(ctx, f"{where}[0]", item[0], ge=0)
         v = _number(ctx, f"{where}[1]", item[1], ge=0)
@@ -1102,38 +1091,20 @@ def _csv_point(row: list[str], columns: tuple[str, str]) -> tuple[Point | None, 
 
 
 # ------------------------------------------------------------------------------------------------
-# Field helpers: each reports its own problems and returns None when the value is unusable.
-
-
-def _describe(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return f"a bool ({str(value).lower()})"
-    if isinstance(value, int):
-        return f"an integer ({value})"
-    if isinstance(value, float):
-        return f"a number ({value:g})"
-    if isinstance(value, str):
-        shown = value if len(value) <= 40 else value[:37] + "..."
-        return f"a string ({shown!r})"
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        return f"a list of {len(value)}"
-    return f"a {type(value).__name__} ({value!s:.40})"
+# Field helpers: thin names over the checker's readers (kernel.checks), which report the problem
+# and return None when the value is unusable.
 
 
 def _mapping(ctx: _Ctx, path: str, value: Any, section: str) -> dict[str, Any] | None:
     """Check a mapping's keys against KEYS[section]: unknown keys and missing required ones."""
     if not isinstance(value, dict):
-        ctx.add(path or "(top level)", f"must be a mapping, got {_describe(value)}")
+        ctx.add(path or "(top level)", f"must be a mapping, got {describe(value)}")
         return None
     required, optional = KEYS[section]
     known = required | optional
     for key in value:
         if not isinstance(key, str):
-            ctx.add(path or "(top level)", f"field names must be strings, got {_describe(key)}")
+            ctx.add(path or "(top level)", f"field names must be strings, got {describe(key)}")
         elif key not in known:
             hint = difflib.get_close_matches(key, sorted(known), n=1)
             ctx.add(
@@ -1152,90 +1123,23 @@ def _join(path: str, key: str) -> str:
 
 
 def _list(ctx: _Ctx, path: str, value: Any, *, nonempty: bool) -> list[Any] | None:
-    if not isinstance(value, list):
-        ctx.add(path, f"must be a list, got {_describe(value)}")
-        return None
-    if nonempty and not value:
-        ctx.add(path, "must not be empty")
-        return None
-    return value
+    return ctx.read_list(path, value, nonempty=nonempty)
 
 
-def _number(
-    ctx: _Ctx,
-    path: str,
-    value: Any,
-    *,
-    gt: float | None = None,
-    ge: float | None = None,
-    lt: float | None = None,
-    le: float | None = None,
-) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        ctx.add(path, f"must be a number, got {_describe(value)}")
-        return None
-    x = float(value)
-    if not math.isfinite(x):
-        ctx.add(path, f"must be a finite number, got {value}")
-        return None
-    if gt is not None and not x > gt:
-        ctx.add(path, f"must be > {gt:g}, got {x:g}")
-        return None
-    if ge is not None and not x >= ge:
-        ctx.add(path, f"must be >= {ge:g}, got {x:g}")
-        return None
-    if lt is not None and not x < lt:
-        ctx.add(path, f"must be < {lt:g}, got {x:g}")
-        return None
-    if le is not None and not x <= le:
-        ctx.add(path, f"must be <= {le:g}, got {x:g}")
-        return None
-    return x
+def _number(ctx: _Ctx, path: str, value: Any, **bounds: float | None) -> float | None:
+    return ctx.read_number(path, value, **bounds)
 
 
-def _integer(
-    ctx: _Ctx,
-    path: str,
-    value: Any,
-    *,
-    ge: int | None = None,
-    le: int | None = None,
-    lt: int | None = None,
-) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        ctx.add(path, f"must be an integer, got {_describe(value)}")
-        return None
-    if ge is not None and value < ge:
-        ctx.add(path, f"must be >= {ge}, got {value}")
-        return None
-    if le is not None and value > le:
-        ctx.add(path, f"must be <= {le}, got {value}")
-        return None
-    if lt is not None and value >= lt:
-        ctx.add(path, f"must be < {lt}, got {value}")
-        return None
-    return value
+def _integer(ctx: _Ctx, path: str, value: Any, **bounds: int | None) -> int | None:
+    return ctx.read_integer(path, value, **bounds)
 
 
 def _string(ctx: _Ctx, path: str, value: Any, *, pattern: bool = False) -> str | None:
-    if not isinstance(value, str):
-        ctx.add(path, f"must be a string, got {_describe(value)}")
-        return None
-    if pattern and not _NAME_RE.match(value):
-        ctx.add(path, f"must be 1-64 characters of [A-Za-z0-9_.-], got {value!r}")
-        return None
-    if not pattern and not value.strip():
-        ctx.add(path, "must not be empty")
-        return None
-    return value
+    return ctx.read_string(path, value, pattern=pattern)
 
 
 def _enum(ctx: _Ctx, path: str, value: Any, allowed: tuple[str, ...]) -> str | None:
-    if not isinstance(value, str) or value not in allowed:
-        shown = repr(value) if isinstance(value, str) else _describe(value)
-        ctx.add(path, f"unknown value {shown}; must be one of {', '.join(allowed)}")
-        return None
-    return value
+    return ctx.read_enum(path, value, allowed)
 
 
 def _req_number(
@@ -1269,8 +1173,4 @@ def _opt_int(ctx: _Ctx, path: str, m: Mapping[str, Any], key: str, **bounds: Any
 def _opt_bool(ctx: _Ctx, path: str, m: Mapping[str, Any], key: str) -> bool | None:
     if key not in m:
         return None
-    value = m[key]
-    if not isinstance(value, bool):
-        ctx.add(f"{path}.{key}", f"must be true or false, got {_describe(value)}")
-        return None
-    return value
+    return ctx.read_bool(f"{path}.{key}", m[key])
