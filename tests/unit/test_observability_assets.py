@@ -127,7 +127,8 @@ def test_the_dashboard_has_a_panel_for_each_concern(dashboard: dict[str, Any]) -
         refs = [t["refId"] for t in p["targets"]]
         assert len(refs) == len(set(refs)), p["title"]
         g = p["gridPos"]
-        assert 0 <= g["x"] and g["x"] + g["w"] <= 24, p["title"]
+        assert g["x"] >= 0, p["title"]
+        assert g["x"] + g["w"] <= 24, p["title"]
 
 
 def test_the_dashboard_uses_the_provisioned_data_source(dashboard: dict[str, Any]) -> None:
@@ -153,7 +154,8 @@ def test_every_alert_the_operators_need_is_there(rules: list[dict[str, Any]]) ->
     assert {r["alert"] for r in rules} == ALERT_NAMES
     for r in rules:
         assert r["labels"]["severity"] in {"warning", "critical"}
-        assert r["annotations"]["summary"] and r["annotations"]["description"]
+        assert r["annotations"]["summary"]
+        assert r["annotations"]["description"]
 
 
 def test_every_metric_named_by_a_panel_or_a_rule_is_declared_by_the_workers(
