@@ -254,6 +254,10 @@ def test_the_scenario_configmap_holds_the_quickstart_scenario(
     (tmp_path / "scenario.yaml").write_text(text)
     scenario = load_scenario(tmp_path / "scenario.yaml")
     regions = {r.name for r in scenario.regions}
+    # the precompute worker refuses a scenario without precompute: none runs then
+    for m in workloads(manifests):
+        if component(m) == "precompute":
+            assert (m["spec"]["replicas"] > 0) == scenario.precompute_enabled
     for m in workloads(manifests):
         args = build_parser().parse_args(m["spec"]["template"]["spec"]["containers"][0]["args"])
         region = getattr(args, "region", None)
