@@ -150,6 +150,32 @@ def test_the_dashboard_uses_the_provisioned_data_source(dashboard: dict[str, Any
     assert f"./grafana/dashboards:{provider['options']['path']}:ro" in mounts
 
 
+def test_every_dashboard_query_is_valid_promql(dashboard: dict[str, Any], tmp_path: Path) -> None:
+    # promtool parses the expressions of recording rules: the panels' queries as such rules,
+    # with Grafana's variables given the values Grafana would substitute
+    exprs = [
+        e.replace("$__rate_interval", "1m").replace("$region", ".*")
+        for e in dashboard_exprs(dashboard)
+        if not e.startswith("label_values(")  # a Grafana function, not PromQL
+    ]
+    assert not [e for e in exprs if "$" in e]
+    group = {
+        "name": "dashboard",
+        "rules": [{"record": f"dashboard:query{i}", "expr": e} for i, e in enumerate(exprs)],
+    }
+    path = tmp_path / "dashboard_rules.yml"
+    path.write_text(yaml.safe_dump({"groups": [group]}))
+    out = _promtool_run("check", "rules", str(path))
+    assert f"SUCCESS: {len(exprs)} rules found" in out
+    # and a broken query is caught the same way
+    group["rules"] = [{"record": "dashboard:bad", "expr": "sum by (region (rate(x[1m]))"}]
+    path.write_text(yaml.safe_dump({"groups": [group]}))
+    done = subprocess.run(
+        [_promtool(), "check", "rules", str(path)], capture_output=True, timeout=60, check=False
+    )
+    assert done.returncode != 0
+
+
 def test_every_alert_the_operators_need_is_there(rules: list[dict[str, Any]]) -> None:
     assert {r["alert"] for r in rules} == ALERT_NAMES
     for r in rules:
