@@ -1,0 +1,177 @@
+"""workers/metrics.py: the series read at scrape time — dead letters and consumer lag of the
+consumer loops a worker registers, the controller's ticks — and the bind address."""
+
+from __future__ import annotations
+
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from headroom.streams.consume import LoopStats, Outcome
+from headroom.workers.metrics import (
+    METRICS_HOST_ENV,
+    consumer_lag,
+    make_metrics,
+    metrics_host,
+    serve_metrics,
+    watch_controller,
+)
+
+
+@dataclass(frozen=True)
+class TP:
+    topic: str
+    partition: int
+
+
+@dataclass
+class State:
+    highwater: int | None
+    position: int | None
+
+    @property
+    def has_valid_position(self) -> bool:
+        return self.position is not None
+
+
+@dataclass
+class Assignment:
+    states: dict[TP, State]
+
+    def state_value(self, tp: TP) -> State:
+        return self.states[tp]
+
+
+@dataclass
+class Subscription:
+    assignment: Assignment
+
+
+@dataclass
+class SubscriptionState:
+    subscription: Subscription
+
+
+class FakeConsumer:
+    """What consumer_lag reads of an aiokafka consumer: its assignment and per-partition state."""
+
+    def __init__(self, states: dict[TP, State]) -> None:
+        self._subscription = SubscriptionState(Subscription(Assignment(states)))
+
+    def assignment(self) -> set[TP]:
+        return set(self._subscription.subscription.assignment.states)
+
+
+@dataclass
+class FakeLoop:
+    stats: LoopStats = field(default_factory=LoopStats)
+
+
+def _samples(registry: CollectorRegistry, name: str) -> dict[str, float]:
+    out = {}
+    for line in generate_latest(registry).decode().splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            key, _, value = line.rpartition(" ")
+            out[key.removeprefix(name)] = float(value)
+    return out
+
+
+def test_lag_is_the_high_water_mark_minus_the_position_summed_per_topic() -> None:
+    consumer = FakeConsumer(
+        {
+            TP("h.requests", 0): State(highwater=120, position=100),
+            TP("h.requests", 1): State(highwater=7, position=7),
+            TP("h.targets", 0): State(highwater=3, position=1),
+            TP("h.targets", 1): State(highwater=None, position=0),  # not fetched yet: left out
+            TP("h.value", 0): State(highwater=9, position=None),  # no position yet: left out
+        }
+    )
+    assert consumer_lag(consumer) == {"h.requests": 20, "h.targets": 2}
+
+
+def test_a_consumer_not_started_has_no_lag() -> None:
+    assert consumer_lag(object()) == {}
+
+
+def test_watched_loops_export_dead_letters_and_lag() -> None:
+    metrics = make_metrics()
+    a, b = FakeLoop(), FakeLoop()
+    a.stats.add("h.capacity", Outcome.PROCESSED, 5)
+    a.stats.add("h.capacity", Outcome.DEADLETTERED, 2)
+    b.stats.add("h.capacity", Outcome.DEADLETTERED, 1)
+    b.stats.add("h.requests", Outcome.PROCESSED, 3)
+    metrics.watch(a, FakeConsumer({TP("h.capacity", 0): State(10, 4)}))
+    metrics.watch(b, FakeConsumer({TP("h.requests", 0): State(50, 45)}))
+    dead = _samples(metrics.registry, "headroom_messages_deadlettered_total")
+    assert dead == {'{topic="h.capacity"}': 3.0, '{topic="h.requests"}': 0.0}
+    lag = _samples(metrics.registry, "headroom_consumer_lag_messages")
+    assert lag == {'{topic="h.capacity"}': 6.0, '{topic="h.requests"}': 5.0}
+    # counted at scrape time: a later dead letter shows in the next scrape
+    a.stats.add("h.capacity", Outcome.DEADLETTERED, 1)
+    dead = _samples(metrics.registry, "headroom_messages_deadlettered_total")
+    assert dead['{topic="h.capacity"}'] == 4.0
+
+
+@dataclass
+class Targets:
+    ts: float
+    epoch: int
+
+
+@dataclass
+class Decision:
+    targets: Targets
+
+
+class Plane:
+    def __init__(self, decisions: dict[str, Decision | None]) -> None:
+        self._decisions = decisions
+
+    @property
+    def regions(self) -> tuple[str, ...]:
+        return tuple(self._decisions)
+
+    def decision(self, region: str) -> Decision | None:
+        return self._decisions[region]
+
+
+@dataclass
+class Controller:
+    plane: Any
+    deadlettered: int = 0
+
+
+def test_the_controller_exports_its_newest_tick_per_region() -> None:
+    metrics = make_metrics()
+    ctl = Controller(Plane({"eu": Decision(Targets(1000.5, 7)), "us": None}), deadlettered=2)
+    watch_controller(ctl, 60.0, metrics)
+    reg = metrics.registry
+    ticks = _samples(reg, "headroom_controller_last_tick_timestamp_seconds")
+    assert ticks == {'{region="eu"}': 1000.5}  # us: no step yet, no series
+    assert _samples(reg, "headroom_controller_target_epoch") == {'{region="eu"}': 7.0}
+    assert _samples(reg, "headroom_controller_interval_seconds") == {"": 60.0}
+    dead = _samples(reg, "headroom_messages_deadlettered_total")
+    assert dead == {'{topic="any"}': 2.0}
+
+
+def test_the_bind_address_is_loopback_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(METRICS_HOST_ENV, raising=False)
+    assert metrics_host() == "127.0.0.1"
+    monkeypatch.setenv(METRICS_HOST_ENV, " ")
+    assert metrics_host() == "127.0.0.1"
+    monkeypatch.setenv(METRICS_HOST_ENV, "0.0.0.0")
+    assert metrics_host() == "0.0.0.0"
+
+
+def test_serve_metrics_binds_the_configured_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(METRICS_HOST_ENV, "127.0.0.1")
+    metrics = make_metrics()
+    metrics.slo.labels("eu").set(0.25)
+    port = serve_metrics(0, metrics.registry)
+    url = f"http://127.0.0.1:{port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:  # loopback, our own endpoint
+        text = response.read().decode()
+    assert 'headroom_slo_p99_seconds{region="eu"} 0.25' in text
