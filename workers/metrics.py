@@ -12,7 +12,7 @@ process, so the names and labels are the same whichever worker exports them:
 | ``headroom_slo_p99_seconds`` | gauge | region | server, client |
 | ``headroom_shed_total`` | counter | region, side (server/client), lever | server, client |
 | ``headroom_released_total`` | counter | region, lever (rma: candidates, sbm: requests) | server |
-| ``headroom_release_latency_seconds`` | histogram | region, pool | server |
+| ``headroom_release_latency_seconds`` | histogram | region, pool (reclaimed) | server |
 | ``headroom_target_candidates`` | gauge | region | client |
 | ``headroom_target_sbm_coverage`` | gauge | region | client |
 | ``headroom_target_expired`` | gauge (1: baseline, the target expired) | region | client |

@@ -175,3 +175,58 @@ def test_serve_metrics_binds_the_configured_address(monkeypatch: pytest.MonkeyPa
     with urllib.request.urlopen(url, timeout=10) as response:  # loopback, our own endpoint
         text = response.read().decode()
     assert 'headroom_slo_p99_seconds{region="eu"} 0.25' in text
+
+
+async def test_a_server_counts_the_work_a_reclaim_releases_and_how_long_it_took() -> None:
+    import asyncio
+    import time
+
+    from headroom.kernel.scenario_load import load_scenario
+    from headroom.workers.server import RankingServer, ServerConfig
+    from headroom.world.ranking import RankingWorld
+    from tests.unit.test_stack_server import REGION, SCENARIO, _cap, _client, _req
+
+    scenario = load_scenario(SCENARIO)
+    metrics = make_metrics()
+    server = RankingServer(
+        ServerConfig(region=REGION, pool="dedicated", replica="m9"),
+        scenario,
+        None,
+        world=RankingWorld.from_scenario(scenario),
+        metrics=metrics,
+    )
+    await server.start()
+    client = await _client(server)
+    try:
+        now = time.time()
+        server.on_capacity(_cap("cpu", 3.0, ts=now))
+        server.on_capacity(_cap("accelerator", 2.0, ts=now))
+        # extras of 1.2 s each: still running when the capacity goes
+        calls = [
+            asyncio.ensure_future(client.call(_req(10 + i, extra=3000), 30.0)) for i in range(4)
+        ]
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if server._occ_cpu > 0.0:
+                break
+        server.on_capacity(_cap("cpu", 0.0, ts=now + 1.0, reason="preempt"))
+        await asyncio.wait_for(asyncio.gather(*calls), 10.0)
+        await asyncio.sleep(0.05)
+    finally:
+        await client.close()
+        await server.stop()
+    reg = metrics.registry
+    assert _samples(reg, "headroom_slo_p99_seconds") == {
+        f'{{region="{REGION}"}}': scenario.slo.p99_ms / 1000.0
+    }
+    # labelled with the pool whose capacity was reclaimed
+    count = _samples(reg, "headroom_release_latency_seconds_count")
+    assert count == {f'{{pool="opportunistic",region="{REGION}"}}': float(len(server.releases))}
+    assert server.releases
+    total = _samples(reg, "headroom_release_latency_seconds_sum")
+    assert total[f'{{pool="opportunistic",region="{REGION}"}}'] == pytest.approx(
+        sum(server.releases) / 1000.0
+    )
+    released = _samples(reg, "headroom_released_total")
+    # the extras of the requests in flight were cut: candidates of the rma lever
+    assert released[f'{{lever="rma",region="{REGION}"}}'] > 0
