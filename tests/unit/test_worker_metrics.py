@@ -230,3 +230,66 @@ async def test_a_server_counts_the_work_a_reclaim_releases_and_how_long_it_took(
     released = _samples(reg, "headroom_released_total")
     # the extras of the requests in flight were cut: candidates of the rma lever
     assert released[f'{{lever="rma",region="{REGION}"}}'] > 0
+
+
+async def test_a_client_flags_an_expired_target_and_counts_the_value_it_publishes() -> None:
+    from headroom.kernel.scenario_load import load_scenario
+    from headroom.streams import messages
+    from headroom.streams.kafka import KafkaTarget
+    from headroom.workers.client import ClientConfig, RankingClient, ServerAddress
+    from tests.unit.test_stack_server import SCENARIO
+
+    now = [1.8e9]
+    metrics = make_metrics()
+    scenario = load_scenario(SCENARIO)
+    client = RankingClient(
+        ClientConfig(
+            region="it-east", servers=(ServerAddress("dedicated", "127.0.0.1", 9),), group="g"
+        ),
+        scenario,
+        KafkaTarget("127.0.0.1:1", "t."),
+        metrics=metrics,
+        clock=lambda: now[0],
+    )
+
+    async def emit(*_args: object, **_kw: object) -> None:  # no broker here
+        return None
+
+    client._emit = emit  # type: ignore[method-assign]
+    reg = metrics.registry
+    assert _samples(reg, "headroom_slo_p99_seconds") == {'{region="it-east"}': 0.25}
+    target = messages.Target(
+        ts=now[0],
+        region="it-east",
+        epoch=3,
+        ttl_s=10.0,
+        rma=messages.RmaTarget(candidates=250, base=100, max=300),
+        sbm=messages.SbmTarget(coverage=0.3, segments={"casual": 0.4}),
+        budget=messages.Budget(cpu=1.0, accelerator=1.0),
+        reason="pid",
+    )
+    assert client.targets.offer(target)
+    client._target_transitions()
+    assert _samples(reg, "headroom_target_expired") == {'{region="it-east"}': 0.0}
+    assert _samples(reg, "headroom_target_candidates") == {'{region="it-east"}': 250.0}
+    now[0] += 11.0  # past the target's ttl: the baseline is in force
+    client._target_transitions()
+    assert _samples(reg, "headroom_target_expired") == {'{region="it-east"}': 1.0}
+    assert _samples(reg, "headroom_target_candidates") == {'{region="it-east"}': 100.0}
+
+    def signal(lever: str, arm: str, n: int, value_sum: float) -> messages.ValueSignal:
+        return messages.ValueSignal(
+            ts=now[0], region="it-east", segment="casual", lever=lever,  # type: ignore[arg-type]
+            arm=arm, n=n, value_sum=value_sum, value_sq_sum=value_sum**2, window_s=5.0,  # type: ignore[arg-type]
+            cost=messages.Cost(cpu_ms=1.0, accelerator_ms=0.0), stratum=None,
+        )  # fmt: skip
+
+    for s in (signal("rma", "treatment", 10, 6.0), signal("rma", "control", 2, 1.0)):
+        client._count_value(s)
+    client._count_value(signal("rma", "treatment", 5, 3.5))
+    value = _samples(reg, "headroom_value_total")
+    requests = _samples(reg, "headroom_value_requests_total")
+    treated = '{arm="treatment",lever="rma",region="it-east"}'
+    control = '{arm="control",lever="rma",region="it-east"}'
+    assert value == {treated: 9.5, control: 1.0}
+    assert requests == {treated: 15.0, control: 2.0}
