@@ -44,10 +44,12 @@ kcat:
 chromium:
 	@./tools/install-debian-package.sh chromium chromium chromium-browser
 
-## make promtool: install Prometheus' promtool (Debian package `prometheus`; needs root or sudo)
-## unless it is already there; the tests check the alert rules and scrape configs with it.
+## make promtool: install Debian's package `prometheus` (needs root or sudo) unless its promtool
+## and prometheus are already there: the tests check the alert rules and scrape configs with
+## promtool, and run the dashboard's queries and the rules in a Prometheus against a live stack.
 promtool:
 	@./tools/install-debian-package.sh prometheus promtool
+	@./tools/install-debian-package.sh prometheus prometheus
 
 ## make kubeconform: the Kubernetes manifest validator (a Go module, built with `go install` into
 ## the virtual environment; Debian's golang-go if no Go is on PATH) and the Kubernetes JSON schemas

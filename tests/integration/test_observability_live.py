@@ -1,17 +1,23 @@
-"""Every metric the Grafana dashboard and the alert rules name is in a live exposition.
+"""Every metric the Grafana dashboard and the alert rules name is in a live exposition, and a
+real Prometheus evaluates the dashboard's queries and the alert rules on it.
 
 One ``headroom up`` stack (:func:`headroom.workers.up.run_stack`) on a forty-second scenario
 (tests/integration/scenarios/observe-short.yaml): controller, three ranking servers, a client and
-the feed, each serving ``/metrics``. At 12 s the test writes a message that does not validate to
-the capacity topic (every consumer of it dead-letters it); the accelerators are preempted at 25 s
-(a release); at 36 s it scrapes every process. Then:
+the feed, each serving ``/metrics``. A Prometheus (Debian's, the one ``make promtool`` installs)
+scrapes them every second with docker/prometheus/alerts.yml loaded; its targets carry the
+``component`` label as the shipped scrape configs give it. At 12 s the test writes a message that
+does not validate to the capacity topic (every consumer of it dead-letters it); the accelerators
+are preempted at 25 s (a release); at 36 s it scrapes every process and queries Prometheus. Then:
 
 * every ``headroom_*`` sample name of docker/grafana/dashboards/headroom.json and
   docker/prometheus/alerts.yml has at least one sample in those expositions (not only a
   declaration: the panels and rules have data);
 * the numbers behind the panels are the run's: the dead letter is counted on the capacity topic,
   the release was observed, the controller's newest tick is recent, the client published value
-  for both arms, and the SLO gauge is the scenario's.
+  for both arms, and the SLO gauge is the scenario's;
+* every panel's queries, run by Prometheus, return series, and the dead-letter alert fires while
+  the alerts on expired targets and on the controller stay quiet (not even pending). (Alerts on
+  latency are not judged here: a loaded two-core host decides those, not the code.)
 """
 
 from __future__ import annotations
@@ -19,12 +25,17 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shutil
+import socket
+import subprocess
 import time
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -39,7 +50,7 @@ pytestmark = pytest.mark.integration
 
 SCENARIO = Path(__file__).parent / "scenarios" / "observe-short.yaml"
 REGION = "it-east"
-POISON_AT, SCRAPE_AT = 12.0, 36.0
+TARGETS_AT, POISON_AT, SCRAPE_AT = 1.0, 12.0, 36.0
 METRIC = re.compile(r"\bheadroom_[a-z0-9_]+")
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
@@ -48,6 +59,9 @@ SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 class Scraped:
     at: float = 0.0  # wall time of the scrape
     texts: dict[str, str] = field(default_factory=dict)  # process name -> /metrics text
+    # Prometheus at the same time: (panel title, query) -> number of series; the alerts
+    queries: dict[tuple[str, str], int] = field(default_factory=dict)
+    alerts: list[dict[str, str]] = field(default_factory=list)
 
     def samples(self, name: str) -> list[tuple[str, str, float]]:
         """``(process, labels, value)`` of every sample called ``name``."""
@@ -74,6 +88,94 @@ def _get(url: str) -> str:
         return str(response.read().decode())
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _dashboard() -> dict[str, Any]:
+    doc = json.loads((REPO / "docker/grafana/dashboards/headroom.json").read_text())
+    assert isinstance(doc, dict)
+    return doc
+
+
+class Prometheus:
+    """A Prometheus on loopback scraping the targets written to its file_sd file, every second,
+    with the alert rules of docker/prometheus/alerts.yml."""
+
+    def __init__(self, workdir: Path) -> None:
+        binary = shutil.which("prometheus")
+        assert binary, "prometheus is missing: `make promtool` installs Debian's package"
+        self.dir = workdir
+        self.port = _free_port()
+        self.targets = workdir / "targets.json"
+        self.targets.write_text("[]")
+        shutil.copy(REPO / "docker/prometheus/alerts.yml", workdir / "alerts.yml")
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": ["alerts.yml"],
+            "scrape_configs": [
+                {
+                    "job_name": "headroom",
+                    "file_sd_configs": [{"files": [str(self.targets)], "refresh_interval": "1s"}],
+                }
+            ],
+        }
+        (workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+        self.log = (workdir / "prometheus.log").open("w")
+        self.proc = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={workdir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + 60.0
+        while True:
+            try:
+                _get(f"http://127.0.0.1:{self.port}/-/ready")
+                break
+            except OSError:
+                assert self.proc.poll() is None, (workdir / "prometheus.log").read_text()
+                assert time.monotonic() < deadline, "prometheus did not get ready in 60 s"
+                time.sleep(0.2)
+
+    def scrape(self, endpoints: dict[str, str]) -> None:
+        """Scrape these ``/metrics`` URLs, each labelled with its component (the process name's
+        first word: controller, server, client, precompute)."""
+        groups = [
+            {
+                "targets": [urllib.parse.urlsplit(url).netloc],
+                "labels": {"component": name.split("-")[0], "process": name},
+            }
+            for name, url in endpoints.items()
+        ]
+        tmp = self.targets.with_suffix(".tmp")
+        tmp.write_text(json.dumps(groups))
+        tmp.replace(self.targets)
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        q = urllib.parse.urlencode({"query": expr})
+        body = json.loads(_get(f"http://127.0.0.1:{self.port}/api/v1/query?{q}"))
+        assert body["status"] == "success", body
+        result = body["data"]["result"]
+        assert isinstance(result, list)
+        return result
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=20)
+        self.log.close()
+
+
 @pytest.fixture(scope="module")
 def scraped(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scraped]:
     prefix = f"t{uuid.uuid4().hex[:12]}."
@@ -96,15 +198,29 @@ def scraped(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> I
         finally:
             await producer.stop()
 
+    prometheus = Prometheus(tmp_path_factory.mktemp("prometheus"))
+
+    async def targets(stack: Stack) -> None:
+        prometheus.scrape(stack.metrics_endpoints())
+
     async def scrape(stack: Stack) -> None:
         result.at = time.time()
         for name, url in stack.metrics_endpoints().items():
             result.texts[name] = await asyncio.to_thread(_get, url)
+        for panel in _dashboard()["panels"]:
+            for target in panel["targets"]:
+                expr = target["expr"].replace("$__rate_interval", "1m").replace("$region", ".*")
+                series = await asyncio.to_thread(prometheus.query, expr)
+                result.queries[(panel["title"], target["expr"])] = len(series)
+        alerts = await asyncio.to_thread(prometheus.query, "ALERTS")
+        result.alerts = [a["metric"] for a in alerts]
 
+    actions = [(TARGETS_AT, targets), (POISON_AT, poison), (SCRAPE_AT, scrape)]
     try:
-        run_async(run_stack(config, scenario, actions=[(POISON_AT, poison), (SCRAPE_AT, scrape)]))
+        run_async(run_stack(config, scenario, actions=actions))
         yield result
     finally:
+        prometheus.stop()
         run_async(delete_topics(kafka_bootstrap, [t.name for t in topics(prefix)]))
 
 
@@ -163,3 +279,30 @@ def test_the_live_numbers_are_the_runs(scraped: Scraped) -> None:
     lag = scraped.samples("headroom_consumer_lag_messages")
     assert lag
     assert all(v >= 0 for _p, _l, v in lag)
+
+
+def test_prometheus_runs_every_panel_query_on_the_live_stack(scraped: Scraped) -> None:
+    assert scraped.queries
+    empty = sorted(key for key, n in scraped.queries.items() if n == 0)
+    # shedding: nothing in this light run needs it, so its rate has no series (the panel's
+    # released-work query, on the same panel, has them); every other query has data
+    assert all("headroom_shed_total" in expr for _title, expr in empty), empty
+    panels = {title for title, _expr in scraped.queries}
+    for title in panels:
+        assert any(n for (t, _e), n in scraped.queries.items() if t == title), title
+
+
+def test_the_dead_letter_alert_fires_and_the_control_alerts_stay_quiet(scraped: Scraped) -> None:
+    firing = [a for a in scraped.alerts if a["alertstate"] == "firing"]
+    dead = [a for a in firing if a["alertname"] == "HeadroomDeadLettersRising"]
+    assert dead, scraped.alerts
+    # the servers count it on the capacity topic, the controller over all its inputs ("any")
+    topics_ = {a["topic"] for a in dead}
+    assert any(t.endswith("capacity") for t in topics_), dead
+    assert all(t.endswith("capacity") or t == "any" for t in topics_), dead
+    quiet = {
+        "HeadroomTargetsExpired",
+        "HeadroomControllerStoppedTicking",
+        "HeadroomControllerDown",
+    }
+    assert not [a for a in scraped.alerts if a["alertname"] in quiet], scraped.alerts
