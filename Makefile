@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: run test venv lint format typecheck bench clean kcat chromium
+.PHONY: run test venv lint format typecheck bench clean kcat chromium promtool kubeconform
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,7 +28,7 @@ run: $(STAMP)
 ## make test PYTEST_ARGS="tests/unit" COVERAGE="--cov --cov-fail-under=0".
 PYTEST_ARGS ?=
 COVERAGE ?= $(if $(PYTEST_ARGS),,--cov --cov-report=term:skip-covered)
-test: $(STAMP) kcat chromium
+test: $(STAMP) kcat chromium promtool kubeconform
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
@@ -43,6 +43,26 @@ kcat:
 ## already there; the report browser test renders report.html in it, headless.
 chromium:
 	@./tools/install-debian-package.sh chromium chromium chromium-browser
+
+## make promtool: install Debian's package `prometheus` (needs root or sudo) unless its promtool
+## and prometheus are already there: the tests check the alert rules and scrape configs with
+## promtool, and run the dashboard's queries and the rules in a Prometheus against a live stack.
+promtool:
+	@./tools/install-debian-package.sh prometheus promtool
+	@./tools/install-debian-package.sh prometheus prometheus
+
+## make kubeconform: the Kubernetes manifest validator (a Go module, built with `go install` into
+## the virtual environment; Debian's golang-go if no Go is on PATH) and the Kubernetes JSON schemas
+## it checks deploy/k8s against (the kubernetes-validate package, into the virtual environment).
+KUBECONFORM_VERSION ?= v0.8.0
+KUBERNETES_VALIDATE_VERSION ?= 1.37.0
+kubeconform: $(STAMP)
+	@test -x $(BIN)/kubeconform || { \
+	  command -v go >/dev/null 2>&1 || ./tools/install-debian-package.sh golang-go go; \
+	  GOBIN="$(abspath $(BIN))" go install \
+	    github.com/yannh/kubeconform/cmd/kubeconform@$(KUBECONFORM_VERSION); }
+	@$(BIN)/python -c 'import kubernetes_validate' 2>/dev/null || \
+	  $(BIN)/python -m pip install -q 'kubernetes-validate==$(KUBERNETES_VALIDATE_VERSION)'
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

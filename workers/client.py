@@ -855,6 +855,8 @@ class RankingClient(Service):
         self.scenario = scenario
         self.kafka = kafka
         self.metrics = metrics
+        if metrics is not None:
+            metrics.slo.labels(config.region).set(scenario.slo.p99_ms / 1000.0)
         self._wall = clock
         self.log = self.log.bind(region=config.region, client=config.name)
         try:
@@ -1004,6 +1006,8 @@ class RankingClient(Service):
                 commit=False,
             )
             self._loops.append(loop)
+            if self.metrics is not None:
+                self.metrics.watch(loop, consumer)
             await loop.run()
 
     def _target_transitions(self) -> None:
@@ -1021,6 +1025,7 @@ class RankingClient(Service):
             state = self.targets.state(now)
             self.metrics.target_candidates.labels(self.config.region).set(state.rma_candidates)
             self.metrics.target_coverage.labels(self.config.region).set(state.sbm_coverage)
+            self.metrics.target_expired.labels(self.config.region).set(int(state.expired))
 
     # -- requests ----------------------------------------------------------------------------------
 
@@ -1044,6 +1049,8 @@ class RankingClient(Service):
                 commit=False,  # offsets are committed after the windows are published
             )
             self._loops.append(loop)
+            if self.metrics is not None:
+                self.metrics.watch(loop, consumer)
             await loop.run()
             await self._inflight_zero.wait()
             await self.flush()
@@ -1403,6 +1410,7 @@ class RankingClient(Service):
                 end_ts = self.config.t0 + (k + 1) * self.windows.window_s / self.config.speed
                 ts = min(now, end_ts)
                 for signal in self.windows.value_signals(w, ts):
+                    self._count_value(signal)
                     futures.append(
                         await self._producer.send(
                             self.kafka.topic("value"), messages.encode(signal), key=signal.key()
@@ -1422,6 +1430,13 @@ class RankingClient(Service):
             if futures:
                 await asyncio.gather(*futures)  # acknowledged by the broker: now commit
             await self._commit()
+
+    def _count_value(self, signal: messages.ValueSignal) -> None:
+        if self.metrics is not None:
+            labels = (self.config.region, signal.lever, signal.arm)
+            # values are non-negative (value signal × quality, world/ranking.py): a counter
+            self.metrics.value.labels(*labels).inc(max(0.0, signal.value_sum))
+            self.metrics.value_requests.labels(*labels).inc(signal.n)
 
     def _collect_cache_counts(self, now: float) -> None:
         """Expire the cache's results (so unused ones are counted when they expire, not when

@@ -297,6 +297,8 @@ class PrecomputeWorker(Service):
         self.world = world
         self._curves = curves
         self.metrics = metrics or PrecomputeMetrics.make()
+        # (consumer loop, consumer) -> None: exports their dead letters and lag (workers/metrics.py)
+        self.watch_loop: Callable[[Any, Any], None] | None = None
         self._wall = clock
         cfg = self.config
         self.planner: PrecomputePlanner | None = None  # built in on_start (needs the curves)
@@ -406,6 +408,9 @@ class PrecomputeWorker(Service):
             on_deadletter=lambda _letter: self._count_deadletter(k.topic("value")),
         )
         self.add_task(self._value_loop.run(), name="precompute-value")
+        if self.watch_loop is not None:
+            self.watch_loop(self._request_loop, self._requests)
+            self.watch_loop(self._value_loop, self._values)
         self.add_task(self._control_loop(), name="precompute-control")
         self.add_task(self._watch_ready(), name="precompute-ready")
         self.add_task(self._schedule_loop(), name="precompute-schedule")

@@ -491,6 +491,8 @@ class RankingServer(Service):
         self.scenario = scenario
         self.kafka = kafka
         self.metrics = metrics
+        if metrics is not None:
+            metrics.slo.labels(config.region).set(scenario.slo.p99_ms / 1000.0)
         self._wall = clock
         self.log = self.log.bind(region=config.region, pool=config.pool, replica=config.replica)
         self.book = ReplicaBook(
@@ -628,6 +630,8 @@ class RankingServer(Service):
                 commit=False,
             )
             self._loops.append(loop)
+            if self.metrics is not None:
+                self.metrics.watch(loop, consumer)
             self.add_task(self._mark_ready(consumer), name="ready")
             await loop.run()
 
@@ -759,6 +763,10 @@ class RankingServer(Service):
                 "precompute_jobs": 0,
             },
         }
+        if self.metrics is not None:
+            self.metrics.release_latency.labels(self.config.region, pool).observe(release_ms / 1e3)
+            self.metrics.released.labels(self.config.region, "rma").inc(dropped_extra)
+            self.metrics.released.labels(self.config.region, "sbm").inc(dropped_strong)
         self.log.info("server.optional.released", **fields)
         await self._emit("optional.released", fields)
 

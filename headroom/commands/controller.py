@@ -65,8 +65,9 @@ def controller(args: argparse.Namespace) -> int:
     )
     data_dir.mkdir(parents=True, exist_ok=True)
     app, _ctl = create_app(settings)
-    from headroom.workers.metrics import announce_metrics
+    from headroom.workers.metrics import announce_metrics, watch_controller
 
+    watch_controller(_ctl, control.interval_s / speed)
     announce_metrics(args.metrics_port)
     get_logger("controller").info(
         "controller.started",

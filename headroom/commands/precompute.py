@@ -62,6 +62,7 @@ def precompute(args: argparse.Namespace) -> int:
     async def run() -> None:
         await create_topics(kafka.bootstrap, topics(kafka.prefix))
         worker = PrecomputeWorker(settings, scenario, kafka, metrics=worker_metrics)
+        worker.watch_loop = process_metrics().watch
         await run_announced(worker, lambda: f"precompute worker ready (region {settings.region})")
 
     announce_metrics(args.metrics_port)
