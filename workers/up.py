@@ -245,6 +245,9 @@ class Stack:
         return env
 
     def _cmd(self, *args: str) -> list[str]:
+        # the client properties by path: a password is never on a command line
+        source = self.kafka.security.source
+        config = [] if source is None else ["--kafka-config", str(source)]
         return [
             self.config.python,
             "-m",
@@ -254,6 +257,7 @@ class Stack:
             self.kafka.bootstrap,
             "--prefix",
             self.kafka.prefix,
+            *config,
         ]
 
     def _proc(self, name: str, argv: list[str]) -> Proc:
