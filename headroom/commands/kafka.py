@@ -5,8 +5,8 @@ list for ``--brokers N``) as its last stdout line, also when the broker was alre
 it starts any node of the cluster that is not running: a killed broker comes back this way);
 with ``--security sasl_ssl`` it logs where ``client.properties`` is; ``status`` prints the
 address and exits 0 while the broker runs and answers, 1 otherwise; ``stop`` ends only the
-broker ``start`` started from the same state directory and exits 0 whether or not one was running. Everything else (progress,
-what happened) goes to stderr as structured log events.
+broker ``start`` started from the same state directory and exits 0 whether or not one was
+running. Everything else (progress, what happened) goes to stderr as structured log events.
 """
 
 from __future__ import annotations
