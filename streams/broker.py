@@ -322,6 +322,10 @@ def render_server_properties(
         # topics with another partition count).
         "auto.create.topics.enable": "false",
     }
+    if brokers > 1:
+        # A killed broker is fenced (its partitions get new leaders) after 3 s, not 9 s.
+        props["broker.session.timeout.ms"] = "3000"
+        props["broker.heartbeat.interval.ms"] = "500"
     if tls is not None:
         props.update(tls.server_properties())
     props.update(overrides)
