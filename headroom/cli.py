@@ -367,7 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
         FIXED_PORT,
         metavar="N",
         default=None,
-        help="client port of the first broker (default 19092; broker k listens on port + 2(k-1))",
+        help="client port of the (first) broker (default 19092; the other brokers of a cluster "
+        "take free ports)",
     )
     number(
         q,
@@ -391,7 +392,8 @@ def build_parser() -> argparse.ArgumentParser:
         FIXED_PORT,
         metavar="N",
         default=None,
-        help="KRaft controller port (default: the client port + 1 when free, else any free port)",
+        help="KRaft controller port of the first broker (default: the client port + 1 when free, "
+        "else any free port); only with --brokers 1",
     )
     _state_dir_flag(q)
     number(

@@ -9,12 +9,12 @@ in every window — with a broker gone for ten seconds, its partitions' leaders 
 
 from __future__ import annotations
 
-import asyncio
 import math
 import os
 import signal
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,11 +92,12 @@ def replicated_run(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -
         pids["killed"] = cluster.node_pid(KILLED_NODE)
         os.kill(pids["killed"], signal.SIGKILL)
 
+    restarting: list[Future[broker.StartResult]] = []
+
     async def restart_broker(_stack: Stack) -> None:
-        # `headroom kafka start` on a partly running cluster starts the nodes that are down
-        started = await asyncio.to_thread(broker.start, cluster.config)
-        assert not started.already_running
-        pids["restarted"] = cluster.node_pid(KILLED_NODE)
+        # `headroom kafka start` on a partly running cluster starts the nodes that are down; it
+        # returns once the node answers, which on a busy machine may be after the run's end
+        restarting.append(pool.submit(broker.start, cluster.config))
 
     async def run() -> tuple[UpResult, list[messages.ValueSignal], dict[str, int], Any]:
         result = await run_up(
@@ -108,7 +109,12 @@ def replicated_run(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -
             configs = await topic_configs(client, names)
         return result, await decode_topic(kafka, "value"), replicas, configs
 
-    result, signals, replicas, configs = run_async(run())
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        result, signals, replicas, configs = run_async(run())
+        assert restarting, "the restart action did not run"
+        started = restarting[0].result(timeout=240)
+    assert not started.already_running
+    pids["restarted"] = cluster.node_pid(KILLED_NODE)
     return ReplicatedRun(
         result,
         read_events(result.events_path),
