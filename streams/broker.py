@@ -934,6 +934,47 @@ def _plan_nodes(cfg: BrokerConfig) -> list[NodeSpec]:
     return nodes
 
 
+@dataclass(frozen=True)
+class _NodeLaunch:
+    """What launching one node of a cluster needs besides the node itself."""
+
+    java: str
+    libs_dir: Path
+    heap_mb: int
+    cluster_id: str
+    scram: list[str]  # --add-scram arguments for a first format (sasl_ssl)
+    hidden: list[security.Secret]  # scrubbed from any error text
+
+    def run(self, node: NodeSpec, np: BrokerPaths, properties: str) -> tuple[int, bool]:
+        """Write the node's properties, format its storage the first time, start it; returns
+        (pid, formatted now)."""
+        _forget(np)
+        for port in (node.port, node.controller_port):
+            if port is not None and not port_free(port):
+                raise BrokerError(f"port {port} on {HOST} (node {node.node_id}) is already in use")
+        np.logs_dir.mkdir(parents=True, exist_ok=True)
+        np.data_dir.mkdir(parents=True, exist_ok=True)
+        _private_write(np.properties, properties)
+        formatted = False
+        if not (np.data_dir / "meta.properties").exists():
+            args = ["format", "-t", self.cluster_id, "-c", str(np.properties), *self.scram]
+            cmd = java_command(self.java, self.libs_dir, np, self.heap_mb, STORAGE_TOOL, args)
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                out = scrub((proc.stdout + proc.stderr).strip(), self.hidden)
+                raise BrokerError(
+                    f"formatting Kafka storage in {np.data_dir} failed "
+                    f"(exit {proc.returncode}):\n{out}"
+                )
+            formatted = True
+        argv = java_command(
+            self.java, self.libs_dir, np, self.heap_mb, MAIN_CLASS, [str(np.properties)]
+        )
+        pid = _spawn_detached(argv, np.stdout_log)
+        np.pid_file.write_text(f"{pid}\n")
+        return pid, formatted
+
+
 def _start_cluster(cfg: BrokerConfig, say: Callable[..., None], began: float) -> StartResult:
     """Start every node of the cluster that is not running (all of them the first time; after a
     node was killed, just that one), then wait until each started node answers."""
@@ -951,6 +992,12 @@ def _start_cluster(cfg: BrokerConfig, say: Callable[..., None], began: float) ->
                 hint="the state directory holds this cluster; use a new one to change it",
             )
         cluster_id = str(info.get("cluster_id") or new_cluster_id())
+    elif formatted_before:
+        raise BrokerError(
+            f"{paths.root} holds the storage of a one-node PLAINTEXT broker: a cluster "
+            "(--brokers N) or --security sasl_ssl needs a state directory of its own "
+            "(--state-dir DIR)"
+        )
     else:
         nodes = _plan_nodes(cfg)
         sec = cfg.security
@@ -984,71 +1031,47 @@ def _start_cluster(cfg: BrokerConfig, say: Callable[..., None], began: float) ->
     voters = quorum_voters(nodes)
     launched: list[tuple[NodeSpec, int, BrokerPaths]] = []
     formatted = False
+
+    def write_info() -> None:
+        """``broker.json``: the cluster's nodes, id and security, recorded before any node is
+        formatted so that a failed first start is still known as this cluster's."""
+        info = {
+            "pid": _read_pid(paths),
+            "bootstrap": bootstrap,
+            "port": nodes[0].port,
+            "controller_port": nodes[0].controller_port,
+            "kafka_version": version,
+            "libs_dir": str(libs_dir),
+            "cluster_id": cluster_id,
+            "security": sec,
+            "nodes": [n.as_dict() for n in nodes],
+        }
+        paths.info_file.write_text(json.dumps(info, indent=2) + "\n")
+
+    paths.root.mkdir(parents=True, exist_ok=True)
+    write_info()
     try:
         for node in nodes:
             np = paths.node(node.node_id)
             pid = _read_pid(np)
             if pid is not None and _alive(pid) and _our_broker(pid, np.root):
                 continue
-            _forget(np)
-            for port in (node.port, node.controller_port):
-                if port is not None and not port_free(port):
-                    raise BrokerError(
-                        f"port {port} on {HOST} (node {node.node_id}) is already in use"
-                    )
-            np.logs_dir.mkdir(parents=True, exist_ok=True)
-            np.data_dir.mkdir(parents=True, exist_ok=True)
-            _private_write(
-                np.properties,
-                render_server_properties(
-                    port=node.port,
-                    controller_port=node.controller_port,
-                    data_dir=np.data_dir,
-                    overrides=cfg.overrides,
-                    node_id=node.node_id,
-                    voters=voters,
-                    brokers=len(nodes),
-                    tls=tls,
-                ),
+            properties = render_server_properties(
+                port=node.port,
+                controller_port=node.controller_port,
+                data_dir=np.data_dir,
+                overrides=cfg.overrides,
+                node_id=node.node_id,
+                voters=voters,
+                brokers=len(nodes),
+                tls=tls,
             )
-            if not (np.data_dir / "meta.properties").exists():
-                cmd = java_command(
-                    java,
-                    libs_dir,
-                    np,
-                    cfg.heap_mb,
-                    STORAGE_TOOL,
-                    ["format", "-t", cluster_id, "-c", str(np.properties), *scram],
-                )
-                proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-                if proc.returncode != 0:
-                    raise BrokerError(
-                        f"formatting Kafka storage in {np.data_dir} failed (exit "
-                        f"{proc.returncode}):\n{scrub((proc.stdout + proc.stderr).strip(), hidden)}"
-                    )
-                formatted = True
-            argv = java_command(java, libs_dir, np, cfg.heap_mb, MAIN_CLASS, [str(np.properties)])
-            pid = _spawn_detached(argv, np.stdout_log)
-            np.pid_file.write_text(f"{pid}\n")
+            launch = _NodeLaunch(java, libs_dir, cfg.heap_mb, cluster_id, scram, hidden)
+            pid, formatted_now = launch.run(node, np, properties)
+            formatted = formatted or formatted_now
             launched.append((node, pid, np))
             say("broker.process.launched", pid=pid, node=node.node_id, bootstrap=bootstrap)
-        paths.info_file.write_text(
-            json.dumps(
-                {
-                    "pid": _read_pid(paths),
-                    "bootstrap": bootstrap,
-                    "port": nodes[0].port,
-                    "controller_port": nodes[0].controller_port,
-                    "kafka_version": version,
-                    "libs_dir": str(libs_dir),
-                    "cluster_id": cluster_id,
-                    "security": sec,
-                    "nodes": [n.as_dict() for n in nodes],
-                },
-                indent=2,
-            )
-            + "\n"
-        )
+        write_info()
         deadline = began + cfg.start_timeout_s
         for node, pid, np in launched:
             _wait_ready(pid, f"{HOST}:{node.port}", node.port, np, deadline, client)

@@ -230,3 +230,13 @@ def test_cluster_options_are_checked(tmp_path: Path) -> None:
         broker.BrokerConfig(state_dir=tmp_path, security="tls")
     with pytest.raises(ConfigError, match="--controller-port"):
         broker.BrokerConfig(state_dir=tmp_path, brokers=3, controller_port=9000)
+
+
+def test_a_one_node_state_directory_is_not_turned_into_a_cluster(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "meta.properties").write_text("node.id=1\n")
+    for kwargs in ({"brokers": 3}, {"security": "sasl_ssl"}):
+        cfg = broker.BrokerConfig(state_dir=tmp_path, port=broker.free_port(), **kwargs)  # type: ignore[arg-type]
+        with pytest.raises(broker.BrokerError, match="state directory of its own"):
+            broker.start(cfg)
+    assert not (tmp_path / "kafka.pid").exists()
