@@ -86,9 +86,18 @@ def machine() -> dict[str, Any]:
     }
 
 
-def _reachable_bootstrap(flag: str | None) -> str | None:
-    from headroom.kernel.settings import resolve_bootstrap
+def _reachable_bootstrap(args: argparse.Namespace) -> str | None:
+    """The broker's address, with the ``--kafka-config`` settings installed for every client."""
+    from headroom.kernel.settings import default_state_dir, resolve_bootstrap
+    from headroom.streams import security
 
+    flag = getattr(args, "bootstrap", None)
+    local = flag is None and not os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    security.install(
+        security.resolve(
+            getattr(args, "kafka_config", None), default_state_dir() if local else None
+        )
+    )
     try:
         return resolve_bootstrap(flag)
     except ConfigError:
@@ -113,7 +122,7 @@ def bench(args: argparse.Namespace) -> int:
     selected = names or sorted(available)
     ctx = BenchContext(
         quick=bool(args.quick),
-        bootstrap=_reachable_bootstrap(args.bootstrap),
+        bootstrap=_reachable_bootstrap(args),
         prefix=resolve_prefix(args.prefix),
     )
     results: dict[str, Any] = {}

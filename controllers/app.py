@@ -49,6 +49,7 @@ from headroom.kernel.codec import ValidationError, dumps, loads
 from headroom.kernel.logs import get_logger
 from headroom.kernel.scenario import Scenario
 from headroom.streams import messages
+from headroom.streams.security import PLAINTEXT, ClientSecurity
 from headroom.streams.topics import spec_for, topic_name
 
 log = get_logger("controller")
@@ -72,6 +73,10 @@ class ControllerSettings:
         4  # must match the region-keyed topics (headroom.streams.topics.DEFAULT_PARTITIONS)
     )
     eligible_share: float = 1.0  # share of requests eligible for the strong model, if unreported
+    # the cluster's credentials (``--kafka-config``) and the replication of the app's own
+    # changelog topics (the cluster's topics' replication factor)
+    security: ClientSecurity = PLAINTEXT
+    replication_factor: int = 1
 
     @property
     def id(self) -> str:
@@ -296,8 +301,9 @@ def _faust_app(settings: ControllerSettings) -> faust.App:
         store="memory://",
         datadir=str(settings.data_dir),
         topic_partitions=settings.partitions,
-        topic_replication_factor=1,
+        topic_replication_factor=settings.replication_factor,
         table_standby_replicas=0,
+        broker_credentials=_credentials(settings.security),
         web_enabled=False,
         worker_redirect_stdouts=False,
         stream_wait_empty=False,
@@ -308,6 +314,21 @@ def _faust_app(settings: ControllerSettings) -> faust.App:
         consumer_auto_offset_reset="latest",
         processing_guarantee="at_least_once",
     )
+
+
+def _credentials(security: ClientSecurity) -> Any:
+    """Faust's broker credentials of the ``--kafka-config`` settings (None: PLAINTEXT)."""
+    if security.uses_sasl:
+        assert security.password is not None
+        return faust.SASLCredentials(
+            username=security.username,
+            password=security.password.reveal(),
+            mechanism=security.mechanism,
+            ssl_context=security.ssl_context() if security.uses_ssl else None,
+        )
+    if security.uses_ssl:
+        return faust.SSLCredentials(security.ssl_context())
+    return None
 
 
 async def _deadletter(

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 
 from headroom.kernel.errors import ConfigError, HeadroomError
 from headroom.kernel.flags import (
+    COUNT,
     DURATION,
     EPOCH,
     FAST_SPEED,
@@ -35,6 +36,15 @@ EXIT_BAD_INPUT = 2
 
 
 def _add_kafka_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--kafka-config",
+        metavar="FILE",
+        default=None,
+        help="Kafka client properties (security.protocol, sasl.mechanism, sasl.username, "
+        "sasl.password, ssl.ca.location, …; the file kcat -F reads) (default: "
+        "$HEADROOM_KAFKA_CONFIG, else the local broker's client.properties when it has one, "
+        "else PLAINTEXT)",
+    )
     p.add_argument(
         "--bootstrap",
         metavar="HOST:PORT",
@@ -347,18 +357,43 @@ def build_parser() -> argparse.ArgumentParser:
     q = cmd(
         ksub,
         "start",
-        "assemble (first time) and start a one-node KRaft broker on loopback; prints the "
-        "bootstrap address last",
+        "assemble (first time) and start a KRaft broker (or a cluster of N) on loopback; "
+        "prints the bootstrap address last",
         ("headroom.commands.kafka", "start"),
     )
-    number(q, "--port", FIXED_PORT, metavar="N", default=None, help="client port (default 19092)")
+    number(
+        q,
+        "--port",
+        FIXED_PORT,
+        metavar="N",
+        default=None,
+        help="client port of the (first) broker (default 19092; the other brokers of a cluster "
+        "take free ports)",
+    )
+    number(
+        q,
+        "--brokers",
+        COUNT,
+        metavar="N",
+        default=1,
+        help="a local cluster of N brokers (the first min(N, 3) are also KRaft controllers) "
+        "(default 1)",
+    )
+    q.add_argument(
+        "--security",
+        choices=("plaintext", "sasl_ssl"),
+        default="plaintext",
+        help="sasl_ssl: TLS with a generated CA and broker certificate, a SCRAM-SHA-512 user, "
+        "and STATE_DIR/client.properties for clients (kcat -F reads it) (default plaintext)",
+    )
     number(
         q,
         "--controller-port",
         FIXED_PORT,
         metavar="N",
         default=None,
-        help="KRaft controller port (default: the client port + 1 when free, else any free port)",
+        help="KRaft controller port of the first broker (default: the client port + 1 when free, "
+        "else any free port); only with --brokers 1",
     )
     _state_dir_flag(q)
     number(
@@ -392,8 +427,17 @@ def build_parser() -> argparse.ArgumentParser:
     q = cmd(
         tsub,
         "create",
-        "create every topic with its partitions and retention (idempotent)",
+        "create every topic with its partitions, retention and replication (idempotent)",
         ("headroom.commands.topics", "create"),
+    )
+    number(
+        q,
+        "--replication-factor",
+        COUNT,
+        metavar="R",
+        default=None,
+        help="replicas of each new topic (default min(3, brokers)); min.insync.replicas is "
+        "min(2, R)",
     )
     _add_kafka_flags(q)
     q = cmd(

@@ -89,6 +89,10 @@ def _nonnegative(c: FieldChecker, flag: str, v: float) -> None:
     c.nonnegative(flag, v)
 
 
+def _count(c: FieldChecker, flag: str, v: int) -> None:
+    c.integer(flag, v, lo=1)
+
+
 def _share(c: FieldChecker, flag: str, v: float) -> None:
     c.between(flag, v, 0.0, 1.0, lo_open=True)
 
@@ -107,6 +111,8 @@ EPOCH = Rule(False, _nonnegative, "a finite number >= 0")
 SPEED = Rule(False, _positive, "a finite number > 0")
 # a replay speed-up, where 0 means as fast as possible
 FAST_SPEED = Rule(False, _nonnegative, "a finite number >= 0 (0 = as fast as possible)")
+# a count of things: brokers, replicas
+COUNT = Rule(True, _count, "an integer >= 1")
 # a share of something, (0, 1]
 SHARE = Rule(False, _share, "a number in (0, 1]")
 

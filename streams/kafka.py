@@ -12,14 +12,17 @@ One place decides the client settings the project relies on:
 look-ups.
 
 Addresses and prefixes are resolved by :mod:`headroom.kernel.settings` (flag, environment, local
-broker), never here. Failures to reach the cluster become :class:`KafkaUnavailable` (exit 1)
-with the address in the message.
+broker), never here; the client security settings (``--kafka-config``) by
+:mod:`headroom.streams.security`, installed once per process by :meth:`KafkaTarget.from_args` and
+applied to every client made here. Failures to reach the cluster become
+:class:`KafkaUnavailable` (exit 1) with the address in the message.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -31,8 +34,16 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaConnectionError
 
 from headroom.kernel.errors import HeadroomError
-from headroom.kernel.settings import resolve_bootstrap, resolve_prefix
-from headroom.streams.topics import Topic, resolve_topic, topic_name
+from headroom.kernel.settings import default_state_dir, resolve_bootstrap, resolve_prefix
+from headroom.streams import security
+from headroom.streams.security import PLAINTEXT, ClientSecurity
+from headroom.streams.topics import (
+    Topic,
+    default_replication,
+    min_insync_replicas,
+    resolve_topic,
+    topic_name,
+)
 
 CLIENT_ID = "headroom"
 TOPIC_ALREADY_EXISTS = 36  # Kafka protocol error code
@@ -45,16 +56,26 @@ class KafkaUnavailable(HeadroomError):
 
 @dataclass(frozen=True)
 class KafkaTarget:
-    """A resolved ``--bootstrap`` and ``--prefix`` pair: which cluster, which topic names."""
+    """A resolved ``--bootstrap``, ``--prefix`` and ``--kafka-config``: which cluster, which
+    topic names, which credentials."""
 
     bootstrap: str
     prefix: str
+    security: ClientSecurity = PLAINTEXT
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> KafkaTarget:
+        """Resolve the three flags and install the security settings for this process."""
+        flag = getattr(args, "bootstrap", None)
+        local = flag is None and not os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+        settings = security.resolve(
+            getattr(args, "kafka_config", None), default_state_dir() if local else None
+        )
+        security.install(settings)
         return cls(
-            bootstrap=resolve_bootstrap(getattr(args, "bootstrap", None)),
+            bootstrap=resolve_bootstrap(flag),
             prefix=resolve_prefix(getattr(args, "prefix", None)),
+            security=settings,
         )
 
     def topic(self, kind: str) -> str:
@@ -75,6 +96,7 @@ def make_producer(bootstrap: str, **overrides: Any) -> AIOKafkaProducer:
         "enable_idempotence": True,
         "linger_ms": 5,
         "request_timeout_ms": 30_000,
+        **security.current().aiokafka_kwargs(),
     }
     options.update(overrides)
     return AIOKafkaProducer(**options)
@@ -100,6 +122,7 @@ def make_consumer(
         "session_timeout_ms": 10_000,
         "heartbeat_interval_ms": 1_000,
         "metadata_max_age_ms": 30_000,
+        **security.current().aiokafka_kwargs(),
     }
     options.update(overrides)
     return AIOKafkaConsumer(*topics, **options)
@@ -114,6 +137,7 @@ async def admin(
         bootstrap_servers=bootstrap,
         client_id=CLIENT_ID,
         request_timeout_ms=int(request_timeout_s * 1000),
+        **security.current().aiokafka_kwargs(),
     )
     try:
         await client.start()
@@ -182,13 +206,25 @@ async def topic_configs(
     return out
 
 
+async def broker_count(client: AIOKafkaAdminClient) -> int:
+    """How many brokers the cluster has (its metadata's broker list)."""
+    described = await client.describe_cluster()
+    return len(described["brokers"])
+
+
 async def create_topics(
-    bootstrap: str, wanted: Iterable[Topic], timeout_s: float = 30.0
+    bootstrap: str,
+    wanted: Iterable[Topic],
+    timeout_s: float = 30.0,
+    *,
+    replication_factor: int | None = None,
 ) -> CreateReport:
     """Create the missing topics of ``wanted``; leave existing ones alone (idempotent).
 
-    An existing topic is never altered (it may hold data, and an operator may have tuned it);
-    its differences from the registry are reported in ``drift`` instead.
+    Replication: ``replication_factor``, else each topic's own, else min(3, brokers), with
+    ``min.insync.replicas`` = min(2, R) (:mod:`headroom.streams.topics`). An existing topic is
+    never altered (it may hold data, and an operator may have tuned it); its differences from
+    the registry are reported in ``drift`` instead.
     """
     wanted = list(wanted)
     async with admin(bootstrap, timeout_s) as client:
@@ -197,18 +233,19 @@ async def create_topics(
         created: list[str] = []
         raced: list[str] = []
         if missing:
-            response = await client.create_topics(
-                [
-                    NewTopic(
-                        t.name,
-                        t.partitions,
-                        t.replication_factor,
-                        topic_configs=dict(t.configs),
+            brokers = await broker_count(client)
+            new_topics = []
+            for t in missing:
+                factor = replication_factor or t.replication_factor or default_replication(brokers)
+                if factor > brokers:
+                    raise KafkaUnavailable(
+                        f"{t.name}: replication factor {factor} needs {factor} brokers; "
+                        f"the cluster at {bootstrap} has {brokers}"
                     )
-                    for t in missing
-                ],
-                timeout_ms=int(timeout_s * 1000),
-            )
+                configs = {"min.insync.replicas": str(min_insync_replicas(factor))}
+                configs.update(t.configs)
+                new_topics.append(NewTopic(t.name, t.partitions, factor, topic_configs=configs))
+            response = await client.create_topics(new_topics, timeout_ms=int(timeout_s * 1000))
             failures = []
             for name, code, message in _topic_errors(response):
                 if code == 0:
@@ -226,6 +263,16 @@ async def create_topics(
         existing=tuple(sorted([*existing, *raced])),
         drift=drift,
     )
+
+
+async def topic_replicas(client: AIOKafkaAdminClient, names: Iterable[str]) -> dict[str, int]:
+    """The smallest replica count over the partitions of each existing topic, by name."""
+    described = await client.describe_topics(list(names))
+    return {
+        t["topic"]: min(len(p["replicas"]) for p in t["partitions"])
+        for t in described
+        if t["error_code"] == 0 and t["partitions"]
+    }
 
 
 def _topic_errors(response: Any) -> list[tuple[str, int, str | None]]:

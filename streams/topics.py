@@ -59,7 +59,8 @@ class Topic:
     name: str
     spec: TopicSpec
     partitions: int
-    replication_factor: int = 1
+    # None: the cluster's default, min(3, brokers) (:func:`default_replication`)
+    replication_factor: int | None = None
 
     @property
     def kind(self) -> str:
@@ -174,3 +175,16 @@ def topics(prefix: str = DEFAULT_PREFIX, partitions: int = DEFAULT_PARTITIONS) -
     if partitions < 1:
         raise ConfigError(f"partitions: {partitions} must be >= 1")
     return [Topic(f"{prefix}{spec.kind}", spec, spec.partitions or partitions) for spec in REGISTRY]
+
+
+def default_replication(brokers: int) -> int:
+    """The replication factor of headroom's topics on a cluster of ``brokers``: min(3, brokers)
+    (three copies survive one broker down with a second one still to spare)."""
+    return max(1, min(3, brokers))
+
+
+def min_insync_replicas(replication_factor: int) -> int:
+    """``min.insync.replicas`` for a topic of that replication factor: min(2, R). With
+    ``acks=all`` a write then reaches two brokers before it counts, and one broker may be down
+    without stopping producers."""
+    return max(1, min(2, replication_factor))

@@ -54,7 +54,7 @@ from headroom.kernel.errors import HeadroomError
 from headroom.kernel.logs import get_logger
 from headroom.kernel.scenario import Control, Scenario
 from headroom.kernel.scenario_load import control_with_flags
-from headroom.streams import messages
+from headroom.streams import messages, security
 from headroom.streams.broker import free_port, probe_async
 from headroom.streams.kafka import (
     KafkaTarget,
@@ -245,6 +245,10 @@ class Stack:
         return env
 
     def _cmd(self, *args: str) -> list[str]:
+        # the client properties by path (this stack's, else the process's): a password is
+        # never on a command line
+        source = self.kafka.security.source or security.current().source
+        config = [] if source is None else ["--kafka-config", str(source)]
         return [
             self.config.python,
             "-m",
@@ -254,6 +258,7 @@ class Stack:
             self.kafka.bootstrap,
             "--prefix",
             self.kafka.prefix,
+            *config,
         ]
 
     def _proc(self, name: str, argv: list[str]) -> Proc:

@@ -20,19 +20,24 @@ from pathlib import Path
 from headroom.commands.server import resolve_t0
 from headroom.kernel.logs import configure, get_logger
 from headroom.kernel.scenario_load import control_with_flags, load_scenario
-from headroom.kernel.settings import resolve_bootstrap, resolve_prefix, resolve_scenario
+from headroom.kernel.settings import resolve_scenario
+from headroom.streams.kafka import KafkaTarget
 
 
-async def _prepare_topics(bootstrap: str, prefix: str) -> int:
+async def _prepare_topics(bootstrap: str, prefix: str) -> tuple[int, int]:
     """Create missing topics; return the partition count of the region-keyed ones, which the
-    app's tables must share (co-partitioning)."""
+    app's tables must share (co-partitioning), and the replication factor for the app's own
+    changelog topics (the capacity topic's)."""
     from headroom.streams import kafka
-    from headroom.streams.topics import topic_name, topics
+    from headroom.streams.topics import default_replication, topic_name, topics
 
     await kafka.create_topics(bootstrap, topics(prefix))
+    name = topic_name("capacity", prefix)
     async with kafka.admin(bootstrap) as client:
-        counts = await kafka.topic_partitions(client, [topic_name("capacity", prefix)])
-    return counts.get(topic_name("capacity", prefix), 4)
+        counts = await kafka.topic_partitions(client, [name])
+        replicas = await kafka.topic_replicas(client, [name])
+        brokers = await kafka.broker_count(client)
+    return counts.get(name, 4), replicas.get(name, default_replication(brokers))
 
 
 def controller(args: argparse.Namespace) -> int:
@@ -48,9 +53,9 @@ def controller(args: argparse.Namespace) -> int:
     # window per step, so --interval may be shorter than slo.window_s here)
     control = control_with_flags(scenario.control, args.interval, args.ttl)
     speed = float(getattr(args, "speed", 1.0) or 1.0)
-    bootstrap = resolve_bootstrap(args.bootstrap)
-    prefix = resolve_prefix(args.prefix)
-    partitions = asyncio.run(_prepare_topics(bootstrap, prefix))
+    target = KafkaTarget.from_args(args)
+    bootstrap, prefix = target.bootstrap, target.prefix
+    partitions, replication = asyncio.run(_prepare_topics(bootstrap, prefix))
     data_dir = Path(os.environ.get("HEADROOM_CONTROLLER_DIR", ".headroom")) / f"{prefix}controller"
     settings = ControllerSettings(
         bootstrap=bootstrap,
@@ -62,6 +67,8 @@ def controller(args: argparse.Namespace) -> int:
         data_dir=data_dir,
         seed=scenario.seed,
         partitions=partitions,
+        security=target.security,
+        replication_factor=replication,
     )
     data_dir.mkdir(parents=True, exist_ok=True)
     app, _ctl = create_app(settings)
@@ -76,6 +83,7 @@ def controller(args: argparse.Namespace) -> int:
         interval_s=settings.interval_s,
         ttl_s=settings.ttl_s,
         t0=settings.t0,
+        **target.security.describe(),
     )
     worker = faust.Worker(app, loglevel="WARNING", quiet=True, redirect_stdouts=False)
     worker.execute_from_commandline()

@@ -1,10 +1,12 @@
 """``headroom kafka start|status|stop``: the command-line face of :mod:`headroom.streams.broker`.
 
-Output contract (README.md, *Commands*): ``start`` prints the bootstrap address as its last stdout
-line, also when the broker was already running; ``status`` prints the address and exits 0 while the
-broker runs and answers, 1 otherwise; ``stop`` ends only the broker ``start`` started from the
-same state directory and exits 0 whether or not one was running. Everything else (progress,
-what happened) goes to stderr as structured log events.
+Output contract (README.md, *Commands*): ``start`` prints the bootstrap address (a comma-separated
+list for ``--brokers N``) as its last stdout line, also when the broker was already running (and
+it starts any node of the cluster that is not running: a killed broker comes back this way);
+with ``--security sasl_ssl`` it logs where ``client.properties`` is; ``status`` prints the
+address and exits 0 while the broker runs and answers, 1 otherwise; ``stop`` ends only the
+broker ``start`` started from the same state directory and exits 0 whether or not one was
+running. Everything else (progress, what happened) goes to stderr as structured log events.
 """
 
 from __future__ import annotations
@@ -46,6 +48,8 @@ def config_from_args(args: argparse.Namespace) -> broker.BrokerConfig:
         port=port if port is not None else DEFAULT_BROKER_PORT,
         controller_port=controller_port,
         start_timeout_s=float(getattr(args, "timeout", 120.0)),
+        brokers=int(getattr(args, "brokers", 1) or 1),
+        security=str(getattr(args, "security", None) or "plaintext"),
     )
 
 
@@ -66,7 +70,7 @@ def start(args: argparse.Namespace) -> int:
             state_dir=str(cfg.state_dir),
         )
         wanted = f"{broker.HOST}:{cfg.port}"
-        if args.port is not None and wanted != result.bootstrap:
+        if args.port is not None and wanted != result.bootstrap.split(",")[0]:
             log.warning(
                 "broker.port.ignored",
                 requested=wanted,
@@ -85,6 +89,10 @@ def start(args: argparse.Namespace) -> int:
             formatted=result.formatted,
             log=str(broker.BrokerPaths(cfg.state_dir).server_log),
         )
+    client_file = broker.BrokerPaths(cfg.state_dir).client_properties
+    if client_file.is_file():
+        # the path only: the file holds the password
+        log.info("broker.client.config", kafka_config=str(client_file), user=broker.CLIENT_USER)
     print(result.bootstrap, flush=True)
     return EXIT_OK
 
@@ -93,7 +101,13 @@ def status(args: argparse.Namespace) -> int:
     log = get_logger("broker")
     state_dir = _state_dir(args)
     found = broker.status(state_dir)
-    fields = {"state": found.state.value, "pid": found.pid, "state_dir": str(state_dir)}
+    fields = {
+        "state": found.state.value,
+        "pid": found.pid,
+        "state_dir": str(state_dir),
+        "nodes": found.nodes,
+        "nodes_running": found.nodes_running,
+    }
     if found.state is broker.BrokerState.RUNNING:
         log.info("broker.status.checked", bootstrap=found.bootstrap, **fields)
         print(found.bootstrap, flush=True)

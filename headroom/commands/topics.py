@@ -1,9 +1,11 @@
 """``headroom topics create|list|validate``.
 
 * ``create`` makes every registry topic under the prefix that does not exist yet (idempotent:
-  running it twice changes nothing the second time) and prints one line per topic —
-  ``created`` or ``exists`` — with its partitions and configs. An existing topic that differs
-  from the registry is left alone and the difference logged (``topics.topic.drifted``).
+  running it twice changes nothing the second time), with ``--replication-factor R`` replicas
+  (default min(3, brokers)) and ``min.insync.replicas`` = min(2, R), and prints one line per
+  topic — ``created`` or ``exists`` — with its partitions, replicas and configs. An existing
+  topic that differs from the registry is left alone and the difference logged
+  (``topics.topic.drifted``).
 * ``list`` prints the registry itself (no broker needed).
 * ``validate TOPIC`` consumes the topic until ``--timeout`` seconds pass with no new message,
   checks every message against the contract through the shared consumer loop (so the invalid
@@ -25,7 +27,7 @@ from headroom.kernel.logs import get_logger
 from headroom.kernel.settings import resolve_prefix
 from headroom.streams import kafka
 from headroom.streams.consume import ConsumerLoop, LoopConfig, Received, consume, stop_on_signals
-from headroom.streams.topics import KINDS, REGISTRY, topics
+from headroom.streams.topics import KINDS, REGISTRY, Topic, topics
 
 
 def _format_configs(configs: dict[str, str]) -> str:
@@ -36,20 +38,36 @@ def create(args: argparse.Namespace) -> int:
     target = kafka.KafkaTarget.from_args(args)
     log = get_logger("topics")
     wanted = topics(target.prefix)
-    report = asyncio.run(kafka.create_topics(target.bootstrap, wanted))
+    factor = getattr(args, "replication_factor", None)
+    report, replicas = asyncio.run(_create(target, wanted, factor))
     for note in report.drift:
         log.warning("topics.topic.drifted", difference=note, hint="left unchanged")
     for t in wanted:
         what = "created" if t.name in report.created else "exists"
-        print(f"{what:8} {t.name:32} partitions={t.partitions} {_format_configs(dict(t.configs))}")
+        print(
+            f"{what:8} {t.name:32} partitions={t.partitions} replicas={replicas.get(t.name)} "
+            f"{_format_configs(dict(t.configs))}"
+        )
     log.info(
         "topics.created",
         bootstrap=target.bootstrap,
         prefix=target.prefix,
         created=len(report.created),
         existing=len(report.existing),
+        **target.security.describe(),
     )
     return 0
+
+
+async def _create(
+    target: kafka.KafkaTarget, wanted: list[Topic], factor: int | None
+) -> tuple[kafka.CreateReport, dict[str, int]]:
+    report = await kafka.create_topics(target.bootstrap, wanted, replication_factor=factor)
+    names = [t.name for t in wanted]
+    await kafka.wait_for_topics(target.bootstrap, names)
+    async with kafka.admin(target.bootstrap) as client:
+        replicas = await kafka.topic_replicas(client, names)
+    return report, replicas
 
 
 def list_topics(args: argparse.Namespace) -> int:

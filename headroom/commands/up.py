@@ -107,6 +107,14 @@ async def _run_until_signal(config: StackConfig, scenario: Scenario) -> UpResult
             loop.remove_signal_handler(sig)
 
 
+def _security_text(kafka: KafkaTarget) -> str:
+    """How the run talks to Kafka, for the start-up line (never a password)."""
+    sec = kafka.security
+    if sec.username is None:
+        return sec.protocol
+    return f"{sec.protocol} {sec.mechanism} as {sec.username}"
+
+
 # a run expected to take longer than this says so at start
 LONG_RUN_S = 60.0
 
@@ -145,8 +153,8 @@ def up(args: argparse.Namespace) -> int:
     )
     print(
         f"up: {scenario.name}, {scenario.duration_s:g} s of scenario at speed {config.speed:g} "
-        f"against {kafka.bootstrap} (prefix {kafka.prefix}), control every "
-        f"{control.interval_s:g} s (targets live {control.target_ttl_s:g} s); logs in "
+        f"against {kafka.bootstrap} (prefix {kafka.prefix}, {_security_text(kafka)}), control "
+        f"every {control.interval_s:g} s (targets live {control.target_ttl_s:g} s); logs in "
         f"{config.out_dir / 'logs'}",
         file=sys.stderr,
         flush=True,

@@ -136,3 +136,21 @@ def test_validate_rejects_a_topic_that_is_not_headrooms_with_exit_2(
     assert done.returncode == 2
     assert "TOPIC: 'nonsense' is not a headroom topic" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_replication_defaults_to_the_cluster_size_and_cannot_exceed_it(
+    kafka_bootstrap: str, run_headroom: Run
+) -> None:
+    prefix = f"c{uuid.uuid4().hex[:10]}."
+    made = run_headroom("topics", "create", "--bootstrap", kafka_bootstrap, "--prefix", prefix)
+    assert made.returncode == 0, made.stderr
+    assert all("replicas=1" in line for line in made.stdout.splitlines())  # one broker
+    _partitions, configs = run_async(_describe(kafka_bootstrap, [f"{prefix}capacity"]))
+    assert configs[f"{prefix}capacity"]["min.insync.replicas"] == "1"
+    other = f"c{uuid.uuid4().hex[:10]}."
+    refused = run_headroom(
+        "topics", "create", "--bootstrap", kafka_bootstrap, "--prefix", other,
+        "--replication-factor", "2",
+    )  # fmt: skip
+    assert refused.returncode == 1
+    assert "replication factor 2 needs 2 brokers" in refused.stderr

@@ -15,6 +15,7 @@ import yaml
 from headroom.cli import build_parser, main
 from headroom.kernel.errors import ConfigError
 from headroom.kernel.flags import (
+    COUNT,
     DURATION,
     EPOCH,
     FAST_SPEED,
@@ -106,6 +107,7 @@ BAD: dict[int, list[str]] = {
     id(SPEED): ["0", "-1", "nan", "inf"],
     id(FAST_SPEED): ["-1", "nan", "inf"],
     id(SHARE): ["0", "1.5", "nan"],
+    id(COUNT): ["0", "-2", "1.5", "x"],
 }
 GOOD: dict[int, list[str]] = {
     id(SEED): ["0", "7", str(MAX_SEED)],
@@ -116,6 +118,7 @@ GOOD: dict[int, list[str]] = {
     id(SPEED): ["0.25", "1", "60"],
     id(FAST_SPEED): ["0", "1", "10"],
     id(SHARE): ["0.5", "1"],
+    id(COUNT): ["1", "3"],
 }
 
 

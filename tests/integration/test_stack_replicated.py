@@ -1,0 +1,183 @@
+"""The whole stack on a three-broker cluster: ``headroom kafka start --brokers 3``, topics with
+three replicas, and one broker killed (SIGTERM: a controlled shutdown, as in a rolling restart)
+during an ``up`` run and started again with ``headroom kafka start`` (~150 s on a busy machine).
+
+The cluster is this module's own (a temporary state directory). Checked on the run: every
+request the feed published is in exactly one client window line (none lost, none twice), the
+value topic carries exactly the window lines' sums, no request failed, and the SLO held in every
+window — with a broker gone for ten seconds, its partitions' leaders moved elsewhere.
+
+A crash (SIGKILL) instead loses nothing either, but the requests topic stalls for about five
+seconds (three until the dead broker is fenced, then new leaders and a new group coordinator are
+found) and the backlog then reaches the servers at once: on this project's 2-core machine one
+5-second window of nine went over the SLO (p99 354 ms against 250 ms; baseline-only p99 over the
+run 247 ms). docs/kafka.md says so.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from headroom.analysis.events import read_events
+from headroom.commands.up import UpResult, run_up
+from headroom.kernel.scenario_load import load_scenario
+from headroom.streams import broker, messages
+from headroom.streams.kafka import KafkaTarget, admin, topic_configs, topic_replicas
+from headroom.streams.topics import topics
+from headroom.workers.up import Stack, StackConfig
+from tests.conftest import run_async
+from tests.integration.topic_reads import decode_topic
+
+pytestmark = pytest.mark.integration
+
+SCENARIO = Path(__file__).parent / "scenarios" / "secure-short.yaml"
+KILL_AT, RESTART_AT = 10.0, 20.0
+KILLED_NODE = 2
+
+
+@dataclass
+class Cluster:
+    config: broker.BrokerConfig
+    bootstrap: str
+
+    def node_pid(self, node_id: int) -> int:
+        paths = broker.BrokerPaths(self.config.state_dir).node(node_id)
+        return int(paths.pid_file.read_text())
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    state_dir = tmp_path_factory.mktemp("kafka-3")
+    cfg = broker.BrokerConfig(
+        state_dir=state_dir, port=broker.free_port(), brokers=3, start_timeout_s=240.0
+    )
+    try:
+        started = broker.start(cfg)
+        yield Cluster(cfg, started.bootstrap)
+    finally:
+        broker.stop(state_dir)
+
+
+@dataclass
+class ReplicatedRun:
+    result: UpResult
+    events: list[dict[str, Any]]
+    value_signals: list[messages.ValueSignal]
+    replicas: dict[str, int]
+    min_isr: dict[str, str]
+    killed_pid: int
+    restarted_pid: int
+
+    def kinds(self, kind: str, source: str | None = None) -> list[dict[str, Any]]:
+        return [
+            e
+            for e in self.events
+            if e["kind"] == kind and (source is None or e["source"] == source)
+        ]
+
+
+@pytest.fixture(scope="module")
+def replicated_run(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> ReplicatedRun:
+    prefix = f"r{uuid.uuid4().hex[:12]}."
+    kafka = KafkaTarget(cluster.bootstrap, prefix)
+    out_dir = tmp_path_factory.mktemp("up-replicated")
+    scenario = load_scenario(SCENARIO)
+    config = StackConfig(scenario_path=SCENARIO, out_dir=out_dir, kafka=kafka)
+    pids: dict[str, int] = {}
+
+    async def kill_broker(_stack: Stack) -> None:
+        pids["killed"] = cluster.node_pid(KILLED_NODE)
+        os.kill(pids["killed"], signal.SIGTERM)
+
+    restarting: list[Future[broker.StartResult]] = []
+
+    async def restart_broker(_stack: Stack) -> None:
+        # `headroom kafka start` on a partly running cluster starts the nodes that are down; it
+        # returns once the node answers, which on a busy machine may be after the run's end
+        restarting.append(pool.submit(broker.start, cluster.config))
+
+    async def run() -> tuple[UpResult, list[messages.ValueSignal], dict[str, int], Any]:
+        result = await run_up(
+            config, scenario, actions=[(KILL_AT, kill_broker), (RESTART_AT, restart_broker)]
+        )
+        names = [t.name for t in topics(prefix)]
+        async with admin(cluster.bootstrap) as client:
+            replicas = await topic_replicas(client, names)
+            configs = await topic_configs(client, names)
+        return result, await decode_topic(kafka, "value"), replicas, configs
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        result, signals, replicas, configs = run_async(run())
+        assert restarting, "the restart action did not run"
+        started = restarting[0].result(timeout=240)
+    assert not started.already_running
+    pids["restarted"] = cluster.node_pid(KILLED_NODE)
+    return ReplicatedRun(
+        result,
+        read_events(result.events_path),
+        signals,
+        replicas,
+        {name: c.get("min.insync.replicas", "") for name, c in configs.items()},
+        pids["killed"],
+        pids["restarted"],
+    )
+
+
+def test_topics_have_three_replicas_and_a_min_isr_of_two(replicated_run: ReplicatedRun) -> None:
+    assert len(replicated_run.replicas) == len(topics("x."))
+    assert set(replicated_run.replicas.values()) == {3}
+    assert set(replicated_run.min_isr.values()) == {"2"}
+
+
+def test_the_broker_was_really_killed_and_restarted(
+    cluster: Cluster, replicated_run: ReplicatedRun
+) -> None:
+    assert broker.read_cmdline(replicated_run.killed_pid) is None
+    assert replicated_run.restarted_pid != replicated_run.killed_pid
+    found = broker.status(cluster.config.state_dir)
+    assert found.state is broker.BrokerState.RUNNING
+    assert found.nodes_running == 3
+
+
+def test_nothing_lost_or_doubled_and_the_baseline_slo_held(replicated_run: ReplicatedRun) -> None:
+    metrics = replicated_run.result.metrics["policies"]["headroom"]
+    assert metrics["complete"] is True, metrics.get("completeness")
+    assert metrics["requests"]["errors"] == 0, metrics["requests"]
+    assert metrics["requests"]["timeouts"] == 0, metrics["requests"]
+    slo = metrics["slo"]
+    assert slo["windows"] >= 6
+    assert slo["violation_fraction"] == 0.0, slo
+    finished = replicated_run.kinds("run.finished", "feed")
+    assert len(finished) == 1
+    windows = replicated_run.kinds("window", "client")
+    # every request the feed published is in exactly one window line: none lost, none twice
+    assert sum(w["requests"] for w in windows) == finished[0]["published"]["requests"]
+    assert sum(w["requests"] for w in windows if KILL_AT <= w["t_start"] < RESTART_AT) > 100
+    # the value topic carries exactly the window lines' sums (each signal once)
+    lines: dict[tuple[str, str], list[float]] = {}
+    for w in windows:
+        for segment, by_lever in w["itt"].items():
+            for lever, sums in by_lever.items():
+                t = lines.setdefault((segment, lever), [0, 0.0])
+                t[0] += sums["n"]
+                t[1] += sums["value_sum"]
+    topic: dict[tuple[str, str], list[float]] = {}
+    for s in replicated_run.value_signals:
+        if s.arm == "treatment":
+            t = topic.setdefault((s.segment, s.lever), [0, 0.0])
+            t[0] += s.n
+            t[1] += s.value_sum
+    assert lines
+    for key, (n, total) in lines.items():
+        assert topic[key][0] == n, key
+        assert math.isclose(topic[key][1], total, rel_tol=1e-9), key
