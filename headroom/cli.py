@@ -195,6 +195,16 @@ def _add_feed_flags(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help="stop after S scenario seconds (default: the scenario's duration_s)",
     )
+    number(
+        p,
+        "--resume-from",
+        DURATION,
+        default=None,
+        metavar="S",
+        help="a feed restarted after a crash: skip run.started, announce the levels in force at "
+        "once, and publish the requests from a little before scenario time S again (the clients "
+        "drop the ones already served by their id)",
+    )
 
 
 def _add_up_flags(p: argparse.ArgumentParser) -> None:
