@@ -218,6 +218,13 @@ def _add_up_flags(p: argparse.ArgumentParser) -> None:
     )
     _add_control_flags(p)
     p.add_argument("--no-plots", action="store_true", help="skip PNG plots and report.html")
+    p.add_argument(
+        "--broker-state-dir",
+        default=None,
+        metavar="DIR",
+        help="state directory of the local broker (`headroom kafka start --state-dir`) that a "
+        "broker_restart fault event restarts (default: the local broker's default)",
+    )
 
 
 def _add_control_flags(p: argparse.ArgumentParser) -> None:
