@@ -125,7 +125,7 @@ class FaultRunner:
 
     def check(self) -> None:
         """Before the run: every fault can be carried out (HeadroomError naming it if not)."""
-        names = list(self.stack.procs)
+        names = [*self.stack.procs, "feed"]  # the feed starts last
         for r in self.records:
             e = r.event
             where = f"events: the {e.kind} at {e.at_s:g} s"
