@@ -17,7 +17,10 @@ turns into ``requests.fed`` and ``value.signals.published``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from aiokafka import TopicPartition
@@ -25,7 +28,7 @@ from aiokafka import TopicPartition
 from headroom.kernel.codec import ValidationError
 from headroom.kernel.logs import get_logger
 from headroom.streams import messages
-from headroom.streams.kafka import KafkaTarget, make_consumer, started
+from headroom.streams.kafka import KafkaTarget, admin, make_consumer, started, topic_partitions
 
 __all__ = ["audit_event", "audit_topics", "end_offsets"]
 
@@ -37,21 +40,17 @@ READ_TIMEOUT_S = 120.0
 
 async def end_offsets(kafka: KafkaTarget, kinds: tuple[str, ...] = AUDITED) -> dict[str, Any]:
     """``{kind: {partition: end offset}}`` now: where this run's messages will start."""
+    names = [kafka.topic(kind) for kind in kinds]
+    async with admin(kafka.bootstrap) as client:
+        counts = await topic_partitions(client, names)
     consumer = make_consumer(kafka.bootstrap)
     out: dict[str, dict[int, int]] = {}
-    async with started(consumer, kafka.bootstrap):
-        for kind in kinds:
-            topic = kafka.topic(kind)
-            parts = await _partitions(consumer, topic)
-            ends = await consumer.end_offsets([TopicPartition(topic, p) for p in parts])
+    async with _assigned_consumer(consumer, kafka.bootstrap):
+        for kind, topic in zip(kinds, names, strict=True):
+            tps = [TopicPartition(topic, p) for p in range(counts.get(topic, 0))]
+            ends = await consumer.end_offsets(tps) if tps else {}
             out[kind] = {tp.partition: int(o) for tp, o in ends.items()}
     return out
-
-
-async def _partitions(consumer: Any, topic: str) -> list[int]:
-    await consumer.topics()  # refreshes the metadata
-    parts = consumer.partitions_for_topic(topic)
-    return sorted(parts or [])
 
 
 async def audit_topics(kafka: KafkaTarget, start: dict[str, Any]) -> dict[str, Any]:
@@ -60,7 +59,7 @@ async def audit_topics(kafka: KafkaTarget, start: dict[str, Any]) -> dict[str, A
     signals: set[tuple[str, int]] = set()
     counts = {"requests": 0, "value": 0, "unattributed": 0, "invalid": 0}
     consumer = make_consumer(kafka.bootstrap)
-    async with started(consumer, kafka.bootstrap):
+    async with _assigned_consumer(consumer, kafka.bootstrap):
         for kind in AUDITED:
             topic = kafka.topic(kind)
             begin = {TopicPartition(topic, p): o for p, o in start.get(kind, {}).items()}
@@ -87,6 +86,20 @@ async def audit_topics(kafka: KafkaTarget, start: dict[str, Any]) -> dict[str, A
         },
         "invalid": counts["invalid"],
     }
+
+
+@contextlib.asynccontextmanager
+async def _assigned_consumer(consumer: Any, bootstrap: str) -> AsyncIterator[None]:
+    """:func:`started` for a consumer with assigned partitions: aiokafka's stop of such a
+    consumer without a group can end in a CancelledError of its own internal task; that one is
+    not a cancellation of ours, so it is dropped (a real cancellation is passed on)."""
+    try:
+        async with started(consumer, bootstrap):
+            yield
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
 
 
 async def _read(consumer: Any, begin: dict[TopicPartition, int]) -> Any:
