@@ -9,7 +9,9 @@ like a healthy process. So the control clock reports every step to a :class:`Liv
   feed refreshes the capacity levels, so a step without any input means the consumer is stalled;
 * the check is armed by the first live step (start-up and table recovery are not judged);
 * :meth:`Liveness.check` fails once no live step happened within ``intervals`` control
-  intervals (default 3): the app then logs ``controller.liveness.failed`` and exits non-zero, so
+  intervals (default 3), and at least :data:`LIVENESS_MIN_S` (the feed re-announces every level
+  every 10 s, so with very short intervals a quiet stack still has input that often): the app
+  then logs ``controller.liveness.failed`` and exits non-zero, so
   a supervisor (``headroom up``, systemd, Kubernetes) restarts it;
 * a process that was frozen (SIGSTOP, a stopped VM) is not stalled: when two checks are further
   apart than ``frozen_gap_s`` the deadline starts again from the later one.
@@ -19,9 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["LIVENESS_INTERVALS", "Liveness"]
+__all__ = ["LIVENESS_INTERVALS", "LIVENESS_MIN_S", "Liveness"]
 
 LIVENESS_INTERVALS = 3.0
+LIVENESS_MIN_S = 30.0
 
 
 @dataclass(slots=True)
@@ -29,6 +32,7 @@ class Liveness:
     interval_s: float
     intervals: float = LIVENESS_INTERVALS
     frozen_gap_s: float | None = None  # default: one interval
+    min_s: float = LIVENESS_MIN_S
     messages: int = 0  # messages consumed (any agent), ever
     _seen_at_step: int = 0
     last_live: float | None = None  # the last live step (None: not armed yet)
@@ -36,7 +40,7 @@ class Liveness:
 
     @property
     def limit_s(self) -> float:
-        return self.intervals * self.interval_s
+        return max(self.intervals * self.interval_s, self.min_s)
 
     def consumed(self, n: int = 1) -> None:
         self.messages += n
@@ -63,7 +67,8 @@ class Liveness:
         if silent > self.limit_s:
             return (
                 f"no control step with new input for {silent:.1f} s "
-                f"(> {self.intervals:g} intervals of {self.interval_s:g} s): "
+                f"(> {self.limit_s:g} s: {self.intervals:g} intervals of {self.interval_s:g} s, "
+                f"at least {self.min_s:g} s): "
                 f"the consumer has stalled ({self.messages} messages consumed in all)"
             )
         return None

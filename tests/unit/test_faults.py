@@ -245,6 +245,16 @@ def test_liveness_fails_after_three_intervals_without_a_live_step() -> None:
     assert "stalled" in reason
 
 
+def test_liveness_waits_at_least_its_floor_with_short_intervals() -> None:
+    live = Liveness(interval_s=1.0, frozen_gap_s=5.0)
+    assert live.limit_s == 30.0
+    live.consumed()
+    live.step(1.0)
+    for t in range(1, 32):
+        assert live.check(float(t)) is None, t
+    assert live.check(32.0) is not None
+
+
 def test_liveness_stays_healthy_while_input_flows() -> None:
     live = Liveness(interval_s=10.0, frozen_gap_s=5.0)
     for k in range(1, 20):
