@@ -16,8 +16,9 @@ Data flow (topics of docs/messages.md, names with the configured prefix):
   restart), and a signal at or below it — a re-delivery after a restart — is dropped and counted
   as a duplicate. Every second the counts go out as a ``value.counted`` event.
 * liveness (:mod:`headroom.controllers.liveness`) — a control step counts as live when the
-  consumer delivered anything since the previous one; with no live step within 3 intervals the app
-  logs ``controller.liveness.failed`` and exits with status 3, so a supervisor restarts it.
+  consumer delivered anything since the previous one; with no live step within 3 intervals (and
+  30 s) while the broker answers, the app logs ``controller.liveness.failed`` and exits with
+  status 3, so a supervisor restarts it (a broker that does not answer is waited for).
 * a clock at ``t0 + k × interval_s`` (k = 1, 2, …: the instants the simulator steps at, scenario
   time ``k × interval_s``; :func:`next_step`) — for each region heard of: observation →
   ``ControlPlane.step``
@@ -60,11 +61,13 @@ from headroom.kernel.codec import ValidationError, dumps, loads
 from headroom.kernel.logs import get_logger
 from headroom.kernel.scenario import Scenario
 from headroom.streams import messages
+from headroom.streams.broker import probe_async
 from headroom.streams.topics import spec_for, topic_name
 
 log = get_logger("controller")
 
 LIVENESS_EXIT = 3  # the exit status of a controller that found itself stalled
+LIVENESS_PROBE_S = 3.0  # before a liveness exit: does the broker answer a metadata request?
 VALUE_COUNTS_EVERY_S = 1.0  # how often the value signals' counts are published (when changed)
 
 
@@ -326,8 +329,15 @@ async def _watchdog(app: faust.App, ctl: Controller) -> None:
     while not app.should_stop:
         await app.sleep(period)
         reason = ctl.liveness.check(time.time())
-        if reason is not None:
-            _liveness_exit(reason)
+        if reason is None:
+            continue
+        if not await probe_async(ctl.settings.bootstrap, timeout_s=LIVENESS_PROBE_S):
+            # the broker is away (a restart, a partition): not this consumer's stall, and a
+            # restarted controller could do no better; judge again once it answers
+            log.warning("controller.liveness.broker_unreachable", reason=reason)
+            ctl.liveness.last_live = time.time()
+            continue
+        _liveness_exit(reason)
 
 
 def _liveness_exit(reason: str) -> None:

@@ -63,6 +63,7 @@ __all__ = ["ELIGIBLE_SHARE", "CapacityUpdate", "FeedConfig", "FeedSchedule", "Tr
 # a resumed feed publishes again the requests of this many scenario seconds before the kill: the
 # killed process may have lost some it had not sent yet (the clients drop those it had)
 REPUBLISH_S = 2.0
+SEND_TIMEOUT_MS = 300_000  # how long a send waits for an unreachable broker before it fails
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +132,11 @@ class TrafficFeed(Service):
         return (wall - self.config.t0) * self.config.speed
 
     async def on_start(self) -> None:
-        self._producer = make_producer(self.kafka.bootstrap, linger_ms=5)
+        # the traffic source waits for a broker that restarts (a send waits up to
+        # SEND_TIMEOUT_MS for it) rather than dropping what it could not send
+        self._producer = make_producer(
+            self.kafka.bootstrap, linger_ms=5, request_timeout_ms=SEND_TIMEOUT_MS
+        )
         await self._producer.start()
         self.add_task(self._play(), name="play")
 
