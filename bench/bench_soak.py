@@ -1,6 +1,6 @@
 """The soak benchmark (BENCHMARKS.md): ``headroom bench --only soak_rss_growth_pct``.
 
-``headroom up`` runs a one-region scenario with a reclaim and a grant every minute for
+The stack of ``headroom up`` runs a one-region scenario with a reclaim and a grant every minute for
 :data:`SOAK_S` seconds (20 minutes; ``HEADROOM_SOAK_S`` shortens it, ``--quick`` runs 3 minutes)
 against the broker of ``--bootstrap`` (or ``KAFKA_BOOTSTRAP_SERVERS``, or the local broker).
 Every :data:`SAMPLE_S` seconds each process of the stack (controller, servers, client, feed) is
@@ -97,11 +97,12 @@ async def _soak(ctx: BenchContext) -> BenchResult:
     bootstrap = await _broker(ctx)
     if bootstrap is None:
         return _no_broker(ctx, "%", GOAL_PCT)
-    from headroom.commands.up import run_up
+    from headroom.analysis.events import EventLog
+    from headroom.analysis.metrics import compute_metrics
     from headroom.kernel.scenario_load import load_scenario
     from headroom.streams.kafka import KafkaTarget, delete_topics
     from headroom.streams.topics import topics
-    from headroom.workers.up import Stack, StackConfig
+    from headroom.workers.up import Stack, StackConfig, run_stack
 
     duration = float(os.environ.get("HEADROOM_SOAK_S") or (QUICK_S if ctx.quick else SOAK_S))
     samples: dict[str, list[tuple[float, float, int]]] = {}
@@ -125,7 +126,8 @@ async def _soak(ctx: BenchContext) -> BenchResult:
         times = [SAMPLE_S * k for k in range(1, int(duration // SAMPLE_S))]
         began = time.monotonic()
         try:
-            result = await run_up(config, scenario, actions=[(t, sample) for t in times])
+            stack = await run_stack(config, scenario, actions=[(t, sample) for t in times])
+            metrics = compute_metrics(EventLog(stack.events_path))
         finally:
             await delete_topics(bootstrap, [t.name for t in topics(prefix)])
         wall_s = time.monotonic() - began
@@ -148,7 +150,7 @@ async def _soak(ctx: BenchContext) -> BenchResult:
         }
     if not per:
         return BenchResult(value=None, unit="%", goal=GOAL_PCT, skipped="no samples")
-    m = result.metrics["policies"]["headroom"]
+    m = metrics["policies"]["headroom"]
     return BenchResult(
         value=max(p["rss_growth_pct"] for p in per.values()),
         unit="%",
