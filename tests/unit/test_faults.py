@@ -357,3 +357,78 @@ def test_a_restarted_feed_resumes_once() -> None:
     twice = with_resume(once, 90.0)
     assert twice.count("--resume-from") == 1
     assert twice[-1] == "90.0"
+
+
+# -- the feed's capacity silence and resume ------------------------------------------------------
+
+
+class _Sent:
+    def __init__(self) -> None:
+        self.records: list[tuple[str, bytes]] = []
+
+    async def send(self, topic: str, value: bytes, key: bytes | None = None) -> None:
+        self.records.append((topic, value))
+
+    def of(self, suffix: str) -> list[Any]:
+        kind = suffix
+        return [messages.decode(kind, v) for t, v in self.records if t.endswith(f".{suffix}")]
+
+
+def _feed(resume_from: float | None = None) -> Any:
+    from headroom.streams.kafka import KafkaTarget
+    from headroom.workers.feed import FeedConfig, TrafficFeed
+
+    sc = load_scenario_text(FAULTS_SCENARIO.read_text())
+    feed = TrafficFeed(
+        FeedConfig(t0=1000.0, resume_from=resume_from), sc, KafkaTarget("x:1", "t."),
+        clock=lambda: 1000.0,
+    )  # fmt: skip
+    feed._producer = _Sent()
+    return feed
+
+
+def test_a_silence_holds_capacity_and_sends_the_newest_levels_at_its_end() -> None:
+    from headroom.kernel.schedule import CapacityUpdate
+    from tests.conftest import run_async
+
+    feed = _feed()
+    assert feed.silenced(56.0, "it-east")
+    assert not feed.silenced(66.0, "it-east")
+    cpu = ("it-east", "cpu", "any", False)
+    levels = {cpu: CapacityUpdate(0.0, "it-east", "cpu", "any", False, 2.0, 0.0, "grant", None)}
+
+    async def play() -> None:
+        # a reclaim and a refresh inside the silence: nothing is sent
+        await feed._capacity(
+            CapacityUpdate(60.0, "it-east", "cpu", "any", False, 1.0, 2.0, "reclaim", None)
+        )
+        levels[cpu] = CapacityUpdate(60.0, "it-east", "cpu", "any", False, 1.0, 2.0, "reclaim",
+                                     None)  # fmt: skip
+        await feed._capacity(
+            CapacityUpdate(62.0, "it-east", "cpu", "any", False, 1.0, 1.0, "update", None)
+        )
+        assert feed._producer.of("capacity") == []
+        await feed._end_silence(66.0, levels)
+
+    run_async(play())
+    sent = feed._producer.of("capacity")
+    assert len(sent) == 1
+    assert (sent[0].units, sent[0].reason) == (1.0, "reclaim")  # the held change, its own reason
+    events = feed._producer.of("events")
+    assert [e.kind for e in events] == ["capacity.reclaimed", "capacity.silence.ended"]
+
+
+def test_a_resumed_feed_announces_the_levels_in_force_with_new_ids() -> None:
+    from tests.conftest import run_async
+
+    feed = _feed(resume_from=72.0)
+    updates = [u for u in feed.schedule.capacity_updates() if u.t < feed.end_t]
+    levels: dict[Any, Any] = {}
+    nxt = run_async(feed._resume_levels(updates, 75.0, levels))
+    assert nxt == sum(1 for u in updates if u.t <= 75.0)
+    sent = feed._producer.of("capacity")
+    assert sorted((m.resource, m.units, m.reason) for m in sent) == [
+        ("accelerator", 2.0, "update"), ("cpu", 2.0, "update"),
+    ]  # fmt: skip
+    assert all(m.id.startswith("c-1000-r1000-") for m in sent)
+    assert feed._producer.of("events") == []  # no second run.started
