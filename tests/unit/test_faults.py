@@ -432,3 +432,59 @@ def test_a_resumed_feed_announces_the_levels_in_force_with_new_ids() -> None:
     ]  # fmt: skip
     assert all(m.id.startswith("c-1000-r1000-") for m in sent)
     assert feed._producer.of("events") == []  # no second run.started
+
+
+def test_the_supervisor_restarts_a_process_that_died_and_records_it(tmp_path: Path) -> None:
+    import asyncio
+    import os
+    import sys
+    from types import SimpleNamespace
+
+    from headroom.workers.faults import Supervisor
+    from headroom.workers.up import Proc
+    from tests.conftest import run_async
+
+    async def scenario() -> tuple[list[dict[str, Any]], int]:
+        # dies at once the first time, then runs until stopped
+        marker = tmp_path / "started-once"
+        code = (
+            "import pathlib, sys, time\n"
+            f"p = pathlib.Path({str(marker)!r})\n"
+            "if not p.exists():\n    p.write_text('1'); sys.exit(5)\n"
+            "time.sleep(60)\n"
+        )
+        proc = Proc("client-r", [sys.executable, "-c", code], tmp_path / "c.log", dict(os.environ))
+
+        class FakeStack:
+            def __init__(self) -> None:
+                self.procs = {"client-r": proc}
+
+            def scenario_time(self) -> float:
+                return 12.5
+
+            async def restart(self, name: str) -> Proc:
+                await self.procs[name].stop(0.0)
+                await self.procs[name].start()
+                return self.procs[name]
+
+        await proc.start()
+        await proc.wait(10.0)
+        sup = Supervisor(FakeStack(), SimpleNamespace(expected_down=set()), period_s=0.05)  # type: ignore[arg-type]
+        sup.start()
+        for _ in range(200):
+            if sup.restarts:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+        await sup.cancel()
+        starts = proc.starts
+        await proc.stop(2.0)
+        return sup.restarts, starts
+
+    restarts, starts = run_async(scenario())
+    assert starts == 2
+    assert len(restarts) == 1
+    r = restarts[0]
+    assert (r["kind"], r["process"], r["exit_status"], r["restarted"], r["t"]) == (
+        "process.restarted", "client-r", 5, True, 12.5,
+    )  # fmt: skip
