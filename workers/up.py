@@ -474,8 +474,10 @@ class Stack:
         await self.procs[f"client-{region}"].wait_line(lambda s: s == "ready", READY_TIMEOUT_S)
 
     async def kill(self, name: str, sig: signal.Signals = signal.SIGKILL) -> None:
-        """Send ``sig`` to one process of the stack (tests: ``kill -9``) and wait for it."""
+        """Send ``sig`` to one process of the stack (tests: ``kill -9``) and wait for it. The
+        supervisor leaves it down until :meth:`restart` starts it again."""
         proc = self.procs[name]
+        self.faults.expected_down.add(name)
         log.info("up.process.signalled", name=name, pid=proc.pid, signal=sig.name)
         proc.signal(sig)
         await proc.wait(30.0)
@@ -487,6 +489,7 @@ class Stack:
             raise HeadroomError(f"{name} is still running (pid {proc.pid})")
         await proc.stop(0.0)
         await proc.start()
+        self.faults.expected_down.discard(name)
         if name.startswith("server-"):
             await proc.wait_line(lambda s: s.startswith("listening on "), READY_TIMEOUT_S)
         elif name.startswith("client-"):
