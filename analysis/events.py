@@ -56,6 +56,12 @@ KNOWN_KINDS: frozenset[str] = frozenset(
         "allocator.fallback",
         "allocator.cap_bound",
         "message.deadlettered",
+        "fault.injected",
+        "fault.recovered",
+        "process.restarted",
+        "stack.audit",
+        "value.counted",
+        "capacity.silence.ended",
     }
 )
 

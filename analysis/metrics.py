@@ -67,6 +67,7 @@ import orjson
 
 from headroom.analysis.events import KNOWN_KINDS as _KNOWN
 from headroom.analysis.events import EventLog, LogStats
+from headroom.analysis.faults import FAULT_KINDS, FaultBook
 from headroom.controllers.types import segment_of
 from headroom.kernel.errors import ConfigError, HeadroomError
 from headroom.kernel.estimate import Z_95, Moments, estimate
@@ -554,6 +555,7 @@ class _PolicyState:
     coverage: dict[str, Coverage] = field(default_factory=dict)
     latency_all: SketchSum = field(default_factory=SketchSum)
     latency_base: SketchSum = field(default_factory=SketchSum)
+    faults: FaultBook = field(default_factory=FaultBook)
 
     def region(self, name: str) -> _RegionWindows:
         r = self.regions.get(name)
@@ -647,6 +649,8 @@ class MetricsAccumulator:
             state.fallbacks[str(event.get("reason"))] += 1
         elif kind == "allocator.cap_bound":
             state.cap_bounds[str(event.get("lever"))] += 1
+        elif kind in FAULT_KINDS:
+            state.faults.add(kind, event)
         elif kind not in _KNOWN:
             self.unknown_kinds[str(kind)] += 1
 
@@ -701,6 +705,7 @@ class MetricsAccumulator:
         pre = e.get("precompute")
         if isinstance(pre, dict):
             self._window_precompute(state, pre)
+        state.faults.window(e)
 
     @staticmethod
     def _window_coverage(
@@ -1049,6 +1054,7 @@ class MetricsAccumulator:
                 "hits": int(pre["hits"]),
                 "wasted_partial": int(pre["wasted_partial"]),
             }
+        state.faults.apply(out)
         return out
 
     @staticmethod

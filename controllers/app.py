@@ -10,7 +10,15 @@ Data flow (topics of docs/messages.md, names with the configured prefix):
   (:class:`headroom.controllers.observe.RegionAggregator`); bad bytes go to the dead-letter topic.
 * ``capacity`` agent — newest level per (region, resource, hardware, pool), also kept in the
   ``capacity`` table so a restarted worker knows the levels before the next announcement.
-* ``value`` agent — value-signal sums per (region, segment, lever, arm) for the window.
+* ``value`` agent — value-signal sums per (region, segment, lever, arm) for the window. A signal
+  that carries its ``producer`` and ``seq`` is counted once: the newest ``seq`` of each producer
+  (a client's process start) is kept in the ``value_seen`` table (changelogged, so it survives a
+  restart), and a signal at or below it — a re-delivery after a restart — is dropped and counted
+  as a duplicate. Every second the counts go out as a ``value.counted`` event.
+* liveness (:mod:`headroom.controllers.liveness`) — a control step counts as live when the
+  consumer delivered anything since the previous one; with no live step within 3 intervals (and
+  30 s) while the broker answers, the app logs ``controller.liveness.failed`` and exits with
+  status 3, so a supervisor restarts it (a broker that does not answer is waited for).
 * a clock at ``t0 + k × interval_s`` (k = 1, 2, …: the instants the simulator steps at, scenario
   time ``k × interval_s``; :func:`next_step`) — for each region heard of: observation →
   ``ControlPlane.step``
@@ -31,7 +39,10 @@ commit for no control benefit (and has open faust issues, see docs/kafka.md).
 
 from __future__ import annotations
 
+import asyncio
 import math
+import os
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -41,6 +52,7 @@ from typing import Any
 import faust
 
 from headroom.controllers.config import ControlConfig
+from headroom.controllers.liveness import Liveness
 from headroom.controllers.observe import RegionAggregator
 from headroom.controllers.plane import ControlPlane
 from headroom.controllers.types import CapacityLevel, RegionTargets
@@ -49,10 +61,15 @@ from headroom.kernel.codec import ValidationError, dumps, loads
 from headroom.kernel.logs import get_logger
 from headroom.kernel.scenario import Scenario
 from headroom.streams import messages
+from headroom.streams.broker import probe_async
 from headroom.streams.security import PLAINTEXT, ClientSecurity
 from headroom.streams.topics import spec_for, topic_name
 
 log = get_logger("controller")
+
+LIVENESS_EXIT = 3  # the exit status of a controller that found itself stalled
+LIVENESS_PROBE_S = 3.0  # before a liveness exit: does the broker answer a metadata request?
+VALUE_COUNTS_EVERY_S = 1.0  # how often the value signals' counts are published (when changed)
 
 
 @dataclass(frozen=True)
@@ -94,6 +111,41 @@ class Controller:
         self.plane = ControlPlane(config, self.rng)
         self.restored = False
         self.deadlettered = 0  # messages this worker sent to the dead-letter topic
+        self.liveness = Liveness(config.interval_s)
+        # value signals per producer: [newest seq, counted, duplicates dropped]
+        self.value_seen: dict[str, list[int]] = {}
+        self.value_unattributed = 0  # signals without a producer id: counted, never de-duplicated
+        self.value_changed = False
+
+    def count_value(self, msg: messages.ValueSignal, stored: bytes | None) -> bool:
+        """Count one value signal; False for a duplicate (its producer's ``seq`` already seen).
+        ``stored``: the ``value_seen`` table's record for the producer (after a restart)."""
+        self.value_changed = True
+        if msg.producer is None or msg.seq is None:
+            self.value_unattributed += 1
+            return True
+        book = self.value_seen.get(msg.producer)
+        if book is None:
+            book = list(loads(stored)) if stored else [-1, 0, 0]
+            self.value_seen[msg.producer] = book
+        if msg.seq <= book[0]:
+            book[2] += 1
+            return False
+        book[0] = msg.seq
+        book[1] += 1
+        return True
+
+    def value_counts(self) -> dict[str, Any]:
+        """The ``value.counted`` event's fields."""
+        return {
+            "counted": sum(b[1] for b in self.value_seen.values()) + self.value_unattributed,
+            "duplicates_dropped": sum(b[2] for b in self.value_seen.values()),
+            "unattributed": self.value_unattributed,
+            "producers": {
+                p: {"seq": b[0], "counted": b[1], "duplicates_dropped": b[2]}
+                for p, b in sorted(self.value_seen.items())
+            },
+        }
 
     def restore_from(self, snapshot: dict[str, Any] | None) -> None:
         if snapshot:
@@ -181,20 +233,30 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
         value_type=bytes,
         use_partitioner=True,  # written from the timer, outside any stream
     )
+    value_seen_table = app.Table(
+        "value_seen",
+        default=None,
+        partitions=settings.partitions,
+        key_type=str,
+        value_type=bytes,
+        use_partitioner=True,  # keyed by producer, not by the stream's region key
+    )
 
     async def deadletter(event: Any, error: ValidationError | str) -> None:
         await _deadletter(ctl, deadletter_topic, event, error)
 
+    consumed = ctl.liveness.consumed
+
     @app.agent(latency_topic)
     async def latency_agent(stream: Any) -> None:
-        async for _event, msg in _decoded(stream, "latency", deadletter):
+        async for _event, msg in _decoded(stream, "latency", deadletter, consumed):
             ctl.aggregator.add_latency(
                 msg.region, msg.ts, msg.path, msg.count, msg.sketch, msg.samples_ms, msg.window_s
             )
 
     @app.agent(capacity_topic)
     async def capacity_agent(stream: Any) -> None:
-        async for event, msg in _decoded(stream, "capacity", deadletter):
+        async for event, msg in _decoded(stream, "capacity", deadletter, consumed):
             level = capacity_level(msg)
             if ctl.aggregator.add_capacity(msg.region, level):
                 key = f"{msg.region}|{msg.resource}|{msg.hardware}|{msg.pool}|{int(msg.remote)}"
@@ -202,8 +264,8 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
 
     @app.agent(value_topic)
     async def value_agent(stream: Any) -> None:
-        async for _event, msg in _decoded(stream, "value", deadletter):
-            ctl.aggregator.add_value_signal(msg)  # keyed by (segment, value bin) where it has one
+        async for _event, msg in _decoded(stream, "value", deadletter, consumed):
+            _take_value(ctl, msg, value_seen_table)
 
     async def prepare() -> bool:
         # before the first step, once the tables are recovered: restore the plane and write its
@@ -217,12 +279,79 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
         for region in ctl.aggregator.regions:
             await _publish_region(ctl, region, now, targets_topic, events_topic)
         await _save_snapshot(app, ctl, state_table)
+        ctl.liveness.step(now)
 
     @app.task  # type: ignore[untyped-decorator]
     async def control_clock() -> None:
         await _control_clock(app, settings.t0, config.interval_s, prepare, run_tick)
 
+    @app.task  # type: ignore[untyped-decorator]
+    async def watch() -> None:  # the value signals' counts and the liveness check
+        await asyncio.gather(_value_counts_loop(app, ctl, events_topic), _watchdog(app, ctl))
+
     return app, ctl
+
+
+def _take_value(ctl: Controller, msg: messages.ValueSignal, table: Any) -> None:
+    """Count a value signal once (:meth:`Controller.count_value`, its producer's record in the
+    ``value_seen`` table) and, unless it is a duplicate, add it to the books (keyed by
+    (segment, value bin) where it has one)."""
+    producer = msg.producer
+    fresh = ctl.count_value(msg, table.get(producer) if producer else None)
+    if producer is not None:
+        table[producer] = dumps(ctl.value_seen[producer])
+    if fresh:
+        ctl.aggregator.add_value_signal(msg)
+    else:
+        log.info("controller.value.duplicate", producer=producer, seq=msg.seq)
+
+
+async def _value_counts_loop(app: faust.App, ctl: Controller, events_topic: Any) -> None:
+    """Every :data:`VALUE_COUNTS_EVERY_S`, when they changed: the ``value.counted`` event."""
+    while not app.should_stop:
+        await app.sleep(VALUE_COUNTS_EVERY_S)
+        if not ctl.value_changed:
+            continue
+        ctl.value_changed = False
+        ev = messages.Event(
+            ts=time.time(),
+            kind="value.counted",
+            source="controller",
+            region=None,
+            extra={"policy": "headroom", **ctl.value_counts()},
+        )
+        try:
+            await events_topic.send(key=b"", value=messages.encode(ev))
+        except Exception as exc:  # the next change sends them again
+            ctl.value_changed = True
+            log.warning("controller.value_counts.failed", error=f"{type(exc).__name__}: {exc}")
+
+
+async def _watchdog(app: faust.App, ctl: Controller) -> None:
+    """The liveness check (:mod:`headroom.controllers.liveness`), several times an interval."""
+    period = min(1.0, ctl.config.interval_s / 4.0)
+    ctl.liveness.frozen_gap_s = max(2.0, 5.0 * period)
+    while not app.should_stop:
+        await app.sleep(period)
+        reason = ctl.liveness.check(time.time())
+        if reason is None:
+            continue
+        if not await probe_async(ctl.settings.bootstrap, timeout_s=LIVENESS_PROBE_S):
+            # the broker is away (a restart, a partition): not this consumer's stall, and a
+            # restarted controller could do no better; judge again once it answers
+            log.warning("controller.liveness.broker_unreachable", reason=reason)
+            ctl.liveness.last_live = time.time()
+            continue
+        _liveness_exit(reason)
+
+
+def _liveness_exit(reason: str) -> None:
+    """Log why and end the process at once with :data:`LIVENESS_EXIT` (a stalled worker cannot
+    be trusted to shut down cleanly; its offsets and tables are committed as it went)."""
+    log.error("controller.liveness.failed", reason=reason, exit_status=LIVENESS_EXIT)
+    print(f"controller.liveness.failed: {reason}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(LIVENESS_EXIT)
 
 
 def _control_config(settings: ControllerSettings) -> ControlConfig:
@@ -361,9 +490,13 @@ async def _decoded(
     stream: Any,
     kind: str,
     deadletter: Callable[[Any, ValidationError | str], Awaitable[None]],
+    consumed: Callable[[], None] | None = None,
 ) -> AsyncIterator[tuple[Any, Any]]:
-    """The stream's events with their decoded messages; what does not decode is dead-lettered."""
+    """The stream's events with their decoded messages; what does not decode is dead-lettered.
+    ``consumed`` is told of every message (the liveness check)."""
     async for event in stream.events():
+        if consumed is not None:
+            consumed()
         try:
             msg = messages.decode(kind, event.value)
         except ValidationError as exc:

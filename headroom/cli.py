@@ -205,6 +205,16 @@ def _add_feed_flags(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help="stop after S scenario seconds (default: the scenario's duration_s)",
     )
+    number(
+        p,
+        "--resume-from",
+        DURATION,
+        default=None,
+        metavar="S",
+        help="a feed restarted after a crash: skip run.started, announce the levels in force at "
+        "once, and publish the requests from a little before scenario time S again (the clients "
+        "drop the ones already served by their id)",
+    )
 
 
 def _add_up_flags(p: argparse.ArgumentParser) -> None:
@@ -218,6 +228,13 @@ def _add_up_flags(p: argparse.ArgumentParser) -> None:
     )
     _add_control_flags(p)
     p.add_argument("--no-plots", action="store_true", help="skip PNG plots and report.html")
+    p.add_argument(
+        "--broker-state-dir",
+        default=None,
+        metavar="DIR",
+        help="state directory of the local broker (`headroom kafka start --state-dir`) that a "
+        "broker_restart fault event restarts (default: the local broker's default)",
+    )
 
 
 def _add_control_flags(p: argparse.ArgumentParser) -> None:

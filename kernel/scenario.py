@@ -15,7 +15,23 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 Resource = Literal["cpu", "accelerator"]
-EventKind = Literal["preempt", "grant", "surge", "control_outage"]
+EventKind = Literal[
+    "preempt",
+    "grant",
+    "surge",
+    "control_outage",
+    "kill",
+    "pause",
+    "broker_restart",
+    "capacity_silence",
+]
+# The fault kinds among the event kinds (docs/scenarios.md, *Fault events*), and the processes a
+# kill or pause acts on.
+FAULT_KINDS = ("kill", "pause", "broker_restart", "capacity_silence")
+FaultProcess = Literal["controller", "server", "client", "precompute", "feed"]
+FAULT_PROCESSES = ("controller", "server", "client", "precompute", "feed")
+# a surge on the streaming stack may multiply a region's traffic at most this much
+MAX_SURGE_FACTOR = 10.0
 
 # The largest seed a scenario may give, in its file or as ``--seed`` (the loader, the schema and
 # the command line's flag check share it): numpy's seed sequences take any non-negative integer,
@@ -145,6 +161,28 @@ class ScenarioEvent:
     factor: float | None = None
     duration_s: float | None = None
     remote: bool = False  # preempt/grant: the event applies to the region's remote pool
+    # fault events (docs/scenarios.md, *Fault events*)
+    process: FaultProcess | None = None  # kill, pause: which process
+    pool: str | None = None  # kill, pause of a server: "dedicated" or "opportunistic"
+    restart_after_s: float | None = None  # kill: restarted this long after
+    down_s: float | None = None  # broker_restart: the broker is down this long
+    broker: int | None = None  # broker_restart: which broker of a local cluster (0-based)
+
+    @property
+    def is_fault(self) -> bool:
+        return self.kind in FAULT_KINDS
+
+    @property
+    def fault_span_s(self) -> float:
+        """How long the fault lasts (scenario seconds): the kill until the restart, the pause,
+        the broker's down time, the silence; 0 for events that are not faults."""
+        if self.kind == "kill":
+            return self.restart_after_s or 0.0
+        if self.kind == "broker_restart":
+            return self.down_s or 0.0
+        if self.kind in ("pause", "capacity_silence"):
+            return self.duration_s or 0.0
+        return 0.0
 
 
 # The central controllers' defaults (docs/scenarios.md, ``control``): one step a minute, and a

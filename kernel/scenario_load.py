@@ -46,6 +46,7 @@ import yaml
 from headroom.kernel.checks import NAME_PATTERN, FieldChecker, describe, one_line
 from headroom.kernel.errors import ConfigError
 from headroom.kernel.scenario import (
+    FAULT_PROCESSES,
     MAX_SEED,
     Control,
     Dedicated,
@@ -67,16 +68,31 @@ from headroom.kernel.vocab import RESOURCES
 __all__ = [
     "EVENT_KINDS",
     "KEYS",
+    "MAX_BROKER_INDEX",
     "MAX_FILE_BYTES",
     "NAME_PATTERN",
     "RESOURCES",
+    "SERVER_POOLS",
     "ScenarioError",
     "control_with_flags",
     "load_scenario",
     "load_scenario_text",
 ]
 
-EVENT_KINDS = ("preempt", "grant", "surge", "control_outage")
+EVENT_KINDS = (
+    "preempt",
+    "grant",
+    "surge",
+    "control_outage",
+    "kill",
+    "pause",
+    "broker_restart",
+    "capacity_silence",
+)
+SERVER_POOLS = ("dedicated", "opportunistic")
+# the processes of a region (a kill or pause of one names its region); the others are run-wide
+REGION_PROCESSES = ("server", "client", "precompute")
+MAX_BROKER_INDEX = 63
 SHARE_TOLERANCE = 1e-6  # docs/scenarios.md: "shares sum to 1"; float rounding of 0.1 + 0.2 + 0.7
 MAX_FILE_BYTES = 64 * 1024 * 1024  # a scenario or CSV trace larger than this is refused
 MAX_ALIASES = 10_000  # YAML aliases per document (an alias bomb is refused, not expanded)
@@ -121,7 +137,22 @@ KEYS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     ),
     "event": (
         frozenset({"at_s", "kind"}),
-        frozenset({"region", "resource", "hardware", "units", "factor", "duration_s", "remote"}),
+        frozenset(
+            {
+                "region",
+                "resource",
+                "hardware",
+                "units",
+                "factor",
+                "duration_s",
+                "remote",
+                "process",
+                "pool",
+                "restart_after_s",
+                "down_s",
+                "broker",
+            }
+        ),
     ),
 }
 
@@ -131,6 +162,12 @@ EVENT_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "grant": (frozenset({"region", "resource", "hardware", "units"}), frozenset({"remote"})),
     "surge": (frozenset({"region", "factor", "duration_s"}), frozenset()),
     "control_outage": (frozenset({"duration_s"}), frozenset({"region"})),
+    # fault events: a region's process names its region (and a server its pool), checked in
+    # _fault_fields
+    "kill": (frozenset({"process", "restart_after_s"}), frozenset({"region", "pool"})),
+    "pause": (frozenset({"process", "duration_s"}), frozenset({"region", "pool"})),
+    "broker_restart": (frozenset({"down_s"}), frozenset({"broker"})),
+    "capacity_silence": (frozenset({"duration_s"}), frozenset({"region"})),
 }
 
 
@@ -868,6 +905,7 @@ def _event(
     if "duration_s" in m and m["duration_s"] is not None:
         duration_s = _number(ctx, f"{path}.duration_s", m["duration_s"], gt=0)
     remote = _opt_bool(ctx, path, m, "remote") if "remote" in m else None
+    process, pool, restart_after_s, down_s, broker = _fault_fields(ctx, path, m, kind)
     if (
         kind in ("preempt", "grant")
         and len(ctx.problems) == n
@@ -889,7 +927,45 @@ def _event(
         factor=factor,
         duration_s=duration_s,
         remote=bool(remote),
+        process=process,  # type: ignore[arg-type]  # checked against FAULT_PROCESSES
+        pool=pool,
+        restart_after_s=restart_after_s,
+        down_s=down_s,
+        broker=broker,
     )
+
+
+def _fault_fields(
+    ctx: _Ctx, path: str, m: Mapping[str, Any], kind: str
+) -> tuple[str | None, str | None, float | None, float | None, int | None]:
+    """The fields of a fault event (docs/scenarios.md, *Fault events*): ``process`` (a kill or
+    pause), ``pool`` (a server's), ``restart_after_s``, ``down_s`` and ``broker``. A region's
+    process (server, client, precompute) names its region; the controller and the feed are
+    run-wide and take none; a server names its pool, no other process does."""
+    process = pool = None
+    restart_after_s = down_s = None
+    broker = None
+    if m.get("process") is not None:
+        process = _enum(ctx, f"{path}.process", m["process"], FAULT_PROCESSES)
+    if m.get("pool") is not None:
+        pool = _enum(ctx, f"{path}.pool", m["pool"], SERVER_POOLS)
+    if m.get("restart_after_s") is not None:
+        restart_after_s = _number(ctx, f"{path}.restart_after_s", m["restart_after_s"], gt=0)
+    if m.get("down_s") is not None:
+        down_s = _number(ctx, f"{path}.down_s", m["down_s"], gt=0)
+    broker = _opt_int(ctx, path, m, "broker", ge=0, le=MAX_BROKER_INDEX)
+    if kind in ("kill", "pause") and process is not None:
+        if process in REGION_PROCESSES and m.get("region") is None:
+            ctx.add(f"{path}.region", f"required for a {kind} of a {process}")
+        elif process not in REGION_PROCESSES and m.get("region") is not None:
+            ctx.add(f"{path}.region", f"not allowed for a {kind} of the {process} (run-wide)")
+        if process == "server" and m.get("pool") is None:
+            ctx.add(
+                f"{path}.pool", f"required for a {kind} of a server (dedicated or opportunistic)"
+            )
+        elif process != "server" and m.get("pool") is not None:
+            ctx.add(f"{path}.pool", f"only a server has a pool, not the {process}")
+    return process, pool, restart_after_s, down_s, broker
 
 
 def _event_keys(ctx: _Ctx, path: str, m: Mapping[str, Any], kind: str) -> None:
@@ -899,7 +975,7 @@ def _event_keys(ctx: _Ctx, path: str, m: Mapping[str, Any], kind: str) -> None:
     for key in sorted(required):
         if key not in m or (m[key] is None and key != "region"):
             ctx.add(f"{path}.{key}", f"required for a {kind} event")
-    if kind != "control_outage" and "region" in m and m["region"] is None:
+    if "region" in required and "region" in m and m["region"] is None:
         ctx.add(f"{path}.region", f"required for a {kind} event")
     for key in sorted(set(m) - required - optional - {"at_s", "kind"}):
         if isinstance(key, str) and key in KEYS["event"][1]:

@@ -12,8 +12,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from headroom.kernel.scenario import DEFAULT_INTERVAL_S, MAX_SEED, TTL_INTERVALS
-from headroom.kernel.scenario_load import EVENT_KINDS, NAME_PATTERN, RESOURCES
+from headroom.kernel.scenario import DEFAULT_INTERVAL_S, FAULT_PROCESSES, MAX_SEED, TTL_INTERVALS
+from headroom.kernel.scenario_load import (
+    EVENT_KINDS,
+    KEYS,
+    MAX_BROKER_INDEX,
+    NAME_PATTERN,
+    RESOURCES,
+    SERVER_POOLS,
+)
 
 __all__ = ["SCHEMA"]
 
@@ -263,7 +270,7 @@ _REGION = _obj(
 
 
 def _event_kind(kind: str, required: list[str], allowed: list[str]) -> dict[str, Any]:
-    optional = {"region", "resource", "hardware", "units", "factor", "duration_s", "remote"}
+    optional = set(KEYS["event"][1])
     forbidden = sorted(optional - set(required) - set(allowed))
     return {
         "if": {"properties": {"kind": {"const": kind}}, "required": ["kind"]},
@@ -283,15 +290,39 @@ _EVENT = _obj(
             "description": "preempt: the pool's level drops to `units` at once; grant: it rises "
             "to `units` at once; surge: the region's traffic is multiplied by `factor` for "
             "`duration_s`; control_outage: the central controllers publish nothing for "
-            "`duration_s` (every region, or only `region`)",
+            "`duration_s` (every region, or only `region`); faults (executed by `up`, modelled "
+            "by `simulate`): kill: `process` is SIGKILLed and restarted after "
+            "`restart_after_s`; pause: `process` is SIGSTOPped for `duration_s`; "
+            "broker_restart: the broker is killed and started again on the same storage after "
+            "`down_s`; capacity_silence: the capacity feed publishes nothing for `duration_s` "
+            "(every region, or only `region`)",
         },
         "region": _nullable(_name("a declared region (control_outage: absent = every region)")),
         "resource": {"enum": list(RESOURCES), "description": "preempt, grant: the pool's resource"},
         "hardware": _name("preempt, grant: the pool's hardware"),
         "units": _num("preempt, grant: the pool's new absolute level", minimum=0),
         "factor": _num("surge: traffic multiplier", exclusiveMinimum=0),
-        "duration_s": _num("surge, control_outage: seconds", exclusiveMinimum=0),
+        "duration_s": _num(
+            "surge, control_outage, pause, capacity_silence: seconds", exclusiveMinimum=0
+        ),
         "remote": {"type": "boolean", "description": "preempt, grant: the region's remote pool"},
+        "process": {
+            "enum": list(FAULT_PROCESSES),
+            "description": "kill, pause: the process (server, client, precompute: a region's, "
+            "with `region`; controller, feed: run-wide, no `region`)",
+        },
+        "pool": {
+            "enum": list(SERVER_POOLS),
+            "description": "kill, pause of a server (required there): which replica's pool",
+        },
+        "restart_after_s": _num("kill: restarted this many seconds later", exclusiveMinimum=0),
+        "down_s": _num("broker_restart: seconds the broker is down", exclusiveMinimum=0),
+        "broker": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": MAX_BROKER_INDEX,
+            "description": "broker_restart with a local cluster: which broker (0-based)",
+        },
     },
     ["at_s", "kind"],
     allOf=[
@@ -299,6 +330,10 @@ _EVENT = _obj(
         _event_kind("grant", ["region", "resource", "hardware", "units"], ["remote"]),
         _event_kind("surge", ["region", "factor", "duration_s"], []),
         _event_kind("control_outage", ["duration_s"], ["region"]),
+        _event_kind("kill", ["process", "restart_after_s"], ["region", "pool"]),
+        _event_kind("pause", ["process", "duration_s"], ["region", "pool"]),
+        _event_kind("broker_restart", ["down_s"], ["broker"]),
+        _event_kind("capacity_silence", ["duration_s"], ["region"]),
     ],
 )
 

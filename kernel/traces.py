@@ -28,7 +28,9 @@ instant apply in file order, trace points before events (events are "on top of t
 Before a pool's first change its level is 0.
 
 Control outages: ``control_outage`` silences the central controllers of its region (every region
-when ``region`` is null) over ``[at_s, at_s + duration_s)``.
+when ``region`` is null) over ``[at_s, at_s + duration_s)``; so do the controller's kills and
+pauses and the broker's restarts. Fault events (:mod:`headroom.kernel.faults`) also give each
+region its baseline-only spans (its client killed or paused) and its capacity silences.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from headroom.kernel import faults
 from headroom.kernel.scenario import Opportunistic, Region, Scenario
 
 __all__ = [
@@ -125,6 +128,8 @@ class RegionTraces:
     pools: tuple[PoolTrace, ...]
     changes: tuple[CapacityChange, ...]  # every level change of every pool, by time
     outages: tuple[tuple[float, float], ...]  # control-plane silences [start, end)
+    baseline_only: tuple[tuple[float, float], ...] = ()  # the region's client down [start, end)
+    silences: tuple[tuple[float, float], ...] = ()  # capacity feed silent [start, end)
 
     def pool_index(self, key: PoolKey) -> int:
         for i, p in enumerate(self.pools):
@@ -134,6 +139,17 @@ class RegionTraces:
 
     def in_outage(self, t: float) -> bool:
         return any(a <= t < b for a, b in self.outages)
+
+    def in_baseline_only(self, t: float) -> bool:
+        return any(a <= t < b for a, b in self.baseline_only)
+
+    def level_seen(self, pool: int, t: float, level: float) -> float:
+        """The level of ``pool`` the controllers know at ``t``: ``level`` (the one in force),
+        or during a capacity silence the level in force when the silence began."""
+        for a, b in self.silences:
+            if a <= t < b:
+                return self.pools[pool].level_at(a)
+        return level
 
 
 class ScenarioTraces:
@@ -161,11 +177,7 @@ class ScenarioTraces:
             else:
                 arrivals = arrival_rng.poisson(np.maximum(rate, 0.0) * self.step_len)
             pools, changes = self._pools(ri, region)
-            outages = tuple(
-                (e.at_s, e.at_s + (e.duration_s or 0.0))
-                for e in scenario.events
-                if e.kind == "control_outage" and (e.region is None or e.region == region.name)
-            )
+            outages = faults.control_outages(scenario, region.name)
             regions.append(
                 RegionTraces(
                     name=region.name,
@@ -174,6 +186,8 @@ class ScenarioTraces:
                     pools=pools,
                     changes=changes,
                     outages=outages,
+                    baseline_only=faults.baseline_only_spans(scenario, region.name),
+                    silences=faults.capacity_silences(scenario, region.name),
                 )
             )
         self.regions: tuple[RegionTraces, ...] = tuple(regions)

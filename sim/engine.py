@@ -79,6 +79,7 @@ from headroom.kernel.scenario import Scenario
 from headroom.kernel.sketch import bin_values
 from headroom.kernel.traces import CapacityChange, PoolKey, ScenarioTraces
 from headroom.sim.config import SimConfig
+from headroom.sim.faults import fault_lines
 from headroom.sim.latency import (
     RHO_FLUID_CAP,
     LatencyConfig,
@@ -861,7 +862,7 @@ class RegionRun:
                 self._direct_mixes[id(plan)] = mix
             return mix
         tg = self.targets
-        if tg is None:
+        if tg is None or self.traces.in_baseline_only(now):  # no target, or the client is down
             self._mix_key = ("base",)
             return self.base_mix
         m_rma, m_sbm = pol.multipliers(now)
@@ -1498,7 +1499,8 @@ class RegionRun:
                     resource=key.resource,  # type: ignore[arg-type]  # "cpu" | "accelerator"
                     hardware=key.hardware,
                     pool="opportunistic",
-                    units=self.level[i],
+                    # a capacity silence: the level known when it began (kernel/faults.py)
+                    units=self.traces.level_seen(i, now, self.level[i]),
                     # the feed re-announces every level each interval with its expected lifetime
                     expires_in_s=self.traces.pools[i].expires_in_s,
                     remote=key.remote,
@@ -1875,8 +1877,13 @@ def run_policy(
         )
         for r in range(len(ctx.regions))
     ]
+    faults = fault_lines(ctx.scenario, control_interval_s, ctx.t0, policy_name)
     for w in range(ctx.n_windows):
         for run in runs:
             run.run_window(w)
+        while faults and faults[0][0] < (w + 1) * ctx.window_s:
+            write(faults.pop(0)[1])
         if progress is not None:
             progress(w + 1, ctx.n_windows)
+    for _t, line in faults:  # at the very end of the run
+        write(line)

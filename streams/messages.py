@@ -537,7 +537,9 @@ class ValueSignal(_Message, frozen=True, kw_only=True, omit_defaults=True):
     """``headroom.value``: sums of observed request value for one (region, segment, lever, arm)
     over a window; sums, not means, so windows and workers add up exactly.
 
-    Extension (written only when set): ``stratum``, an integer in ``[0, MAX_STRATUM]`` naming the
+    Extensions (written only when set): ``producer`` and ``seq``, the publishing process and the
+    message's number within it (exactly-once counting); ``stratum``, an integer in
+    ``[0, MAX_STRATUM]`` naming the
     value bin of the segment the sums cover (a request's value rank within its segment, in
     equal-probability bins), so the estimator can post-stratify on the value signal. Absent:
     the sums cover the whole segment, as docs/messages.md defines them.
@@ -560,6 +562,11 @@ class ValueSignal(_Message, frozen=True, kw_only=True, omit_defaults=True):
     window_s: Positive
     cost: Cost
     stratum: Annotated[int, Meta(ge=0, le=MAX_STRATUM)] | None = None
+    # Extension (written only when set): the publishing process (one id per process start) and
+    # the message's sequence number within it, counting from 0; the controller counts each
+    # (producer, seq) once, whatever is re-delivered (docs/streaming.md, *Faults*).
+    producer: Name | None = None
+    seq: Count | None = None
 
     def key(self) -> bytes:
         return self.region.encode()

@@ -90,12 +90,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import os
+import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+import msgspec
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 
 from headroom.analysis.events import WindowTraffic, window_event
@@ -133,6 +136,7 @@ __all__ = [
     "PrecomputeLookup",
     "PrecomputePath",
     "RankingClient",
+    "RecentIds",
     "ServerAddress",
     "TargetBook",
     "TargetState",
@@ -143,6 +147,36 @@ __all__ = [
 
 T = TypeVar("T")
 SKETCH_ALPHA = 0.01
+# request ids remembered for de-duplication: at 300 requests/s, the last five minutes or so
+SEEN_IDS = 100_000
+
+
+class RecentIds:
+    """The last ``capacity`` request ids seen, in arrival order: :meth:`add` is False for an id
+    still remembered (a duplicate). Bounded, so a long run does not grow it."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._ids: set[str] = set()
+        self._order: deque[str] = deque()
+
+    def add(self, request_id: str) -> bool:
+        if request_id in self._ids:
+            return False
+        self._ids.add(request_id)
+        self._order.append(request_id)
+        if len(self._order) > self.capacity:
+            self._ids.discard(self._order.popleft())
+        return True
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
+def value_producer_id(name: str) -> str:
+    """One id per process start (name, pid, random): the ``producer`` of its value signals."""
+    tail = f".{os.getpid()}.{secrets.token_hex(3)}"
+    return name[: 64 - len(tail)] + tail
 
 
 # ------------------------------------------------------------------------------------------------
@@ -883,7 +917,13 @@ class RankingClient(Service):
         self.windows = WindowBook(
             config.region, scenario.slo.window_s, [s.name for s in scenario.segments]
         )
-        self.offsets: OffsetTracker[Outcome] = OffsetTracker()
+        # None: a duplicate request (an id served before), dropped but committed in order
+        self.offsets: OffsetTracker[Outcome | None] = OffsetTracker()
+        self.seen_ids = RecentIds(SEEN_IDS)
+        self._dup_pending = 0  # duplicates dropped, not yet on a window line
+        # value signals: one producer id per process start, and their sequence numbers
+        self.producer_id = value_producer_id(config.instance or config.name)
+        self._value_seq = 0
         self._segments = frozenset(seg.name for seg in scenario.segments)
         self.ranker = ValueRanker()  # value rank among all requests: the strong shedder's order
         # value rank within each segment: value-ranked SBM and the value signals' strata
@@ -903,7 +943,7 @@ class RankingClient(Service):
         self._loops: list[ConsumerLoop] = []
         self._assigned: set[int] = set()
         self.ready = asyncio.Event()  # set once partitions are assigned and positioned
-        self.stats = {"requests": 0, "published": 0, "errors": 0, "commits": 0}
+        self.stats = {"requests": 0, "published": 0, "errors": 0, "commits": 0, "duplicates": 0}
         slo = scenario.slo.p99_ms
         self._sbm_budget_ms = slo * config.sbm_budget_share
         self._base_timeout_s = slo * config.base_timeout_share / 1000.0
@@ -1098,6 +1138,13 @@ class RankingClient(Service):
                 f"segment: {msg.segment!r} is not a segment of scenario {self.scenario.name!r} "
                 f"({', '.join(sorted(self._segments))})"
             )
+        if not self.seen_ids.add(msg.id):
+            # re-delivered (a consumer restart, a feed that published it again): served once
+            self.offsets.received(rec.partition, rec.offset)
+            self.offsets.completed(rec.partition, rec.offset, None)
+            self.stats["duplicates"] += 1
+            self._dup_pending += 1
+            return
         await self._slots.acquire()
         self.offsets.received(rec.partition, rec.offset)
         self._inflight[rec.partition] = self._inflight.get(rec.partition, 0) + 1
@@ -1397,7 +1444,8 @@ class RankingClient(Service):
         async with self._publish_lock:
             now = self._wall()
             for outcome in self.offsets.release():
-                self.windows.add(outcome)
+                if outcome is not None:
+                    self.windows.add(outcome)
             keys = self.windows.open_windows
             state = self.targets.state(now)
             targets = {"rma_candidates": state.rma_candidates, "sbm_coverage": state.sbm_coverage}
@@ -1410,6 +1458,10 @@ class RankingClient(Service):
                 end_ts = self.config.t0 + (k + 1) * self.windows.window_s / self.config.speed
                 ts = min(now, end_ts)
                 for signal in self.windows.value_signals(w, ts):
+                    signal = msgspec.structs.replace(
+                        signal, producer=self.producer_id, seq=self._value_seq
+                    )
+                    self._value_seq += 1
                     self._count_value(signal)
                     futures.append(
                         await self._producer.send(
@@ -1418,14 +1470,16 @@ class RankingClient(Service):
                     )
                 fields = self.windows.event_fields(w, targets=targets, source=self.config.name)
                 self._attach_cache_counts(fields)
+                self._attach_duplicates(fields)
                 futures.append(await self._send_event("window", fields, ts))
                 self.stats["published"] += w.requests
-            if any(self._pre_pending.values()):
+            if any(self._pre_pending.values()) or self._dup_pending:
                 # results that expired unused while no request was published: a line of their own
                 k = self.windows.index(self.scenario_time(now))
                 ws = self.windows.window_s
                 fields = window_event(k * ws, (k + 1) * ws, client=self.config.name)
                 self._attach_cache_counts(fields)
+                self._attach_duplicates(fields)
                 futures.append(await self._send_event("window", fields, now))
             if futures:
                 await asyncio.gather(*futures)  # acknowledged by the broker: now commit
@@ -1450,6 +1504,12 @@ class RankingClient(Service):
         counts = cache.take_window()
         for key in self._pre_pending:
             self._pre_pending[key] += int(counts.get(key, 0))
+
+    def _attach_duplicates(self, fields: dict[str, Any]) -> None:
+        """Requests dropped as duplicates since the last line (``duplicates_dropped``)."""
+        if self._dup_pending:
+            fields["duplicates_dropped"] = self._dup_pending
+            self._dup_pending = 0
 
     def _attach_cache_counts(self, fields: dict[str, Any]) -> None:
         if self.precompute is None:

@@ -28,6 +28,17 @@ the wall clock when it is sent. The schedule itself (:class:`FeedSchedule`) is p
 the same scenario and seed give the same requests and capacity changes, whatever the speed.
 ``control_outage`` events cannot be played by a feed (it does not own the controllers):
 ``headroom up`` pauses its controller for them.
+
+Faults the feed plays itself (docs/streaming.md, *Faults*):
+
+* ``capacity_silence`` — over ``[at_s, at_s + duration_s)`` (its region, or every region) no
+  capacity message is sent, neither changes nor refreshes; at its end the newest level of every
+  pool is published at once (a change that happened in the silence with its own reason, so a
+  reclaim is released then) and a ``capacity.silence.ended`` event says so.
+* a restart after a kill (``--resume-from S``, what ``headroom up`` passes) — no ``run.started``,
+  the levels in force announced at once, the window lines from the first window ending after
+  ``S``, and the requests from ``S −`` :data:`REPUBLISH_S` on: a request the killed feed had
+  already sent is sent again with its id, and the clients drop it as a duplicate.
 """
 
 from __future__ import annotations
@@ -49,6 +60,11 @@ from headroom.workers.service import Service
 
 __all__ = ["ELIGIBLE_SHARE", "CapacityUpdate", "FeedConfig", "FeedSchedule", "TrafficFeed"]
 
+# a resumed feed publishes again the requests of this many scenario seconds before the kill: the
+# killed process may have lost some it had not sent yet (the clients drop those it had)
+REPUBLISH_S = 2.0
+SEND_TIMEOUT_MS = 300_000  # how long a send waits for an unreachable broker before it fails
+
 
 @dataclass(frozen=True, slots=True)
 class FeedConfig:
@@ -59,6 +75,7 @@ class FeedConfig:
     refresh_s: float = 10.0  # wall seconds between re-announcements of every level
     policy: str = "headroom"
     lead_s: float = 0.002  # publish this early (wall): sends take a moment
+    resume_from: float | None = None  # restarted after a kill at this scenario time
 
     def __post_init__(self) -> None:
         c = FieldChecker()
@@ -96,6 +113,16 @@ class TrafficFeed(Service):
         self._ids = 0
         self.finished = asyncio.Event()
         self.sent = {"requests": 0, "capacity": 0, "reclaims": 0}
+        # capacity_silence spans (scenario seconds) and the region they silence (None: all)
+        self.silences = [
+            (e.at_s, e.at_s + (e.duration_s or 0.0), e.region)
+            for e in scenario.events
+            if e.kind == "capacity_silence"
+        ]
+        self._held: dict[tuple[str, str, str, bool], CapacityUpdate] = {}  # silenced changes
+        # a restarted feed's capacity ids must not repeat the killed one's
+        resume = config.resume_from
+        self._id_tag = "" if resume is None else f"r{int(clock())}-"
 
     def wall(self, t: float) -> float:
         return self.config.t0 + t / self.config.speed
@@ -105,7 +132,11 @@ class TrafficFeed(Service):
         return (wall - self.config.t0) * self.config.speed
 
     async def on_start(self) -> None:
-        self._producer = make_producer(self.kafka.bootstrap, linger_ms=5)
+        # the traffic source waits for a broker that restarts (a send waits up to
+        # SEND_TIMEOUT_MS for it) rather than dropping what it could not send
+        self._producer = make_producer(
+            self.kafka.bootstrap, linger_ms=5, request_timeout_ms=SEND_TIMEOUT_MS
+        )
         await self._producer.start()
         self.add_task(self._play(), name="play")
 
@@ -121,9 +152,14 @@ class TrafficFeed(Service):
             return await self.sleep(delay)
         return not self.stop_requested
 
+    def silenced(self, t: float, region: str) -> bool:
+        """A ``capacity_silence`` holds the capacity messages of ``region`` at time ``t``."""
+        return any(a <= t < b and (r is None or r == region) for a, b, r in self.silences)
+
     async def _play(self) -> None:
         started_wall = self._wall()
-        await self._event(None, "run.started", self._run_fields(), ts=self.config.t0)
+        resume = self.config.resume_from
+        await self._announce_start()
         if not await self._sleep_until(0.0):
             return
         self.log.info("feed.started", t0=self.config.t0, speed=self.config.speed, end_t=self.end_t)
@@ -135,6 +171,15 @@ class TrafficFeed(Service):
         second = 0
         pending: list[tuple[float, str, dict[str, Any]]] = []
         levels: dict[tuple[str, str, str, bool], CapacityUpdate] = {}
+        silence_ends = sorted({b for _a, b, _r in self.silences if b < self.end_t})
+        if resume is not None:
+            # restarted: the levels in force now, announced at once; the rest from here on
+            now_t = max(resume, self.scenario_time())
+            u_next = await self._resume_levels(updates, now_t, levels)
+            next_window = (math.floor(resume / window_s) + 1) * window_s
+            second = max(0, math.floor(resume - REPUBLISH_S))
+            next_refresh = now_t + self.config.refresh_s * self.config.speed
+            silence_ends = [b for b in silence_ends if b > now_t]
         while True:
             if not pending and second < math.ceil(self.end_t):
                 pending = [r for r in self.schedule.requests(second) if r[0] < self.end_t]
@@ -142,6 +187,7 @@ class TrafficFeed(Service):
                 second += 1
                 continue
             candidates = [self.end_t, next_window, next_refresh]
+            candidates.extend(silence_ends[:1])
             if u_next < len(updates):
                 candidates.append(updates[u_next].t)
             if pending:
@@ -157,6 +203,7 @@ class TrafficFeed(Service):
                 u_next += 1
                 levels[(update.region, update.resource, update.hardware, update.remote)] = update
                 await self._capacity(update)
+            await self._end_silences(t, silence_ends, levels)
             if next_refresh <= t:
                 for update in list(levels.values()):
                     await self._capacity(
@@ -185,6 +232,22 @@ class TrafficFeed(Service):
         self.finished.set()
         self.request_stop()
 
+    async def _announce_start(self) -> None:
+        """``run.started``, unless this feed resumes one that was killed."""
+        if self.config.resume_from is None:
+            await self._event(None, "run.started", self._run_fields(), ts=self.config.t0)
+
+    async def _end_silences(
+        self,
+        t: float,
+        ends: list[float],
+        levels: dict[tuple[str, str, str, bool], CapacityUpdate],
+    ) -> None:
+        """The silences ending by ``t`` (``ends``, sorted, consumed)."""
+        while ends and ends[0] <= t:
+            ends.pop(0)
+            await self._end_silence(t, levels)
+
     def _run_fields(self) -> dict[str, Any]:
         sc = self.scenario
         levers = ["rma", "sbm"] + (["precompute"] if sc.precompute_enabled else [])
@@ -201,7 +264,60 @@ class TrafficFeed(Service):
             "precompute_enabled": sc.precompute_enabled,
         }
 
+    async def _resume_levels(
+        self,
+        updates: list[CapacityUpdate],
+        now_t: float,
+        levels: dict[tuple[str, str, str, bool], CapacityUpdate],
+    ) -> int:
+        """A restarted feed: the level of every pool at ``now_t`` into ``levels`` and announced
+        at once; returns the index of the first update still to come."""
+        u_next = 0
+        while u_next < len(updates) and updates[u_next].t <= now_t:
+            u = updates[u_next]
+            levels[(u.region, u.resource, u.hardware, u.remote)] = u
+            u_next += 1
+        for u in levels.values():
+            await self._capacity(
+                CapacityUpdate(now_t, u.region, u.resource, u.hardware, u.remote, u.units,
+                               u.units, "update", u.expires_in_s)
+            )  # fmt: skip
+        self.log.info("feed.resumed", resume_from=self.config.resume_from, t=now_t)
+        return u_next
+
+    async def _end_silence(
+        self, t: float, levels: dict[tuple[str, str, str, bool], CapacityUpdate]
+    ) -> None:
+        """A silence ended: every level it held back, now (a change with its own reason, the
+        others as updates), and the ``capacity.silence.ended`` event."""
+        held, self._held = self._held, {}
+        regions = set()
+        for key, u in levels.items():
+            if self.silenced(t, u.region):
+                continue  # another silence still holds this region
+            change = held.pop(key, None)
+            if change is not None:
+                u = CapacityUpdate(t, u.region, u.resource, u.hardware, u.remote, u.units,
+                                   change.before, change.reason, u.expires_in_s)  # fmt: skip
+            else:
+                u = CapacityUpdate(t, u.region, u.resource, u.hardware, u.remote, u.units,
+                                   u.units, "update", u.expires_in_s)  # fmt: skip
+            await self._capacity(u)
+            regions.add(u.region)
+        self._held.update(held)
+        await self._event(None, "capacity.silence.ended", {"t": t, "regions": sorted(regions)})
+
     async def _capacity(self, u: CapacityUpdate) -> None:
+        if self.silenced(u.t, u.region):
+            key = (u.region, u.resource, u.hardware, u.remote)
+            if u.reason != "update":
+                first = self._held.get(key)
+                before = first.before if first is not None else u.before
+                self._held[key] = CapacityUpdate(
+                    u.t, u.region, u.resource, u.hardware, u.remote, u.units, before, u.reason,
+                    u.expires_in_s,
+                )  # fmt: skip
+            return
         self._ids += 1
         expires = None if u.expires_in_s is None else u.expires_in_s / self.config.speed
         msg = messages.Capacity(
@@ -212,7 +328,7 @@ class TrafficFeed(Service):
             pool="opportunistic",
             units=u.units,
             reason=u.reason,  # type: ignore[arg-type]
-            id=f"c-{self.config.t0:.0f}-{self._ids}",
+            id=f"c-{self.config.t0:.0f}-{self._id_tag}{self._ids}",
             expires_in_s=expires,
             remote=u.remote,
         )

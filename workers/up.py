@@ -20,7 +20,14 @@ a user would run them on several machines, and wires them together:
    look its results up before ranking live;
 6. the **feed**, with the run's ``t0`` (the wall-clock time of scenario time 0, agreed by every
    process so their SLO windows line up) and ``--speed``; scenario ``control_outage`` events pause
-   the controller process (SIGSTOP … SIGCONT) over their span: the control plane goes silent.
+   the controller process (SIGSTOP … SIGCONT) over their span: the control plane goes silent;
+7. the scenario's **fault events** (kill, pause, broker_restart, capacity_silence) at their
+   scenario times (:class:`headroom.workers.faults.FaultRunner`), and a **supervisor** that
+   restarts a process that exited on its own (:class:`headroom.workers.faults.Supervisor`);
+   before the feed starts, the end offsets of ``headroom.requests`` and ``headroom.value`` are
+   noted, and after the run both topics are read from there (:mod:`headroom.workers.audit`): the
+   ``stack.audit`` line (requests fed, value signals published). The fault and restart lines are
+   added to the event log at the end (source ``up``).
 
 When the feed has played the scenario, the clients, precompute workers and servers are stopped
 with SIGTERM (they drain: requests in flight finish, running jobs are published, last windows are
@@ -64,12 +71,15 @@ from headroom.streams.kafka import (
     wait_for_topics,
 )
 from headroom.streams.topics import topics
+from headroom.workers.audit import audit_event, audit_topics, end_offsets
+from headroom.workers.faults import FaultRunner, Supervisor
 
 __all__ = ["Proc", "Stack", "StackConfig"]
 
 log = get_logger("up")
 
 READY_TIMEOUT_S = 90.0  # a process that has not said it is ready by then failed to start
+SEEN_EVENTS = 200_000  # collected events remembered for fault recovery (the oldest go first)
 
 
 @dataclass(frozen=True)
@@ -88,6 +98,9 @@ class StackConfig:
     quiet_s: float = 3.0  # the collector stops after this long without an event, at the end
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     python: str = sys.executable
+    # the state directory of the local broker (``headroom kafka start``) a broker_restart event
+    # restarts; None: the local broker's default
+    broker_state_dir: Path | None = None
 
     def __post_init__(self) -> None:
         c = FieldChecker()
@@ -234,6 +247,19 @@ class Stack:
         self._collector_ready = asyncio.Event()
         self._outage_tasks: list[asyncio.Task[None]] = []
         self.logs_dir = config.out_dir / "logs"
+        if config.broker_state_dir is not None:
+            broker_dir: Path | None = config.broker_state_dir
+        else:
+            from headroom.kernel.settings import default_state_dir
+
+            broker_dir = default_state_dir()
+        self.faults = FaultRunner(self, broker_dir)
+        self.supervisor = Supervisor(self, self.faults)
+        self._audit_start: dict[str, Any] | None = None
+        self.audit: dict[str, Any] | None = None
+        # (receipt wall time, kind, source, region) of every collected event: fault recovery
+        self._seen: list[tuple[float, dict[str, Any]]] = []
+        self._seen_event = asyncio.Event()
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -266,9 +292,9 @@ class Stack:
         self.procs[name] = proc
         return proc
 
-    def scenario_time(self) -> float:
+    def scenario_time(self, wall: float | None = None) -> float:
         assert self.t0 is not None
-        return (time.time() - self.t0) * self.config.speed
+        return ((time.time() if wall is None else wall) - self.t0) * self.config.speed
 
     def wall(self, t: float) -> float:
         assert self.t0 is not None
@@ -380,6 +406,8 @@ class Stack:
                 self._outage_tasks.append(
                     asyncio.create_task(self._outage(e.at_s, e.duration_s or 0.0))
                 )
+        self.faults.check()
+        self._audit_start = await end_offsets(self.kafka)
         if time.time() > self.t0 - 1.0:
             raise HeadroomError(
                 f"the stack took longer than {cfg.startup_margin_s:.0f} s to start (logs: "
@@ -387,6 +415,8 @@ class Stack:
             )
         feed = self._proc("feed", self._cmd("feed", str(cfg.scenario_path), *clock))
         await feed.start()
+        self.faults.start()
+        self.supervisor.start()
         log.info("up.metrics.endpoints", **self.metrics_endpoints())
         log.info(
             "up.stack.started",
@@ -449,8 +479,10 @@ class Stack:
         await self.procs[f"client-{region}"].wait_line(lambda s: s == "ready", READY_TIMEOUT_S)
 
     async def kill(self, name: str, sig: signal.Signals = signal.SIGKILL) -> None:
-        """Send ``sig`` to one process of the stack (tests: ``kill -9``) and wait for it."""
+        """Send ``sig`` to one process of the stack (tests: ``kill -9``) and wait for it. The
+        supervisor leaves it down until :meth:`restart` starts it again."""
         proc = self.procs[name]
+        self.faults.expected_down.add(name)
         log.info("up.process.signalled", name=name, pid=proc.pid, signal=sig.name)
         proc.signal(sig)
         await proc.wait(30.0)
@@ -462,11 +494,35 @@ class Stack:
             raise HeadroomError(f"{name} is still running (pid {proc.pid})")
         await proc.stop(0.0)
         await proc.start()
+        self.faults.expected_down.discard(name)
         if name.startswith("server-"):
             await proc.wait_line(lambda s: s.startswith("listening on "), READY_TIMEOUT_S)
         elif name.startswith("client-"):
             await proc.wait_line(lambda s: s == "ready", READY_TIMEOUT_S)
+        elif name.startswith("precompute-"):
+            await proc.wait_line(lambda s: s.startswith("precompute worker ready"), READY_TIMEOUT_S)
         return proc
+
+    async def wait_event(
+        self, predicate: Callable[[dict[str, Any]], bool], since: float, timeout_s: float
+    ) -> float:
+        """The wall time the collector received the first event after ``since`` (wall) that
+        matches ``predicate`` (called with its ``kind``, ``source`` and ``region``);
+        TimeoutError after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        i = 0
+        while True:
+            while i < len(self._seen):
+                at, ev = self._seen[i]
+                i += 1
+                if at >= since and predicate(ev):
+                    return at
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no matching event within {timeout_s:.0f} s")
+            self._seen_event.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._seen_event.wait(), min(left, 1.0))
 
     async def _outage(self, at_s: float, duration_s: float) -> None:
         controller = self.procs["controller"]
@@ -483,15 +539,29 @@ class Stack:
         return await action()
 
     async def wait_finished(self) -> None:
-        """Until the feed has played the whole scenario."""
+        """Until the feed has played the whole scenario (a feed killed by a fault, or that
+        died and was restarted by the supervisor, is waited for again)."""
         feed = self.procs["feed"]
-        assert feed.process is not None
-        code = await feed.process.wait()
-        if code != 0:
-            raise HeadroomError(f"the feed failed with status {code} (log: {feed.log_path})")
+        while True:
+            process = feed.process
+            assert process is not None
+            code = await process.wait()
+            if code == 0 and feed.process is process:
+                return
+            # killed: wait for the fault runner or the supervisor to start it again
+            deadline = time.monotonic() + READY_TIMEOUT_S + 600.0
+            while feed.process is process and time.monotonic() < deadline:
+                if "feed" not in self.faults.expected_down and self.supervisor.stopping:
+                    break
+                await asyncio.sleep(0.2)
+            if feed.process is process:
+                raise HeadroomError(f"the feed failed with status {code} (log: {feed.log_path})")
 
     async def stop(self) -> None:
-        """Stop every process this stack started (clients and servers drain first)."""
+        """Stop every process this stack started (clients and servers drain first); then the
+        audit of the topics, and the fault and restart lines into the event log."""
+        await self.supervisor.cancel()
+        await self.faults.cancel()
         for task in self._outage_tasks:
             task.cancel()
         order = ["feed", "client", "precompute", "server", "controller"]
@@ -502,6 +572,17 @@ class Stack:
             self._collector_stop.set()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._collector, self.config.quiet_s + 30.0)
+        if self._collector is None:
+            return
+        lines = self.faults.events() + self.supervisor.restarts
+        if self._audit_start is not None:
+            try:
+                self.audit = await audit_topics(self.kafka, self._audit_start)
+                lines.append(audit_event(self.audit))
+            except Exception as exc:  # the run's other outputs still count
+                log.warning("up.audit.failed", error=f"{type(exc).__name__}: {exc}")
+        if lines and self.events_path.exists():
+            self.add_events(lines)
 
     # -- the collector ----------------------------------------------------------------------------
 
@@ -530,6 +611,7 @@ class Stack:
                                 continue
                             assert isinstance(event, messages.Event)
                             writer.write(event.to_dict())
+                            self._saw(event)
                             count += 1
                             got = True
                     if got:
@@ -542,6 +624,15 @@ class Stack:
                             break
         log.info("up.events.collected", events=count, path=str(self.events_path))
         return count
+
+    def _saw(self, event: messages.Event) -> None:
+        """Note a collected event for :meth:`wait_event` (only what recovery checks need)."""
+        self._seen.append(
+            (time.time(), {"kind": event.kind, "source": event.source, "region": event.region})
+        )
+        if len(self._seen) > SEEN_EVENTS:
+            del self._seen[: SEEN_EVENTS // 2]
+        self._seen_event.set()
 
     def add_events(self, events: Sequence[dict[str, Any]]) -> None:
         with EventWriter(self.events_path, append=True) as writer:

@@ -34,6 +34,7 @@ def feed(args: argparse.Namespace) -> int:
         speed=float(args.speed or 1.0),
         seed=args.seed,
         duration_s=args.duration,
+        resume_from=getattr(args, "resume_from", None),
     )
 
     async def run() -> None:

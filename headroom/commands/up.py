@@ -150,6 +150,11 @@ def up(args: argparse.Namespace) -> int:
         speed=float(args.speed or 1.0),
         interval_s=args.interval,
         ttl_s=getattr(args, "ttl", None),
+        broker_state_dir=(
+            Path(args.broker_state_dir).expanduser()
+            if getattr(args, "broker_state_dir", None)
+            else None
+        ),
     )
     print(
         f"up: {scenario.name}, {scenario.duration_s:g} s of scenario at speed {config.speed:g} "

@@ -1,0 +1,283 @@
+"""Every fault kind on the real stack: ``headroom up`` on scenarios/faults-short.yaml.
+
+One run (module fixture, ~4 min of wall time) on a *private* broker that this module starts from
+its own state directory, since the scenario restarts the broker. The faults, each with its own
+span (the scenario file lists them): a client kill (20 s), a strong-model server kill (32 s), a
+controller pause (44 s), a capacity silence (56-66 s), a feed kill (72 s), a broker restart
+(86 s), and a controller kill during a 10x surge (145 s). Each test checks one promise on the
+collected event log, the metrics, or the topics; the last runs the same scenario under
+``simulate`` and compares the ``faults`` sections.
+
+SLO: windows over 1.5 x the SLO (the margin a loaded two-core host needs: a single slow request
+sets the p99 of a 40-request window) are allowed only where the fault itself makes the promise
+impossible, and the test names them, each from the fault's start to one window after the
+component is healthy again: the client kill (the requests that queued in Kafka while it was dead
+arrive at once; the burst is served, not dropped), the feed kill (it sends the requests of its
+dead span at once) and the broker restart (nothing can be fed or served while the broker is
+down, so what waited is served in a burst when it is back).
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from headroom.analysis.events import read_events
+from headroom.analysis.metrics import SketchSum
+from headroom.commands.up import UpResult, run_up
+from headroom.controllers.config import ControlConfig
+from headroom.kernel.errors import HeadroomError
+from headroom.kernel.scenario_load import load_scenario
+from headroom.streams import broker, messages
+from headroom.streams.kafka import KafkaTarget
+from headroom.workers.up import StackConfig
+from tests.conftest import run_async
+from tests.integration.topic_reads import read_topic
+
+pytestmark = pytest.mark.integration
+
+SCENARIO = Path(__file__).parent / "scenarios" / "faults-short.yaml"
+REGION = "it-east"
+SERVER_KILL = (32.0, 35.0)
+CONTROLLER_PAUSE = (44.0, 52.0)
+SILENCE = (56.0, 66.0)
+CONTROLLER_KILL = (145.0, 148.0)
+SURGE = (145.0, 160.0)
+SLO_MARGIN = 1.5  # windows outside the fault windows: p99 within 1.5 x the SLO (loaded host)
+# generous bounds for a loaded 2-core machine (scenario seconds from the fault's end)
+RECOVERY_LIMIT_S = {"client": 30.0, "server": 30.0, "controller": 30.0, "feed": 30.0,
+                    "broker": 120.0}  # fmt: skip
+
+
+@dataclass
+class FaultRun:
+    result: UpResult
+    events: list[dict[str, Any]]
+    capacity: list[Any]  # records of the capacity topic
+    broker_state_dir: Path
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        return dict(self.result.metrics["policies"]["headroom"])
+
+    @property
+    def t0(self) -> float:
+        return float(next(e["t0"] for e in self.events if e["kind"] == "run.started"))
+
+    def kinds(self, kind: str, source: str | None = None) -> list[dict[str, Any]]:
+        return [
+            e
+            for e in self.events
+            if e["kind"] == kind and (source is None or e["source"] == source)
+        ]
+
+    def fault(self, fault: str, process: str) -> dict[str, Any]:
+        found = [
+            f
+            for f in self.metrics["faults"]["list"]
+            if f["fault"] == fault and f["process"] == process
+        ]
+        assert found, (fault, process, self.metrics["faults"])
+        return found[0]
+
+
+@pytest.fixture(scope="module")
+def private_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    state_dir = tmp_path_factory.mktemp("kafka-faults")
+    cfg = broker.BrokerConfig(state_dir=state_dir, port=broker.free_port(), start_timeout_s=180.0)
+    try:
+        started = broker.start(cfg)
+    except HeadroomError as exc:
+        pytest.fail(f"could not start the private broker: {exc}", pytrace=False)
+    try:
+        yield started.bootstrap, state_dir
+    finally:
+        broker.stop(state_dir)
+
+
+@pytest.fixture(scope="module")
+def fault_run(
+    private_broker: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> FaultRun:
+    bootstrap, state_dir = private_broker
+    kafka = KafkaTarget(bootstrap, f"t{uuid.uuid4().hex[:12]}.")
+    out_dir = tmp_path_factory.mktemp("stack-faults")
+    scenario = load_scenario(SCENARIO)
+    config = StackConfig(
+        scenario_path=SCENARIO, out_dir=out_dir, kafka=kafka, broker_state_dir=state_dir
+    )
+
+    async def run() -> tuple[UpResult, list[Any]]:
+        result = await run_up(config, scenario)
+        return result, await read_topic(kafka, "capacity")
+
+    result, capacity = run_async(run())
+    return FaultRun(result, read_events(result.events_path), capacity, state_dir)
+
+
+def test_every_fault_was_injected_and_recovered(fault_run: FaultRun) -> None:
+    f = fault_run.metrics["faults"]
+    assert f["injected"] == 7, f
+    assert f["unrecovered"] == 0, f
+    assert f["recovered"] == 7
+    for x in f["list"]:
+        limit = RECOVERY_LIMIT_S.get(x["process"], 30.0)
+        assert 0.0 <= x["recovery_s"] <= limit, x
+    assert len(fault_run.kinds("fault.injected", "up")) == 7
+    assert len(fault_run.kinds("fault.recovered", "up")) == 7
+    # each fault recovered by its own sign of health
+    assert fault_run.fault("kill", "client")["healthy"] == "client.window"
+    assert fault_run.fault("kill", "server")["healthy"] == "server.answered"
+    assert fault_run.fault("pause", "controller")["healthy"] == "target.issued"
+    assert fault_run.fault("capacity_silence", "feed")["healthy"] == "capacity.silence.ended"
+    assert fault_run.fault("broker_restart", "broker")["healthy"] == "target.issued"
+
+
+def test_every_process_was_restarted_as_planned_and_stopped(fault_run: FaultRun) -> None:
+    procs = fault_run.result.stack.procs
+    assert procs[f"client-{REGION}"].starts == 2
+    assert procs[f"server-{REGION}-opportunistic-0"].starts == 2
+    assert procs["feed"].starts == 2
+    # killed once by the scenario; more starts only by the supervisor, which records each
+    restarts = fault_run.metrics["faults"]["restarts"]
+    assert procs["controller"].starts == 2 + sum(
+        1 for r in restarts if r["process"] == "controller"
+    )
+    assert all(r["restarted"] for r in restarts), restarts
+    assert not any(p.running for p in procs.values())
+    # the broker this module started runs again (the same storage and port)
+    status = broker.status(fault_run.broker_state_dir)
+    assert status.state is broker.BrokerState.RUNNING
+
+
+def test_every_request_fed_is_served_exactly_once(fault_run: FaultRun) -> None:
+    req = fault_run.metrics["requests"]
+    assert req["fed"] > 1000
+    assert req["total"] == req["fed"], req
+    assert req["errors"] == 0
+    # the restarted feed sent the requests of the 2 s before its kill again: each copy reached a
+    # client that had served the original, which dropped it
+    assert req["fed_messages"] > req["fed"]
+    assert req["duplicates_dropped"] == req["fed_messages"] - req["fed"], req
+
+
+def test_value_signals_are_counted_exactly_once(fault_run: FaultRun) -> None:
+    signals = fault_run.metrics["value"]["signals"]
+    assert signals["published"] > 100
+    assert signals["counted"] == signals["published"], signals
+    # two client processes (the killed one and its restart) published
+    assert signals["producers"] == 2
+
+
+def test_the_capacity_feed_is_silent_over_the_silence_and_converges(fault_run: FaultRun) -> None:
+    t0 = fault_run.t0
+    speed = 1.0
+    times = [
+        (r.timestamp / 1000.0 - t0) * speed
+        for r in fault_run.capacity
+        if messages.decode("capacity", r.value) is not None
+    ]
+    # a margin of 0.5 s for the broker's timestamps against the feed's clock
+    inside = [t for t in times if SILENCE[0] + 0.5 <= t < SILENCE[1] - 0.5]
+    assert inside == [], inside
+    after = [t for t in times if SILENCE[1] - 0.5 <= t < SILENCE[1] + 2.0]
+    # the newest level of both pools at the silence's end
+    assert len(after) >= 2, sorted(times)
+    ended = fault_run.kinds("capacity.silence.ended", "feed")
+    assert len(ended) == 1
+    assert ended[0]["t"] == pytest.approx(SILENCE[1], abs=0.5)
+
+
+def test_a_paused_controller_issues_nothing_and_resumes(fault_run: FaultRun) -> None:
+    t0 = fault_run.t0
+    issued = sorted(e["ts"] - t0 for e in fault_run.kinds("target.issued", "controller"))
+    assert not [t for t in issued if CONTROLLER_PAUSE[0] + 0.5 <= t < CONTROLLER_PAUSE[1]]
+    assert [t for t in issued if CONTROLLER_PAUSE[1] <= t < CONTROLLER_PAUSE[1] + 15.0]
+
+
+def test_a_restarted_controller_resumes_without_a_target_jump(fault_run: FaultRun) -> None:
+    t0 = fault_run.t0
+    issued = sorted((e["ts"] - t0, e) for e in fault_run.kinds("target.issued", "controller"))
+    before = [e for t, e in issued if t < CONTROLLER_KILL[0]]
+    after = [e for t, e in issued if t >= CONTROLLER_KILL[1]]
+    assert before
+    assert after
+    config = ControlConfig.from_scenario(load_scenario(SCENARIO))
+    span = config.max_candidates - config.base_candidates
+    step = max(1, round(max(config.pid.max_step_up, config.pid.max_step_down) * span))
+    jump = abs(after[0]["rma_candidates"] - before[-1]["rma_candidates"])
+    assert jump <= step, (before[-1]["rma_candidates"], after[0]["rma_candidates"], step)
+    assert after[0]["epoch"] > before[-1]["epoch"]
+
+
+def test_the_surge_is_served_with_the_baseline_held(fault_run: FaultRun) -> None:
+    windows = [w for w in fault_run.kinds("window", "client")]
+    normal = sum(w["requests"] for w in windows if 125.0 <= w["t_start"] < 140.0)
+    surged = sum(w["requests"] for w in windows if 150.0 <= w["t_start"] < 160.0)
+    # 10x over the last 10 s of the surge against 15 s before it (Poisson counts: a wide margin)
+    assert surged / 10.0 > 5.0 * normal / 15.0, (surged, normal)
+    assert fault_run.metrics["requests"]["timeouts"] == 0
+
+
+def _window_p99(fault_run: FaultRun, key: str) -> dict[float, float]:
+    sums: dict[float, SketchSum] = {}
+    for w in fault_run.kinds("window", "client"):
+        if w.get(key):
+            sums.setdefault(w["t_start"], SketchSum()).add(w[key])
+    return {t: s.quantile(0.99) or 0.0 for t, s in sums.items()}
+
+
+def test_the_baseline_slo_held_outside_the_windows_the_faults_make_impossible(
+    fault_run: FaultRun,
+) -> None:
+    m = fault_run.metrics
+    slo = m["slo"]["p99_ms"]
+    window_s = m["slo"]["window_s"]
+    exempt: set[float] = set()
+    # from the fault's start until one window after the component is healthy again: the killed
+    # client's queued requests arrive at once when it is back, the restarted feed sends the
+    # requests of its dead span at once, and nothing moves while the broker is down
+    for fault, process in (("kill", "client"), ("kill", "feed"), ("broker_restart", "broker")):
+        f = fault_run.fault(fault, process)
+        t = math.floor(f["at_s"] / window_s) * window_s
+        while t <= f["end_t"] + f["recovery_s"] + window_s:
+            exempt.add(t)
+            t += window_s
+    p99 = _window_p99(fault_run, "sketch_base")
+    assert len(p99) >= 30
+    outside = {t: p for t, p in p99.items() if t not in exempt}
+    # a loaded two-core host (other stacks, brokers and test suites beside this one) puts single
+    # requests of a 40-request window over the SLO now and then; the margin is for that, and a
+    # fault that broke the baseline would show as many times the SLO (a stalled client, a lost
+    # server: seconds)
+    assert max(outside.values()) <= SLO_MARGIN * slo, {t: p for t, p in outside.items() if p > slo}
+    assert m["latency"]["baseline_only_p99_ms"] <= SLO_MARGIN * slo
+
+
+def test_a_reclaim_after_the_faults_is_released_within_50_ms(fault_run: FaultRun) -> None:
+    reclaims = fault_run.metrics["reclaims"]
+    assert reclaims["count"] >= 1
+    assert reclaims["releases"] >= 1
+    assert reclaims["release_ms_p99"] <= 50.0, reclaims
+
+
+def test_simulate_writes_the_same_faults_section(fault_run: FaultRun, tmp_path: Path) -> None:
+    from headroom.sim.run import run_simulation
+
+    result = run_simulation(load_scenario(SCENARIO), ["headroom"], tmp_path, plots=False)
+    sim = result.metrics["policies"]["headroom"]["faults"]
+    up = fault_run.metrics["faults"]
+
+    def shape(f: dict[str, Any]) -> list[tuple[Any, ...]]:
+        return [
+            (x["fault_id"], x["fault"], x["process"], x["at_s"], x["span_s"]) for x in f["list"]
+        ]
+
+    assert shape(sim) == shape(up)
+    assert sim["unrecovered"] == 0
