@@ -565,11 +565,12 @@ _ARM_GROUPS = ("rma", "sbm", "none", "itt_rma", "itt_sbm")
 # Baseline first (docs/simulator.md, *Baseline first*): on the mixed replicas ``rc``/``ra`` and
 # ``c0``..``a1`` are the baseline queue's (every request's baseline part, on the dedicated
 # capacity); ``mc``/``ma`` the utilisation of the whole stage the optional parts queue in at low
-# priority, and ``oc0``..``oa1`` the fluid backlog of the optional parts on their quota.
+# priority, ``oc0``..``oa1`` the fluid backlog of the optional parts on their quota and
+# ``roc``/``roa`` the optional work's utilisation of its quota.
 _ROW = (
     "a", "lam", "dt", "rc", "ra", "rs", "c0", "c1", "a0", "a1", "s0", "s1",
     "src", "sra", "sc0", "sc1", "sa0", "sa1", "fail", "speed", "nc", "na", "ns",
-    "mc", "ma", "oc0", "oc1", "oa0", "oa1",
+    "mc", "ma", "oc0", "oc1", "oa0", "oa1", "roc", "roa",
 )  # fmt: skip
 _R = {name: i for i, name in enumerate(_ROW)}
 
@@ -1052,7 +1053,7 @@ class RegionRun:
                 a, lam, dt, rc, ra, rs, c0, c1, a0, a1, s0, s1, src, sra, sc0, sc1, sa0, sa1,
                 fail, sp * one, ((st.ded_cpu + q.rma_cpu + q.sbm_cpu) / par) * one,
                 (st.ded_acc + q.rma_acc) * one, (0.0 if ideal else q.sbm_acc) * one,
-                mc, ma, oc0, oc1, oa0, oa1,
+                mc, ma, oc0, oc1, oa0, oa1, roc, roa,
             )
         )  # fmt: skip
         self._blocks.append((mix, block))
@@ -1626,13 +1627,14 @@ def _strata(run: RegionRun, g: FloatArray, mix: Mix) -> tuple[Strata, int]:
         extra_pen = np.where(count[:, -1] > 0, fail * 0.5 * mix.strong_mean / count[:, -1], 0.0)
     penalty[:, -1] += extra_pen
     # baseline first (module doc of sim/latency.py): every request's baseline part waits in the
-    # baseline queue — the baseline work alone on the dedicated capacity, as under static
+    # baseline queue — the baseline work alone, ahead of every optional part, on the dedicated
+    # capacity plus the quota's units optional work leaves idle (never fewer than static has)
     bm = run.base_mix
     st_ = run.static
     ded_c = st_.ded_cpu / run.cfg.latency.cpu_parallelism
-    bc_p, bc_r = wait_params_array(g[:, col["rc"]], np.full(n, ded_c), bm.cpu_mean, bm.cpu_cs2)
-    ba_p, ba_r = wait_params_array(
-        g[:, col["ra"]], np.full(n, st_.ded_acc), bm.acc_mean, bm.acc_cs2
+    bc_p, bc_r = _baseline_waits(g[:, col["rc"]], ded_c, g[:, col["nc"]], g[:, col["roc"]], bm)
+    ba_p, ba_r = _baseline_waits(
+        g[:, col["ra"]], st_.ded_acc, g[:, col["na"]], g[:, col["roa"]], bm, acc=True
     )
     # ... and its optional part (RMA's extra candidates, the strong model's CPU work) waits at
     # low priority in the whole stage: its wait stretches by 1 / (1 − ρ_H), ρ_H the share of
@@ -1648,6 +1650,9 @@ def _strata(run: RegionRun, g: FloatArray, mix: Mix) -> tuple[Strata, int]:
     tc_p, tc_r = _both_waits(bc_p, bc_r, oc_p, oc_r)
     ta_p, ta_r = _both_waits(ba_p, ba_r, oa_p, oa_r)
 
+    # RMA's extra candidates queue at low priority on both mixed stages; the strong model's own
+    # CPU work (SBM) is charged to the optional CPU quota, so it is slowed with the optional
+    # backlog, but it runs beside the strong replica's devices, not in the mixed replicas' queue
     opt_cpu = np.tile(mix.path != PATH_BASE, n)  # RMA and SBM: optional CPU work
     opt_acc = np.tile(mix.path == PATH_RMA, n)  # RMA: optional base-model accelerator work
     sel = np.tile(mix.strong_stage, n)  # step-major flattening: class varies fastest
@@ -1667,13 +1672,36 @@ def _strata(run: RegionRun, g: FloatArray, mix: Mix) -> tuple[Strata, int]:
         fc1=either(opt_cpu, c1 + g[:, col["oc1"]], c1),
         fa0=acc(g[:, col["s0"]], a0 + g[:, col["oa0"]], a0),
         fa1=acc(g[:, col["s1"]], a1 + g[:, col["oa1"]], a1),
-        p1=either(opt_cpu, tc_p, bc_p),
-        r1=either(opt_cpu, tc_r, bc_r),
+        p1=either(opt_acc, tc_p, bc_p),
+        r1=either(opt_acc, tc_r, bc_r),
         p2=acc(ws_p, ta_p, ba_p),
         r2=acc(ws_r, ta_r, ba_r),
         path=np.tile(mix.path, n).astype(np.int64),
     )
     return st, k
+
+
+def _baseline_waits(
+    rho: FloatArray,
+    ded: float,
+    servers: FloatArray,
+    rho_opt: FloatArray,
+    bm: Mix,
+    *,
+    acc: bool = False,
+) -> tuple[FloatArray, FloatArray]:
+    """Wait of the baseline parts on a mixed stage (servers): the dedicated ``ded`` servers
+    plus the quota's servers optional work leaves idle (``servers − ded`` of them, busy
+    ``rho_opt`` of the time with optional work), at the baseline work's own utilisation
+    ``rho`` of the dedicated ones. Optional work never holds more than its quota, so a baseline
+    part always finds the dedicated servers as under static, and idle opportunistic ones
+    besides: never a longer wait than static's."""
+    spare = np.maximum(servers - ded, 0.0) * np.clip(1.0 - rho_opt, 0.0, 1.0)
+    eff = ded + spare
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(eff > 0, rho * ded / np.where(eff > 0, eff, 1.0), rho)
+    mean, cs2 = (bm.acc_mean, bm.acc_cs2) if acc else (bm.cpu_mean, bm.cpu_cs2)
+    return wait_params_array(r, eff, mean, cs2)
 
 
 def _low_priority(rho_base: FloatArray, base_units: float, units: FloatArray) -> FloatArray:
