@@ -81,15 +81,17 @@ from headroom.kernel.traces import CapacityChange, PoolKey, ScenarioTraces
 from headroom.sim.config import SimConfig
 from headroom.sim.latency import (
     RHO_FLUID_CAP,
-    RHO_QUEUE_CAP,
     LatencyConfig,
     StageState,
     Strata,
     WaitParams,
     allocate_samples,
+    baseline_wait_params,
     in_time_probability,
     keys_of,
+    low_priority_factor,
     sample_window,
+    serial_waits,
     sketch_from_mass,
     speed,
     wait_params,
@@ -1632,23 +1634,25 @@ def _strata(run: RegionRun, g: FloatArray, mix: Mix) -> tuple[Strata, int]:
     bm = run.base_mix
     st_ = run.static
     ded_c = st_.ded_cpu / run.cfg.latency.cpu_parallelism
-    bc_p, bc_r = _baseline_waits(g[:, col["rc"]], ded_c, g[:, col["nc"]], g[:, col["roc"]], bm)
-    ba_p, ba_r = _baseline_waits(
-        g[:, col["ra"]], st_.ded_acc, g[:, col["na"]], g[:, col["roa"]], bm, acc=True
+    bc_p, bc_r = baseline_wait_params(
+        g[:, col["rc"]], ded_c, g[:, col["nc"]], g[:, col["roc"]], bm.cpu_mean, bm.cpu_cs2
+    )
+    ba_p, ba_r = baseline_wait_params(
+        g[:, col["ra"]], st_.ded_acc, g[:, col["na"]], g[:, col["roa"]], bm.acc_mean, bm.acc_cs2
     )
     # ... and its optional part (RMA's extra candidates, the strong model's CPU work) waits at
     # low priority in the whole stage: its wait stretches by 1 / (1 − ρ_H), ρ_H the share of
     # the stage the baseline keeps busy (non-preemptive priority, Cobham's formula)
     oc_p, oc_r = wait_params_array(g[:, col["mc"]], g[:, col["nc"]], mix.cpu_mean, mix.cpu_cs2)
     oa_p, oa_r = wait_params_array(g[:, col["ma"]], g[:, col["na"]], mix.acc_mean, mix.acc_cs2)
-    oc_r = oc_r * _low_priority(g[:, col["rc"]], ded_c, g[:, col["nc"]])
-    oa_r = oa_r * _low_priority(g[:, col["ra"]], st_.ded_acc, g[:, col["na"]])
+    oc_r = oc_r * low_priority_factor(g[:, col["rc"]], ded_c, g[:, col["nc"]])
+    oa_r = oa_r * low_priority_factor(g[:, col["ra"]], st_.ded_acc, g[:, col["na"]])
     ws_p, ws_r = wait_params_array(
         g[:, col["rs"]], g[:, col["ns"]], mix.strong_mean, mix.strong_cs2
     )
     # a request with optional work waits for both of its parts, one after the other
-    tc_p, tc_r = _both_waits(bc_p, bc_r, oc_p, oc_r)
-    ta_p, ta_r = _both_waits(ba_p, ba_r, oa_p, oa_r)
+    tc_p, tc_r = serial_waits(bc_p, bc_r, oc_p, oc_r)
+    ta_p, ta_r = serial_waits(ba_p, ba_r, oa_p, oa_r)
 
     # RMA's extra candidates queue at low priority on both mixed stages; the strong model's own
     # CPU work (SBM) is charged to the optional CPU quota, so it is slowed with the optional
@@ -1679,52 +1683,6 @@ def _strata(run: RegionRun, g: FloatArray, mix: Mix) -> tuple[Strata, int]:
         path=np.tile(mix.path, n).astype(np.int64),
     )
     return st, k
-
-
-def _baseline_waits(
-    rho: FloatArray,
-    ded: float,
-    servers: FloatArray,
-    rho_opt: FloatArray,
-    bm: Mix,
-    *,
-    acc: bool = False,
-) -> tuple[FloatArray, FloatArray]:
-    """Wait of the baseline parts on a mixed stage (servers): the dedicated ``ded`` servers
-    plus the quota's servers optional work leaves idle (``servers − ded`` of them, busy
-    ``rho_opt`` of the time with optional work), at the baseline work's own utilisation
-    ``rho`` of the dedicated ones. Optional work never holds more than its quota, so a baseline
-    part always finds the dedicated servers as under static, and idle opportunistic ones
-    besides: never a longer wait than static's."""
-    spare = np.maximum(servers - ded, 0.0) * np.clip(1.0 - rho_opt, 0.0, 1.0)
-    eff = ded + spare
-    with np.errstate(divide="ignore", invalid="ignore"):
-        r = np.where(eff > 0, rho * ded / np.where(eff > 0, eff, 1.0), rho)
-    mean, cs2 = (bm.acc_mean, bm.acc_cs2) if acc else (bm.cpu_mean, bm.cpu_cs2)
-    return wait_params_array(r, eff, mean, cs2)
-
-
-def _low_priority(rho_base: FloatArray, base_units: float, units: FloatArray) -> FloatArray:
-    """``1 − ρ_H``: the factor by which the wait rate of the low-priority (optional) parts
-    shrinks, ``ρ_H`` the utilisation the baseline alone gives the whole stage (never below
-    1 − RHO_QUEUE_CAP: the fluid backlog carries what is beyond)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rho_h = np.where(units > 0, rho_base * base_units / np.where(units > 0, units, 1.0), 1.0)
-    return np.asarray(np.clip(1.0 - rho_h, 1.0 - RHO_QUEUE_CAP, 1.0))
-
-
-def _both_waits(
-    p1: FloatArray, r1: FloatArray, p2: FloatArray, r2: FloatArray
-) -> tuple[FloatArray, FloatArray]:
-    """One wait (an atom at 0 and an exponential) standing for two consecutive ones: the same
-    chance of waiting at all and the same mean. (Conditioned on waiting, one exponential has a
-    heavier tail than a sum of two with the same mean: the approximation errs on the slow side.)
-    """
-    p = 1.0 - (1.0 - p1) * (1.0 - p2)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        mean = np.where(p1 > 0, p1 / r1, 0.0) + np.where(p2 > 0, p2 / r2, 0.0)
-        rate = np.where((p > 0) & (mean > 0), p / np.where(mean > 0, mean, 1.0), 1.0)
-    return np.asarray(p), np.asarray(rate)
 
 
 def _shadow_strata(run: RegionRun, g: FloatArray) -> Strata:
