@@ -1650,9 +1650,13 @@ def _strata(run: RegionRun, g: FloatArray, mix: Mix) -> tuple[Strata, int]:
     ws_p, ws_r = wait_params_array(
         g[:, col["rs"]], g[:, col["ns"]], mix.strong_mean, mix.strong_cs2
     )
-    # a request with optional work waits for both of its parts, one after the other
-    tc_p, tc_r = serial_waits(bc_p, bc_r, oc_p, oc_r)
-    ta_p, ta_r = serial_waits(ba_p, ba_r, oa_p, oa_r)
+    # a request with optional work waits for both of its parts, one after the other (the ideal
+    # packing of the oracle adds no queueing of its own: its optional parts never wait)
+    if run.policy.ideal:
+        tc_p, tc_r, ta_p, ta_r = bc_p, bc_r, ba_p, ba_r
+    else:
+        tc_p, tc_r = serial_waits(bc_p, bc_r, oc_p, oc_r)
+        ta_p, ta_r = serial_waits(ba_p, ba_r, oa_p, oa_r)
 
     # RMA's extra candidates queue at low priority on both mixed stages; the strong model's own
     # CPU work (SBM) is charged to the optional CPU quota, so it is slowed with the optional
