@@ -87,9 +87,12 @@ from headroom.sim.latency import (
     Strata,
     WaitParams,
     allocate_samples,
+    baseline_wait_params,
     in_time_probability,
     keys_of,
+    low_priority_factor,
     sample_window,
+    serial_waits,
     sketch_from_mass,
     speed,
     wait_params,
@@ -561,9 +564,16 @@ _ARM_GROUPS = ("rma", "sbm", "none", "itt_rma", "itt_sbm")
 # the step's length, utilisation and fluid backlog (start, end) of each stage, the same for the
 # static shadow, in-flight strong requests lost to a reclaim, the strong replicas' speed, and
 # the server counts of each stage (wait parameters are computed from these at closing)
+#
+# Baseline first (docs/simulator.md, *Baseline first*): on the mixed replicas ``rc``/``ra`` and
+# ``c0``..``a1`` are the baseline queue's (every request's baseline part, on the dedicated
+# capacity); ``mc``/``ma`` the utilisation of the whole stage the optional parts queue in at low
+# priority, ``oc0``..``oa1`` the fluid backlog of the optional parts on their quota and
+# ``roc``/``roa`` the optional work's utilisation of its quota.
 _ROW = (
     "a", "lam", "dt", "rc", "ra", "rs", "c0", "c1", "a0", "a1", "s0", "s1",
     "src", "sra", "sc0", "sc1", "sa0", "sa1", "fail", "speed", "nc", "na", "ns",
+    "mc", "ma", "oc0", "oc1", "oa0", "oa1", "roc", "roa",
 )  # fmt: skip
 _R = {name: i for i, name in enumerate(_ROW)}
 
@@ -621,6 +631,10 @@ class RegionRun:
         self.strong = StageState(max_backlog_s=timeout_s)
         self.shadow_cpu = StageState(max_backlog_s=timeout_s)
         self.shadow_acc = StageState(max_backlog_s=timeout_s)
+        # the optional parts' own backlog on the mixed replicas (baseline first: optional work
+        # beyond its quota queues behind itself, never in front of baseline work)
+        self.opt_cpu = StageState(max_backlog_s=timeout_s)
+        self.opt_acc = StageState(max_backlog_s=timeout_s)
         self.lat_rng = ctx.rng(r, 1)
         self.arm_rng = ctx.rng(r, 2)
         self.notice_rng = ctx.rng(r, 3)
@@ -933,6 +947,8 @@ class RegionRun:
             self.cpu.backlog_s <= 0.0
             and self.acc.backlog_s <= 0.0
             and self.strong.backlog_s <= 0.0
+            and self.opt_cpu.backlog_s <= 0.0
+            and self.opt_acc.backlog_s <= 0.0
             and self.noticed_at is None
         )
 
@@ -983,6 +999,8 @@ class RegionRun:
         # queues see the request *rate*: the Poisson noise of the counts is already in the
         # M/G/c wait; counting it again as fluid backlog would double it
         lam = rt.rate[idx]
+        # baseline first: every request's baseline part queues on the dedicated capacity ahead
+        # of any optional part, so its utilisation is the baseline work's alone (module doc)
         rc = _rho_arr(lam * mix.base_cpu, st.ded_cpu)
         ra = _rho_arr(lam * mix.base_acc, st.ded_acc)
         rs = _rho_arr(lam * mix.strong_acc, q.sbm_acc)
@@ -990,18 +1008,21 @@ class RegionRun:
         if ideal:
             rs = np.minimum(rs, 1.0)
             phi_c = phi_a = phi_s = one
+            roc = roa = np.zeros_like(lam)
         else:
             roc = _rho_arr(lam * mix.opt_cpu, q.rma_cpu + q.sbm_cpu)
             roa = _rho_arr(lam * mix.opt_acc, q.rma_acc)
-            rc = np.maximum(rc, roc)
-            ra = np.maximum(ra, roa)
             phi_c = np.where(roc > 1.0, 1.0 / np.maximum(roc, 1.0), 1.0)
             phi_a = np.where(roa > 1.0, 1.0 / np.maximum(roa, 1.0), 1.0)
             phi_s = np.where(rs > 1.0, 1.0 / np.maximum(rs, 1.0), 1.0)
+        # the stage the optional parts queue in: its throughput is set by whichever kind of work
+        # is more loaded on its own capacity (sim/latency.py)
+        mc = np.maximum(rc, roc)
+        ma = np.maximum(ra, roa)
         src = _rho_arr(lam * bm.base_cpu, st.ded_cpu)
         sra = _rho_arr(lam * bm.base_acc, st.ded_acc)
         # a block that is about to build a queue stops after that step (policies react to it)
-        hot = (rc > 1.0) | (ra > 1.0) | (rs > 1.0)
+        hot = (mc > 1.0) | (ma > 1.0) | (rs > 1.0)
         k = idx.size
         if idx.size > 1 and hot.any():
             k = int(np.argmax(hot)) + 1
@@ -1016,8 +1037,11 @@ class RegionRun:
             idx, dt, a, lam = idx[:k], dt[:k], a[:k], lam[:k]
             rc, ra, rs, src, sra = rc[:k], ra[:k], rs[:k], src[:k], sra[:k]
             phi_c, phi_a, phi_s, one, ends = phi_c[:k], phi_a[:k], phi_s[:k], one[:k], ends[:k]
+            roc, roa, mc, ma = roc[:k], roa[:k], mc[:k], ma[:k]
         c0, c1 = _fluid(self.cpu, rc, dt)
         a0, a1 = _fluid(self.acc, ra, dt)
+        oc0, oc1 = _fluid(self.opt_cpu, roc, dt)
+        oa0, oa1 = _fluid(self.opt_acc, roa, dt)
         s0, s1 = _fluid(self.strong, rs, dt)
         sc0, sc1 = _fluid(self.shadow_cpu, src, dt)
         sa0, sa1 = _fluid(self.shadow_acc, sra, dt)
@@ -1032,6 +1056,7 @@ class RegionRun:
                 a, lam, dt, rc, ra, rs, c0, c1, a0, a1, s0, s1, src, sra, sc0, sc1, sa0, sa1,
                 fail, sp * one, ((st.ded_cpu + q.rma_cpu + q.sbm_cpu) / par) * one,
                 (st.ded_acc + q.rma_acc) * one, (0.0 if ideal else q.sbm_acc) * one,
+                mc, ma, oc0, oc1, oa0, oa1, roc, roa,
             )
         )  # fmt: skip
         self._blocks.append((mix, block))
@@ -1054,13 +1079,16 @@ class RegionRun:
         plus the median stochastic wait, :func:`_standing`) and work in flight per server
         (Little's law)."""
         c = _R
-        wc = wait_params(row[c["rc"]], row[c["nc"]], mix.cpu_mean, mix.cpu_cs2)
-        wa = wait_params(row[c["ra"]], row[c["na"]], mix.acc_mean, mix.acc_cs2)
+        # the mixed replicas as a whole: the stage utilisation the optional parts queue in
+        wc = wait_params(row[c["mc"]], row[c["nc"]], mix.cpu_mean, mix.cpu_cs2)
+        wa = wait_params(row[c["ma"]], row[c["na"]], mix.acc_mean, mix.acc_cs2)
         ws = wait_params(row[c["rs"]], row[c["ns"]], mix.strong_mean, mix.strong_cs2)
-        m_q = 1000.0 * max(row[c["c1"]], row[c["a1"]]) + max(_standing(wc), _standing(wa))
+        fc = max(row[c["c1"]], row[c["oc1"]])
+        fa = max(row[c["a1"]], row[c["oa1"]])
+        m_q = 1000.0 * max(fc, fa) + max(_standing(wc), _standing(wa))
         s_q = 1000.0 * row[c["s1"]] + _standing(ws)
-        common = self.cfg.latency.overhead_ms + 1000.0 * row[c["c1"]] + wc.mean_ms
-        mixed_wait = 1000.0 * row[c["a1"]] + wa.mean_ms
+        common = self.cfg.latency.overhead_ms + 1000.0 * fc + wc.mean_ms
+        mixed_wait = 1000.0 * fa + wa.mean_ms
         strong_wait = 1000.0 * row[c["s1"]] + ws.mean_ms
         lat = common + mix.service_ms + mix.penalty_ms
         lat = lat + np.where(mix.strong_stage, strong_wait, mixed_wait)
@@ -1602,32 +1630,62 @@ def _strata(run: RegionRun, g: FloatArray, mix: Mix) -> tuple[Strata, int]:
     with np.errstate(divide="ignore", invalid="ignore"):
         extra_pen = np.where(count[:, -1] > 0, fail * 0.5 * mix.strong_mean / count[:, -1], 0.0)
     penalty[:, -1] += extra_pen
-    wc_p, wc_r = wait_params_array(g[:, col["rc"]], g[:, col["nc"]], mix.cpu_mean, mix.cpu_cs2)
-    wa_p, wa_r = wait_params_array(g[:, col["ra"]], g[:, col["na"]], mix.acc_mean, mix.acc_cs2)
+    # baseline first (module doc of sim/latency.py): every request's baseline part waits in the
+    # baseline queue — the baseline work alone, ahead of every optional part, on the dedicated
+    # capacity plus the quota's units optional work leaves idle (never fewer than static has)
+    bm = run.base_mix
+    st_ = run.static
+    ded_c = st_.ded_cpu / run.cfg.latency.cpu_parallelism
+    bc_p, bc_r = baseline_wait_params(
+        g[:, col["rc"]], ded_c, g[:, col["nc"]], g[:, col["roc"]], bm.cpu_mean, bm.cpu_cs2
+    )
+    ba_p, ba_r = baseline_wait_params(
+        g[:, col["ra"]], st_.ded_acc, g[:, col["na"]], g[:, col["roa"]], bm.acc_mean, bm.acc_cs2
+    )
+    # ... and its optional part (RMA's extra candidates, the strong model's CPU work) waits at
+    # low priority in the whole stage: its wait stretches by 1 / (1 − ρ_H), ρ_H the share of
+    # the stage the baseline keeps busy (non-preemptive priority, Cobham's formula)
+    oc_p, oc_r = wait_params_array(g[:, col["mc"]], g[:, col["nc"]], mix.cpu_mean, mix.cpu_cs2)
+    oa_p, oa_r = wait_params_array(g[:, col["ma"]], g[:, col["na"]], mix.acc_mean, mix.acc_cs2)
+    oc_r = oc_r * low_priority_factor(g[:, col["rc"]], ded_c, g[:, col["nc"]])
+    oa_r = oa_r * low_priority_factor(g[:, col["ra"]], st_.ded_acc, g[:, col["na"]])
     ws_p, ws_r = wait_params_array(
         g[:, col["rs"]], g[:, col["ns"]], mix.strong_mean, mix.strong_cs2
     )
+    # a request with optional work waits for both of its parts, one after the other (the ideal
+    # packing of the oracle adds no queueing of its own: its optional parts never wait)
+    if run.policy.ideal:
+        tc_p, tc_r, ta_p, ta_r = bc_p, bc_r, ba_p, ba_r
+    else:
+        tc_p, tc_r = serial_waits(bc_p, bc_r, oc_p, oc_r)
+        ta_p, ta_r = serial_waits(ba_p, ba_r, oa_p, oa_r)
 
+    # RMA's extra candidates queue at low priority on both mixed stages; the strong model's own
+    # CPU work (SBM) is charged to the optional CPU quota, so it is slowed with the optional
+    # backlog, but it runs beside the strong replica's devices, not in the mixed replicas' queue
+    opt_cpu = np.tile(mix.path != PATH_BASE, n)  # RMA and SBM: optional CPU work
+    opt_acc = np.tile(mix.path == PATH_RMA, n)  # RMA: optional base-model accelerator work
     sel = np.tile(mix.strong_stage, n)  # step-major flattening: class varies fastest
 
-    def wide(x: FloatArray) -> FloatArray:
-        return np.repeat(x, k)
+    def either(mask: npt.NDArray[np.bool_], yes: FloatArray, no: FloatArray) -> FloatArray:
+        return np.where(mask, np.repeat(yes, k), np.repeat(no, k))
 
-    def pick(strong_x: FloatArray, mixed_x: FloatArray) -> FloatArray:
-        return np.where(sel, np.repeat(strong_x, k), np.repeat(mixed_x, k))
+    def acc(strong_x: FloatArray, opt_x: FloatArray, base_x: FloatArray) -> FloatArray:
+        return np.where(sel, np.repeat(strong_x, k), either(opt_acc, opt_x, base_x))
 
+    c0, c1, a0, a1 = (g[:, col[x]] for x in ("c0", "c1", "a0", "a1"))
     st = Strata(
         count=count.ravel(),
         service_ms=service.ravel(),
         penalty_ms=penalty.ravel(),
-        fc0=wide(g[:, col["c0"]]),
-        fc1=wide(g[:, col["c1"]]),
-        fa0=pick(g[:, col["s0"]], g[:, col["a0"]]),
-        fa1=pick(g[:, col["s1"]], g[:, col["a1"]]),
-        p1=wide(wc_p),
-        r1=wide(wc_r),
-        p2=pick(ws_p, wa_p),
-        r2=pick(ws_r, wa_r),
+        fc0=either(opt_cpu, c0 + g[:, col["oc0"]], c0),
+        fc1=either(opt_cpu, c1 + g[:, col["oc1"]], c1),
+        fa0=acc(g[:, col["s0"]], a0 + g[:, col["oa0"]], a0),
+        fa1=acc(g[:, col["s1"]], a1 + g[:, col["oa1"]], a1),
+        p1=either(opt_acc, tc_p, bc_p),
+        r1=either(opt_acc, tc_r, bc_r),
+        p2=acc(ws_p, ta_p, ba_p),
+        r2=acc(ws_r, ta_r, ba_r),
         path=np.tile(mix.path, n).astype(np.int64),
     )
     return st, k

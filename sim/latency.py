@@ -27,14 +27,25 @@ A request's latency (ms)::
 Stages: the CPU stage and the accelerator stage of the *mixed* replicas (dedicated capacity plus
 the opportunistic quota RMA holds), and the accelerator stage of the *strong* replicas (SBM's
 opportunistic devices only). On the mixed replicas the two kinds of work are accounted
-separately — baseline work on the dedicated capacity, optional work on the opportunistic quota —
-but requests share one queue, so the stage's throughput is set by whichever is more loaded::
+separately — baseline work on the dedicated capacity, optional work on the opportunistic quota.
 
-    ρ = max(baseline offered / dedicated, optional offered / quota)
+Baseline first. A mixed replica serves every request's *baseline part* (its base candidates)
+before any *optional part* (RMA's extra candidates), and optional work never holds more than its
+quota (the streaming server's slot pools, headroom.workers.server, do the same):
 
-Optional work beyond its quota is therefore *slowed* (it never runs on dedicated capacity), and
-because everybody waits in the same queue, queueing grows for every request (logical isolation,
-docs/architecture.md).
+* a baseline part waits in an ``M/G/c`` queue of the baseline work alone, on the dedicated
+  servers plus the quota's servers optional work leaves idle (:func:`baseline_wait_params`):
+  never longer than under static, where it has the dedicated servers only. Its fluid backlog is
+  the baseline work's on the dedicated capacity (``baseline offered / dedicated``), as static's;
+* an optional part waits at low priority in the whole stage, whose throughput is set by
+  whichever kind of work is more loaded, ``ρ = max(baseline offered / dedicated, optional
+  offered / quota)``: the stage's wait stretched by ``1 / (1 − ρ_H)`` (non-preemptive priority,
+  Cobham's formula; ``ρ_H`` the share of the stage the baseline keeps busy,
+  :func:`low_priority_factor`). Optional work beyond its quota is *slowed* (it never runs on
+  dedicated capacity) and its fluid backlog is its own: it delays the requests that carry
+  optional work, never a request without it;
+* a request with optional work waits for both parts, one after the other
+  (:func:`serial_waits` folds the two waits of a stage into one).
 
 :func:`sample_window` draws a fixed number of latencies for one SLO window, stratified by
 (step, request class) and weighted by the class counts, and :func:`in_time_probability` gives
@@ -61,8 +72,11 @@ __all__ = [
     "Strata",
     "WaitParams",
     "allocate_samples",
+    "baseline_wait_params",
     "in_time_probability",
+    "low_priority_factor",
     "sample_window",
+    "serial_waits",
     "sketch_from_keys",
     "sketch_from_mass",
     "speed",
@@ -152,6 +166,55 @@ def wait_params_array(
         p = np.where(live, np.minimum(r ** (np.sqrt(2.0 * (c + 1.0)) - 1.0), 1.0), 0.0)
         rate = np.where(live, 2.0 * c * (1.0 - r) / (mean * (1.0 + cs2)), 1.0)
     return p, rate
+
+
+def baseline_wait_params(
+    rho: FloatArray,
+    dedicated: float,
+    servers: FloatArray,
+    rho_optional: FloatArray,
+    mean_service_ms: float,
+    cs2: float,
+) -> tuple[FloatArray, FloatArray]:
+    """Wait ``(p, rate)`` of the baseline parts on a mixed stage of ``servers`` servers (module
+    docstring, *Baseline first*): the ``dedicated`` servers plus the ``servers − dedicated``
+    quota servers, of which optional work keeps ``rho_optional`` busy, at the utilisation the
+    baseline work (``rho`` of the dedicated servers) gives them. Optional work never holds more
+    than its quota, so a baseline part always finds the dedicated servers, as under static, and
+    the idle opportunistic ones besides: its wait is never longer than static's."""
+    rho = np.asarray(rho, dtype=np.float64)
+    spare = np.maximum(np.asarray(servers) - dedicated, 0.0) * np.clip(1.0 - rho_optional, 0, 1)
+    eff = dedicated + spare
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(eff > 0, rho * dedicated / np.where(eff > 0, eff, 1.0), rho)
+    return wait_params_array(r, eff, mean_service_ms, cs2)
+
+
+def low_priority_factor(
+    rho_base: FloatArray, base_servers: float, servers: FloatArray
+) -> FloatArray:
+    """``1 − ρ_H``, the factor on the wait rate of a stage's low-priority (optional) parts:
+    ``ρ_H`` is the share of the whole stage (``servers``) the baseline keeps busy (``rho_base``
+    of its ``base_servers``). Never below ``1 − RHO_QUEUE_CAP``: beyond, the fluid backlog
+    carries the delay."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rho_h = np.where(
+            servers > 0, rho_base * base_servers / np.where(servers > 0, servers, 1.0), 1.0
+        )
+    return np.asarray(np.clip(1.0 - rho_h, 1.0 - RHO_QUEUE_CAP, 1.0))
+
+
+def serial_waits(
+    p1: FloatArray, r1: FloatArray, p2: FloatArray, r2: FloatArray
+) -> tuple[FloatArray, FloatArray]:
+    """One wait (an atom at 0 and an exponential) standing for two consecutive ones: the same
+    chance of waiting at all and the same mean wait (the shape of the tail is approximate:
+    given a wait, one exponential is more spread than a sum of two with the same mean)."""
+    p = 1.0 - (1.0 - p1) * (1.0 - p2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mean = np.where(p1 > 0, p1 / r1, 0.0) + np.where(p2 > 0, p2 / r2, 0.0)
+        rate = np.where((p > 0) & (mean > 0), p / np.where(mean > 0, mean, 1.0), 1.0)
+    return np.asarray(p), np.asarray(rate)
 
 
 def speed(units: float) -> float:

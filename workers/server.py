@@ -39,6 +39,15 @@ accordingly (it time-shares what is left of the level), so optional work never o
 the opportunistic level, even when the level is a fraction of a slot; it keeps only the slots
 those units need and hands the others back when it starts.
 
+Baseline first: the slot pools serve baseline work before optional work. A mixed request runs its
+baseline part of a stage, hands those slots back, and queues its extras as a separate optional
+phase at low priority (:meth:`SlotPool.acquire` ``low``: granted only while no baseline part
+waits); extras still waiting when the request's optional budget (``budget_ms``) runs out are
+dropped and the baseline answer goes back. So a request without optional work never waits
+behind optional work that has not started, and optional work never occupies more than the
+opportunistic level: the baseline keeps the dedicated capacity it has under static. The
+simulator models the same rule (docs/simulator.md, *Baseline first*).
+
 Admission
 ---------
 Optional work is held to ``level × admitted share`` *on average*, not to the whole opportunistic
@@ -353,13 +362,16 @@ class ReplicaBook:
 
 
 class SlotPool:
-    """``ceil(units)`` slots of speed ``units / ceil(units)``, handed out first come, first served.
+    """``ceil(units)`` slots of speed ``units / ceil(units)``, handed out first come, first served
+    within two priorities: baseline work first.
 
     A request may take several slots at once (:meth:`acquire` ``n``: the threads that score its
-    candidates in parallel); the head of the queue is served first, so a wide request is never
-    starved by narrow ones behind it. :meth:`resize` takes effect at once for new grants; slots
-    held beyond a smaller size stay held until released (the caller cuts the work that must go).
-    Zero units: no slot at all, and waiters wait until capacity returns (callers bound the wait).
+    candidates in parallel); the head of a queue is served first, so a wide request is never
+    starved by narrow ones behind it. A ``low`` (optional-work) waiter is granted slots only
+    while no baseline waiter is queued: baseline work never waits behind optional work that has
+    not started yet. :meth:`resize` takes effect at once for new grants; slots held beyond a
+    smaller size stay held until released (the caller cuts the work that must go). Zero units:
+    no slot at all, and waiters wait until capacity returns (callers bound the wait).
     """
 
     def __init__(self, name: str, units: float) -> None:
@@ -369,6 +381,7 @@ class SlotPool:
         self.speed = 1.0
         self.busy = 0
         self._waiters: list[tuple[asyncio.Future[int], int]] = []
+        self._low: list[tuple[asyncio.Future[int], int]] = []
         self.resize(units)
 
     def resize(self, units: float) -> None:
@@ -384,19 +397,21 @@ class SlotPool:
 
     @property
     def waiting(self) -> int:
-        return sum(1 for w, _n in self._waiters if not w.done())
+        return sum(1 for w, _n in self._waiters + self._low if not w.done())
 
-    async def acquire(self, n: int = 1) -> int:
-        """Wait for ``n`` slots (fewer when the pool has fewer); returns how many were granted."""
+    async def acquire(self, n: int = 1, *, low: bool = False) -> int:
+        """Wait for ``n`` slots (fewer when the pool has fewer); returns how many were granted.
+        ``low``: optional work, served only while no baseline waiter is queued."""
         n = max(1, n)
-        if not self._waiters and self.slots > 0:
+        if not self._waiters and not (low and self._low) and self.slots > 0:
             granted = min(n, self.slots)
             if self.busy + granted <= self.slots:
                 self.busy += granted
                 return granted
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         entry = (future, n)
-        self._waiters.append(entry)
+        queue = self._low if low else self._waiters
+        queue.append(entry)
         try:
             return await future
         except BaseException:
@@ -407,24 +422,25 @@ class SlotPool:
             raise
         finally:
             with contextlib.suppress(ValueError):
-                self._waiters.remove(entry)
+                queue.remove(entry)
 
     def release(self, n: int = 1) -> None:
         self.busy -= n
         self._wake()
 
     def _wake(self) -> None:
-        while self._waiters and self.slots > 0:
-            future, n = self._waiters[0]
-            if future.done():
-                self._waiters.pop(0)
-                continue
-            granted = min(n, self.slots)
-            if self.busy + granted > self.slots:
-                break
-            self._waiters.pop(0)
-            self.busy += granted
-            future.set_result(granted)
+        for queue in (self._waiters, self._low):
+            while queue and self.slots > 0:
+                future, n = queue[0]
+                if future.done():
+                    queue.pop(0)
+                    continue
+                granted = min(n, self.slots)
+                if self.busy + granted > self.slots:
+                    return  # the head waits; nobody behind it (nor any low waiter) passes
+                queue.pop(0)
+                self.busy += granted
+                future.set_result(granted)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -875,6 +891,15 @@ class RankingServer(Service):
         finally:
             self._vacate(work)
 
+    async def _optional_slots(
+        self, pool: SlotPool, deadline: float, n: int
+    ) -> tuple[float, int] | None:
+        """Slots for an optional phase of a mixed request, at optional work's priority, or None
+        when the request's optional budget (``deadline``, monotonic) runs out first."""
+        if time.monotonic() >= deadline:
+            return None
+        return await self._acquire(pool, deadline, n, low=True)
+
     # -- requests -------------------------------------------------------------------------------
 
     def _jitter(self) -> float:
@@ -888,16 +913,18 @@ class RankingServer(Service):
         return Health(overloaded=self.shedder.overloaded, queue_ms=self._queue_ms)
 
     async def _acquire(
-        self, pool: SlotPool, deadline: float | None, n: int = 1
+        self, pool: SlotPool, deadline: float | None, n: int = 1, *, low: bool = False
     ) -> tuple[float, int] | None:
-        """Wait for ``n`` slots: (the wait in ms, slots granted), or None when ``deadline``
-        (monotonic) passed first."""
+        """Wait for ``n`` slots (``low``: at optional work's priority): (the wait in ms, slots
+        granted), or None when ``deadline`` (monotonic) passed first."""
         start = time.monotonic()
         if deadline is None:
-            granted = await pool.acquire(n)
+            granted = await pool.acquire(n, low=low)
         else:
             try:
-                granted = await asyncio.wait_for(pool.acquire(n), max(0.0, deadline - start))
+                granted = await asyncio.wait_for(
+                    pool.acquire(n, low=low), max(0.0, deadline - start)
+                )
             except TimeoutError:
                 return None
         waited = (time.monotonic() - start) * 1000.0
@@ -971,6 +998,10 @@ class RankingServer(Service):
         optional_deadline = start + req.budget_ms / 1000.0
         work_id = next(self._ids)
         queue_ms = 0.0
+        # Baseline first (module docstring): each stage runs the request's baseline part at
+        # baseline priority, hands its slots back, and queues the extras as optional work (low
+        # priority: granted only while no baseline part waits), dropped when the request's
+        # optional budget runs out first.
         # CPU stage: retrieval and features (real compute inside the slot), then the extras.
         got = await self._acquire(self.cpu, None, self._threads)
         assert got is not None
@@ -983,15 +1014,23 @@ class RankingServer(Service):
             base_ms = j * base * costs.base_cpu_ms / (grant.n * self.cpu.speed)
             if base_ms > real_ms:
                 await asyncio.sleep((base_ms - real_ms) / 1000.0)
-            if n > 0:
-                ok = time.monotonic() < optional_deadline and await self._optional_phase(
-                    work_id, req.value, j * n * costs.base_cpu_ms, "cpu", n, False, grant
-                )
-                if not ok:
-                    self._count_shed(n, False)
-                    n, decision = 0, Decision.SHED
         finally:
             grant.release()
+        if n > 0:
+            got_opt = await self._optional_slots(self.cpu, optional_deadline, self._threads)
+            ok = got_opt is not None
+            if got_opt is not None:
+                queue_ms += got_opt[0]
+                grant = _Grant(self.cpu, got_opt[1])
+                try:
+                    ok = await self._optional_phase(
+                        work_id, req.value, j * n * costs.base_cpu_ms, "cpu", n, False, grant
+                    )
+                finally:
+                    grant.release()
+            if not ok:
+                self._count_shed(n, False)
+                n, decision = 0, Decision.SHED
         # Accelerator stage: the model's inference, base candidates then extras.
         got = await self._acquire(self.accelerator, None)
         assert got is not None
@@ -1001,21 +1040,29 @@ class RankingServer(Service):
             await asyncio.sleep(
                 j * base * costs.base_accelerator_ms / self.accelerator.speed / 1000.0
             )
-            if n > 0:
-                ok = await self._optional_phase(
-                    work_id,
-                    req.value,
-                    j * n * costs.base_accelerator_ms,
-                    "accelerator",
-                    n,
-                    False,
-                    grant,
-                )
-                if not ok:
-                    self._count_shed(n, False)
-                    n, decision = 0, Decision.SHED
         finally:
             grant.release()
+        if n > 0:
+            got_opt = await self._optional_slots(self.accelerator, optional_deadline, 1)
+            ok = got_opt is not None
+            if got_opt is not None:
+                queue_ms += got_opt[0]
+                grant = _Grant(self.accelerator, got_opt[1])
+                try:
+                    ok = await self._optional_phase(
+                        work_id,
+                        req.value,
+                        j * n * costs.base_accelerator_ms,
+                        "accelerator",
+                        n,
+                        False,
+                        grant,
+                    )
+                finally:
+                    grant.release()
+            if not ok:
+                self._count_shed(n, False)
+                n, decision = 0, Decision.SHED
         ranked = base + n
         best = int(np.argmax(scores[:ranked]))
         base_best = int(np.argmax(scores[:base]))

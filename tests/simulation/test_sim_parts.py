@@ -25,10 +25,14 @@ from headroom.kernel.traces import PoolKey, ScenarioTraces
 from headroom.sim.latency import (
     LatencyConfig,
     Strata,
+    baseline_wait_params,
     in_time_probability,
+    low_priority_factor,
     sample_window,
+    serial_waits,
     sketch_from_keys,
     wait_params,
+    wait_params_array,
 )
 from headroom.sim.population import EXACT_BELOW, Population, arm_signal_sums, arm_sums
 
@@ -271,6 +275,44 @@ def test_wait_grows_with_utilisation_and_shrinks_with_servers() -> None:
     assert waits == sorted(waits)
     assert waits[-1] > 20 * waits[0]
     assert wait_params(0.9, 16.0, 10.0, 0.1).mean_ms < wait_params(0.9, 2.0, 10.0, 0.1).mean_ms
+
+
+def test_a_baseline_part_never_waits_longer_than_under_static() -> None:
+    # baseline first: whatever optional work does with its quota, the baseline parts find the
+    # dedicated servers (static's) and the quota servers it leaves idle
+    rng = np.random.default_rng(5)
+    rho = rng.uniform(0.0, 0.99, 400)
+    ded = 2.5
+    quota = rng.uniform(0.0, 4.0, 400)
+    rho_opt = rng.uniform(0.0, 1.5, 400)  # optional work may be offered beyond its quota
+    p, r = baseline_wait_params(rho, ded, ded + quota, rho_opt, 10.0, 0.2)
+    ps, rs = wait_params_array(rho, np.full(400, ded), 10.0, 0.2)
+    mean, mean_static = p / r, ps / rs
+    assert (mean <= mean_static * (1 + 1e-12)).all()
+    assert (p <= ps + 1e-12).all()
+    # a quota busy with optional work all the time leaves the baseline exactly static's queue
+    busy = baseline_wait_params(rho, ded, ded + quota, np.ones(400), 10.0, 0.2)
+    assert np.allclose(busy[0], ps)
+    assert np.allclose(busy[1], rs)
+    # an idle quota shortens the wait
+    idle = baseline_wait_params(np.array([0.8]), ded, np.array([ded + 4.0]), np.zeros(1), 10.0, 0)
+    static = wait_params(0.8, ded, 10.0, 0.0)
+    assert idle[0][0] / idle[1][0] < 0.5 * static.mean_ms
+
+
+def test_optional_parts_wait_longer_at_low_priority_and_two_waits_fold_into_one() -> None:
+    f = low_priority_factor(np.array([0.0, 0.5, 0.9, 2.0]), 3.0, np.array([4.0, 4.0, 3.0, 4.0]))
+    assert f[0] == 1.0
+    assert f[1] == pytest.approx(1.0 - 0.5 * 3.0 / 4.0)
+    assert f[2] == pytest.approx(0.1)
+    assert f[3] == pytest.approx(0.01)  # never 0: the fluid backlog carries an overload
+    p1, r1, p2, r2 = (np.array([x]) for x in (0.3, 0.05, 0.6, 0.02))
+    p, r = serial_waits(p1, r1, p2, r2)
+    assert p[0] == pytest.approx(1 - 0.7 * 0.4)  # waits at all unless both are free
+    assert p[0] / r[0] == pytest.approx(0.3 / 0.05 + 0.6 / 0.02)  # the mean adds up
+    z = np.zeros(1)
+    p, r = serial_waits(p1, r1, z, np.ones(1))
+    assert (p[0], r[0]) == pytest.approx((0.3, 0.05))  # one wait alone is itself
 
 
 def test_window_sketch_holds_one_count_per_request() -> None:

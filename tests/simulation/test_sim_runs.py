@@ -291,6 +291,26 @@ def test_every_simulated_policy_is_complete_with_sane_run_wide_figures(runs: Any
     assert static["baseline_only_p99_ms"] == static["all_p99_ms"]
 
 
+def test_baseline_first_requests_without_optional_work_keep_statics_latency(runs: Any) -> None:
+    # the mixed replicas serve baseline parts before optional ones: a policy that keeps the SLO
+    # leaves the requests that got no optional work within 10 % of static's p99 (failed or
+    # downgraded strong requests, retried on the base path, are baseline-only requests too)
+    for name in ("quickstart", "preemption-storm"):
+        m = runs(name).metrics["policies"]
+        static = m["static"]
+        kept = [
+            p
+            for p, pm in m.items()
+            if p != "static"
+            and pm["slo"]["violation_fraction"] <= static["slo"]["violation_fraction"] + 0.001
+        ]
+        assert "headroom" in kept, name
+        base = static["latency"]["baseline_only_p99_ms"]
+        for p in kept:
+            got = m[p]["latency"]["baseline_only_p99_ms"]
+            assert got <= 1.10 * base, (name, p, got, base)
+
+
 def test_analyze_of_a_simulated_log_cut_in_half_exits_1_naming_what_is_incomplete(
     runs: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

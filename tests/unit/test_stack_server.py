@@ -203,6 +203,37 @@ async def test_a_wide_request_takes_several_slots_and_is_not_overtaken() -> None
     assert pool.busy == 3
 
 
+async def test_baseline_waiters_go_before_optional_ones() -> None:
+    pool = SlotPool("cpu", 2.0)
+    assert await pool.acquire(2) == 2
+    order: list[str] = []
+
+    async def waiter(name: str, n: int, low: bool) -> None:
+        await pool.acquire(n, low=low)
+        order.append(name)
+
+    opt = asyncio.create_task(waiter("optional", 1, True))  # queued first, at low priority
+    await asyncio.sleep(0)
+    base = asyncio.create_task(waiter("baseline", 2, False))  # a wide baseline part, later
+    await asyncio.sleep(0)
+    assert pool.waiting == 2
+    pool.release(1)  # one slot free: the baseline head needs two, and optional work may not pass
+    await asyncio.sleep(0)
+    assert order == []
+    pool.release(1)
+    await asyncio.sleep(0)
+    assert order == ["baseline"]
+    pool.release(1)
+    await asyncio.sleep(0)
+    assert order == ["baseline", "optional"]
+    # with nobody waiting, optional work takes a free slot at once; a low waiter queued behind
+    # another low waiter keeps its turn
+    pool.release(2)
+    assert await asyncio.wait_for(pool.acquire(1, low=True), 1.0) == 1
+    for t in (opt, base):
+        await t
+
+
 async def test_a_cancelled_waiter_does_not_leak_a_slot() -> None:
     pool = SlotPool("cpu", 1.0)
     await pool.acquire()
