@@ -277,6 +277,7 @@ class ControlPlane:
             eligible_rps=eligible_rps,
             rma_extra_candidates=float(st.rma.candidates - cfg.base_candidates),
             precompute_jobs_per_s=st.precompute_rate,
+            segment_rps={k: _finite_nonneg(v) for k, v in obs.segment_rps.items()},
         )
         st.book.decay(0.5 ** (window_s / cfg.value.half_life_s))
         st.book.add(obs.value)
