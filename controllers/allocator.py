@@ -207,6 +207,8 @@ class Allocation:
     pool_use: tuple[tuple[str, int, float], ...] = ()
     # (lever, segment, units of work per second) the value-ordered LP gave each tranche
     tranche_rates: tuple[tuple[str, str | None, float], ...] = ()
+    # per lever, the segments whose tranche had no estimate of its own (valued at the pooled one)
+    unmeasured: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def budget(self, lever: str) -> tuple[float, float]:
         return self.budgets.get(lever, (0.0, 0.0))
@@ -405,6 +407,10 @@ class Allocator:
                     (k[0], k[1], v)
                     for k, v in sorted(acc.tranche_rates.items(), key=lambda kv: str(kv[0]))
                 ),
+                unmeasured={
+                    n: tuple(t.segment for t in ts if t.segment is not None and not t.own)
+                    for n, ts in tranches.items()
+                },
             )
 
         if not any(usable):

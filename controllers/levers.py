@@ -208,6 +208,7 @@ class Tranche:
     # demand still bounds the sum of its tranches)
     estimate: ValueEstimate
     requests: float  # the segment's request rate (the per-request row of exclusive levers)
+    own: bool = True  # the estimate is the segment's own (False: the lever's pooled one)
 
 
 @dataclass(frozen=True, slots=True)
@@ -588,7 +589,7 @@ class Lever(ABC):
                 continue
             est = self.estimate(book, ctx, z, min_samples, seg)
             cap = self.segment_demand(ctx, rps, total)
-            out.append(Tranche(seg, cap, est if est.known else pooled, rps))
+            out.append(Tranche(seg, cap, est if est.known else pooled, rps, est.known))
         return out
 
     def segment_demand(self, ctx: LeverContext, rps: float, total_rps: float) -> float:

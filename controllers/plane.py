@@ -306,7 +306,9 @@ class ControlPlane:
         weights = self._segment_weights(obs.segment_rps)
         sbm = self.levers.get(LEVER_SBM)
         cost = sbm.unit_cost().accelerator_s if sbm is not None else 1.0
-        route = self.router.route(cov.command, weights, st.book, self.rng, cost)
+        route = self.router.route(
+            cov.command, weights, st.book, self.rng, cost, self._sbm_segments(alloc)
+        )
         coverage = st.coverage.settle(cov.command, route.achieved, cov.intended)
 
         precompute = alloc.rates.get(LEVER_PRECOMPUTE, 0.0)
@@ -348,6 +350,17 @@ class ControlPlane:
         }
         self._decisions[obs.region] = Decision(targets, alloc, rma, cov, route, inputs)
         return targets
+
+    @staticmethod
+    def _sbm_segments(alloc: Allocation) -> set[str] | None:
+        """The segments the strong model may serve: those the allocator's SBM tranches went to,
+        and those whose SBM tranche had no estimate of its own yet (still being measured).
+        None (every segment) when SBM was not optimised by segment (exploration, fallback)."""
+        rates = [(seg, r) for lever, seg, r in alloc.tranche_rates if lever == LEVER_SBM]
+        if not rates or any(seg is None for seg, _ in rates):
+            return None
+        got = {str(seg) for seg, r in rates if r > 0.0}
+        return got | set(alloc.unmeasured.get(LEVER_SBM, ()))
 
     def _segment_weights(self, segment_rps: Mapping[str, float]) -> dict[str, float]:
         weights = {s.name: 0.0 for s in self.config.segments}
