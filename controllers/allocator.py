@@ -777,7 +777,7 @@ class Allocator:
         parts = tranches or {}
         for n in names:
             ts = parts.get(n)
-            if ts is None or len(ts) <= 1 and ts[0].segment is None:
+            if not ts or (len(ts) == 1 and ts[0].segment is None):
                 if values[n] > 0.0:
                     vs += variables[n]
                     coef += [values[n]] * len(variables[n])

@@ -382,9 +382,7 @@ class ValueBook:
         got = self._slopes_cache[lever] = {seg: slope(ms) for seg, ms in controls.items()}
         return got
 
-    def per_unit(
-        self, lever: str, unit: ResourceCost, segment: str | None = None
-    ) -> Uplift | None:
+    def per_unit(self, lever: str, unit: ResourceCost, segment: str | None = None) -> Uplift | None:
         """Value per unit of work over the strata where ``lever`` did work, or None when its
         treatment sums carry no cost (then :meth:`uplift` and the units book serve).
 

@@ -770,14 +770,17 @@ class RegionRun:
             # a grant: nothing moves until a policy assigns it. A policy that loads at the
             # grant starts the strong model on granted strong-capable devices now (idle until
             # assigned; an assignment to RMA unloads them), so they are ready sooner
-            if ch.after > ch.before and getattr(self.policy, "loads_at_grant", False):
-                if self.static.strong_ok[i]:
-                    tr = self.tranches[i]
-                    resident = sum(u for u, _ in tr)
-                    if ch.after > resident + _EPS:
-                        ready = t + float(self.ctx.scenario.models.strong.load_s)
-                        tr.append((ch.after - resident, ready))
-                        self._push(ready, _EV_LOADED, i)
+            if (
+                ch.after > ch.before
+                and getattr(self.policy, "loads_at_grant", False)
+                and self.static.strong_ok[i]
+            ):
+                tr = self.tranches[i]
+                resident = sum(u for u, _ in tr)
+                if ch.after > resident + _EPS:
+                    ready = t + float(self.ctx.scenario.models.strong.load_s)
+                    tr.append((ch.after - resident, ready))
+                    self._push(ready, _EV_LOADED, i)
             return
         self.emit(
             "capacity.reclaimed",
