@@ -28,9 +28,10 @@ Bumpless hand-over: :meth:`ControlPlane.snapshot` / :meth:`ControlPlane.restore`
 convention of :class:`headroom.kernel.jsonstate.Snapshotting`) carry every controller's state
 exactly (the next output after a restore equals the next output without one, given the same
 generator state). If a region went unstepped for longer than ``ttl_s`` (a
-control outage), its clients have fallen back to the baseline, so the loops first track the
-baseline (base candidates, no SBM) and ramp up from it by the rate limit instead of jumping back
-to the value they last issued.
+control outage), its clients have fallen back to the baseline; the loops resume from the values
+they last issued, cut at once by the budget caps to what the capacity now allows, so optional
+work is back one step after the outage instead of ramping up from the baseline by the rate
+limit (the fail-safe is the clients': expired targets mean baseline, whatever the plane holds).
 """
 
 from __future__ import annotations
@@ -259,12 +260,13 @@ class ControlPlane:
         now = float(obs.now) if math.isfinite(obs.now) else (st.last_now or 0.0)
         window_s = _finite_nonneg(obs.window_s) or cfg.interval_s
         if st.last_now is not None and now > st.last_now:
+            # after a gap longer than ttl_s (an outage) the clients run the baseline, but the
+            # loops resume from what they last issued: the budget caps below cut it at once to
+            # what the capacity now allows, and the latency measured under the baseline cannot
+            # call for less, so optional work is back within one step instead of a ramp from
+            # the baseline by the rate limit (dt of one interval: no catch-up of the ramp)
             gap = now - st.last_now
-            dt = gap / cfg.interval_s
-            if gap > cfg.ttl_s:
-                # the targets we issued have expired: clients run the baseline now
-                st.rma.track(float(cfg.base_candidates))
-                st.coverage.track(0.0)
+            dt = (gap if gap <= cfg.ttl_s else cfg.interval_s) / cfg.interval_s
         else:
             dt = window_s / cfg.interval_s
 

@@ -643,6 +643,7 @@ class RegionRun:
         self._blocks: list[tuple[Mix, FloatArray]] = []
         self.noticed_at: float | None = None  # a server has yet to react to a reclaim
         self.arrival_rate = 0.0  # rps of the current step
+        self._obs_at = 0.0  # when the controllers' observation accumulators were last read
         self._lost_strong = 0.0  # in-flight strong requests lost to a reclaim, not yet counted
         self._win_reset()
         self._obs_reset()
@@ -1488,7 +1489,10 @@ class RegionRun:
     def _observation(self, now: float) -> RegionObservation:
         """What the controllers know about the last interval (then the accumulators reset)."""
         ctx = self.ctx
-        span = self.interval
+        # the accumulators hold everything since they were last read: one interval, or more
+        # after a control outage (no step read them), so rates divide by the time they cover
+        span = now - self._obs_at if now - self._obs_at > _EPS else self.interval
+        self._obs_at = now
         p99: dict[str, float | None] = {}
         for idx, name in enumerate(("all", "base", "rma", "sbm")):
             h = self.obs_keys[idx]
