@@ -145,6 +145,12 @@ class Decision:
             "sbm_reason": self.coverage.limit.value,
             "cap_bound": list(self.allocation.cap_bound),
             "explored": list(self.allocation.explored),
+            # which segments each lever serves, in units of work per second (its tranches)
+            "tranches": [
+                {"lever": lever, "segment": seg, "rate": rate}
+                for lever, seg, rate in self.allocation.tranche_rates
+                if rate > 0.0 and math.isfinite(rate)
+            ],
         }
 
     def allocator_events(self) -> list[tuple[str, dict[str, Any]]]:
