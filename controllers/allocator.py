@@ -78,6 +78,7 @@ from headroom.controllers.levers import (
     Lever,
     LeverContext,
     LeverRegistry,
+    Tranche,
     ValueBook,
     ValueEstimate,
 )
@@ -204,6 +205,10 @@ class Allocation:
     pools: tuple[Pool, ...] = ()
     # (lever, index into pools, units of that pool's resource used)
     pool_use: tuple[tuple[str, int, float], ...] = ()
+    # (lever, segment, units of work per second) the value-ordered LP gave each tranche
+    tranche_rates: tuple[tuple[str, str | None, float], ...] = ()
+    # per lever, the segments whose tranche had no estimate of its own (valued at the pooled one)
+    unmeasured: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def budget(self, lever: str) -> tuple[float, float]:
         return self.budgets.get(lever, (0.0, 0.0))
@@ -225,6 +230,7 @@ class _Var:
     cpu: float  # resource use per unit of the (scaled) variable
     acc: float
     scale: float  # units of work per unit of the scaled variable (1 / dominant cost)
+    tranche: int = -1  # index into the lever's tranches (-1: the lever as a whole)
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +254,8 @@ class _Acc:
     rates: dict[str, float] = field(default_factory=dict)
     per_hw: dict[tuple[str, str | None], list[float]] = field(default_factory=dict)
     pool_use: dict[tuple[str, int], float] = field(default_factory=dict)
+    # (lever, segment) -> units of work per second the tranches of the optimising LP got
+    tranche_rates: dict[tuple[str, str | None], float] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -360,6 +368,10 @@ class Allocator:
             lever.name: lever.estimate(book, ctx, self.value.lcb_z, self.value.min_samples)
             for lever in self.levers
         }
+        tranches = {
+            lever.name: lever.tranches(book, ctx, self.value.lcb_z, self.value.min_samples)
+            for lever in self.levers
+        }
         demand: dict[str, float] = {}
         for lever in self.levers:
             d = lever.demand(ctx)
@@ -391,6 +403,14 @@ class Allocator:
                 safe_accelerator=safe_acc,
                 pools=tuple(pools),
                 pool_use=tuple((k[0], k[1], v) for k, v in sorted(acc.pool_use.items())),
+                tranche_rates=tuple(
+                    (k[0], k[1], v)
+                    for k, v in sorted(acc.tranche_rates.items(), key=lambda kv: str(kv[0]))
+                ),
+                unmeasured={
+                    n: tuple(t.segment for t in ts if t.segment is not None and not t.own)
+                    for n, ts in tranches.items()
+                },
             )
 
         if not any(usable):
@@ -404,15 +424,17 @@ class Allocator:
         # a time, each decision a constraint of the next run.
         pinned: list[tuple[str, int]] = []
         dropped: set[tuple[str, int]] = set()
-        run = self._run(pools, usable, demand, estimates, value_age_s, pinned, dropped)
+        run = self._run(pools, usable, demand, estimates, value_age_s, pinned, dropped, tranches)
         for _ in range(len(self.levers) * len(pools)):
             short = self._short_hold(run, pools, pinned, dropped)
             if short is None:
                 break
             key = short
-            drop = self._run(pools, usable, demand, estimates, value_age_s, pinned, dropped | {key})
+            drop = self._run(
+                pools, usable, demand, estimates, value_age_s, pinned, dropped | {key}, tranches
+            )
             pin: _Run | None = self._run(
-                pools, usable, demand, estimates, value_age_s, [*pinned, key], dropped
+                pools, usable, demand, estimates, value_age_s, [*pinned, key], dropped, tranches
             )
             if pin is not None and not self._keeps_explorers(run, pin, key, pools, estimates):
                 pin = None
@@ -422,7 +444,8 @@ class Allocator:
                 exploring
                 or (
                     run.fallback is None
-                    and self._worth(pin, estimates) > self._worth(drop, estimates)
+                    and self._worth(pin, estimates, tranches)
+                    > self._worth(drop, estimates, tranches)
                 )
             ):
                 # a lever being explored (unknown, or not proven either way) must be able to
@@ -479,10 +502,22 @@ class Allocator:
         return True
 
     @staticmethod
-    def _worth(run: _Run, estimates: Mapping[str, ValueEstimate]) -> float:
-        """LCB value per second of a run's work (unknown or unproven levers count 0)."""
+    def _worth(
+        run: _Run,
+        estimates: Mapping[str, ValueEstimate],
+        tranches: Mapping[str, Sequence[Tranche]],
+    ) -> float:
+        """LCB value per second of a run's work (unknown or unproven levers count 0): each
+        tranche's work at its own LCB, the rest of a lever's work at the lever's."""
         total = 0.0
+        in_tranches: dict[str, float] = {}
+        for (name, seg), rate in run.acc.tranche_rates.items():
+            for t in tranches.get(name, ()):
+                if t.segment == seg and t.estimate.known and t.estimate.lcb > 0.0:
+                    total += t.estimate.lcb * rate
+            in_tranches[name] = in_tranches.get(name, 0.0) + rate
         for name, rate in run.acc.rates.items():
+            rate = max(rate - in_tranches.get(name, 0.0), 0.0)
             est = estimates[name]
             if est.known and est.lcb > 0.0:
                 total += est.lcb * rate
@@ -497,6 +532,7 @@ class Allocator:
         value_age_s: float | None,
         pinned: Sequence[tuple[str, int]],
         dropped: set[tuple[str, int]],
+        tranches: Mapping[str, Sequence[Tranche]] | None = None,
     ) -> _Run:
         """One split: fallback or exploration, then the LP, on the pools as ``pinned`` and
         ``dropped`` reshape them (a pinned lever's need is a slot only it may use)."""
@@ -538,7 +574,14 @@ class Allocator:
             if measured and s.explore_share > 0.0:
                 self._flat(measured, variables, demand, slot_pools, acc, s.explore_share)
             run.cap_bound = self._optimise(
-                proven, variables, demand, estimates, slot_pools, [x.units for x in slots], acc
+                proven,
+                variables,
+                demand,
+                estimates,
+                slot_pools,
+                [x.units for x in slots],
+                acc,
+                tranches or {},
             )
         # remote capacity the proven levers left is worth nothing to them and the live path
         # cannot touch it: the levers being measured that may run there get all of it
@@ -678,6 +721,7 @@ class Allocator:
         pools: Sequence[Pool],
         units: Sequence[float],
         acc: _Acc,
+        tranches: Mapping[str, Sequence[Tranche]],
     ) -> list[str]:
         if not names:
             return []
@@ -705,6 +749,7 @@ class Allocator:
             caps={n: self.settings.cap(n) for n in names},
             cap_units=list(units),
             contested=contested,
+            tranches={n: tranches[n] for n in names if n in tranches},
         )
 
     def _solve(
@@ -720,10 +765,31 @@ class Allocator:
         caps: Mapping[str, float],
         cap_units: Sequence[float],
         contested: Sequence[bool] | None,
+        tranches: Mapping[str, Sequence[Tranche]] | None = None,
     ) -> list[str]:
         """Build and solve one LP and add its solution to ``acc``; returns the levers whose
-        cap row was tight. ``contested=None`` puts a cap row on every (lever, pool)."""
-        vs = [v for n in names if values[n] > 0.0 for v in variables[n]]
+        cap row was tight. ``contested=None`` puts a cap row on every (lever, pool).
+        ``tranches``: levers valued piecewise (a copy of the lever's variables per tranche,
+        each at its tranche's LCB and limited to its share of the demand; the tranches of
+        levers that take a request whole share a per-segment request row)."""
+        vs: list[_Var] = []
+        coef: list[float] = []
+        parts = tranches or {}
+        for n in names:
+            ts = parts.get(n)
+            if not ts or (len(ts) == 1 and ts[0].segment is None):
+                if values[n] > 0.0:
+                    vs += variables[n]
+                    coef += [values[n]] * len(variables[n])
+                continue
+            cost = self.levers[n].unit_cost()
+            dominant = max(cost.cpu_s, cost.accelerator_s)
+            for k, t in enumerate(ts):
+                if not (t.estimate.known and t.estimate.lcb > 0.0 and t.demand > 0.0):
+                    continue
+                for v in variables[n]:
+                    vs.append(_Var(v.lever, v.cpu_pool, v.acc_pool, v.cpu, v.acc, v.scale, k))
+                    coef.append(t.estimate.lcb / dominant)
         if not vs:
             return []
         rows: list[list[float]] = []
@@ -734,15 +800,46 @@ class Allocator:
                 rows.append(row)
                 rhs.append(max(limits[i], 0.0))
         cap_rows = self._lever_rows(
-            vs, demand, acc, caps, cap_units, contested, len(limits), rows, rhs
+            vs, demand, acc, caps, cap_units, contested, len(limits), rows, rhs, parts
         )
+        self._request_rows(vs, parts, rows, rhs)
         a = np.array(rows)
         b = np.array(rhs)
-        x, _ = solve_lp([values[v.lever] for v in vs], a, b)
+        x, _ = solve_lp(coef, a, b)
         used = a @ x
         bound = [n for r, n in cap_rows if b[r] > 0.0 and used[r] >= b[r] * (1.0 - 1e-7)]
-        self._book(vs, x, pools, acc)
+        self._book(vs, x, pools, acc, parts)
         return bound
+
+    def _request_rows(
+        self,
+        vs: Sequence[_Var],
+        tranches: Mapping[str, Sequence[Tranche]],
+        rows: list[list[float]],
+        rhs: list[float],
+    ) -> None:
+        """A request gets one of the levers that take it whole (RMA's span of extras or the
+        strong model): per segment, the requests those levers' tranches treat ≤ its rate."""
+        segs: dict[str, float] = {}
+        for v in vs:
+            if v.tranche < 0:
+                continue
+            t = tranches[v.lever][v.tranche]
+            if t.segment is not None and self.levers[v.lever].requests_per_unit() is not None:
+                segs[t.segment] = t.requests
+        for seg, requests in sorted(segs.items()):
+            row = [0.0] * len(vs)
+            levers = set()
+            for j, v in enumerate(vs):
+                if v.tranche < 0 or tranches[v.lever][v.tranche].segment != seg:
+                    continue
+                per = self.levers[v.lever].requests_per_unit()
+                if per is not None:
+                    row[j] = v.scale * per
+                    levers.add(v.lever)
+            if len(levers) >= 2:  # one lever alone is bounded by its own demand row already
+                rows.append(row)
+                rhs.append(max(requests, 0.0))
 
     @staticmethod
     def _pool_row(vs: Sequence[_Var], i: int, lever: str | None) -> list[float]:
@@ -769,6 +866,7 @@ class Allocator:
         npool: int,
         rows: list[list[float]],
         rhs: list[float],
+        tranches: Mapping[str, Sequence[Tranche]] | None = None,
     ) -> list[tuple[int, str]]:
         """Append each lever's demand row and its cap rows (on the contested pools, or every
         pool with ``contested=None``) to ``rows``/``rhs``; returns the cap rows as (row index,
@@ -780,6 +878,11 @@ class Allocator:
             scale = next(v.scale for v in vs if v.lever == n)
             rows.append([1.0 if v.lever == n else 0.0 for v in vs])
             rhs.append(max(demand[n] - acc.rates.get(n, 0.0), 0.0) / scale)
+            if tranches is not None and n in tranches:
+                # and one per tranche: what its segment can use
+                for k in sorted({v.tranche for v in vs if v.lever == n and v.tranche >= 0}):
+                    rows.append([1.0 if v.lever == n and v.tranche == k else 0.0 for v in vs])
+                    rhs.append(max(tranches[n][k].demand, 0.0) / scale)
             cap = caps.get(n, 1.0)
             if contested is not None and cap >= 1.0:
                 continue
@@ -794,12 +897,21 @@ class Allocator:
         return cap_rows
 
     @staticmethod
-    def _book(vs: Sequence[_Var], x: np.ndarray, pools: Sequence[Pool], acc: _Acc) -> None:
+    def _book(
+        vs: Sequence[_Var],
+        x: np.ndarray,
+        pools: Sequence[Pool],
+        acc: _Acc,
+        tranches: Mapping[str, Sequence[Tranche]] | None = None,
+    ) -> None:
         """Add an LP's solution ``x`` to ``acc``: capacity left, pool use, budgets, rates."""
         for j, v in enumerate(vs):
             xj = float(x[j])
             if xj <= 0.0:
                 continue
+            if v.tranche >= 0 and tranches is not None:
+                tkey = (v.lever, tranches[v.lever][v.tranche].segment)
+                acc.tranche_rates[tkey] = acc.tranche_rates.get(tkey, 0.0) + xj * v.scale
             cpu = xj * v.cpu
             a_ = xj * v.acc
             if v.cpu_pool is not None:

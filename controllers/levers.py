@@ -60,7 +60,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
@@ -90,6 +90,7 @@ __all__ = [
     "RmaLever",
     "SbmLever",
     "ShedAction",
+    "Tranche",
     "Uplift",
     "ValueBook",
     "ValueEstimate",
@@ -193,6 +194,21 @@ class LeverContext:
     eligible_rps: float
     rma_extra_candidates: float = 0.0  # extra candidates per request in force (target - base)
     precompute_jobs_per_s: float = 0.0  # job rate in force
+    # request rate per segment (the allocator's tranches: empty = one tranche per lever)
+    segment_rps: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Tranche:
+    """One segment's part of a lever's demand, with its own value per unit of work: the
+    allocator's piecewise-linear value of the lever (module docstring, "Tranches")."""
+
+    segment: str | None  # None: the whole lever (no segments)
+    demand: float  # most units of work per second this segment can use (the lever's whole
+    # demand still bounds the sum of its tranches)
+    estimate: ValueEstimate
+    requests: float  # the segment's request rate (the per-request row of exclusive levers)
+    own: bool = True  # the estimate is the segment's own (False: the lever's pooled one)
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,7 +382,7 @@ class ValueBook:
         got = self._slopes_cache[lever] = {seg: slope(ms) for seg, ms in controls.items()}
         return got
 
-    def per_unit(self, lever: str, unit: ResourceCost) -> Uplift | None:
+    def per_unit(self, lever: str, unit: ResourceCost, segment: str | None = None) -> Uplift | None:
         """Value per unit of work over the strata where ``lever`` did work, or None when its
         treatment sums carry no cost (then :meth:`uplift` and the units book serve).
 
@@ -393,7 +409,7 @@ class ValueBook:
         n_c_total = 0.0
         seen_cost = False
         theta = self._slopes(lever)
-        for seg in self._strata(lever, None):
+        for seg in self._strata(lever, segment):
             t = self._sums.get((seg, lever, "treatment"))
             if t is None or t[col] <= 0.0:
                 continue
@@ -515,21 +531,27 @@ class Lever(ABC):
         return 0.0
 
     def estimate(
-        self, book: ValueBook, ctx: LeverContext, z: float, min_samples: float
+        self,
+        book: ValueBook,
+        ctx: LeverContext,
+        z: float,
+        min_samples: float,
+        segment: str | None = None,
     ) -> ValueEstimate:
-        """Value per unit of work from the book (see the module docstring)."""
-        direct = book.per_unit(self.name, self.unit_cost())
+        """Value per unit of work from the book (see the module docstring), over all segments
+        or over one ``segment``'s strata."""
+        direct = book.per_unit(self.name, self.unit_cost(), segment)
         if direct is None and self.costed_signals:
             # its signals carry cost whenever it works, and no stratum's treatment sums carry
             # any: it did no work on record, so treatment and control differ by noise only.
             # Unknown (so it is explored), not the noise divided by the units in force.
-            up = book.uplift(self.name)
+            up = book.uplift(self.name, segment)
             return ValueEstimate.unknown(up.n_treatment, up.n_control)
         if direct is not None:
             up = direct
             units = 1.0  # already per unit of work
         else:
-            up = book.uplift(self.name)
+            up = book.uplift(self.name, segment)
             book_units = book.mean_units(self.name)
             units = book_units if book_units is not None else self.units_per_treated(ctx)
             units = max(units, 1e-12)
@@ -540,6 +562,38 @@ class Lever(ABC):
         return ValueEstimate(
             mean, se, mean - z * se, mean + z * se, up.n_treatment, up.n_control, True
         )
+
+    def requests_per_unit(self) -> float | None:
+        """Requests one unit of work takes whole, for levers that exclude one another on a
+        request (a request gets RMA or the strong model, never both): the allocator's
+        per-segment request row. None (default): the lever's work is not per request."""
+        return None
+
+    def tranches(
+        self, book: ValueBook, ctx: LeverContext, z: float, min_samples: float
+    ) -> list[Tranche]:
+        """The lever's demand split by segment, each part valued by its own segment's estimate
+        (diminishing returns: the allocator fills the most valuable part first). A lever whose
+        work is not per request, or a context without segment rates, is one tranche at the
+        pooled estimate. A segment without an estimate of its own is valued at the pooled one
+        (what every segment got before it had data)."""
+        pooled = self.estimate(book, ctx, z, min_samples)
+        total = sum(r for r in ctx.segment_rps.values() if math.isfinite(r) and r > 0.0)
+        if self.requests_per_unit() is None or total <= 0.0:
+            return [Tranche(None, self.demand(ctx), pooled, max(ctx.request_rps, 0.0))]
+        out = []
+        for seg, rps in sorted(ctx.segment_rps.items()):
+            if not (math.isfinite(rps) and rps > 0.0):
+                continue
+            est = self.estimate(book, ctx, z, min_samples, seg)
+            cap = self.segment_demand(ctx, rps, total)
+            out.append(Tranche(seg, cap, est if est.known else pooled, rps, est.known))
+        return out
+
+    def segment_demand(self, ctx: LeverContext, rps: float, total_rps: float) -> float:
+        """Most units of work per second a segment of ``rps`` requests can use. Default: its
+        share of :meth:`demand`."""
+        return self.demand(ctx) * rps / total_rps if total_rps > 0.0 else 0.0
 
     def rate_for(self, cpu: float, accelerator: float) -> float:
         """Apply: the work rate (units/s) a budget of ``cpu`` cores and ``accelerator`` devices
@@ -588,6 +642,15 @@ class RmaLever(Lever):
     def units_per_treated(self, ctx: LeverContext) -> float:
         return max(ctx.rma_extra_candidates, 1.0)
 
+    def requests_per_unit(self) -> float | None:
+        # value-ranked spend: a request that gets RMA gets the whole span of extras
+        return 1.0 / self.span if self.span > 0 else None
+
+    def segment_demand(self, ctx: LeverContext, rps: float, total_rps: float) -> float:
+        # a segment's requests can each take the span; the rate-limit step bounds the lever
+        # as a whole (its demand row), not how it is spread over segments
+        return max(rps, 0.0) * self.span
+
 
 class SbmLever(Lever):
     """Serve Better Models: a share of eligible requests on the strong model's replicas."""
@@ -622,6 +685,9 @@ class SbmLever(Lever):
 
     def demand(self, ctx: LeverContext) -> float:
         return max(ctx.eligible_rps, 0.0) * self.max_coverage
+
+    def requests_per_unit(self) -> float | None:
+        return 1.0
 
 
 class PrecomputeLever(Lever):

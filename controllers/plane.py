@@ -28,9 +28,10 @@ Bumpless hand-over: :meth:`ControlPlane.snapshot` / :meth:`ControlPlane.restore`
 convention of :class:`headroom.kernel.jsonstate.Snapshotting`) carry every controller's state
 exactly (the next output after a restore equals the next output without one, given the same
 generator state). If a region went unstepped for longer than ``ttl_s`` (a
-control outage), its clients have fallen back to the baseline, so the loops first track the
-baseline (base candidates, no SBM) and ramp up from it by the rate limit instead of jumping back
-to the value they last issued.
+control outage), its clients have fallen back to the baseline; the loops resume from the values
+they last issued, cut at once by the budget caps to what the capacity now allows, so optional
+work is back one step after the outage instead of ramping up from the baseline by the rate
+limit (the fail-safe is the clients': expired targets mean baseline, whatever the plane holds).
 """
 
 from __future__ import annotations
@@ -144,6 +145,12 @@ class Decision:
             "sbm_reason": self.coverage.limit.value,
             "cap_bound": list(self.allocation.cap_bound),
             "explored": list(self.allocation.explored),
+            # which segments each lever serves, in units of work per second (its tranches)
+            "tranches": [
+                {"lever": lever, "segment": seg, "rate": rate}
+                for lever, seg, rate in self.allocation.tranche_rates
+                if rate > 0.0 and math.isfinite(rate)
+            ],
         }
 
     def allocator_events(self) -> list[tuple[str, dict[str, Any]]]:
@@ -259,12 +266,13 @@ class ControlPlane:
         now = float(obs.now) if math.isfinite(obs.now) else (st.last_now or 0.0)
         window_s = _finite_nonneg(obs.window_s) or cfg.interval_s
         if st.last_now is not None and now > st.last_now:
+            # after a gap longer than ttl_s (an outage) the clients run the baseline, but the
+            # loops resume from what they last issued: the budget caps below cut it at once to
+            # what the capacity now allows, and the latency measured under the baseline cannot
+            # call for less, so optional work is back within one step instead of a ramp from
+            # the baseline by the rate limit (dt of one interval: no catch-up of the ramp)
             gap = now - st.last_now
-            dt = gap / cfg.interval_s
-            if gap > cfg.ttl_s:
-                # the targets we issued have expired: clients run the baseline now
-                st.rma.track(float(cfg.base_candidates))
-                st.coverage.track(0.0)
+            dt = (gap if gap <= cfg.ttl_s else cfg.interval_s) / cfg.interval_s
         else:
             dt = window_s / cfg.interval_s
 
@@ -277,6 +285,7 @@ class ControlPlane:
             eligible_rps=eligible_rps,
             rma_extra_candidates=float(st.rma.candidates - cfg.base_candidates),
             precompute_jobs_per_s=st.precompute_rate,
+            segment_rps={k: _finite_nonneg(v) for k, v in obs.segment_rps.items()},
         )
         st.book.decay(0.5 ** (window_s / cfg.value.half_life_s))
         st.book.add(obs.value)
@@ -305,7 +314,9 @@ class ControlPlane:
         weights = self._segment_weights(obs.segment_rps)
         sbm = self.levers.get(LEVER_SBM)
         cost = sbm.unit_cost().accelerator_s if sbm is not None else 1.0
-        route = self.router.route(cov.command, weights, st.book, self.rng, cost)
+        route = self.router.route(
+            cov.command, weights, st.book, self.rng, cost, self._sbm_segments(alloc)
+        )
         coverage = st.coverage.settle(cov.command, route.achieved, cov.intended)
 
         precompute = alloc.rates.get(LEVER_PRECOMPUTE, 0.0)
@@ -347,6 +358,17 @@ class ControlPlane:
         }
         self._decisions[obs.region] = Decision(targets, alloc, rma, cov, route, inputs)
         return targets
+
+    @staticmethod
+    def _sbm_segments(alloc: Allocation) -> set[str] | None:
+        """The segments the strong model may serve: those the allocator's SBM tranches went to,
+        and those whose SBM tranche had no estimate of its own yet (still being measured).
+        None (every segment) when SBM was not optimised by segment (exploration, fallback)."""
+        rates = [(seg, r) for lever, seg, r in alloc.tranche_rates if lever == LEVER_SBM]
+        if not rates or any(seg is None for seg, _ in rates):
+            return None
+        got = {str(seg) for seg, r in rates if r > 0.0}
+        return got | set(alloc.unmeasured.get(LEVER_SBM, ()))
 
     def _segment_weights(self, segment_rps: Mapping[str, float]) -> dict[str, float]:
         weights = {s.name: 0.0 for s in self.config.segments}

@@ -30,7 +30,7 @@ and the router can never freeze on a stale decision.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,9 +64,15 @@ class SbmRouter:
         book: ValueBook,
         rng: np.random.Generator,
         cost_per_request: Mapping[str, float] | float = 1.0,
+        allowed: Collection[str] | None = None,
     ) -> RouteResult:
         """Segment probabilities whose ``weights``-weighted mean is ``command`` (as far as the
-        sampled uplifts justify). ``weights`` are normalised here; all-zero means equal."""
+        sampled uplifts justify). ``weights`` are normalised here; all-zero means equal.
+
+        ``allowed``: the segments the allocator gave the strong model (its tranches: where its
+        uplift per unit of cost beat every other use of the capacity, RMA's included); the
+        others get nothing, not even the floor (the caller leaves a segment without an estimate of
+        its own in ``allowed``, so it can be measured). None: every segment."""
         segments: Sequence[str] = sorted(weights)
         k = len(segments)
         if k == 0:
@@ -101,8 +107,9 @@ class SbmRouter:
         if c <= 0.0:
             return RouteResult({s: 0.0 for s in segments}, 0.0, 0.0, theta)
         floor = min(self.settings.exploration_floor, c)
-        p = {s: floor for s in segments}
-        remaining = c - floor * sum(w.values())
+        shut = set() if allowed is None else {s for s in segments if s not in allowed}
+        p = {s: (0.0 if s in shut else floor) for s in segments}
+        remaining = c - sum(w[s] * p[s] for s in segments)
 
         def cost(s: str) -> float:
             if isinstance(cost_per_request, Mapping):
@@ -115,7 +122,7 @@ class SbmRouter:
         for s in order:
             if remaining <= 1e-15:
                 break
-            if theta[s] <= 0.0 or w[s] <= 0.0:
+            if theta[s] <= 0.0 or w[s] <= 0.0 or s in shut:
                 continue
             add = min(1.0 - p[s], remaining / w[s])
             p[s] += add

@@ -658,6 +658,7 @@ class RegionRun:
         self._blocks: list[tuple[Mix, FloatArray]] = []
         self.noticed_at: float | None = None  # a server has yet to react to a reclaim
         self.arrival_rate = 0.0  # rps of the current step
+        self._obs_at = 0.0  # when the controllers' observation accumulators were last read
         self._lost_strong = 0.0  # in-flight strong requests lost to a reclaim, not yet counted
         self._win_reset()
         self._obs_reset()
@@ -782,7 +783,21 @@ class RegionRun:
         # one draw per change whatever the policy, so the stream stays aligned across policies
         notice_u = float(self.notice_rng.random())
         if ch.after >= ch.before:
-            return  # a grant: nothing moves until a policy assigns it
+            # a grant: nothing moves until a policy assigns it. A policy that loads at the
+            # grant starts the strong model on granted strong-capable devices now (idle until
+            # assigned; an assignment to RMA unloads them), so they are ready sooner
+            if (
+                ch.after > ch.before
+                and getattr(self.policy, "loads_at_grant", False)
+                and self.static.strong_ok[i]
+            ):
+                tr = self.tranches[i]
+                resident = sum(u for u, _ in tr)
+                if ch.after > resident + _EPS:
+                    ready = t + float(self.ctx.scenario.models.strong.load_s)
+                    tr.append((ch.after - resident, ready))
+                    self._push(ready, _EV_LOADED, i)
+            return
         self.emit(
             "capacity.reclaimed",
             t,
@@ -1503,7 +1518,10 @@ class RegionRun:
     def _observation(self, now: float) -> RegionObservation:
         """What the controllers know about the last interval (then the accumulators reset)."""
         ctx = self.ctx
-        span = self.interval
+        # the accumulators hold everything since they were last read: one interval, or more
+        # after a control outage (no step read them), so rates divide by the time they cover
+        span = now - self._obs_at if now - self._obs_at > _EPS else self.interval
+        self._obs_at = now
         p99: dict[str, float | None] = {}
         for idx, name in enumerate(("all", "base", "rma", "sbm")):
             h = self.obs_keys[idx]

@@ -339,6 +339,9 @@ class HeadroomRegion(PlaneRegion):
 
     server_sheds = True
     wants_health = True
+    # a capacity grant starts the strong model loading at once, before the next control step
+    # assigns the devices
+    loads_at_grant = True
 
     def __init__(self, plane: ControlPlane, ctx: SimContext) -> None:
         super().__init__(plane)

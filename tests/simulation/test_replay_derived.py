@@ -172,9 +172,11 @@ def test_without_what_it_carries_the_derived_scenario_misses_the_replay(
     # value alone differs by far more than 10 %
     baseline = runs["baseline"]
     assert abs(baseline["before"] - baseline["replay"]) > 0.25 * baseline["replay"]
-    # and seed by seed the incremental value misses by more than 10 % on most seeds (measured:
-    # 10-28 %, 4 of 5 seeds above 10 %); its median happens to land near the replay's here
-    # (2,899 against 2,924), which is why the seed-by-seed test above is the stronger statement
+    # and seed by seed the incremental value misses on every seed, where the derived scenario
+    # with what the recording carries matches to 1e-9 (the test above). Measured: 0.9-23 %
+    # (one seed above 10 %); the headroom policy splits capacity by each segment's measured
+    # value, so its incremental value follows the values it is shown more closely than the
+    # baseline value does (before that split: 10-28 %, 4 of 5 seeds above 10 %)
     inc = runs["incremental"]
-    misses = [abs(b - a) > 0.10 * a for a, b in zip(inc["replay"], inc["before"], strict=True)]
-    assert sum(misses) >= 3, inc
+    misses = [abs(b - a) > 0.005 * a for a, b in zip(inc["replay"], inc["before"], strict=True)]
+    assert all(misses), inc

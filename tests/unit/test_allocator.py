@@ -596,3 +596,85 @@ def test_no_sub_device_sbm_share_and_unknown_levers_keep_a_share(cpu, acc, uplif
     for name in ("rma", "precompute"):
         if usable and not a.estimates[name].known:
             assert use_of(a, name).get(acc_pool, 0.0) > 0.0, name
+
+
+# -- tranches: a lever's value per segment -------------------------------------------------------
+
+
+def segment_book(uplift: dict[tuple[str, str], float], n: int = 4000, seed: int = 1) -> ValueBook:
+    """Each (lever, segment)'s treatment beats its control by ``uplift`` per request, RMA's
+    treated requests getting the whole span (800 extras) as value-ranked spend gives them."""
+    rng = np.random.default_rng(seed)
+    book = ValueBook()
+    for (lever, seg), d in uplift.items():
+        book.add(
+            {
+                (seg, lever, "treatment"): arm_stats(
+                    rng, n, 1.0 + d, 0.2, *treated_cost(lever, n, extra=800.0)
+                ),
+                (seg, lever, "control"): arm_stats(rng, n, 1.0, 0.2),
+            }
+        )
+    return book
+
+
+SEG_CTX = LeverContext(
+    request_rps=200.0,
+    eligible_rps=200.0,
+    rma_extra_candidates=800.0,
+    segment_rps={"premium": 30.0, "casual": 170.0},
+)
+
+
+def test_contested_accelerator_follows_each_segments_own_value() -> None:
+    # per device-second: RMA premium 0.2/0.016 = 12.5, SBM casual 0.1/0.04 = 2.5, RMA casual
+    # 0.004/0.016 = 0.25, SBM premium 0.005/0.04 = 0.125. Pooled, RMA (mostly casual requests
+    # by count) would still look better than SBM per device and take the whole pool; by
+    # segment, RMA serves premium and the strong model the casual requests
+    book = segment_book(
+        {
+            ("rma", "premium"): 0.2,
+            ("rma", "casual"): 0.004,
+            ("sbm", "premium"): 0.005,
+            ("sbm", "casual"): 0.1,
+        }
+    )
+    levers = LeverRegistry.standard(COSTS, 400, 1200)
+    a = Allocator(AllocatorSettings(explore_share=0.0), ValueSettings(), levers)
+    cap = capacity(cpu=40.0, accelerator=3.0)
+    alloc = a.allocate(cap, 0.0, SEG_CTX, book, 10.0)
+    rates = {(lv, seg): r for lv, seg, r in alloc.tranche_rates}
+    assert alloc.fallback is None
+    # RMA's premium tranche is filled first: every premium request gets the span
+    assert rates[("rma", "premium")] == pytest.approx(30.0 * 800, rel=1e-6)
+    # the strong model gets the rest of the accelerator for casual requests, none for premium
+    assert rates.get(("sbm", "casual"), 0.0) > 10.0
+    assert rates.get(("sbm", "premium"), 0.0) == 0.0
+    assert alloc.budget("sbm")[1] > 1.0
+    # no segment treats more requests than it has (RMA's span and the strong model exclude
+    # each other on a request)
+    for seg, rps in SEG_CTX.segment_rps.items():
+        treated = rates.get(("rma", seg), 0.0) / 800 + rates.get(("sbm", seg), 0.0)
+        assert treated <= rps * (1 + 1e-6)
+
+
+def test_a_segment_without_its_own_estimate_is_valued_at_the_pooled_one() -> None:
+    book = segment_book({("rma", "casual"): 0.01, ("sbm", "casual"): 0.1})
+    levers = LeverRegistry.standard(COSTS, 400, 1200)
+    a = Allocator(AllocatorSettings(explore_share=0.0), ValueSettings(), levers)
+    alloc = a.allocate(capacity(cpu=40.0, accelerator=3.0), 0.0, SEG_CTX, book, 10.0)
+    assert set(alloc.unmeasured["sbm"]) == {"premium"}
+    sbm = levers["sbm"]
+    tr = {t.segment: t for t in sbm.tranches(book, SEG_CTX, 1.645, 30.0)}
+    assert not tr["premium"].own
+    assert tr["casual"].own
+    assert tr["premium"].estimate == sbm.estimate(book, SEG_CTX, 1.645, 30.0)
+
+
+def test_without_segment_rates_a_lever_is_one_tranche() -> None:
+    book = segment_book({("rma", "casual"): 0.01, ("sbm", "casual"): 0.1})
+    lever = LeverRegistry.standard(COSTS, 400, 1200)["rma"]
+    ctx = LeverContext(request_rps=200.0, eligible_rps=200.0, rma_extra_candidates=800.0)
+    (t,) = lever.tranches(book, ctx, 1.645, 30.0)
+    assert t.segment is None
+    assert t.demand == lever.demand(ctx)

@@ -289,7 +289,7 @@ def test_a_reclaim_cuts_rma_and_sbm_at_the_next_step() -> None:
     assert t.reason == "no_budget"
 
 
-def test_after_an_outage_longer_than_ttl_the_loop_ramps_up_from_the_baseline() -> None:
+def test_after_an_outage_longer_than_ttl_optional_work_is_back_in_one_step() -> None:
     plane = ControlPlane(CFG, np.random.default_rng(0))
     rng = np.random.default_rng(1)
     cap = capacity(64.0, 16.0, hardware="gpu-a")
@@ -304,8 +304,29 @@ def test_after_an_outage_longer_than_ttl_the_loop_ramps_up_from_the_baseline() -
     t = plane.step(
         observation(silent_until, p99_ms=60.0, capacity=cap, value=proven(rng), value_age_s=5.0)
     )
+    # the clients ran the baseline during the outage; the loop resumes from what it last
+    # issued (capacity unchanged, latency low), not from the baseline by the rate limit
     step = CFG.pid.max_step_up * (CFG.max_candidates - CFG.base_candidates)
-    assert t.rma_candidates <= CFG.base_candidates + step + 1
+    assert t.rma_candidates > CFG.base_candidates + step + 1
+    assert t.rma_candidates == CFG.max_candidates
+
+
+def test_after_an_outage_the_budget_still_cuts_at_once() -> None:
+    plane = ControlPlane(CFG, np.random.default_rng(0))
+    rng = np.random.default_rng(1)
+    cap = capacity(64.0, 16.0, hardware="gpu-a")
+    for i in range(25):
+        plane.step(
+            observation(
+                60.0 * (i + 1), p99_ms=60.0, capacity=cap, value=proven(rng), value_age_s=5.0
+            )
+        )
+    silent_until = 60.0 * 25 + CFG.ttl_s + 60.0
+    t = plane.step(
+        observation(silent_until, p99_ms=60.0, capacity=(), value=proven(rng), value_age_s=5.0)
+    )
+    assert t.rma_candidates == CFG.base_candidates
+    assert t.sbm_coverage == 0.0
 
 
 def test_handover_continues_from_the_value_in_force() -> None:

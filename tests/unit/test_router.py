@@ -108,3 +108,17 @@ def test_same_generator_state_same_probabilities() -> None:
 def test_zero_command_routes_nothing() -> None:
     r = SbmRouter(RouterSettings()).route(0.0, WEIGHTS, ValueBook(), np.random.default_rng(0))
     assert r.probabilities == {"premium": 0.0, "casual": 0.0}
+
+
+def test_segments_the_allocator_did_not_give_the_strong_model_get_nothing() -> None:
+    # premium shows the larger sampled uplift, but the allocator found RMA worth more there:
+    # no floor, no share; casual takes the whole command
+    router = SbmRouter(RouterSettings(exploration_floor=0.05))
+    book = book_with({"premium": 0.5, "casual": 0.2})
+    r = router.route(0.3, WEIGHTS, book, np.random.default_rng(3), allowed={"casual"})
+    assert r.probabilities["premium"] == 0.0
+    assert mean(r.probabilities, WEIGHTS) == pytest.approx(0.3)
+    assert r.probabilities["casual"] == pytest.approx(0.3 / 0.85)
+    # every segment allowed: as before (premium first by its higher sampled uplift)
+    r_all = router.route(0.3, WEIGHTS, book, np.random.default_rng(3), allowed=None)
+    assert r_all.probabilities["premium"] == pytest.approx(1.0)
