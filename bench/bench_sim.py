@@ -9,7 +9,7 @@ simulates the first two hours only.
 
 ``sim_event_log_mb_day`` — the size of the event log ``headroom simulate`` writes for a simulated
 day of diurnal-3region with every policy side by side (the run compresses it: its plain log is
-over :data:`headroom.sim.estimate.COMPRESS_ABOVE_BYTES`). The benchmark simulates the first
+over :data:`headroom.sim.runtime.COMPRESS_ABOVE_BYTES`). The benchmark simulates the first
 :data:`LOG_HOURS` hours of every policy through :func:`headroom.sim.run.run_simulation` exactly as
 the command does and scales the bytes to 24 h (the log is one window line per policy, region and
 SLO window, so its size is linear in simulated time). Goal: ≤ 100 MB. ``--quick``: half an hour.
@@ -36,7 +36,8 @@ def _scenario_path(name: str) -> Path:
 
 
 def sim_speedup_diurnal_3region(ctx: BenchContext) -> BenchResult:
-    from headroom.sim.engine import SimContext, run_policy
+    from headroom.sim.context import SimContext
+    from headroom.sim.engine import run_policy
     from headroom.sim.oracle import oracle_for
     from headroom.sim.policies import PolicyFactory
     from headroom.world.curves import curves_for
@@ -74,9 +75,9 @@ LOG_HOURS = 3.0
 
 
 def sim_event_log_mb_day(ctx: BenchContext) -> BenchResult:
-    from headroom.sim.estimate import estimate_run
     from headroom.sim.policies import POLICIES
     from headroom.sim.run import run_simulation
+    from headroom.sim.runtime import estimate_run
     from headroom.world.curves import curves_for
 
     day = load_scenario(_scenario_path("diurnal-3region"))

@@ -33,17 +33,12 @@ Events are returned sorted by ``at_s`` (a stable sort: events at the same instan
 
 from __future__ import annotations
 
-import csv
-import difflib
-import io
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from headroom.kernel.checks import NAME_PATTERN, FieldChecker, describe, one_line
+from headroom.kernel.checks import NAME_PATTERN, describe, one_line
 from headroom.kernel.errors import ConfigError
 from headroom.kernel.scenario import (
     FAULT_PROCESSES,
@@ -62,6 +57,29 @@ from headroom.kernel.scenario import (
     Traffic,
     ValueDist,
     World,
+)
+from headroom.kernel.scenario_fields import (
+    KEYS,
+    _Ctx,
+    _enum,
+    _integer,
+    _list,
+    _mapping,
+    _number,
+    _opt_bool,
+    _opt_int,
+    _opt_number,
+    _req_int,
+    _req_number,
+    _string,
+)
+from headroom.kernel.scenario_files import (
+    MAX_FILE_BYTES,
+    _arrival_counts,
+    _csv_trace,
+    _inline_trace,
+    _parse_yaml,
+    _value_histogram,
 )
 from headroom.kernel.vocab import RESOURCES
 
@@ -94,67 +112,8 @@ SERVER_POOLS = ("dedicated", "opportunistic")
 REGION_PROCESSES = ("server", "client", "precompute")
 MAX_BROKER_INDEX = 63
 SHARE_TOLERANCE = 1e-6  # docs/scenarios.md: "shares sum to 1"; float rounding of 0.1 + 0.2 + 0.7
-MAX_FILE_BYTES = 64 * 1024 * 1024  # a scenario or CSV trace larger than this is refused
-MAX_ALIASES = 10_000  # YAML aliases per document (an alias bomb is refused, not expanded)
-MAX_TRACE_POINTS = 2_000_000
-MAX_ROW_PROBLEMS = 5  # per CSV file: report this many bad rows, then a count
 MAX_ERROR = 10.0  # model error is relative to the utility spread; 10 spreads is pure noise
 
-# Every key each section accepts: (required, optional). The schema (headroom.kernel.scenario_schema)
-# declares the same names; tests/unit/test_scenario_load.py checks that the two agree.
-KEYS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
-    "scenario": (
-        frozenset({"name", "seed", "duration_s", "slo", "world", "models", "segments", "regions"}),
-        frozenset({"events", "control", "eligible_share"}),
-    ),
-    "control": (frozenset(), frozenset({"interval_s", "ttl_s"})),
-    "slo": (frozenset({"p99_ms", "window_s"}), frozenset()),
-    "world": (
-        frozenset({"ads", "dim", "base_candidates", "max_candidates", "holdout"}),
-        frozenset({"drift_per_h", "users"}),
-    ),
-    "models": (frozenset({"base", "strong"}), frozenset()),
-    "model": (
-        frozenset({"cpu_ms_per_candidate", "accelerator_ms_per_candidate", "hardware"}),
-        frozenset({"load_s"}),
-    ),
-    "segment": (
-        frozenset({"name", "share", "value", "base_error", "strong_error"}),
-        frozenset({"return_rate_per_h"}),
-    ),
-    "value": (frozenset({"mean", "sigma"}), frozenset({"csv"})),
-    "region": (frozenset({"name", "dedicated", "traffic"}), frozenset({"opportunistic"})),
-    "dedicated": (frozenset({"cpu", "accelerator", "hardware"}), frozenset()),
-    "traffic": (
-        frozenset(),
-        frozenset(
-            {"rps", "daily_amplitude", "peak_s", "period_s", "noise", "csv", "trace", "arrivals"}
-        ),
-    ),
-    "opportunistic": (
-        frozenset({"resource", "hardware"}),
-        frozenset({"trace", "csv", "expires_in_s", "remote"}),
-    ),
-    "event": (
-        frozenset({"at_s", "kind"}),
-        frozenset(
-            {
-                "region",
-                "resource",
-                "hardware",
-                "units",
-                "factor",
-                "duration_s",
-                "remote",
-                "process",
-                "pool",
-                "restart_after_s",
-                "down_s",
-                "broker",
-            }
-        ),
-    ),
-}
 
 # The optional event fields each kind needs (required) or accepts (optional); others are refused.
 EVENT_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
@@ -223,85 +182,7 @@ def load_scenario_text(
 
 
 # ------------------------------------------------------------------------------------------------
-# YAML: the safe loader, stricter
-
-
-class _StrictSafeLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that also refuses duplicate keys and alias bombs (constructs no more)."""
-
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self._aliases = 0
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            self._aliases += 1
-            if self._aliases > MAX_ALIASES:
-                event = self.peek_event()  # type: ignore[no-untyped-call]
-                raise yaml.composer.ComposerError(
-                    None, None, f"more than {MAX_ALIASES} aliases", event.start_mark
-                )
-        return super().compose_node(parent, index)
-
-
-def _construct_mapping_no_duplicates(loader: _StrictSafeLoader, node: yaml.MappingNode) -> Any:
-    loader.flatten_mapping(node)
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=False)
-        try:
-            duplicate = key in seen
-            seen.add(key)
-        except TypeError:  # an unhashable key: the base constructor reports it
-            continue
-        if duplicate:
-            raise yaml.constructor.ConstructorError(
-                "while constructing a mapping",
-                node.start_mark,
-                f"duplicate key {key!r}",
-                key_node.start_mark,
-            )
-    return loader.construct_mapping(node, deep=False)
-
-
-_StrictSafeLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-    _construct_mapping_no_duplicates,
-)
-
-
-def _parse_yaml(text: str) -> tuple[Any, str | None]:
-    """The document, or None and one problem line (with line and column) explaining why not."""
-    try:
-        loader = _StrictSafeLoader(text)
-        try:
-            return loader.get_single_data(), None
-        finally:
-            loader.dispose()
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        problem = exc.problem or exc.context or "malformed YAML"
-        if isinstance(exc, yaml.constructor.ConstructorError) and "constructor for the tag" in (
-            exc.problem or ""
-        ):
-            tag = exc.problem.split("tag", 1)[1].strip().strip("'") if exc.problem else "?"
-            problem = f"YAML tag {tag} is not allowed (scenario files are loaded safely)"
-        return None, f"{where}not valid scenario YAML: {problem}"
-    except yaml.YAMLError as exc:
-        return None, f"not valid YAML: {exc}"
-
-
-# ------------------------------------------------------------------------------------------------
 # The walk
-
-
-class _Ctx(FieldChecker):
-    """The walk's problems (one family of field checks) and the folder CSV paths are relative to."""
-
-    def __init__(self, base_dir: Path) -> None:
-        super().__init__()
-        self.base_dir = base_dir
 
 
 def _load(text: str, base_dir: Path, source: str | None) -> Scenario:
@@ -623,22 +504,6 @@ def _value_dist(ctx: _Ctx, path: str, value: Any) -> ValueDist | None:
     return ValueDist(mean=mean, sigma=sigma, csv=csv_name, histogram=histogram)
 
 
-def _value_histogram(ctx: _Ctx, path: str, name: str) -> tuple[Point, ...] | None:
-    """A recorded value histogram: ``value,requests`` rows, increasing values, whole counts,
-    at least one request."""
-    points = _csv_trace(ctx, path, name, ("value", "requests"))
-    if points is None:
-        return None
-    for i, (_, n) in enumerate(points):
-        if n != math.floor(n):
-            ctx.add(path, f"{name} row {i + 1}: requests must be a whole number, got {n:g}")
-            return None
-    if not any(n > 0 for _, n in points):
-        ctx.add(path, f"{name}: holds no request (every count is 0)")
-        return None
-    return points
-
-
 def _regions(ctx: _Ctx, value: Any, models: Models | None) -> tuple[Region, ...] | None:
     items = _list(ctx, "regions", value, nonempty=True)
     if items is None:
@@ -789,23 +654,6 @@ def _traffic(ctx: _Ctx, path: str, value: Any) -> Traffic | None:
         arrivals_csv=arrivals_csv,
         arrivals=arrivals,
     )
-
-
-def _arrival_counts(ctx: _Ctx, path: str, name: str) -> tuple[Point, ...] | None:
-    """Recorded arrivals: ``t_s,requests`` rows, whole seconds in increasing order, whole counts
-    (the end of the run is checked with ``duration_s``)."""
-    points = _csv_trace(ctx, path, name, ("t_s", "requests"))
-    if points is None:
-        return None
-    for i, (t, v) in enumerate(points):
-        if t != math.floor(t) or v != math.floor(v):
-            ctx.add(
-                path,
-                f"{name} row {i + 1}: t_s and requests must be whole numbers (a second and a "
-                f"count), got {t:g},{v:g}",
-            )
-            return None
-    return points
 
 
 def _opportunistic(ctx: _Ctx, path: str, value: Any) -> Opportunistic | None:
@@ -1017,236 +865,3 @@ def _event_pool(
             f"{' (remote)' if remote else ''} pool to {kind} (it has: {have or 'none'}); "
             "declare the pool (a trace of [[0, 0]] if it starts empty)",
         )
-
-
-# ------------------------------------------------------------------------------------------------
-# Traces
-
-
-def _inline_trace(ctx: _Ctx, path: str, value: Any, what: str) -> tuple[Point, ...] | None:
-    if not isinstance(value, list):
-        ctx.add(path, f"must be a list of [t_s, {what}] points, got {describe(value)}")
-        return None
-    if not value:
-        ctx.add(path, "must have at least one point")
-        return None
-    if len(value) > MAX_TRACE_POINTS:
-        ctx.add(path, f"has {len(value)} points; the limit is {MAX_TRACE_POINTS}")
-        return None
-    points: list[Point] = []
-    n = len(ctx.problems)
-    for i, item in enumerate(value):
-        where = f"{path}[{i}]"
-        if not isinstance(item, list) or len(item) != 2:
-            ctx.add(where, f"must be a [t_s, {what}] pair, got {describe(item)}")
-            continue
-        t = _number(ctx, f"{where}[0]", item[0], ge=0)
-        v = _number(ctx, f"{where}[1]", item[1], ge=0)
-        if t is not None and v is not None:
-            points.append((t, v))
-    if len(ctx.problems) != n:
-        return None
-    return _check_order(ctx, points, lambda i: f"{path}[{i}][0]")
-
-
-def _check_order(
-    ctx: _Ctx, points: list[Point], where: Callable[[int], str]
-) -> tuple[Point, ...] | None:
-    for i in range(1, len(points)):
-        if points[i][0] <= points[i - 1][0]:
-            ctx.add(
-                where(i),
-                f"t_s {points[i][0]:g} is not after the previous point's {points[i - 1][0]:g} "
-                "(trace points must be in strictly increasing time)",
-            )
-            return None
-    return tuple(points)
-
-
-def _csv_trace(
-    ctx: _Ctx, path: str, name: str, columns: tuple[str, str]
-) -> tuple[Point, ...] | None:
-    text = _csv_text(ctx, path, name)
-    if text is None:
-        return None
-    rows = _csv_records(ctx, path, name, text, columns)
-    if rows is None:
-        return None
-    points: list[Point] = []
-    lines: list[int] = []
-    bad = 0
-    for lineno, row in rows:
-        point, reason = _csv_point(row, columns)
-        if point is None:
-            bad += 1
-            if bad <= MAX_ROW_PROBLEMS:
-                ctx.add(path, f"{name} line {lineno}: {reason}")
-            continue
-        points.append(point)
-        lines.append(lineno)
-    if bad > MAX_ROW_PROBLEMS:
-        ctx.add(path, f"{name}: {bad - MAX_ROW_PROBLEMS} more bad rows not listed")
-    if bad:
-        return None
-    return _check_order(ctx, points, lambda i: f"{path}: {name} line {lines[i]}")
-
-
-def _csv_text(ctx: _Ctx, path: str, name: str) -> str | None:
-    """The text of a trace's CSV file (relative to the scenario's folder), within the size
-    limit and UTF-8."""
-    file = Path(name)
-    if not file.is_absolute():
-        file = ctx.base_dir / file
-    try:
-        if not file.exists():
-            ctx.add(path, f"{name}: file not found (looked for {file})")
-            return None
-        if not file.is_file():
-            ctx.add(path, f"{name}: not a regular file")
-            return None
-        if file.stat().st_size > MAX_FILE_BYTES:
-            ctx.add(path, f"{name}: larger than {MAX_FILE_BYTES} bytes")
-            return None
-        raw = file.read_bytes()
-    except OSError as exc:
-        ctx.add(path, f"{name}: cannot read: {exc.strerror or exc}")
-        return None
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        ctx.add(path, f"{name}: not a UTF-8 CSV file (bad byte at offset {exc.start})")
-        return None
-
-
-def _csv_records(
-    ctx: _Ctx, path: str, name: str, text: str, columns: tuple[str, str]
-) -> list[tuple[int, list[str]]] | None:
-    """The data rows of a trace's CSV with their line numbers (blank and ``#`` lines skipped),
-    after a header of ``columns``; at least one, at most ``MAX_TRACE_POINTS``."""
-    reader = csv.reader(io.StringIO(text))
-    rows = [
-        (reader.line_num, row)  # the line the record ends on (a quoted cell may span lines)
-        for row in reader
-        if row and not (len(row) == 1 and not row[0].strip()) and not row[0].startswith("#")
-    ]
-    if not rows:
-        ctx.add(path, f"{name}: empty (expected a header {','.join(columns)} and rows)")
-        return None
-    header_line, header = rows[0]
-    if [c.strip() for c in header] != list(columns):
-        ctx.add(
-            path,
-            f"{name} line {header_line}: header must be {','.join(columns)}, "
-            f"got {','.join(header)}",
-        )
-        return None
-    if len(rows) == 1:
-        ctx.add(path, f"{name}: has a header but no rows")
-        return None
-    if len(rows) - 1 > MAX_TRACE_POINTS:
-        ctx.add(path, f"{name}: has {len(rows) - 1} rows; the limit is {MAX_TRACE_POINTS}")
-        return None
-    return rows[1:]
-
-
-def _csv_point(row: list[str], columns: tuple[str, str]) -> tuple[Point | None, str]:
-    """One data row as a point, or None and why it is not one."""
-    if len(row) != 2:
-        return None, f"expected 2 columns ({','.join(columns)}), got {len(row)}"
-    try:
-        t, v = float(row[0]), float(row[1])
-    except ValueError:
-        return None, f"not numbers: {','.join(row)}"
-    if not (math.isfinite(t) and math.isfinite(v)):
-        return None, f"values must be finite, got {','.join(row)}"
-    if t < 0:
-        return None, f"{columns[0]} must be >= 0, got {row[0].strip()}"
-    if v < 0:
-        return None, f"{columns[1]} must be >= 0, got {row[1].strip()}"
-    return (t, v), ""
-
-
-# ------------------------------------------------------------------------------------------------
-# Field helpers: thin names over the checker's readers (kernel.checks), which report the problem
-# and return None when the value is unusable.
-
-
-def _mapping(ctx: _Ctx, path: str, value: Any, section: str) -> dict[str, Any] | None:
-    """Check a mapping's keys against KEYS[section]: unknown keys and missing required ones."""
-    if not isinstance(value, dict):
-        ctx.add(path or "(top level)", f"must be a mapping, got {describe(value)}")
-        return None
-    required, optional = KEYS[section]
-    known = required | optional
-    for key in value:
-        if not isinstance(key, str):
-            ctx.add(path or "(top level)", f"field names must be strings, got {describe(key)}")
-        elif key not in known:
-            hint = difflib.get_close_matches(key, sorted(known), n=1)
-            ctx.add(
-                _join(path, key),
-                "unknown field" + (f" (did you mean {hint[0]!r}?)" if hint else ""),
-            )
-    for key in sorted(required - set(value)):
-        ctx.add(_join(path, key), "required field is missing")
-    # The known fields that are present are still validated after a problem here, so one run
-    # reports every problem; unknown keys are simply not read.
-    return {k: v for k, v in value.items() if isinstance(k, str) and k in known}
-
-
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
-
-
-def _list(ctx: _Ctx, path: str, value: Any, *, nonempty: bool) -> list[Any] | None:
-    return ctx.read_list(path, value, nonempty=nonempty)
-
-
-def _number(ctx: _Ctx, path: str, value: Any, **bounds: float | None) -> float | None:
-    return ctx.read_number(path, value, **bounds)
-
-
-def _integer(ctx: _Ctx, path: str, value: Any, **bounds: int | None) -> int | None:
-    return ctx.read_integer(path, value, **bounds)
-
-
-def _string(ctx: _Ctx, path: str, value: Any, *, pattern: bool = False) -> str | None:
-    return ctx.read_string(path, value, pattern=pattern)
-
-
-def _enum(ctx: _Ctx, path: str, value: Any, allowed: tuple[str, ...]) -> str | None:
-    return ctx.read_enum(path, value, allowed)
-
-
-def _req_number(
-    ctx: _Ctx, path: str, m: Mapping[str, Any], key: str, **bounds: Any
-) -> float | None:
-    if key not in m:
-        return None  # already reported as missing
-    return _number(ctx, f"{path}.{key}", m[key], **bounds)
-
-
-def _opt_number(
-    ctx: _Ctx, path: str, m: Mapping[str, Any], key: str, *, nullable: bool = True, **bounds: Any
-) -> float | None:
-    if key not in m or (nullable and m[key] is None):
-        return None
-    return _number(ctx, f"{path}.{key}", m[key], **bounds)
-
-
-def _req_int(ctx: _Ctx, path: str, m: Mapping[str, Any], key: str, **bounds: Any) -> int | None:
-    if key not in m:
-        return None
-    return _integer(ctx, f"{path}.{key}", m[key], **bounds)
-
-
-def _opt_int(ctx: _Ctx, path: str, m: Mapping[str, Any], key: str, **bounds: Any) -> int | None:
-    if key not in m or m[key] is None:
-        return None
-    return _integer(ctx, f"{path}.{key}", m[key], **bounds)
-
-
-def _opt_bool(ctx: _Ctx, path: str, m: Mapping[str, Any], key: str) -> bool | None:
-    if key not in m:
-        return None
-    return ctx.read_bool(f"{path}.{key}", m[key])

@@ -57,467 +57,78 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
-import numpy.typing as npt
 
 from headroom.analysis.events import WindowTraffic, window_event
-from headroom.controllers.levers import CostModel
 from headroom.controllers.types import (
-    LEVER_PRECOMPUTE,
     ArmStats,
     CapacityLevel,
     RegionObservation,
     segment_of,
     stratum_key,
 )
-from headroom.defences.plan import CellPlanner, PlanRule
-from headroom.kernel import seeds
-from headroom.kernel.scenario import Scenario
+from headroom.defences.plan import CellPlanner
 from headroom.kernel.sketch import bin_values
-from headroom.kernel.traces import CapacityChange, PoolKey, ScenarioTraces
-from headroom.sim.config import SimConfig
+from headroom.kernel.traces import CapacityChange
+from headroom.sim.context import (
+    _EPS,
+    _KEY_SPAN,
+    _R,
+    PATH_BASE,
+    PATH_RMA,
+    PATH_SBM,
+    SKETCH_ALPHA,
+    STRATA_EVERY_S,
+    ArmParts,
+    FloatArray,
+    Health,
+    IntArray,
+    Issued,
+    Mix,
+    Plan,
+    Quotas,
+    SimContext,
+    Targets,
+    baseline_plan,
+    build_mix,
+)
 from headroom.sim.faults import fault_lines
 from headroom.sim.latency import (
     RHO_FLUID_CAP,
-    LatencyConfig,
     StageState,
     Strata,
     WaitParams,
-    allocate_samples,
-    baseline_wait_params,
     in_time_probability,
     keys_of,
-    low_priority_factor,
     sample_window,
-    serial_waits,
-    sketch_from_mass,
     speed,
     wait_params,
-    wait_params_array,
 )
-from headroom.sim.population import Population, arm_signal_sums
-from headroom.sim.precompute_sim import PrecomputeRegion, PrecomputeWindows, precompute_region
+from headroom.sim.population import arm_signal_sums
+from headroom.sim.precompute_sim import PrecomputeRegion, precompute_region
+from headroom.sim.windows import (
+    _add_precompute_arm,
+    _add_rows,
+    _add_strata,
+    _concat_strata,
+    _estimator_strata,
+    _sample_windows,
+    _shadow_strata,
+    _strata,
+    _window_sketches,
+)
 
 __all__ = [
-    "PATH_BASE",
-    "PATH_RMA",
-    "PATH_SBM",
-    "SIM_EPOCH",
-    "Issued",
-    "Plan",
     "RegionPolicy",
     "RegionRun",
-    "SimContext",
-    "Targets",
     "run_policy",
 ]
 
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
-
-# Scenario time 0 on the event log's clock (the message examples' epoch): fixed, so a seed gives the
-# same log byte for byte.
-SIM_EPOCH = 1_796_000_000.0
-SKETCH_ALPHA = 0.01
-_KEY_SPAN = 2048  # dense latency-key histogram size: keys 0..2047 cover 1 ms .. > 10^17 ms
-_EPS = 1e-9
-
-PATH_BASE, PATH_RMA, PATH_SBM = 0, 1, 2
-
-# The estimator's strata sums (window field ``strata``) are drawn every control interval and
-# written, added up, on one window line every scenario hour and at the end: they add exactly, so
-# only a log cut short loses the unwritten part; every 15 minutes took a simulated day with every
-# policy from 84 to 95 MB (compressed) against a 100 MB budget.
-STRATA_EVERY_S = 3600.0
-
 
 # --------------------------------------------------------------------------------------------
-# The shared context of one run (scenario × seed): every policy is simulated against it
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class RegionStatic:
-    name: str
-    ded_cpu: float
-    ded_acc: float
-    ded_hardware: str
-    pools: tuple[PoolKey, ...]
-    base_ok: tuple[bool, ...]  # accelerator pool may run the base model (RMA)
-    strong_ok: tuple[bool, ...]  # accelerator pool may run the strong model (SBM)
-    servers: float  # peer policies: servers of cores_per_server dedicated cores
-
-
-class Curves(Protocol):
-    """What the engine needs from :class:`headroom.world.curves.ValueCurves`."""
-
-    def mean_quality(self, segment_idx: Any, model: Any, n: Any) -> FloatArray: ...
-
-    def std_quality(self, segment_idx: Any, model: Any, n: Any) -> FloatArray: ...
-
-
-class SimContext:
-    """Everything every policy of a run shares: scenario, traces, population, value curves."""
-
-    def __init__(
-        self,
-        scenario: Scenario,
-        curves: Curves,
-        *,
-        seed: int | None = None,
-        config: SimConfig | None = None,
-    ) -> None:
-        self.scenario = scenario
-        self.config = cfg = config or SimConfig()
-        self.seed = int(scenario.seed if seed is None else seed)
-        self.curves = curves
-        self.traces = ScenarioTraces(scenario, seeds.traces_rng(self.seed), cfg.step_s)
-        self.pop = Population.from_scenario(scenario, cfg.value_bins)
-        w = scenario.world
-        self.n0 = int(w.base_candidates)
-        self.nmax = int(w.max_candidates)
-        # the client plan (defences/plan.py): its rule, the clients' flags set per policy
-        self.plan_rule = PlanRule(
-            holdout=float(w.holdout), base=self.n0, max=self.nmax, bins=self.pop.bins
-        )
-        self.plan_cache: dict[Any, FloatArray] = {}  # value-ranked RMA's thresholds
-        self.holdout = self.plan_rule.holdout
-        self.treat = self.plan_rule.treat
-        self.eligible = float(cfg.eligible_share)
-        self.costs = CostModel.from_models(scenario.models, self.n0)
-        self.window_s = float(scenario.slo.window_s)
-        self.duration_s = float(scenario.duration_s)
-        self.n_windows = max(1, math.ceil(self.duration_s / self.window_s - 1e-9))
-        self.timeout_ms = cfg.timeout_factor * float(scenario.slo.p99_ms)
-        self.segment_names = tuple(s.name for s in scenario.segments)
-        seg = self.pop.seg
-        self.q_base = np.asarray(curves.mean_quality(seg, 0, self.n0), dtype=np.float64)
-        self.sd_base = np.asarray(curves.std_quality(seg, 0, self.n0), dtype=np.float64)
-        self.q_strong = np.asarray(curves.mean_quality(seg, 1, self.n0), dtype=np.float64)
-        self.sd_strong = np.asarray(curves.std_quality(seg, 1, self.n0), dtype=np.float64)
-        self._rma_q: dict[int, tuple[FloatArray, FloatArray]] = {}
-        base_hw = set(scenario.models.base.hardware)
-        strong_hw = set(scenario.models.strong.hardware)
-        regions = []
-        for r, rt in zip(scenario.regions, self.traces.regions, strict=True):
-            keys = tuple(p.key for p in rt.pools)
-            regions.append(
-                RegionStatic(
-                    name=r.name,
-                    ded_cpu=float(r.dedicated.cpu),
-                    ded_acc=float(r.dedicated.accelerator),
-                    ded_hardware=r.dedicated.hardware,
-                    pools=keys,
-                    base_ok=tuple(
-                        k.resource == "accelerator" and not k.remote and k.hardware in base_hw
-                        for k in keys
-                    ),
-                    strong_ok=tuple(
-                        k.resource == "accelerator" and not k.remote and k.hardware in strong_hw
-                        for k in keys
-                    ),
-                    servers=max(1.0, float(r.dedicated.cpu) / cfg.cores_per_server),
-                )
-            )
-        self.regions: tuple[RegionStatic, ...] = tuple(regions)
-        self.oracle_cache: dict[str, Any] = {}
-        # scenario time 0 on the event log's clock (a replayed run uses its recording's)
-        self.t0 = SIM_EPOCH
-
-    def rma_quality(self, extra: int) -> tuple[FloatArray, FloatArray]:
-        """Per cell, mean and spread of the quality with ``extra`` extra candidates (base model)."""
-        got = self._rma_q.get(extra)
-        if got is None:
-            seg = self.pop.seg
-            n = self.n0 + extra
-            got = (
-                np.asarray(self.curves.mean_quality(seg, 0, n), dtype=np.float64),
-                np.asarray(self.curves.std_quality(seg, 0, n), dtype=np.float64),
-            )
-            self._rma_q[extra] = got
-        return got
-
-    def rng(self, region: int, purpose: int) -> np.random.Generator:
-        """A fresh generator for (region, purpose): the same numbers for every policy."""
-        return seeds.stream_rng(self.seed, 1000 + region, purpose)
-
-
-# --------------------------------------------------------------------------------------------
-# Targets, plans and the mix a plan implies
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Targets:
-    """What clients and servers of a region apply (the body of a ``headroom.targets`` message
-    plus the capacity assignment behind it)."""
-
-    epoch: int
-    issued_at: float
-    ttl_s: float
-    rma_candidates: int
-    sbm_segments: Mapping[str, float]
-    # pool index -> (units assigned to RMA, units assigned to SBM)
-    assignment: Mapping[int, tuple[float, float]] = field(default_factory=dict)
-    sbm_coverage: float = 0.0
-    # precompute jobs per second (of PrecomputeLever's size) the control plane grants
-    precompute_jobs_per_s: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class Issued:
-    """A central decision: targets plus the events that record it."""
-
-    targets: Targets
-    fields: dict[str, Any]  # the target.issued event's fields
-    extra_events: tuple[tuple[str, dict[str, Any]], ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """Per cell, the share of *treatment* requests served each way.
-
-    ``rma[j, c]`` with ``levels[j]`` extra candidates; ``sbm`` on the strong model; ``down``
-    routed to the strong model and downgraded by its server; ``fail`` routed to strong replicas
-    that were not there. The rest of the treatment arm, and the whole control arm, take the
-    base path.
-    """
-
-    levels: tuple[int, ...]
-    rma: FloatArray  # (J, C)
-    sbm: FloatArray  # (C,)
-    down: FloatArray  # (C,)
-    fail: FloatArray  # (C,)
-
-
-@dataclass(frozen=True, slots=True)
-class ArmParts:
-    """A group of requests as (class row, cell) parts: share of all arrivals, quality."""
-
-    weights: FloatArray
-    cell: IntArray
-    row: IntArray
-    q: FloatArray
-    sd: FloatArray
-    # optional work one request of the part received (ms): the value signals' ``cost``
-    cpu_ms: FloatArray
-    acc_ms: FloatArray
-
-
-@dataclass(slots=True)
-class Mix:
-    """A plan's consequences per arriving request: loads, classes, value (see module doc)."""
-
-    plan: Plan
-    # per-arrival loads, ms of work
-    base_cpu: float
-    opt_cpu: float
-    base_acc: float
-    opt_acc: float
-    strong_acc: float
-    # classes: base, rma_0..rma_{J-1}, sbm, down, fail
-    frac: FloatArray  # (K,) share of all arrivals
-    service_ms: FloatArray  # (K,)
-    penalty_ms: FloatArray  # (K,)
-    work_units: FloatArray  # (K,) work of one request, in 100s of base-model candidates
-    path: IntArray  # (K,)
-    strong_stage: npt.NDArray[np.bool_]  # (K,) accelerator stage is the strong replicas
-    # stage service statistics
-    cpu_mean: float
-    cpu_cs2: float
-    acc_mean: float
-    acc_cs2: float
-    strong_mean: float
-    strong_cs2: float
-    # truth per class and segment, per arriving request: (K, S)
-    count: FloatArray
-    value: FloatArray
-    base_value: FloatArray
-    # holdout arms and value-signal groups: parts of (class, cell) with their quality
-    arm_parts: dict[str, ArmParts]
-
-
-def baseline_plan(ctx: SimContext) -> Plan:
-    c = ctx.pop.n_cells
-    z = np.zeros(c)
-    return Plan((), np.zeros((0, c)), z, z, z)
-
-
-def build_mix(ctx: SimContext, plan: Plan) -> Mix:
-    pop = ctx.pop
-    cfg = ctx.config
-    costs = ctx.costs
-    n0 = ctx.n0
-    par = cfg.latency.cpu_parallelism
-    cv2 = cfg.latency.service_cv**2
-    sh = pop.share
-    t = ctx.treat
-    n_levels = len(plan.levels)
-    # class shares per cell (of treatment requests), then per arriving request
-    parts = [plan.rma[j] for j in range(n_levels)] + [plan.sbm, plan.down, plan.fail]
-    cell_frac = np.vstack(parts) if parts else np.zeros((0, pop.n_cells))
-    treat_base = np.clip(1.0 - cell_frac.sum(axis=0), 0.0, 1.0)
-    base_cells = t * treat_base + ctx.holdout  # control arm: always base
-    cell_frac_all = np.vstack([base_cells, t * cell_frac])  # (K, C), share of a cell's arrivals
-    frac = cell_frac_all @ sh
-    k = frac.size
-    ncls = np.array([n0] + [n0 + e for e in plan.levels] + [n0, n0, n0], dtype=np.float64)
-    cpu_work = ncls * costs.base_cpu_ms
-    cpu_work[1 + n_levels] += n0 * costs.strong_cpu_ms
-    acc_work = ncls * costs.base_accelerator_ms
-    acc_work[1 + n_levels] = n0 * costs.strong_accelerator_ms
-    service = cpu_work / par + acc_work
-    # a strong request weighs its accelerator work in base-model candidates
-    units = ncls / 100.0
-    if costs.base_accelerator_ms > 0:
-        units[1 + n_levels] = n0 * costs.strong_accelerator_ms / costs.base_accelerator_ms / 100.0
-    penalty = np.zeros(k)
-    penalty[2 + n_levels] = cfg.downgrade_ms
-    penalty[3 + n_levels] = cfg.failover_ms
-    path = np.array([PATH_BASE] + [PATH_RMA] * n_levels + [PATH_SBM, PATH_BASE, PATH_BASE])
-    strong_stage = np.zeros(k, dtype=np.bool_)
-    strong_stage[1 + n_levels] = True
-    f_rma = frac[1 : 1 + n_levels]
-    f_sbm = float(frac[1 + n_levels])
-    levels = np.array(plan.levels, dtype=np.float64)
-    base_cpu = n0 * costs.base_cpu_ms
-    opt_cpu = float((f_rma * levels).sum()) * costs.base_cpu_ms + f_sbm * n0 * costs.strong_cpu_ms
-    base_acc = (1.0 - f_sbm) * n0 * costs.base_accelerator_ms
-    opt_acc = float((f_rma * levels).sum()) * costs.base_accelerator_ms
-    strong_acc = f_sbm * n0 * costs.strong_accelerator_ms
-
-    def stats(weights: FloatArray, svc: FloatArray) -> tuple[float, float]:
-        tot = float(weights.sum())
-        if tot <= 0:
-            return 0.0, cv2
-        m1 = float((weights * svc).sum()) / tot
-        m2 = float((weights * svc * svc).sum()) / tot
-        return m1, ((1.0 + cv2) * m2 / (m1 * m1) - 1.0) if m1 > 0 else cv2
-
-    cpu_mean, cpu_cs2 = stats(frac, cpu_work / par)
-    mixed = ~strong_stage
-    acc_mean, acc_cs2 = stats(frac * mixed, acc_work)
-    strong_mean, strong_cs2 = stats(frac * strong_stage, acc_work)
-
-    # truth: quality per class and cell
-    q_rows = [ctx.q_base]
-    sd_rows = [ctx.sd_base]
-    for e in plan.levels:
-        q, sd = ctx.rma_quality(e)
-        q_rows.append(q)
-        sd_rows.append(sd)
-    q_rows += [ctx.q_strong, ctx.q_base, ctx.q_base]
-    sd_rows += [ctx.sd_strong, ctx.sd_base, ctx.sd_base]
-    qk = np.vstack(q_rows)
-    seg_onehot = np.zeros((pop.n_cells, pop.n_segments))
-    seg_onehot[np.arange(pop.n_cells), pop.seg] = 1.0
-    w = cell_frac_all * sh  # (K, C) share of all arrivals in (class, cell)
-    count = w @ seg_onehot
-    value = (w * pop.v_mean * qk) @ seg_onehot
-    base_value = (w * pop.v_mean * ctx.q_base) @ seg_onehot
-    sd_all = np.vstack(sd_rows)
-    cells = np.arange(pop.n_cells)
-
-    # optional work per request of each class: RMA's extra candidates, the strong ranking
-    opt_cpu_row = np.zeros(k)
-    opt_acc_row = np.zeros(k)
-    opt_cpu_row[1 : 1 + n_levels] = levels * costs.base_cpu_ms
-    opt_acc_row[1 : 1 + n_levels] = levels * costs.base_accelerator_ms
-    opt_cpu_row[1 + n_levels] = n0 * costs.strong_cpu_ms
-    opt_acc_row[1 + n_levels] = n0 * costs.strong_accelerator_ms
-
-    def group(rows: list[int], weights: list[FloatArray]) -> ArmParts:
-        if not rows:
-            z = np.zeros(0)
-            e = np.zeros(0, dtype=np.int64)
-            return ArmParts(z, e, e, z, z, z, z)
-        row = np.repeat(np.array(rows, dtype=np.int64), pop.n_cells)
-        return ArmParts(
-            weights=np.concatenate(weights),
-            cell=np.tile(cells, len(rows)),
-            row=row,
-            q=np.concatenate([qk[r] for r in rows]),
-            sd=np.concatenate([sd_all[r] for r in rows]),
-            cpu_ms=opt_cpu_row[row],
-            acc_ms=opt_acc_row[row],
-        )
-
-    srow = 1 + n_levels
-    rma_rows = list(range(1, 1 + n_levels))
-    arm_parts: dict[str, ArmParts] = {
-        # what each request received (the log's arms: docs/events.md), plus "none": treatment
-        # requests that got no optional work, so a value-aware selection of the treated cannot
-        # bias the holdout estimate (docs/simulator.md §Holdout estimate)
-        "rma": group(rma_rows, [t * cell_frac[j] * sh for j in range(n_levels)]),
-        "sbm": group([srow], [t * plan.sbm * sh]),
-        "none": group(
-            [0, srow + 1, srow + 2],
-            [t * treat_base * sh, t * plan.down * sh, t * plan.fail * sh],
-        ),
-        # intent-to-treat groups the control plane learns from (docs/simulator.md §Value
-        # signals): requests not routed to the strong model (RMA's), and routed ones (SBM's)
-        "itt_rma": group(
-            [0, *rma_rows], [t * treat_base * sh] + [t * cell_frac[j] * sh for j in range(n_levels)]
-        ),
-        "itt_sbm": group(
-            [srow, srow + 1, srow + 2], [t * plan.sbm * sh, t * plan.down * sh, t * plan.fail * sh]
-        ),
-    }
-    return Mix(
-        plan=plan,
-        base_cpu=base_cpu,
-        opt_cpu=opt_cpu,
-        base_acc=base_acc,
-        opt_acc=opt_acc,
-        strong_acc=strong_acc,
-        frac=frac,
-        service_ms=service,
-        penalty_ms=penalty,
-        work_units=units,
-        path=path,
-        strong_stage=strong_stage,
-        cpu_mean=cpu_mean,
-        cpu_cs2=cpu_cs2,
-        acc_mean=acc_mean,
-        acc_cs2=acc_cs2,
-        strong_mean=strong_mean,
-        strong_cs2=strong_cs2,
-        count=count,
-        value=value,
-        base_value=base_value,
-        arm_parts=arm_parts,
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# What a policy is, to the engine
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Quotas:
-    """Opportunistic capacity each lever holds right now (cores, devices)."""
-
-    rma_cpu: float
-    rma_acc: float
-    sbm_cpu: float
-    sbm_acc: float  # loaded strong-model devices
-
-
-@dataclass(frozen=True, slots=True)
-class Health:
-    """What responses tell clients, and what a server sees of itself, after one step."""
-
-    now: float
-    mixed_queue_ms: float  # standing queue of the mixed replicas (what CoDel judges)
-    strong_queue_ms: float  # standing queue of the strong replicas
-    # work in flight per server (Little's law), in units of 100 base-model candidates
-    inflight_units: float
-    baseline_units: float  # the baseline part of it (base candidates of every request)
-    latency_ms: float  # mean response time of the step
 
 
 class RegionPolicy(Protocol):
@@ -548,8 +159,6 @@ class RegionPolicy(Protocol):
 
 
 # --------------------------------------------------------------------------------------------
-# One region under one policy
-# --------------------------------------------------------------------------------------------
 
 EmitFn = Callable[[str, float, dict[str, Any]], None]
 
@@ -559,23 +168,6 @@ _EV_CAPACITY, _EV_CONTROL, _EV_APPLY, _EV_EXPIRE, _EV_LOADED, _EV_NOTICE = range
 # treatment groups of a window's holdout sums: the log's arms (what requests received, and
 # "none"), and the intent-to-treat groups the control plane learns from
 _ARM_GROUPS = ("rma", "sbm", "none", "itt_rma", "itt_sbm")
-
-# one (sub-)step of the fluid model, kept until its window closes: arrivals, the request rate,
-# the step's length, utilisation and fluid backlog (start, end) of each stage, the same for the
-# static shadow, in-flight strong requests lost to a reclaim, the strong replicas' speed, and
-# the server counts of each stage (wait parameters are computed from these at closing)
-#
-# Baseline first (docs/simulator.md, *Baseline first*): on the mixed replicas ``rc``/``ra`` and
-# ``c0``..``a1`` are the baseline queue's (every request's baseline part, on the dedicated
-# capacity); ``mc``/``ma`` the utilisation of the whole stage the optional parts queue in at low
-# priority, ``oc0``..``oa1`` the fluid backlog of the optional parts on their quota and
-# ``roc``/``roa`` the optional work's utilisation of its quota.
-_ROW = (
-    "a", "lam", "dt", "rc", "ra", "rs", "c0", "c1", "a0", "a1", "s0", "s1",
-    "src", "sra", "sc0", "sc1", "sa0", "sa1", "fail", "speed", "nc", "na", "ns",
-    "mc", "ma", "oc0", "oc1", "oa0", "oa1", "roc", "roa",
-)  # fmt: skip
-_R = {name: i for i, name in enumerate(_ROW)}
 
 
 @dataclass(slots=True)
@@ -1627,289 +1219,6 @@ def _standing(w: WaitParams) -> float:
     return math.log(2.0 * w.p) / w.rate
 
 
-# --------------------------------------------------------------------------------------------
-# A window's strata
-# --------------------------------------------------------------------------------------------
-
-
-def _strata(run: RegionRun, g: FloatArray, mix: Mix) -> tuple[Strata, int]:
-    """Strata of (step, class) for steps ``g`` (rows) under one mix, step-major."""
-    k = mix.frac.size
-    n = g.shape[0]
-    col = _R
-    a = g[:, col["a"]]
-    count = np.outer(a, mix.frac)
-    fail = g[:, col["fail"]]
-    count[:, -1] += fail
-    strong = mix.strong_stage[None, :]
-    stretch = mix.strong_mean * (1.0 / g[:, col["speed"]] - 1.0)
-    service = mix.service_ms[None, :] + np.where(strong, stretch[:, None], 0.0)
-    penalty = np.broadcast_to(mix.penalty_ms, (n, k)).copy()
-    with np.errstate(divide="ignore", invalid="ignore"):
-        extra_pen = np.where(count[:, -1] > 0, fail * 0.5 * mix.strong_mean / count[:, -1], 0.0)
-    penalty[:, -1] += extra_pen
-    # baseline first (module doc of sim/latency.py): every request's baseline part waits in the
-    # baseline queue — the baseline work alone, ahead of every optional part, on the dedicated
-    # capacity plus the quota's units optional work leaves idle (never fewer than static has)
-    bm = run.base_mix
-    st_ = run.static
-    ded_c = st_.ded_cpu / run.cfg.latency.cpu_parallelism
-    bc_p, bc_r = baseline_wait_params(
-        g[:, col["rc"]], ded_c, g[:, col["nc"]], g[:, col["roc"]], bm.cpu_mean, bm.cpu_cs2
-    )
-    ba_p, ba_r = baseline_wait_params(
-        g[:, col["ra"]], st_.ded_acc, g[:, col["na"]], g[:, col["roa"]], bm.acc_mean, bm.acc_cs2
-    )
-    # ... and its optional part (RMA's extra candidates, the strong model's CPU work) waits at
-    # low priority in the whole stage: its wait stretches by 1 / (1 − ρ_H), ρ_H the share of
-    # the stage the baseline keeps busy (non-preemptive priority, Cobham's formula)
-    oc_p, oc_r = wait_params_array(g[:, col["mc"]], g[:, col["nc"]], mix.cpu_mean, mix.cpu_cs2)
-    oa_p, oa_r = wait_params_array(g[:, col["ma"]], g[:, col["na"]], mix.acc_mean, mix.acc_cs2)
-    oc_r = oc_r * low_priority_factor(g[:, col["rc"]], ded_c, g[:, col["nc"]])
-    oa_r = oa_r * low_priority_factor(g[:, col["ra"]], st_.ded_acc, g[:, col["na"]])
-    ws_p, ws_r = wait_params_array(
-        g[:, col["rs"]], g[:, col["ns"]], mix.strong_mean, mix.strong_cs2
-    )
-    # a request with optional work waits for both of its parts, one after the other (the ideal
-    # packing of the oracle adds no queueing of its own: its optional parts never wait)
-    if run.policy.ideal:
-        tc_p, tc_r, ta_p, ta_r = bc_p, bc_r, ba_p, ba_r
-    else:
-        tc_p, tc_r = serial_waits(bc_p, bc_r, oc_p, oc_r)
-        ta_p, ta_r = serial_waits(ba_p, ba_r, oa_p, oa_r)
-
-    # RMA's extra candidates queue at low priority on both mixed stages; the strong model's own
-    # CPU work (SBM) is charged to the optional CPU quota, so it is slowed with the optional
-    # backlog, but it runs beside the strong replica's devices, not in the mixed replicas' queue
-    opt_cpu = np.tile(mix.path != PATH_BASE, n)  # RMA and SBM: optional CPU work
-    opt_acc = np.tile(mix.path == PATH_RMA, n)  # RMA: optional base-model accelerator work
-    sel = np.tile(mix.strong_stage, n)  # step-major flattening: class varies fastest
-
-    def either(mask: npt.NDArray[np.bool_], yes: FloatArray, no: FloatArray) -> FloatArray:
-        return np.where(mask, np.repeat(yes, k), np.repeat(no, k))
-
-    def acc(strong_x: FloatArray, opt_x: FloatArray, base_x: FloatArray) -> FloatArray:
-        return np.where(sel, np.repeat(strong_x, k), either(opt_acc, opt_x, base_x))
-
-    c0, c1, a0, a1 = (g[:, col[x]] for x in ("c0", "c1", "a0", "a1"))
-    st = Strata(
-        count=count.ravel(),
-        service_ms=service.ravel(),
-        penalty_ms=penalty.ravel(),
-        fc0=either(opt_cpu, c0 + g[:, col["oc0"]], c0),
-        fc1=either(opt_cpu, c1 + g[:, col["oc1"]], c1),
-        fa0=acc(g[:, col["s0"]], a0 + g[:, col["oa0"]], a0),
-        fa1=acc(g[:, col["s1"]], a1 + g[:, col["oa1"]], a1),
-        p1=either(opt_acc, tc_p, bc_p),
-        r1=either(opt_acc, tc_r, bc_r),
-        p2=acc(ws_p, ta_p, ba_p),
-        r2=acc(ws_r, ta_r, ba_r),
-        path=np.tile(mix.path, n).astype(np.int64),
-    )
-    return st, k
-
-
-def _shadow_strata(run: RegionRun, g: FloatArray) -> Strata:
-    """The static shadow's baseline requests of steps ``g`` (one stratum per step)."""
-    col = _R
-    n = g.shape[0]
-    bm = run.base_mix
-    st = run.static
-    par = run.cfg.latency.cpu_parallelism
-    p1, r1 = wait_params_array(
-        g[:, col["src"]], np.full(n, st.ded_cpu / par), bm.cpu_mean, bm.cpu_cs2
-    )
-    p2, r2 = wait_params_array(g[:, col["sra"]], np.full(n, st.ded_acc), bm.acc_mean, bm.acc_cs2)
-    return Strata(
-        count=np.ones(n),
-        service_ms=np.full(n, float(bm.service_ms[0])),
-        penalty_ms=np.zeros(n),
-        fc0=g[:, col["sc0"]],
-        fc1=g[:, col["sc1"]],
-        fa0=g[:, col["sa0"]],
-        fa1=g[:, col["sa1"]],
-        p1=p1,
-        r1=r1,
-        p2=p2,
-        r2=r2,
-        path=np.zeros(n, dtype=np.int64),
-    )
-
-
-def _add_rows(out: FloatArray, idx: IntArray, rows: FloatArray) -> None:
-    """``out[idx[i]] += rows[i]`` for every row (per-window sums of per-step rows)."""
-    for col in range(out.shape[1]):
-        out[:, col] += np.bincount(idx, weights=rows[:, col], minlength=out.shape[0])
-
-
-def _sample_windows(
-    st: Strata,
-    win: IntArray,
-    n_w: int,
-    cfg: LatencyConfig,
-    timeout_ms: float,
-    uniforms: FloatArray,
-    m: int,
-) -> tuple[FloatArray, FloatArray, IntArray, IntArray]:
-    """:func:`sample_window` for several windows at once: each window's strata get that
-    window's ``m`` random numbers, allocated by count within the window."""
-    order = np.argsort(win, kind="stable")
-    bounds = np.searchsorted(win[order], np.arange(n_w + 1))
-    take: list[IntArray] = []
-    cols: list[IntArray] = []
-    for w in range(n_w):
-        idx = order[bounds[w] : bounds[w + 1]]
-        if idx.size == 0:
-            continue
-        counts = st.count[idx]
-        if counts.sum() <= 0:
-            continue
-        alloc = allocate_samples(counts, m)
-        rep = np.repeat(idx, alloc)
-        take.append(rep)
-        cols.append(w * m + np.arange(rep.size))
-    if not take:
-        z = np.zeros(0)
-        zi = np.zeros(0, dtype=np.int64)
-        return z, z, zi, zi
-    idx = np.concatenate(take)
-    col = np.concatenate(cols)
-    sub = st.take_index(idx)
-    lat, _, paths = sample_window(sub, cfg, timeout_ms, uniforms[:, col], allocated=True)
-    # each sample stands for count / (samples of its stratum in its window) requests
-    n_alloc = np.bincount(idx, minlength=st.size)
-    weights = st.count[idx] / n_alloc[idx]
-    return lat, weights, paths, win[idx]
-
-
-def _add_strata(
-    acc: dict[str, dict[str, dict[str, Any]]], new: Mapping[str, Mapping[str, Mapping[str, Any]]]
-) -> None:
-    """Add one interval's strata sums into ``acc`` (every field is a sum)."""
-    for key, by_arm in new.items():
-        to = acc.setdefault(key, {})
-        for arm, sums in by_arm.items():
-            got = to.get(arm)
-            if got is None:
-                to[arm] = dict(sums)
-            else:
-                for k, v in sums.items():
-                    got[k] += v
-
-
-def _estimator_strata(
-    groups: list[str],
-    n_all: IntArray,
-    sums: tuple[FloatArray, ...],
-    pop: Population,
-    names: tuple[str, ...],
-) -> dict[str, dict[str, dict[str, Any]]]:
-    """The window line's ``strata``: the estimator's sums per (segment, value bin) stratum and
-    arm (control and what the requests received), with the value signal's sums."""
-    s1, s2, x1, x2, xy, n_late, x_late, x2_late = sums
-    n_c = pop.n_cells
-    strata: dict[str, dict[str, dict[str, Any]]] = {}
-    for gi, name in enumerate(groups):
-        if name.startswith("itt_"):
-            continue
-        for c in range(n_c):
-            i = gi * n_c + c
-            if n_all[i] <= 0:
-                continue
-            key = stratum_key(names[int(pop.seg[c])], c % pop.bins)
-            strata.setdefault(key, {})[name] = {
-                "n": int(n_all[i]),
-                "value_sum": float(s1[i]),
-                "value_sq_sum": float(s2[i]),
-                "signal_sum": float(x1[i]),
-                "signal_sq_sum": float(x2[i]),
-                "signal_value_sum": float(xy[i]),
-                "failed": int(n_late[i]),
-                "failed_signal_sum": float(x_late[i]),
-                "failed_signal_sq_sum": float(x2_late[i]),
-            }
-    return strata
-
-
-def _add_precompute_arm(arms: dict[str, dict[str, dict[str, Any]]], pre: PrecomputeWindows) -> None:
-    """Put the interval's hits in the window line's ``arms`` as their own group, ``precompute``
-    (what the requests received, as the streaming client reports them), so the holdout estimate
-    counts precompute: a hit's request was served from the store, not by the live path, so each
-    live treatment group of the segment keeps ``1 − h_s`` of its requests (its sums scaled
-    alike: the same mean and spread), ``h_s`` the interval's share of treatment visits that hit."""
-    for seg, share in pre.hit_share.items():
-        hits = pre.value_obs.get((seg, LEVER_PRECOMPUTE, "treatment"))
-        if hits is None or hits.n <= 0:
-            continue
-        by = arms.setdefault(seg, {})
-        for name, sums in by.items():
-            if name == "control":
-                continue
-            n = int(sums["n"])
-            kept = round(n * (1.0 - share))
-            k = kept / n if n > 0 else 0.0
-            sums["n"] = kept
-            sums["value_sum"] = float(sums["value_sum"]) * k
-            sums["value_sq_sum"] = float(sums["value_sq_sum"]) * k
-        by[LEVER_PRECOMPUTE] = {
-            "n": hits.n,
-            "value_sum": hits.value_sum,
-            "value_sq_sum": hits.value_sq_sum,
-        }
-
-
-def _window_sketches(
-    lat: FloatArray, weights: FloatArray, paths: IntArray, win: IntArray, n_req: IntArray
-) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """Per window, the sketch of every request and of the baseline-only ones (integer counts)."""
-    n_w = n_req.size
-    out: list[tuple[dict[str, Any], dict[str, Any]]] = []
-    if lat.size == 0:
-        empty: dict[str, Any] = {"alpha": SKETCH_ALPHA, "bins": {}, "zeros": 0}
-        return [(dict(empty), dict(empty)) for _ in range(n_w)]
-    keys = np.clip(keys_of(lat, SKETCH_ALPHA), 0, _KEY_SPAN - 1)
-    combined = win * _KEY_SPAN + keys
-    uniq, inv = np.unique(combined, return_inverse=True)
-    mass = np.asarray(np.bincount(inv, weights=weights, minlength=uniq.size), dtype=np.float64)
-    base = paths == PATH_BASE
-    mass_base = np.asarray(
-        np.bincount(inv[base], weights=weights[base], minlength=uniq.size), dtype=np.float64
-    )
-    u_win = uniq // _KEY_SPAN
-    u_key = uniq % _KEY_SPAN
-    bounds = np.searchsorted(u_win, np.arange(n_w + 1))
-    for w in range(n_w):
-        sl = slice(bounds[w], bounds[w + 1])
-        k = u_key[sl]
-        m_all = mass[sl]
-        m_base = mass_base[sl]
-        tot = float(m_all.sum())
-        n_base = round(int(n_req[w]) * float(m_base.sum()) / tot) if tot > 0 else 0
-        out.append(
-            (
-                sketch_from_mass(k, m_all, int(n_req[w]), SKETCH_ALPHA),
-                sketch_from_mass(k[m_base > 0], m_base[m_base > 0], n_base, SKETCH_ALPHA),
-            )
-        )
-    return out
-
-
-def _concat_strata(parts: list[Strata]) -> Strata:
-    if len(parts) == 1:
-        return parts[0]
-    return Strata(
-        *(
-            np.concatenate([getattr(p, f) for p in parts])
-            for f in (
-                "count", "service_ms", "penalty_ms", "fc0", "fc1", "fa0", "fa1", "p1", "r1",
-                "p2", "r2", "path",
-            )
-        )
-    )  # fmt: skip
-
-
-# --------------------------------------------------------------------------------------------
-# Running one policy over a whole scenario
 # --------------------------------------------------------------------------------------------
 
 

@@ -89,7 +89,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy.optimize import linprog
 
-from headroom.sim.engine import Plan, SimContext, baseline_plan, build_mix
+from headroom.sim.context import Plan, SimContext, baseline_plan, build_mix
 from headroom.sim.latency import StageState, Strata, in_time_probability, wait_params_array
 from headroom.sim.precompute_sim import precompute_capable, precompute_static, returning_share
 

@@ -62,16 +62,8 @@ from headroom.defences.client_shedding import ClientShedder
 from headroom.defences.peers import OptionalBudget, make_limit
 from headroom.defences.shedding import OptionalCapacity, ServerShedder, ShedTransition
 from headroom.kernel.errors import ConfigError
-from headroom.sim.engine import (
-    Health,
-    Issued,
-    Plan,
-    Quotas,
-    RegionPolicy,
-    RegionRun,
-    SimContext,
-    Targets,
-)
+from headroom.sim.context import Health, Issued, Plan, Quotas, SimContext, Targets
+from headroom.sim.engine import RegionPolicy, RegionRun
 from headroom.sim.oracle import oracle_for
 
 __all__ = ["POLICIES", "PolicyFactory", "make_policy", "parse_policies"]

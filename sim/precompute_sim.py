@@ -117,7 +117,8 @@ from headroom.kernel.schedule import users_by_segment
 from headroom.sim.population import arm_sums
 
 if TYPE_CHECKING:
-    from headroom.sim.engine import RegionRun, SimContext
+    from headroom.sim.context import SimContext
+    from headroom.sim.engine import RegionRun
 
 __all__ = [
     "PRECOMPUTE_POLICIES",

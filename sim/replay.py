@@ -58,7 +58,7 @@ from headroom.kernel.scenario import (
 )
 from headroom.kernel.traces import PoolKey, ScenarioTraces
 from headroom.sim.config import SimConfig
-from headroom.sim.engine import Curves, SimContext
+from headroom.sim.context import Curves, SimContext
 from headroom.sim.population import Population
 from headroom.sim.replay_read import (
     V_MIN,

@@ -21,10 +21,11 @@ from headroom.analysis.events import EventLog, EventWriter
 from headroom.analysis.metrics import compute_metrics
 from headroom.kernel.scenario import Scenario
 from headroom.sim.config import SimConfig
-from headroom.sim.engine import Curves, SimContext, run_policy
-from headroom.sim.estimate import estimate_run
+from headroom.sim.context import Curves, SimContext
+from headroom.sim.engine import run_policy
 from headroom.sim.oracle import oracle_for
 from headroom.sim.policies import POLICIES, PolicyFactory
+from headroom.sim.runtime import estimate_run
 
 __all__ = ["RunResult", "build_context", "run_simulation"]
 
@@ -75,7 +76,7 @@ def run_simulation(
     """Simulate ``policies`` side by side and write ``events.jsonl``, ``metrics.json`` and (with
     ``plots``) the PNG plots and ``report.html`` into ``out_dir``. ``compress_events``: write the
     log gzip-compressed (None: when its plain size would exceed
-    :data:`headroom.sim.estimate.COMPRESS_ABOVE_BYTES`, i.e. long runs)."""
+    :data:`headroom.sim.runtime.COMPRESS_ABOVE_BYTES`, i.e. long runs)."""
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         raise ValueError(f"unknown policies {unknown} (known: {', '.join(POLICIES)})")

@@ -130,8 +130,8 @@ LONG_RUN_S = 60.0
 
 def _warn_if_long(scenario: Scenario, policies: list[str]) -> None:
     """Say at start how long a run expected to take over :data:`LONG_RUN_S` will take, and how
-    large its event log will be (:func:`headroom.sim.estimate.estimate_run`)."""
-    from headroom.sim.estimate import estimate_run
+    large its event log will be (:func:`headroom.sim.runtime.estimate_run`)."""
+    from headroom.sim.runtime import estimate_run
 
     est = estimate_run(scenario, policies)
     if est.wall_s > LONG_RUN_S:

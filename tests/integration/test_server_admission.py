@@ -37,7 +37,7 @@ from headroom.controllers.config import ControlConfig
 from headroom.controllers.plane import ControlPlane
 from headroom.kernel.scenario import Scenario
 from headroom.kernel.scenario_load import load_scenario
-from headroom.sim.engine import Quotas, SimContext, baseline_plan, build_mix
+from headroom.sim.context import Quotas, SimContext, baseline_plan, build_mix
 from headroom.sim.policies import HeadroomRegion
 from headroom.streams import messages
 from headroom.streams.kafka import KafkaTarget, make_producer

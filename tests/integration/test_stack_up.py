@@ -283,7 +283,8 @@ def simulate_headroom(
     as the real run (the scenario's ``control.interval_s``, which ``simulate`` uses too): the
     events ``run_simulation`` writes, analysed the same way."""
     from headroom.controllers.config import ControlConfig
-    from headroom.sim.engine import SIM_EPOCH, run_policy
+    from headroom.sim.context import SIM_EPOCH
+    from headroom.sim.engine import run_policy
     from headroom.sim.oracle import oracle_for
     from headroom.sim.policies import PolicyFactory
     from headroom.sim.run import build_context

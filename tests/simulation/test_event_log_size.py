@@ -12,9 +12,9 @@ from pathlib import Path
 from headroom.analysis.events import GZIP_MAGIC
 from headroom.cli import main
 from headroom.kernel.scenario_load import load_scenario
-from headroom.sim.estimate import COMPRESS_ABOVE_BYTES, estimate_run
 from headroom.sim.policies import POLICIES
 from headroom.sim.run import build_context, run_simulation
+from headroom.sim.runtime import COMPRESS_ABOVE_BYTES, estimate_run
 
 ROOT = Path(__file__).resolve().parents[2]
 DAY_LIMIT_BYTES = 100e6  # a simulated day of every policy, three regions

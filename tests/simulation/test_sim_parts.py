@@ -327,7 +327,7 @@ def test_window_sketch_holds_one_count_per_request() -> None:
 
 
 def test_dual_bound_is_valid_and_tight_on_random_budgets() -> None:
-    from headroom.sim.engine import SimContext
+    from headroom.sim.context import SimContext
     from headroom.sim.oracle import Oracle
     from tests.simulation.test_sim_runs import curves_of
 
@@ -356,7 +356,7 @@ def test_joint_dual_bound_with_precompute_is_valid_and_tight_on_random_budgets()
     from scipy.optimize import linprog
 
     from headroom.kernel.scenario_load import load_scenario
-    from headroom.sim.engine import SimContext
+    from headroom.sim.context import SimContext
     from headroom.sim.oracle import _PRE_KEY_STEPS, _ZERO_KEY, RHO_GRID, Oracle
     from tests.simulation.test_sim_runs import curves_of
 
@@ -396,7 +396,8 @@ def test_the_engine_asks_what_the_client_plan_says(
     tests/unit/test_plan.py) over the population's cells: the shares a region's mix asks for are
     the plan's, with the policy's ranking flags, and the holdout takes the base path."""
     from headroom.defences.plan import CellPlanner
-    from headroom.sim.engine import RegionRun, SimContext, Targets
+    from headroom.sim.context import SimContext, Targets
+    from headroom.sim.engine import RegionRun
     from headroom.sim.policies import StaticRegion
     from tests.simulation.test_sim_runs import curves_of
 
@@ -436,9 +437,10 @@ def test_both_engines_write_the_window_line_with_one_builder() -> None:
     (headroom.analysis.events.window_event): the requests' part has the same fields, and the
     analyzer reads both alike."""
     from headroom.analysis.metrics import MetricsAccumulator
-    from headroom.sim.engine import RegionRun, SimContext, Targets
+    from headroom.sim.context import SimContext, Targets
+    from headroom.sim.engine import RegionRun
     from headroom.sim.policies import StaticRegion
-    from headroom.workers.client import Outcome, WindowBook
+    from headroom.workers.client_windows import Outcome, WindowBook
     from tests.simulation.test_sim_runs import curves_of
 
     class Clients(StaticRegion):

@@ -209,8 +209,8 @@ def test_a_run_of_a_simulated_day_announces_its_time_and_log_size(
 ) -> None:
     from headroom.commands.simulate import LONG_RUN_S, _warn_if_long
     from headroom.kernel.scenario_load import load_scenario
-    from headroom.sim.estimate import estimate_run
     from headroom.sim.policies import POLICIES
+    from headroom.sim.runtime import estimate_run
 
     day = load_scenario(resolve_scenario("diurnal-3region"))
     est = estimate_run(day, list(POLICIES))

@@ -16,14 +16,8 @@ from headroom.kernel.scenario import Scenario
 from headroom.kernel.scenario_load import load_scenario
 from headroom.streams import messages
 from headroom.streams.kafka import KafkaTarget
-from headroom.workers.client import (
-    ClientConfig,
-    Outcome,
-    PrecomputePath,
-    RankingClient,
-    ServerAddress,
-    WindowBook,
-)
+from headroom.workers.client import ClientConfig, PrecomputePath, RankingClient, ServerAddress
+from headroom.workers.client_windows import Outcome, WindowBook
 from headroom.workers.precompute_lookup import PrecomputeCache
 from headroom.workers.precompute_store import Visit, VisitOutcome
 from headroom.world.ranking import RankingWorld

@@ -24,12 +24,11 @@ from headroom.streams.kafka import KafkaTarget
 from headroom.workers.client import (
     VALUE_BINS,
     ClientConfig,
-    Outcome,
     RankingClient,
     ServerAddress,
-    WindowBook,
     value_stratum,
 )
+from headroom.workers.client_windows import Outcome, WindowBook
 
 REPO = Path(__file__).parents[2]
 SCENARIO = REPO / "tests" / "integration" / "scenarios" / "precompute-short.yaml"  # it-pre

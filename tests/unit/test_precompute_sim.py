@@ -14,7 +14,7 @@ import pytest
 from headroom.controllers.precompute import PrecomputeConfig, PrecomputePlanner, UpliftModel
 from headroom.kernel.scenario import Opportunistic, Scenario
 from headroom.kernel.scenario_load import load_scenario
-from headroom.sim.engine import SimContext
+from headroom.sim.context import SimContext
 from headroom.sim.precompute_sim import (
     PrecomputeRegion,
     PrecomputeStatic,

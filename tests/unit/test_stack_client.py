@@ -17,14 +17,13 @@ from headroom.kernel.errors import ConfigError
 from headroom.streams import messages
 from headroom.workers.client import (
     ClientConfig,
-    OffsetTracker,
-    Outcome,
     ServerAddress,
     TargetBook,
     TargetState,
-    WindowBook,
     in_flight_limit,
 )
+from headroom.workers.client_windows import Outcome, WindowBook
+from headroom.workers.offsets import OffsetTracker
 
 BASE = 100
 

@@ -98,7 +98,7 @@ def test_optional_work_is_held_to_the_admitted_share_the_simulator_uses(
     from types import SimpleNamespace
 
     from headroom.controllers.plane import ControlPlane
-    from headroom.sim.engine import Quotas, SimContext, baseline_plan, build_mix
+    from headroom.sim.context import Quotas, SimContext, baseline_plan, build_mix
     from headroom.sim.policies import HeadroomRegion
     from tests.unit.test_precompute_sim import fake_curves
 

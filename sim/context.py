@@ -1,0 +1,430 @@
+"""What every region run of the simulator works with.
+
+The shared context of one run (scenario × seed), against which every policy is simulated; the
+targets and plans a policy issues; and the request mix a plan gives (which share of each segment
+and value bin takes which path, with its service times).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from headroom.controllers.levers import CostModel
+from headroom.defences.plan import PlanRule
+from headroom.kernel import seeds
+from headroom.kernel.scenario import Scenario
+from headroom.kernel.traces import PoolKey, ScenarioTraces
+from headroom.sim.config import SimConfig
+from headroom.sim.population import Population
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+# Scenario time 0 on the event log's clock (the message examples' epoch): fixed, so a seed gives the
+# same log byte for byte.
+SIM_EPOCH = 1_796_000_000.0
+SKETCH_ALPHA = 0.01
+_KEY_SPAN = 2048  # dense latency-key histogram size: keys 0..2047 cover 1 ms .. > 10^17 ms
+_EPS = 1e-9
+PATH_BASE = 0
+PATH_RMA = 1
+PATH_SBM = 2
+# The estimator's strata sums (window field ``strata``) are drawn every control interval and
+# written, added up, on one window line every scenario hour and at the end: they add exactly, so
+# only a log cut short loses the unwritten part; every 15 minutes took a simulated day with every
+# policy from 84 to 95 MB (compressed) against a 100 MB budget.
+STRATA_EVERY_S = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class RegionStatic:
+    name: str
+    ded_cpu: float
+    ded_acc: float
+    ded_hardware: str
+    pools: tuple[PoolKey, ...]
+    base_ok: tuple[bool, ...]  # accelerator pool may run the base model (RMA)
+    strong_ok: tuple[bool, ...]  # accelerator pool may run the strong model (SBM)
+    servers: float  # peer policies: servers of cores_per_server dedicated cores
+
+
+class Curves(Protocol):
+    """What the engine needs from :class:`headroom.world.curves.ValueCurves`."""
+
+    def mean_quality(self, segment_idx: Any, model: Any, n: Any) -> FloatArray: ...
+
+    def std_quality(self, segment_idx: Any, model: Any, n: Any) -> FloatArray: ...
+
+
+class SimContext:
+    """Everything every policy of a run shares: scenario, traces, population, value curves."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        curves: Curves,
+        *,
+        seed: int | None = None,
+        config: SimConfig | None = None,
+    ) -> None:
+        self.scenario = scenario
+        self.config = cfg = config or SimConfig()
+        self.seed = int(scenario.seed if seed is None else seed)
+        self.curves = curves
+        self.traces = ScenarioTraces(scenario, seeds.traces_rng(self.seed), cfg.step_s)
+        self.pop = Population.from_scenario(scenario, cfg.value_bins)
+        w = scenario.world
+        self.n0 = int(w.base_candidates)
+        self.nmax = int(w.max_candidates)
+        # the client plan (defences/plan.py): its rule, the clients' flags set per policy
+        self.plan_rule = PlanRule(
+            holdout=float(w.holdout), base=self.n0, max=self.nmax, bins=self.pop.bins
+        )
+        self.plan_cache: dict[Any, FloatArray] = {}  # value-ranked RMA's thresholds
+        self.holdout = self.plan_rule.holdout
+        self.treat = self.plan_rule.treat
+        self.eligible = float(cfg.eligible_share)
+        self.costs = CostModel.from_models(scenario.models, self.n0)
+        self.window_s = float(scenario.slo.window_s)
+        self.duration_s = float(scenario.duration_s)
+        self.n_windows = max(1, math.ceil(self.duration_s / self.window_s - 1e-9))
+        self.timeout_ms = cfg.timeout_factor * float(scenario.slo.p99_ms)
+        self.segment_names = tuple(s.name for s in scenario.segments)
+        seg = self.pop.seg
+        self.q_base = np.asarray(curves.mean_quality(seg, 0, self.n0), dtype=np.float64)
+        self.sd_base = np.asarray(curves.std_quality(seg, 0, self.n0), dtype=np.float64)
+        self.q_strong = np.asarray(curves.mean_quality(seg, 1, self.n0), dtype=np.float64)
+        self.sd_strong = np.asarray(curves.std_quality(seg, 1, self.n0), dtype=np.float64)
+        self._rma_q: dict[int, tuple[FloatArray, FloatArray]] = {}
+        base_hw = set(scenario.models.base.hardware)
+        strong_hw = set(scenario.models.strong.hardware)
+        regions = []
+        for r, rt in zip(scenario.regions, self.traces.regions, strict=True):
+            keys = tuple(p.key for p in rt.pools)
+            regions.append(
+                RegionStatic(
+                    name=r.name,
+                    ded_cpu=float(r.dedicated.cpu),
+                    ded_acc=float(r.dedicated.accelerator),
+                    ded_hardware=r.dedicated.hardware,
+                    pools=keys,
+                    base_ok=tuple(
+                        k.resource == "accelerator" and not k.remote and k.hardware in base_hw
+                        for k in keys
+                    ),
+                    strong_ok=tuple(
+                        k.resource == "accelerator" and not k.remote and k.hardware in strong_hw
+                        for k in keys
+                    ),
+                    servers=max(1.0, float(r.dedicated.cpu) / cfg.cores_per_server),
+                )
+            )
+        self.regions: tuple[RegionStatic, ...] = tuple(regions)
+        self.oracle_cache: dict[str, Any] = {}
+        # scenario time 0 on the event log's clock (a replayed run uses its recording's)
+        self.t0 = SIM_EPOCH
+
+    def rma_quality(self, extra: int) -> tuple[FloatArray, FloatArray]:
+        """Per cell, mean and spread of the quality with ``extra`` extra candidates (base model)."""
+        got = self._rma_q.get(extra)
+        if got is None:
+            seg = self.pop.seg
+            n = self.n0 + extra
+            got = (
+                np.asarray(self.curves.mean_quality(seg, 0, n), dtype=np.float64),
+                np.asarray(self.curves.std_quality(seg, 0, n), dtype=np.float64),
+            )
+            self._rma_q[extra] = got
+        return got
+
+    def rng(self, region: int, purpose: int) -> np.random.Generator:
+        """A fresh generator for (region, purpose): the same numbers for every policy."""
+        return seeds.stream_rng(self.seed, 1000 + region, purpose)
+
+
+@dataclass(frozen=True, slots=True)
+class Targets:
+    """What clients and servers of a region apply (the body of a ``headroom.targets`` message
+    plus the capacity assignment behind it)."""
+
+    epoch: int
+    issued_at: float
+    ttl_s: float
+    rma_candidates: int
+    sbm_segments: Mapping[str, float]
+    # pool index -> (units assigned to RMA, units assigned to SBM)
+    assignment: Mapping[int, tuple[float, float]] = field(default_factory=dict)
+    sbm_coverage: float = 0.0
+    # precompute jobs per second (of PrecomputeLever's size) the control plane grants
+    precompute_jobs_per_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Issued:
+    """A central decision: targets plus the events that record it."""
+
+    targets: Targets
+    fields: dict[str, Any]  # the target.issued event's fields
+    extra_events: tuple[tuple[str, dict[str, Any]], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Per cell, the share of *treatment* requests served each way.
+
+    ``rma[j, c]`` with ``levels[j]`` extra candidates; ``sbm`` on the strong model; ``down``
+    routed to the strong model and downgraded by its server; ``fail`` routed to strong replicas
+    that were not there. The rest of the treatment arm, and the whole control arm, take the
+    base path.
+    """
+
+    levels: tuple[int, ...]
+    rma: FloatArray  # (J, C)
+    sbm: FloatArray  # (C,)
+    down: FloatArray  # (C,)
+    fail: FloatArray  # (C,)
+
+
+@dataclass(frozen=True, slots=True)
+class ArmParts:
+    """A group of requests as (class row, cell) parts: share of all arrivals, quality."""
+
+    weights: FloatArray
+    cell: IntArray
+    row: IntArray
+    q: FloatArray
+    sd: FloatArray
+    # optional work one request of the part received (ms): the value signals' ``cost``
+    cpu_ms: FloatArray
+    acc_ms: FloatArray
+
+
+@dataclass(slots=True)
+class Mix:
+    """A plan's consequences per arriving request: loads, classes, value (see module doc)."""
+
+    plan: Plan
+    # per-arrival loads, ms of work
+    base_cpu: float
+    opt_cpu: float
+    base_acc: float
+    opt_acc: float
+    strong_acc: float
+    # classes: base, rma_0..rma_{J-1}, sbm, down, fail
+    frac: FloatArray  # (K,) share of all arrivals
+    service_ms: FloatArray  # (K,)
+    penalty_ms: FloatArray  # (K,)
+    work_units: FloatArray  # (K,) work of one request, in 100s of base-model candidates
+    path: IntArray  # (K,)
+    strong_stage: npt.NDArray[np.bool_]  # (K,) accelerator stage is the strong replicas
+    # stage service statistics
+    cpu_mean: float
+    cpu_cs2: float
+    acc_mean: float
+    acc_cs2: float
+    strong_mean: float
+    strong_cs2: float
+    # truth per class and segment, per arriving request: (K, S)
+    count: FloatArray
+    value: FloatArray
+    base_value: FloatArray
+    # holdout arms and value-signal groups: parts of (class, cell) with their quality
+    arm_parts: dict[str, ArmParts]
+
+
+def baseline_plan(ctx: SimContext) -> Plan:
+    c = ctx.pop.n_cells
+    z = np.zeros(c)
+    return Plan((), np.zeros((0, c)), z, z, z)
+
+
+def build_mix(ctx: SimContext, plan: Plan) -> Mix:
+    pop = ctx.pop
+    cfg = ctx.config
+    costs = ctx.costs
+    n0 = ctx.n0
+    par = cfg.latency.cpu_parallelism
+    cv2 = cfg.latency.service_cv**2
+    sh = pop.share
+    t = ctx.treat
+    n_levels = len(plan.levels)
+    # class shares per cell (of treatment requests), then per arriving request
+    parts = [plan.rma[j] for j in range(n_levels)] + [plan.sbm, plan.down, plan.fail]
+    cell_frac = np.vstack(parts) if parts else np.zeros((0, pop.n_cells))
+    treat_base = np.clip(1.0 - cell_frac.sum(axis=0), 0.0, 1.0)
+    base_cells = t * treat_base + ctx.holdout  # control arm: always base
+    cell_frac_all = np.vstack([base_cells, t * cell_frac])  # (K, C), share of a cell's arrivals
+    frac = cell_frac_all @ sh
+    k = frac.size
+    ncls = np.array([n0] + [n0 + e for e in plan.levels] + [n0, n0, n0], dtype=np.float64)
+    cpu_work = ncls * costs.base_cpu_ms
+    cpu_work[1 + n_levels] += n0 * costs.strong_cpu_ms
+    acc_work = ncls * costs.base_accelerator_ms
+    acc_work[1 + n_levels] = n0 * costs.strong_accelerator_ms
+    service = cpu_work / par + acc_work
+    # a strong request weighs its accelerator work in base-model candidates
+    units = ncls / 100.0
+    if costs.base_accelerator_ms > 0:
+        units[1 + n_levels] = n0 * costs.strong_accelerator_ms / costs.base_accelerator_ms / 100.0
+    penalty = np.zeros(k)
+    penalty[2 + n_levels] = cfg.downgrade_ms
+    penalty[3 + n_levels] = cfg.failover_ms
+    path = np.array([PATH_BASE] + [PATH_RMA] * n_levels + [PATH_SBM, PATH_BASE, PATH_BASE])
+    strong_stage = np.zeros(k, dtype=np.bool_)
+    strong_stage[1 + n_levels] = True
+    f_rma = frac[1 : 1 + n_levels]
+    f_sbm = float(frac[1 + n_levels])
+    levels = np.array(plan.levels, dtype=np.float64)
+    base_cpu = n0 * costs.base_cpu_ms
+    opt_cpu = float((f_rma * levels).sum()) * costs.base_cpu_ms + f_sbm * n0 * costs.strong_cpu_ms
+    base_acc = (1.0 - f_sbm) * n0 * costs.base_accelerator_ms
+    opt_acc = float((f_rma * levels).sum()) * costs.base_accelerator_ms
+    strong_acc = f_sbm * n0 * costs.strong_accelerator_ms
+
+    def stats(weights: FloatArray, svc: FloatArray) -> tuple[float, float]:
+        tot = float(weights.sum())
+        if tot <= 0:
+            return 0.0, cv2
+        m1 = float((weights * svc).sum()) / tot
+        m2 = float((weights * svc * svc).sum()) / tot
+        return m1, ((1.0 + cv2) * m2 / (m1 * m1) - 1.0) if m1 > 0 else cv2
+
+    cpu_mean, cpu_cs2 = stats(frac, cpu_work / par)
+    mixed = ~strong_stage
+    acc_mean, acc_cs2 = stats(frac * mixed, acc_work)
+    strong_mean, strong_cs2 = stats(frac * strong_stage, acc_work)
+
+    # truth: quality per class and cell
+    q_rows = [ctx.q_base]
+    sd_rows = [ctx.sd_base]
+    for e in plan.levels:
+        q, sd = ctx.rma_quality(e)
+        q_rows.append(q)
+        sd_rows.append(sd)
+    q_rows += [ctx.q_strong, ctx.q_base, ctx.q_base]
+    sd_rows += [ctx.sd_strong, ctx.sd_base, ctx.sd_base]
+    qk = np.vstack(q_rows)
+    seg_onehot = np.zeros((pop.n_cells, pop.n_segments))
+    seg_onehot[np.arange(pop.n_cells), pop.seg] = 1.0
+    w = cell_frac_all * sh  # (K, C) share of all arrivals in (class, cell)
+    count = w @ seg_onehot
+    value = (w * pop.v_mean * qk) @ seg_onehot
+    base_value = (w * pop.v_mean * ctx.q_base) @ seg_onehot
+    sd_all = np.vstack(sd_rows)
+    cells = np.arange(pop.n_cells)
+
+    # optional work per request of each class: RMA's extra candidates, the strong ranking
+    opt_cpu_row = np.zeros(k)
+    opt_acc_row = np.zeros(k)
+    opt_cpu_row[1 : 1 + n_levels] = levels * costs.base_cpu_ms
+    opt_acc_row[1 : 1 + n_levels] = levels * costs.base_accelerator_ms
+    opt_cpu_row[1 + n_levels] = n0 * costs.strong_cpu_ms
+    opt_acc_row[1 + n_levels] = n0 * costs.strong_accelerator_ms
+
+    def group(rows: list[int], weights: list[FloatArray]) -> ArmParts:
+        if not rows:
+            z = np.zeros(0)
+            e = np.zeros(0, dtype=np.int64)
+            return ArmParts(z, e, e, z, z, z, z)
+        row = np.repeat(np.array(rows, dtype=np.int64), pop.n_cells)
+        return ArmParts(
+            weights=np.concatenate(weights),
+            cell=np.tile(cells, len(rows)),
+            row=row,
+            q=np.concatenate([qk[r] for r in rows]),
+            sd=np.concatenate([sd_all[r] for r in rows]),
+            cpu_ms=opt_cpu_row[row],
+            acc_ms=opt_acc_row[row],
+        )
+
+    srow = 1 + n_levels
+    rma_rows = list(range(1, 1 + n_levels))
+    arm_parts: dict[str, ArmParts] = {
+        # what each request received (the log's arms: docs/events.md), plus "none": treatment
+        # requests that got no optional work, so a value-aware selection of the treated cannot
+        # bias the holdout estimate (docs/simulator.md §Holdout estimate)
+        "rma": group(rma_rows, [t * cell_frac[j] * sh for j in range(n_levels)]),
+        "sbm": group([srow], [t * plan.sbm * sh]),
+        "none": group(
+            [0, srow + 1, srow + 2],
+            [t * treat_base * sh, t * plan.down * sh, t * plan.fail * sh],
+        ),
+        # intent-to-treat groups the control plane learns from (docs/simulator.md §Value
+        # signals): requests not routed to the strong model (RMA's), and routed ones (SBM's)
+        "itt_rma": group(
+            [0, *rma_rows], [t * treat_base * sh] + [t * cell_frac[j] * sh for j in range(n_levels)]
+        ),
+        "itt_sbm": group(
+            [srow, srow + 1, srow + 2], [t * plan.sbm * sh, t * plan.down * sh, t * plan.fail * sh]
+        ),
+    }
+    return Mix(
+        plan=plan,
+        base_cpu=base_cpu,
+        opt_cpu=opt_cpu,
+        base_acc=base_acc,
+        opt_acc=opt_acc,
+        strong_acc=strong_acc,
+        frac=frac,
+        service_ms=service,
+        penalty_ms=penalty,
+        work_units=units,
+        path=path,
+        strong_stage=strong_stage,
+        cpu_mean=cpu_mean,
+        cpu_cs2=cpu_cs2,
+        acc_mean=acc_mean,
+        acc_cs2=acc_cs2,
+        strong_mean=strong_mean,
+        strong_cs2=strong_cs2,
+        count=count,
+        value=value,
+        base_value=base_value,
+        arm_parts=arm_parts,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Quotas:
+    """Opportunistic capacity each lever holds right now (cores, devices)."""
+
+    rma_cpu: float
+    rma_acc: float
+    sbm_cpu: float
+    sbm_acc: float  # loaded strong-model devices
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """What responses tell clients, and what a server sees of itself, after one step."""
+
+    now: float
+    mixed_queue_ms: float  # standing queue of the mixed replicas (what CoDel judges)
+    strong_queue_ms: float  # standing queue of the strong replicas
+    # work in flight per server (Little's law), in units of 100 base-model candidates
+    inflight_units: float
+    baseline_units: float  # the baseline part of it (base candidates of every request)
+    latency_ms: float  # mean response time of the step
+
+
+# one (sub-)step of the fluid model, kept until its window closes: arrivals, the request rate,
+# the step's length, utilisation and fluid backlog (start, end) of each stage, the same for the
+# static shadow, in-flight strong requests lost to a reclaim, the strong replicas' speed, and
+# the server counts of each stage (wait parameters are computed from these at closing)
+#
+# Baseline first (docs/simulator.md, *Baseline first*): on the mixed replicas ``rc``/``ra`` and
+# ``c0``..``a1`` are the baseline queue's (every request's baseline part, on the dedicated
+# capacity); ``mc``/``ma`` the utilisation of the whole stage the optional parts queue in at low
+# priority, ``oc0``..``oa1`` the fluid backlog of the optional parts on their quota and
+# ``roc``/``roa`` the optional work's utilisation of its quota.
+_ROW = (
+    "a", "lam", "dt", "rc", "ra", "rs", "c0", "c1", "a0", "a1", "s0", "s1",
+    "src", "sra", "sc0", "sc1", "sa0", "sa1", "fail", "speed", "nc", "na", "ns",
+    "mc", "ma", "oc0", "oc1", "oa0", "oa1", "roc", "roa",
+)  # fmt: skip
+_R = {name: i for i, name in enumerate(_ROW)}

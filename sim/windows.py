@@ -1,0 +1,321 @@
+"""A simulated window's holdout strata, sampled latencies and sketches.
+
+The pieces :class:`headroom.sim.engine.RegionRun` closes a window with: the strata sums the
+estimator reads, the per-window latency samples and sketches, and the precompute arm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from headroom.controllers.types import (
+    LEVER_PRECOMPUTE,
+    stratum_key,
+)
+from headroom.sim.context import (
+    _KEY_SPAN,
+    _R,
+    PATH_BASE,
+    PATH_RMA,
+    SKETCH_ALPHA,
+    FloatArray,
+    IntArray,
+    Mix,
+)
+from headroom.sim.latency import (
+    LatencyConfig,
+    Strata,
+    allocate_samples,
+    baseline_wait_params,
+    keys_of,
+    low_priority_factor,
+    sample_window,
+    serial_waits,
+    sketch_from_mass,
+    wait_params_array,
+)
+from headroom.sim.population import Population
+from headroom.sim.precompute_sim import PrecomputeWindows
+
+if TYPE_CHECKING:
+    from headroom.sim.engine import RegionRun
+
+
+def _strata(run: RegionRun, g: FloatArray, mix: Mix) -> tuple[Strata, int]:
+    """Strata of (step, class) for steps ``g`` (rows) under one mix, step-major."""
+    k = mix.frac.size
+    n = g.shape[0]
+    col = _R
+    a = g[:, col["a"]]
+    count = np.outer(a, mix.frac)
+    fail = g[:, col["fail"]]
+    count[:, -1] += fail
+    strong = mix.strong_stage[None, :]
+    stretch = mix.strong_mean * (1.0 / g[:, col["speed"]] - 1.0)
+    service = mix.service_ms[None, :] + np.where(strong, stretch[:, None], 0.0)
+    penalty = np.broadcast_to(mix.penalty_ms, (n, k)).copy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        extra_pen = np.where(count[:, -1] > 0, fail * 0.5 * mix.strong_mean / count[:, -1], 0.0)
+    penalty[:, -1] += extra_pen
+    # baseline first (module doc of sim/latency.py): every request's baseline part waits in the
+    # baseline queue — the baseline work alone, ahead of every optional part, on the dedicated
+    # capacity plus the quota's units optional work leaves idle (never fewer than static has)
+    bm = run.base_mix
+    st_ = run.static
+    ded_c = st_.ded_cpu / run.cfg.latency.cpu_parallelism
+    bc_p, bc_r = baseline_wait_params(
+        g[:, col["rc"]], ded_c, g[:, col["nc"]], g[:, col["roc"]], bm.cpu_mean, bm.cpu_cs2
+    )
+    ba_p, ba_r = baseline_wait_params(
+        g[:, col["ra"]], st_.ded_acc, g[:, col["na"]], g[:, col["roa"]], bm.acc_mean, bm.acc_cs2
+    )
+    # ... and its optional part (RMA's extra candidates, the strong model's CPU work) waits at
+    # low priority in the whole stage: its wait stretches by 1 / (1 − ρ_H), ρ_H the share of
+    # the stage the baseline keeps busy (non-preemptive priority, Cobham's formula)
+    oc_p, oc_r = wait_params_array(g[:, col["mc"]], g[:, col["nc"]], mix.cpu_mean, mix.cpu_cs2)
+    oa_p, oa_r = wait_params_array(g[:, col["ma"]], g[:, col["na"]], mix.acc_mean, mix.acc_cs2)
+    oc_r = oc_r * low_priority_factor(g[:, col["rc"]], ded_c, g[:, col["nc"]])
+    oa_r = oa_r * low_priority_factor(g[:, col["ra"]], st_.ded_acc, g[:, col["na"]])
+    ws_p, ws_r = wait_params_array(
+        g[:, col["rs"]], g[:, col["ns"]], mix.strong_mean, mix.strong_cs2
+    )
+    # a request with optional work waits for both of its parts, one after the other (the ideal
+    # packing of the oracle adds no queueing of its own: its optional parts never wait)
+    if run.policy.ideal:
+        tc_p, tc_r, ta_p, ta_r = bc_p, bc_r, ba_p, ba_r
+    else:
+        tc_p, tc_r = serial_waits(bc_p, bc_r, oc_p, oc_r)
+        ta_p, ta_r = serial_waits(ba_p, ba_r, oa_p, oa_r)
+
+    # RMA's extra candidates queue at low priority on both mixed stages; the strong model's own
+    # CPU work (SBM) is charged to the optional CPU quota, so it is slowed with the optional
+    # backlog, but it runs beside the strong replica's devices, not in the mixed replicas' queue
+    opt_cpu = np.tile(mix.path != PATH_BASE, n)  # RMA and SBM: optional CPU work
+    opt_acc = np.tile(mix.path == PATH_RMA, n)  # RMA: optional base-model accelerator work
+    sel = np.tile(mix.strong_stage, n)  # step-major flattening: class varies fastest
+
+    def either(mask: npt.NDArray[np.bool_], yes: FloatArray, no: FloatArray) -> FloatArray:
+        return np.where(mask, np.repeat(yes, k), np.repeat(no, k))
+
+    def acc(strong_x: FloatArray, opt_x: FloatArray, base_x: FloatArray) -> FloatArray:
+        return np.where(sel, np.repeat(strong_x, k), either(opt_acc, opt_x, base_x))
+
+    c0, c1, a0, a1 = (g[:, col[x]] for x in ("c0", "c1", "a0", "a1"))
+    st = Strata(
+        count=count.ravel(),
+        service_ms=service.ravel(),
+        penalty_ms=penalty.ravel(),
+        fc0=either(opt_cpu, c0 + g[:, col["oc0"]], c0),
+        fc1=either(opt_cpu, c1 + g[:, col["oc1"]], c1),
+        fa0=acc(g[:, col["s0"]], a0 + g[:, col["oa0"]], a0),
+        fa1=acc(g[:, col["s1"]], a1 + g[:, col["oa1"]], a1),
+        p1=either(opt_acc, tc_p, bc_p),
+        r1=either(opt_acc, tc_r, bc_r),
+        p2=acc(ws_p, ta_p, ba_p),
+        r2=acc(ws_r, ta_r, ba_r),
+        path=np.tile(mix.path, n).astype(np.int64),
+    )
+    return st, k
+
+
+def _shadow_strata(run: RegionRun, g: FloatArray) -> Strata:
+    """The static shadow's baseline requests of steps ``g`` (one stratum per step)."""
+    col = _R
+    n = g.shape[0]
+    bm = run.base_mix
+    st = run.static
+    par = run.cfg.latency.cpu_parallelism
+    p1, r1 = wait_params_array(
+        g[:, col["src"]], np.full(n, st.ded_cpu / par), bm.cpu_mean, bm.cpu_cs2
+    )
+    p2, r2 = wait_params_array(g[:, col["sra"]], np.full(n, st.ded_acc), bm.acc_mean, bm.acc_cs2)
+    return Strata(
+        count=np.ones(n),
+        service_ms=np.full(n, float(bm.service_ms[0])),
+        penalty_ms=np.zeros(n),
+        fc0=g[:, col["sc0"]],
+        fc1=g[:, col["sc1"]],
+        fa0=g[:, col["sa0"]],
+        fa1=g[:, col["sa1"]],
+        p1=p1,
+        r1=r1,
+        p2=p2,
+        r2=r2,
+        path=np.zeros(n, dtype=np.int64),
+    )
+
+
+def _add_rows(out: FloatArray, idx: IntArray, rows: FloatArray) -> None:
+    """``out[idx[i]] += rows[i]`` for every row (per-window sums of per-step rows)."""
+    for col in range(out.shape[1]):
+        out[:, col] += np.bincount(idx, weights=rows[:, col], minlength=out.shape[0])
+
+
+def _sample_windows(
+    st: Strata,
+    win: IntArray,
+    n_w: int,
+    cfg: LatencyConfig,
+    timeout_ms: float,
+    uniforms: FloatArray,
+    m: int,
+) -> tuple[FloatArray, FloatArray, IntArray, IntArray]:
+    """:func:`sample_window` for several windows at once: each window's strata get that
+    window's ``m`` random numbers, allocated by count within the window."""
+    order = np.argsort(win, kind="stable")
+    bounds = np.searchsorted(win[order], np.arange(n_w + 1))
+    take: list[IntArray] = []
+    cols: list[IntArray] = []
+    for w in range(n_w):
+        idx = order[bounds[w] : bounds[w + 1]]
+        if idx.size == 0:
+            continue
+        counts = st.count[idx]
+        if counts.sum() <= 0:
+            continue
+        alloc = allocate_samples(counts, m)
+        rep = np.repeat(idx, alloc)
+        take.append(rep)
+        cols.append(w * m + np.arange(rep.size))
+    if not take:
+        z = np.zeros(0)
+        zi = np.zeros(0, dtype=np.int64)
+        return z, z, zi, zi
+    idx = np.concatenate(take)
+    col = np.concatenate(cols)
+    sub = st.take_index(idx)
+    lat, _, paths = sample_window(sub, cfg, timeout_ms, uniforms[:, col], allocated=True)
+    # each sample stands for count / (samples of its stratum in its window) requests
+    n_alloc = np.bincount(idx, minlength=st.size)
+    weights = st.count[idx] / n_alloc[idx]
+    return lat, weights, paths, win[idx]
+
+
+def _add_strata(
+    acc: dict[str, dict[str, dict[str, Any]]], new: Mapping[str, Mapping[str, Mapping[str, Any]]]
+) -> None:
+    """Add one interval's strata sums into ``acc`` (every field is a sum)."""
+    for key, by_arm in new.items():
+        to = acc.setdefault(key, {})
+        for arm, sums in by_arm.items():
+            got = to.get(arm)
+            if got is None:
+                to[arm] = dict(sums)
+            else:
+                for k, v in sums.items():
+                    got[k] += v
+
+
+def _estimator_strata(
+    groups: list[str],
+    n_all: IntArray,
+    sums: tuple[FloatArray, ...],
+    pop: Population,
+    names: tuple[str, ...],
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """The window line's ``strata``: the estimator's sums per (segment, value bin) stratum and
+    arm (control and what the requests received), with the value signal's sums."""
+    s1, s2, x1, x2, xy, n_late, x_late, x2_late = sums
+    n_c = pop.n_cells
+    strata: dict[str, dict[str, dict[str, Any]]] = {}
+    for gi, name in enumerate(groups):
+        if name.startswith("itt_"):
+            continue
+        for c in range(n_c):
+            i = gi * n_c + c
+            if n_all[i] <= 0:
+                continue
+            key = stratum_key(names[int(pop.seg[c])], c % pop.bins)
+            strata.setdefault(key, {})[name] = {
+                "n": int(n_all[i]),
+                "value_sum": float(s1[i]),
+                "value_sq_sum": float(s2[i]),
+                "signal_sum": float(x1[i]),
+                "signal_sq_sum": float(x2[i]),
+                "signal_value_sum": float(xy[i]),
+                "failed": int(n_late[i]),
+                "failed_signal_sum": float(x_late[i]),
+                "failed_signal_sq_sum": float(x2_late[i]),
+            }
+    return strata
+
+
+def _add_precompute_arm(arms: dict[str, dict[str, dict[str, Any]]], pre: PrecomputeWindows) -> None:
+    """Put the interval's hits in the window line's ``arms`` as their own group, ``precompute``
+    (what the requests received, as the streaming client reports them), so the holdout estimate
+    counts precompute: a hit's request was served from the store, not by the live path, so each
+    live treatment group of the segment keeps ``1 − h_s`` of its requests (its sums scaled
+    alike: the same mean and spread), ``h_s`` the interval's share of treatment visits that hit."""
+    for seg, share in pre.hit_share.items():
+        hits = pre.value_obs.get((seg, LEVER_PRECOMPUTE, "treatment"))
+        if hits is None or hits.n <= 0:
+            continue
+        by = arms.setdefault(seg, {})
+        for name, sums in by.items():
+            if name == "control":
+                continue
+            n = int(sums["n"])
+            kept = round(n * (1.0 - share))
+            k = kept / n if n > 0 else 0.0
+            sums["n"] = kept
+            sums["value_sum"] = float(sums["value_sum"]) * k
+            sums["value_sq_sum"] = float(sums["value_sq_sum"]) * k
+        by[LEVER_PRECOMPUTE] = {
+            "n": hits.n,
+            "value_sum": hits.value_sum,
+            "value_sq_sum": hits.value_sq_sum,
+        }
+
+
+def _window_sketches(
+    lat: FloatArray, weights: FloatArray, paths: IntArray, win: IntArray, n_req: IntArray
+) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Per window, the sketch of every request and of the baseline-only ones (integer counts)."""
+    n_w = n_req.size
+    out: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    if lat.size == 0:
+        empty: dict[str, Any] = {"alpha": SKETCH_ALPHA, "bins": {}, "zeros": 0}
+        return [(dict(empty), dict(empty)) for _ in range(n_w)]
+    keys = np.clip(keys_of(lat, SKETCH_ALPHA), 0, _KEY_SPAN - 1)
+    combined = win * _KEY_SPAN + keys
+    uniq, inv = np.unique(combined, return_inverse=True)
+    mass = np.asarray(np.bincount(inv, weights=weights, minlength=uniq.size), dtype=np.float64)
+    base = paths == PATH_BASE
+    mass_base = np.asarray(
+        np.bincount(inv[base], weights=weights[base], minlength=uniq.size), dtype=np.float64
+    )
+    u_win = uniq // _KEY_SPAN
+    u_key = uniq % _KEY_SPAN
+    bounds = np.searchsorted(u_win, np.arange(n_w + 1))
+    for w in range(n_w):
+        sl = slice(bounds[w], bounds[w + 1])
+        k = u_key[sl]
+        m_all = mass[sl]
+        m_base = mass_base[sl]
+        tot = float(m_all.sum())
+        n_base = round(int(n_req[w]) * float(m_base.sum()) / tot) if tot > 0 else 0
+        out.append(
+            (
+                sketch_from_mass(k, m_all, int(n_req[w]), SKETCH_ALPHA),
+                sketch_from_mass(k[m_base > 0], m_base[m_base > 0], n_base, SKETCH_ALPHA),
+            )
+        )
+    return out
+
+
+def _concat_strata(parts: list[Strata]) -> Strata:
+    if len(parts) == 1:
+        return parts[0]
+    return Strata(
+        *(
+            np.concatenate([getattr(p, f) for p in parts])
+            for f in (
+                "count", "service_ms", "penalty_ms", "fc0", "fc1", "fa0", "fa1", "p1", "r1",
+                "p2", "r2", "path",
+            )
+        )
+    )  # fmt: skip
