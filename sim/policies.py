@@ -589,9 +589,10 @@ class PeerRegion(GreedyRegion):
 
 
 class OracleRegion(StaticRegion):
-    """Perfect foresight, no lag: the LP plan of sim/oracle.py every step, packed perfectly."""
+    """Perfect foresight, no lag: the feasible LP plan of sim/oracle.py every step, on the
+    quotas it assigns itself, through the engine's real queues (:meth:`Oracle.plan`)."""
 
-    ideal = True
+    ideal = False
     direct = True
 
     def __init__(self, ctx: SimContext, r: int) -> None:
@@ -599,7 +600,7 @@ class OracleRegion(StaticRegion):
         self.r = r
 
     def direct_plan(self, now: float, span: float, run: RegionRun) -> Plan | None:
-        return self.oracle.plan(self.r, now, span)
+        return self.oracle.plan(self.r, now, span, run)
 
     def steady(self) -> bool:
         return False  # re-plan every step: each step's arrivals get their own optimum
