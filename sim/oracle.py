@@ -1,10 +1,14 @@
 """The oracle: the most incremental value any policy could draw from a run's capacity.
 
 Pure: no clock, no randomness. It knows everything in advance — every step's arrivals, every
-pool's level at every instant, the value curves — and has no control lag.
+pool's level at every instant, the value curves — and has no control lag. It gives two bounds,
+written on every run's ``oracle.bound`` line: the *loose* bound (``oracle_incremental``: every
+unit 100 % busy with no queueing, devices shared between the levers in fractions) and the
+*feasible* bound (``feasible_bound``: the same LP under the rules the engine imposes on every
+policy), which the ``oracle`` policy runs through the engine's real queues.
 
-The bound
----------
+The loose bound
+---------------
 Take one stretch of time of length ``dt`` inside step ``t`` over which every pool's level is
 constant (steps are split at capacity changes and at the instants a strong model could finish
 loading). The treatment requests arriving in it are ``N = A_t · (dt / len_t) · (1 − holdout)``,
@@ -49,6 +53,45 @@ carried work could add. A policy's incremental value splits into its optional ga
 LP) and the change in its base requests' timeouts against static (at most static's losses:
 the relief term). ``oracle ≥ every policy`` is checked on every reference scenario by the
 simulation tests.
+
+The feasible bound
+------------------
+The same LP, stretch by stretch, with the capacities a policy can actually fill
+(:class:`FeasibleRules`):
+
+* **the servers' admission rule.** Every budget is the level times
+  :func:`headroom.defences.admission.admitted_share` of its stage, the function and the inputs
+  the servers of both engines use: on the mixed replicas' CPU stage ``(dedicated + level) ÷
+  parallelism`` servers with a baseline request's CPU time, on their accelerator stage
+  ``dedicated + RMA's devices`` with its accelerator time, both for RMA's wait budget
+  (``pid.wait_budget_share × setpoint``); on the strong replicas their loaded devices with a
+  strong request's accelerator time and the coverage controller's budget
+  (``coverage.wait_budget_share × setpoint``; a replica on less than one device is one slower
+  server). No safety-margin ceiling: that is a policy's choice, not the engine's rule.
+* **whole devices, loaded.** On the pools both models may use, the strong model takes a whole
+  number ``m`` of the devices loaded there (present for the whole ``load_s`` before), the rest
+  serve RMA; each stretch takes the best ``m`` (its own LP per option; the bound is the max of
+  their duals). Pools only the strong model may use give it their loaded units.
+* **the fail-safe.** While a control outage has left central targets expired — from the expiry
+  (``ttl_s``) of the last targets issued before it to the first ones issued after it reaching
+  clients (``propagation_s``) — no optional work: those stretches have no budget.
+* **the queues' load.** Per-request budgets divide the capacity by the step's request *rate*,
+  which is what the engine's queues are loaded with (the arrivals' Poisson noise is already in
+  the queue's stochastic wait); the value still counts the stretch's arrivals.
+
+The relief term and the precompute option are the loose bound's. What it leaves loose: the
+split ``m`` may change from one stretch to the next for free (a policy pays a reload when
+devices move to the strong model), and the precompute option still costs no live capacity
+(the oracle policy runs its jobs on the remote pools only).
+
+*The oracle policy* (:meth:`Oracle.plan` with the run) assigns the pools itself every step: CPU
+and base-model devices to RMA; on the shared pools the strong model gets the largest ``m`` the
+best option wants now or within the next load time, so the devices are loaded when the plan
+needs them; strong-only pools to the strong model. It then solves the LP on the quotas that
+assignment really holds (loaded devices only) scaled by the admission rule, at the busiest
+step's request rate, and the engine runs that plan through its real queues like any policy's.
+So where the oracle reaches the bound, the bound is attainable; the gap is what the reloads and
+the queues' noise cost.
 
 **Precompute** (scenarios with the precompute fields, regions that can run it). A visit that
 finds a stored result is served from it instead of the live path (sim/precompute_sim.py), so
