@@ -613,6 +613,7 @@ class Oracle:
         caps: FloatArray,
         extra_edges: FloatArray | None = None,
         by_rate: bool = False,
+        coarse: bool = False,
     ) -> tuple[FloatArray, FloatArray, FloatArray]:
         """Per stretch of region ``r`` (the steps cut at every capacity breakpoint ``times``,
         the window edges with precompute and ``extra_edges``) and per capacity option (``caps``:
@@ -620,7 +621,9 @@ class Oracle:
         Returns ``dual`` (stretches, options) and the lever shares of each (stretches, options,
         3: rma, sbm, precompute) as ``(dual, shares, n_req)``. ``by_rate``: the per-request
         budgets divide the capacity by the step's request *rate* (what the engine's queues are
-        loaded with), while the value still counts its arrivals."""
+        loaded with), while the value still counts its arrivals. ``coarse``: prices from every
+        :data:`_PRE_KEY_STEPS`-th grid point (the dual at the real budgets stays a valid bound,
+        a little looser; far fewer LPs to solve)."""
         ctx = self.ctx
         tr = ctx.traces
         rho_w = returning_share(ctx, r) if precompute_capable(ctx, r) else None
@@ -654,26 +657,35 @@ class Oracle:
                 bud = np.where(
                     n_load[:, None] > 0, cap * 1000.0 * dt[:, None] / n_load[:, None], 0.0
                 )
-            keys: dict[tuple[Any, ...], list[int]] = {}
-            for idx in range(bud.shape[0]):
-                if n_req[idx] <= 0 or n_load[idx] <= 0:
-                    continue
-                key: tuple[Any, ...] = self._key(bud[idx])
-                if rho is not None:
-                    coarse = tuple(
-                        k if k == _ZERO_KEY else k // _PRE_KEY_STEPS * _PRE_KEY_STEPS for k in key
-                    )
-                    key = (coarse, tuple(int(k) for k in np.ceil(rho[idx] * RHO_GRID - 1e-9)))
-                keys.setdefault(key, []).append(idx)
-            for key, idxs in keys.items():
-                ii = np.array(idxs)
+            live = (n_req > 0) & (n_load > 0)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                kf = np.where(
+                    bud > 0, np.floor(np.log(np.where(bud > 0, bud, 1.0)) / _LOG_RATIO + 1e-12), 0
+                ).astype(np.int64)
+            kf = np.where(bud > 0, kf, _ZERO_KEY)
+            if rho is not None or coarse:
+                # prices only: every _PRE_KEY_STEPS-th grid point (the dual stays valid)
+                kf = np.where(kf == _ZERO_KEY, kf, kf // _PRE_KEY_STEPS * _PRE_KEY_STEPS)
+            cols = kf
+            if rho is not None:
+                cols = np.hstack([kf, np.ceil(rho * RHO_GRID - 1e-9).astype(np.int64)])
+            rows = np.flatnonzero(live)
+            if rows.size == 0:
+                continue
+            uniq, inv = np.unique(cols[rows], axis=0, return_inverse=True)
+            inv = inv.reshape(-1)
+            order = np.argsort(inv, kind="stable")
+            bounds_ = np.searchsorted(inv[order], np.arange(uniq.shape[0] + 1))
+            for g in range(uniq.shape[0]):
+                ii = rows[order[bounds_[g] : bounds_[g + 1]]]
+                key = tuple(int(k) for k in uniq[g, :4])
                 nr = n_req[ii]
                 # dual bound at the real budgets (and returning shares): Σ N (y·b + h)
                 if rho is None:
                     sol = self._solve(key)
                     duals[ii, o] = nr * (bud[ii] @ sol.y + sol.h)
                 else:
-                    sol = self._solve(*key)
+                    sol = self._solve(key, tuple(int(k) for k in uniq[g, 4:]))
                     duals[ii, o] = nr * (bud[ii] @ sol.y + self._h_pre(sol.y, rho[ii]))
                 if sol.value > 0:
                     shares[ii, o] = (
@@ -693,6 +705,7 @@ class Oracle:
         self,
         series: list[tuple[FloatArray, FloatArray, FloatArray | None]],
         by_rate: bool = False,
+        coarse: bool = False,
     ) -> OracleBound:
         """Sum the per-stretch duals of every region (the best capacity option of each
         stretch) and add the relief term."""
@@ -700,7 +713,7 @@ class Oracle:
         relief_total = 0.0
         per_region = []
         for r, (times, caps, extra) in enumerate(series):
-            duals, shares, _ = self._stretch_duals(r, times, caps, extra, by_rate)
+            duals, shares, _ = self._stretch_duals(r, times, caps, extra, by_rate, coarse)
             best = np.argmax(duals, axis=1) if duals.size else np.zeros(0, dtype=np.int64)
             rows = np.arange(duals.shape[0])
             d = duals[rows, best]
@@ -729,6 +742,7 @@ class Oracle:
                     for r in range(len(self.ctx.regions))
                 ],
                 by_rate=True,
+                coarse=True,
             )
         return self._feasible
 
