@@ -291,6 +291,35 @@ class FeasibleRules:
                 best, best_v = o, v
         return ms[best]
 
+    def steady_split(self, r: int, now: float, lam: float, oracle: Oracle) -> float:
+        """Devices of the shared pools to give the strong model at ``now``: the count whose
+        plans are worth most over the next load time (``now`` and four instants up to
+        ``now + load_s``, each at its own rate; a count not yet loaded at an instant is worth
+        the largest one that is). Holding one count over a load time, instead of chasing the
+        best count of every step, is what the reload after each change asks for."""
+        samples = [(now, lam)]
+        if self.load_s > 0:
+            for frac in (0.25, 0.5, 0.75, 1.0):
+                t = now + frac * self.load_s
+                if t < self.ctx.duration_s:
+                    samples.append((t, oracle.rate_at(r, t)))
+        tables = []
+        cands: set[float] = set()
+        for t, rate in samples:
+            ms, opts = self.split_options(r, t)
+            vals = [oracle.solution(oracle.budgets(opts[o], rate)).value for o in range(len(ms))]
+            tables.append((ms, vals))
+            cands.update(ms)
+        best, best_v = 0.0, -1.0
+        for m in sorted(cands):
+            total = 0.0
+            for ms, vals in tables:
+                avail = [(mm, v) for mm, v in zip(ms, vals, strict=True) if mm <= m + 1e-9]
+                total += max(avail)[1] if avail else 0.0
+            if total > best_v + 1e-12:
+                best, best_v = m, total
+        return best
+
     def series(self, r: int) -> tuple[FloatArray, FloatArray]:
         """Breakpoints and the capacity options in force from each (n, options, 4; a
         breakpoint with fewer options repeats its first, which never raises the max)."""
@@ -542,6 +571,10 @@ class Oracle:
             self._plans[key] = plan
         return plan
 
+    def rate_at(self, r: int, t: float) -> float:
+        """The request rate of the step holding ``t``."""
+        return float(self.ctx.traces.regions[r].rate[self.ctx.traces.step_of(t)])
+
     def _peak_rate(self, r: int, now: float, span: float, by_rate: bool = False) -> float:
         """The busiest step's arrival rate over ``[now, now + span)`` (``by_rate``: the
         request rate the engine's queues see)."""
@@ -572,13 +605,7 @@ class Oracle:
         rules = self.rules
         if rules.is_expired(r, now):
             return None
-        m = rules.shared_split(r, now, lam, self)
-        load = rules.load_s
-        if load > 0:
-            for frac in (0.25, 0.5, 0.75, 1.0):
-                t = now + frac * load
-                if t < self.ctx.duration_s:
-                    m = max(m, rules.shared_split(r, t, self._peak_rate(r, t, 0.0, True), self))
+        m = rules.steady_split(r, now, lam, self)
         self._assign(run, now, m)
         q = run.quotas
         caps = rules.caps_for(r, q.rma_cpu + q.sbm_cpu, q.rma_acc, q.sbm_acc)
