@@ -390,6 +390,7 @@ class Oracle:
         self._lp_pre: tuple[Any, ...] | None = None  # built at the first joint solve
         self._bound: OracleBound | None = None
         self._feasible: OracleBound | None = None
+        self._losses: dict[int, float] = {}
         self.rules = FeasibleRules(ctx)
         self._caps = [self._capacity_series(r) for r in range(len(ctx.regions))]
 
@@ -699,7 +700,17 @@ class Oracle:
             rows = np.flatnonzero(live)
             if rows.size == 0:
                 continue
-            uniq, inv = np.unique(cols[rows], axis=0, return_inverse=True)
+            if rho is None:
+                # one int64 per row (14 bits a budget: grid keys stay within ±8,000, i.e.
+                # budgets 1e-17 .. 1e17 ms; 0 budgets get their own code)
+                packed = np.zeros(rows.size, dtype=np.int64)
+                for j in range(4):
+                    col = np.where(kf[rows, j] == _ZERO_KEY, -8191, kf[rows, j])
+                    packed = (packed << 14) | (np.clip(col, -8191, 8191) + 8192)
+                _, first, inv = np.unique(packed, return_index=True, return_inverse=True)
+                uniq = cols[rows[first]]
+            else:
+                uniq, inv = np.unique(cols[rows], axis=0, return_inverse=True)
             inv = inv.reshape(-1)
             order = np.argsort(inv, kind="stable")
             bounds_ = np.searchsorted(inv[order], np.arange(uniq.shape[0] + 1))
@@ -774,6 +785,13 @@ class Oracle:
         return self._feasible
 
     def static_losses(self, r: int) -> float:
+        """:meth:`_static_losses`, once per region (both bounds add it)."""
+        got = self._losses.get(r)
+        if got is None:
+            got = self._losses[r] = self._static_losses(r)
+        return got
+
+    def _static_losses(self, r: int) -> float:
         """Baseline value the static configuration loses to its own queues in region ``r``
         (requests that time out on dedicated capacity): the most any policy could win back by
         taking work off the dedicated pool (module docstring, *relief*)."""
