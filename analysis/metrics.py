@@ -23,7 +23,9 @@ The algorithm, per policy (every line carries ``policy``; a ``null`` policy on `
 * **Value.** ``incremental = Σ_windows (value_total − value_baseline)``; ``incremental_<lever> =
   Σ inc[lever]``. ``oracle_incremental`` from ``oracle.bound``; ``capture_ratio = incremental /
   oracle_incremental``, null where the bound is too small to divide by (:func:`capture_ratio`:
-  ``bound ≤ max(1e-6 · |baseline|, 1e-9)``) or the policy is incomplete.
+  ``bound ≤ max(1e-6 · |baseline|, 1e-9)``) or the policy is incomplete. ``feasible_bound``
+  from the same lines (the bound under the engine's own rules; null where no line carries it)
+  and ``capture_feasible = incremental / feasible_bound`` by the same rule.
 
 * **Holdout estimate**: the one estimator of :mod:`headroom.kernel.estimate` (post-stratified,
   regression-adjusted; docs/analysis.md), on the window lines' ``strata`` sums (segment × value
@@ -960,6 +962,7 @@ class MetricsAccumulator:
 
         incremental = state.value_total - state.value_baseline
         oracle_total, oracle_by_lever = self._oracle(state)
+        feasible_total = self._feasible(state)
         estimate, by_lever = self._estimates(state)
         ci_low, ci_high = estimate.ci95
 
@@ -1011,6 +1014,8 @@ class MetricsAccumulator:
                 "oracle_incremental": oracle_total,
                 "oracle_by_lever": oracle_by_lever,
                 "capture_ratio": capture_ratio(incremental, oracle_total, state.value_baseline),
+                # null where no bound line carries it (a log written before the feasible bound)
+                "feasible_bound": feasible_total,
                 "estimated_incremental": estimate.value,
                 "estimated_ci95": [ci_low, ci_high],
                 "estimate_unusable_segments": list(estimate.unusable_segments),
@@ -1097,6 +1102,15 @@ class MetricsAccumulator:
                 for lever, v in levers.items():
                     by_lever[lever] = by_lever.get(lever, 0.0) + _num(v)
         return total, by_lever
+
+    def _feasible(self, state: _PolicyState) -> float | None:
+        """The feasible bound from the ``oracle.bound`` lines (``feasible_bound``: the same
+        choice of lines as :meth:`_oracle`), None where none carries it."""
+        bounds = state.oracle or self._oracle_default
+        chosen = [bounds[None]] if None in bounds else list(bounds.values())
+        got = [b.get("feasible_bound") for b in chosen]
+        nums = [_num(v) for v in got if isinstance(v, int | float) and not isinstance(v, bool)]
+        return float(sum(nums)) if nums and len(nums) == len(got) else None
 
 
 # A bound at or below this share of the baseline value (or below the absolute floor) is too

@@ -198,7 +198,13 @@ def verdict(
     )
 
 
-def _row(name: str, m: Mapping[str, Any], with_precompute: bool, with_lost: bool) -> list[str]:
+def _row(
+    name: str,
+    m: Mapping[str, Any],
+    with_precompute: bool,
+    with_lost: bool,
+    with_feasible: bool = False,
+) -> list[str]:
     ci = _interval(m.get("value"))
     half = (ci[1] - ci[0]) / 2.0 if ci is not None else None
     errors = _num(m, "requests", "errors")
@@ -223,6 +229,14 @@ def _row(name: str, m: Mapping[str, Any], with_precompute: bool, with_lost: bool
     row += [
         _val(_num(m, "value", "oracle_incremental")),
         MISSING if capture is None else f"{capture:.3f}",
+    ]
+    if with_feasible:
+        cap_f = _num(m, "value", "capture_feasible")
+        row += [
+            _val(_num(m, "value", "feasible_bound")),
+            MISSING if cap_f is None else f"{cap_f:.3f}",
+        ]
+    row += [
         f"{_val(_num(m, 'value', 'estimated_incremental'))} ± {_val(half)}",
         f"{_pct0(cpu)}/{_pct0(acc)}",
         MISSING if (b := _num(m, "latency", "baseline_only_p99_ms")) is None else f"{b:.1f}",
@@ -255,6 +269,7 @@ def format_table(metrics: Mapping[str, Any]) -> str:
     checks = run_checks(metrics)
     with_precompute = any(isinstance(m, Mapping) and "precompute" in m for m in policies.values())
     with_lost = any(_num(m, "value", "incremental_lost") is not None for m in policies.values())
+    with_feasible = any(_num(m, "value", "feasible_bound") is not None for m in policies.values())
     header = ["policy", "viol", "worst p99", "errors", "incremental", "rma", "sbm"]
     if with_precompute:
         header.append("precomp")
@@ -263,6 +278,7 @@ def format_table(metrics: Mapping[str, Any]) -> str:
     header += [
         "oracle",
         "capture",
+        *(["feasible", "cap.f"] if with_feasible else []),
         "estimate ± 95%",
         "idle cpu/acc",
         "base p99",
@@ -271,7 +287,9 @@ def format_table(metrics: Mapping[str, Any]) -> str:
     ]
     if with_precompute:
         header.append("hit rate")
-    rows = [_row(name, m, with_precompute, with_lost) for name, m in policies.items()]
+    rows = [
+        _row(name, m, with_precompute, with_lost, with_feasible) for name, m in policies.items()
+    ]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
 
     def line(cells: Sequence[str]) -> str:
@@ -296,6 +314,11 @@ def format_table(metrics: Mapping[str, Any]) -> str:
         "lever (ground truth"
         + ("; lost: failed and timed-out requests" if with_lost else "")
         + "); capture = incremental / oracle (– where the bound is ~0);"
+        + (
+            " feasible: the bound under the engine's own rules, cap.f = incremental / feasible;"
+            if with_feasible
+            else ""
+        )
     )
     if any(isinstance(m, Mapping) and m.get("complete") is False for m in policies.values()):
         out.append("(incomplete): the log misses part of that policy's run; its figures cover less")

@@ -50,6 +50,7 @@ def sim_speedup_diurnal_3region(ctx: BenchContext) -> BenchResult:
         started = time.perf_counter()
         sim = SimContext(scenario, curves)
         oracle_for(sim).bound()
+        oracle_for(sim).feasible()
         factory = PolicyFactory("headroom", sim)
         with EventWriter(Path(tmp) / "events.jsonl") as writer:
             run_policy(

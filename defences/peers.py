@@ -65,6 +65,20 @@ sample at or after its end (the pure-core version of a timer). Defaults are Envo
 max 1000, request count 50, percentile p50, min concurrency 3, buffer 25%; the two intervals have
 no Envoy default and are set to 60 s and 100 ms here (the values in Envoy's docs example).
 
+Google SRE client-side adaptive throttling — :class:`SreThrottle`
+=================================================================
+Credit: *Site Reliability Engineering* (Beyer et al., O'Reilly 2016), chapter "Handling
+Overload", *Client-side throttling*. Each client keeps, over a trailing window (two minutes in
+the book), the requests it attempted and the ones the backend accepted, and rejects a new
+request locally with probability::
+
+    p = max(0, (requests − K × accepts) / (requests + 1)),   K = 2
+
+so nothing is throttled while at least half the attempts are accepted, and a backend that
+rejects everything sees the client's traffic fall to about ``1/K`` of what it would send. Here it
+governs optional work only (a request's optional part is what is rejected locally); a request
+whose response missed the timeout counts as not accepted.
+
 From a concurrency limit to an optional-work budget — :class:`OptionalBudget`
 =============================================================================
 A peer limit bounds *total* concurrency, but headroom never blocks baseline work for optional
@@ -85,6 +99,7 @@ RMA alone, as a candidate multiplier ``extra × multiplier``.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, runtime_checkable
@@ -106,6 +121,7 @@ __all__ = [
     "Gradient2Config",
     "Gradient2Limit",
     "OptionalBudget",
+    "SreThrottle",
     "make_limit",
 ]
 
@@ -480,6 +496,54 @@ class OptionalBudget:
         if optional_demand <= 0.0:
             return Budget(slots, 1.0)
         return Budget(slots, min(1.0, slots / optional_demand))
+
+
+class SreThrottle:
+    """Client-side adaptive throttling (module docstring): counts of attempts and accepts over
+    a trailing ``window_s``, in buckets of ``bucket_s``; :meth:`reject_probability` is the
+    book's formula with multiplier ``k``."""
+
+    def __init__(self, k: float = 2.0, window_s: float = 120.0, bucket_s: float = 1.0) -> None:
+        c = FieldChecker("sre-throttle")
+        c.at_least("k", k, 1.0)
+        c.positive("window_s", window_s)
+        c.positive("bucket_s", bucket_s)
+        c.raise_if_any()
+        self.k = float(k)
+        self.window_s = float(window_s)
+        self.bucket_s = float(bucket_s)
+        self._buckets: deque[tuple[int, float, float]] = deque()  # (bucket, requests, accepts)
+        self._requests = 0.0
+        self._accepts = 0.0
+
+    def _expire(self, now: float) -> None:
+        oldest = math.floor((now - self.window_s) / self.bucket_s)
+        while self._buckets and self._buckets[0][0] <= oldest:
+            _, req, acc = self._buckets.popleft()
+            self._requests -= req
+            self._accepts -= acc
+        if not self._buckets:
+            self._requests = self._accepts = 0.0
+
+    def record(self, now: float, requests: float, accepts: float) -> None:
+        """``requests`` attempted at ``now`` (rejected locally or not), ``accepts`` of them
+        the backend accepted (may be fractional: expected counts)."""
+        if not (requests >= 0.0 and 0.0 <= accepts <= requests + 1e-9):
+            raise ValueError(f"need 0 <= accepts <= requests (got {accepts!r}, {requests!r})")
+        b = math.floor(now / self.bucket_s)
+        if self._buckets and self._buckets[-1][0] == b:
+            _, req, acc = self._buckets[-1]
+            self._buckets[-1] = (b, req + requests, acc + accepts)
+        else:
+            self._buckets.append((b, requests, accepts))
+        self._requests += requests
+        self._accepts += accepts
+        self._expire(now)
+
+    def reject_probability(self, now: float) -> float:
+        """``max(0, (requests − K·accepts) / (requests + 1))`` over the trailing window."""
+        self._expire(now)
+        return max(0.0, (self._requests - self.k * self._accepts) / (self._requests + 1.0))
 
 
 PEER_POLICIES = ("aimd", "gradient", "envoy-gradient")

@@ -1,10 +1,14 @@
 """The oracle: the most incremental value any policy could draw from a run's capacity.
 
 Pure: no clock, no randomness. It knows everything in advance — every step's arrivals, every
-pool's level at every instant, the value curves — and has no control lag.
+pool's level at every instant, the value curves — and has no control lag. It gives two bounds,
+written on every run's ``oracle.bound`` line: the *loose* bound (``oracle_incremental``: every
+unit 100 % busy with no queueing, devices shared between the levers in fractions) and the
+*feasible* bound (``feasible_bound``: the same LP under the rules the engine imposes on every
+policy), which the ``oracle`` policy runs through the engine's real queues.
 
-The bound
----------
+The loose bound
+---------------
 Take one stretch of time of length ``dt`` inside step ``t`` over which every pool's level is
 constant (steps are split at capacity changes and at the instants a strong model could finish
 loading). The treatment requests arriving in it are ``N = A_t · (dt / len_t) · (1 − holdout)``,
@@ -50,6 +54,45 @@ LP) and the change in its base requests' timeouts against static (at most static
 the relief term). ``oracle ≥ every policy`` is checked on every reference scenario by the
 simulation tests.
 
+The feasible bound
+------------------
+The same LP, stretch by stretch, with the capacities a policy can actually fill
+(:class:`FeasibleRules`):
+
+* **the servers' admission rule.** Every budget is the level times
+  :func:`headroom.defences.admission.admitted_share` of its stage, the function and the inputs
+  the servers of both engines use: on the mixed replicas' CPU stage ``(dedicated + level) ÷
+  parallelism`` servers with a baseline request's CPU time, on their accelerator stage
+  ``dedicated + RMA's devices`` with its accelerator time, both for RMA's wait budget
+  (``pid.wait_budget_share × setpoint``); on the strong replicas their loaded devices with a
+  strong request's accelerator time and the coverage controller's budget
+  (``coverage.wait_budget_share × setpoint``; a replica on less than one device is one slower
+  server). No safety-margin ceiling: that is a policy's choice, not the engine's rule.
+* **whole devices, loaded.** On the pools both models may use, the strong model takes a whole
+  number ``m`` of the devices loaded there (present for the whole ``load_s`` before), the rest
+  serve RMA; each stretch takes the best ``m`` (its own LP per option; the bound is the max of
+  their duals). Pools only the strong model may use give it their loaded units.
+* **the fail-safe.** While a control outage has left central targets expired — from the expiry
+  (``ttl_s``) of the last targets issued before it to the first ones issued after it reaching
+  clients (``propagation_s``) — no optional work: those stretches have no budget.
+* **the queues' load.** Per-request budgets divide the capacity by the step's request *rate*,
+  which is what the engine's queues are loaded with (the arrivals' Poisson noise is already in
+  the queue's stochastic wait); the value still counts the stretch's arrivals.
+
+The relief term and the precompute option are the loose bound's. What it leaves loose: the
+split ``m`` may change from one stretch to the next for free (a policy pays a reload when
+devices move to the strong model), and the precompute option still costs no live capacity
+(the oracle policy runs its jobs on the remote pools only).
+
+*The oracle policy* (:meth:`Oracle.plan` with the run) assigns the pools itself every step: CPU
+and base-model devices to RMA; on the shared pools the strong model gets the largest ``m`` the
+best option wants now or within the next load time, so the devices are loaded when the plan
+needs them; strong-only pools to the strong model. It then solves the LP on the quotas that
+assignment really holds (loaded devices only) scaled by the admission rule, at the busiest
+step's request rate, and the engine runs that plan through its real queues like any policy's.
+So where the oracle reaches the bound, the bound is attainable; the gap is what the reloads and
+the queues' noise cost.
+
 **Precompute** (scenarios with the precompute fields, regions that can run it). A visit that
 finds a stored result is served from it instead of the live path (sim/precompute_sim.py), so
 each cell gets one more option, ``pre``, worth ``Δ*_s`` per request (the most a stored result
@@ -89,6 +132,8 @@ import numpy as np
 import numpy.typing as npt
 from scipy.optimize import linprog
 
+from headroom.controllers.config import ControlConfig
+from headroom.defences.admission import admitted_share
 from headroom.sim.context import Plan, SimContext, baseline_plan, build_mix
 from headroom.sim.latency import StageState, Strata, in_time_probability, wait_params_array
 from headroom.sim.precompute_sim import precompute_capable, precompute_static, returning_share
@@ -131,6 +176,172 @@ class _Solution:
     value_rma: float
     value_sbm: float
     value_pre: float = 0.0
+
+
+class FeasibleRules:
+    """The rules the engine imposes on every policy, as capacities for the oracle's LP
+    (module docstring, *The feasible bound*): per region and instant, the capacity options
+    ``(cpu, R, S, RS)`` a policy could hold, each already scaled by the servers' admission rule
+    (:func:`headroom.defences.admission.admitted_share`, the function both engines' servers
+    use, with the same inputs), one option per whole number of strong-model devices on the
+    pools both models may use, and nothing while central targets are expired."""
+
+    def __init__(self, ctx: SimContext) -> None:
+        self.ctx = ctx
+        cfg = ControlConfig.from_scenario(ctx.scenario)
+        self.rma_budget_ms = cfg.pid.wait_budget_share * cfg.setpoint_ms
+        self.sbm_budget_ms = cfg.coverage.wait_budget_share * cfg.setpoint_ms
+        self.strong_ms = ctx.n0 * ctx.costs.strong_accelerator_ms
+        self.load_s = float(ctx.scenario.models.strong.load_s)
+        bm = build_mix(ctx, baseline_plan(ctx))
+        self.cpu_mean = bm.cpu_mean
+        self.acc_mean = bm.acc_mean
+        self.par = ctx.config.latency.cpu_parallelism
+        self.expired = self._expired_spans(
+            float(cfg.interval_s), float(cfg.ttl_s), float(ctx.config.propagation_s)
+        )
+
+    # -- the fail-safe ----------------------------------------------------------------------
+
+    def _expired_spans(
+        self, interval: float, ttl: float, propagation: float
+    ) -> tuple[tuple[float, float, int | None], ...]:
+        """Spans ``[a, b)`` in which a central policy's targets are expired because a control
+        outage silenced it (region index, None for every region): from the expiry of the last
+        targets issued before the outage to the first ones issued after it reaching clients."""
+        out: list[tuple[float, float, int | None]] = []
+        names = [r.name for r in self.ctx.scenario.regions]
+        for r, rt in enumerate(self.ctx.traces.regions):
+            for a, b in rt.outages:
+                k_last = math.ceil(a / interval - 1e-9) - 1  # last tick strictly before a
+                start = k_last * interval + ttl if k_last >= 1 else a
+                k_next = math.ceil(b / interval - 1e-9)  # first tick at or after b
+                end = k_next * interval + propagation
+                if end > start:
+                    out.append((max(start, 0.0), min(end, self.ctx.duration_s), r))
+        del names
+        return tuple(out)
+
+    def expired_edges(self) -> FloatArray:
+        return np.array(sorted({x for a, b, _ in self.expired for x in (a, b)}), dtype=np.float64)
+
+    def is_expired(self, r: int, t: float) -> bool:
+        return any(a <= t < b and (rr is None or rr == r) for a, b, rr in self.expired)
+
+    # -- admission --------------------------------------------------------------------------
+
+    def caps_for(self, r: int, cpu: float, rma_acc: float, sbm_acc: float) -> FloatArray:
+        """``(cpu, R, S, RS)`` optional work the servers admit on these quotas (cores, base-model
+        devices, loaded strong devices)."""
+        st = self.ctx.regions[r]
+        k_c = admitted_share((st.ded_cpu + cpu) / self.par, self.cpu_mean, self.rma_budget_ms)
+        k_a = admitted_share(st.ded_acc + rma_acc, self.acc_mean, self.rma_budget_ms)
+        k_s = admitted_share(sbm_acc, self.strong_ms, self.sbm_budget_ms) if sbm_acc > 0 else 0.0
+        c, ra, sa = cpu * k_c, rma_acc * k_a, sbm_acc * k_s
+        return np.array([c, ra, sa, ra + sa], dtype=np.float64)
+
+    def options_at(self, r: int, t: float) -> FloatArray:
+        """The capacity options at ``t`` (options, 4): one per whole number of loaded devices
+        the strong model takes on the pools both models may use (the rest serve RMA)."""
+        return self.split_options(r, t)[1]
+
+    def split_options(self, r: int, t: float) -> tuple[list[float], FloatArray]:
+        """:meth:`options_at` with the devices of the shared pools each option gives the strong
+        model."""
+        ctx = self.ctx
+        st = ctx.regions[r]
+        rt = ctx.traces.regions[r]
+        if self.is_expired(r, t):
+            return [0.0], np.zeros((1, 4))
+        cpu = base_only = shared = shared_loaded = strong_only = 0.0
+        for i, p in enumerate(rt.pools):
+            key = p.key
+            if key.remote:
+                continue
+            level = p.level_at(t)
+            if key.resource == "cpu":
+                cpu += level
+                continue
+            if self.load_s > 0:
+                loaded = p.min_over(t - self.load_s, t) if t - self.load_s >= 0 else 0.0
+            else:
+                loaded = level
+            if st.base_ok[i] and st.strong_ok[i]:
+                shared += level
+                shared_loaded += loaded
+            elif st.base_ok[i]:
+                base_only += level
+            elif st.strong_ok[i]:
+                strong_only += loaded
+        ms = [0.0] + [float(m) for m in range(1, math.floor(shared_loaded + 1e-9) + 1)]
+        if 0.0 < shared_loaded < 1.0:
+            ms.append(shared_loaded)  # a pool of less than one device: all of it or none
+        return ms, np.stack(
+            [self.caps_for(r, cpu, base_only + shared - m, strong_only + m) for m in ms]
+        )
+
+    def shared_split(self, r: int, t: float, lam: float, oracle: Oracle) -> float:
+        """Devices of the shared pools the best option at ``t`` gives the strong model, for
+        ``lam`` requests per second."""
+        ms, opts = self.split_options(r, t)
+        best, best_v = 0, -1.0
+        for o in range(opts.shape[0]):
+            v = oracle.solution(oracle.budgets(opts[o], lam)).value
+            if v > best_v + 1e-12:
+                best, best_v = o, v
+        return ms[best]
+
+    def steady_split(self, r: int, now: float, lam: float, oracle: Oracle) -> float:
+        """Devices of the shared pools to give the strong model at ``now``: the count whose
+        plans are worth most over the next load time (``now`` and four instants up to
+        ``now + load_s``, each at its own rate; a count not yet loaded at an instant is worth
+        the largest one that is). Holding one count over a load time, instead of chasing the
+        best count of every step, is what the reload after each change asks for."""
+        samples = [(now, lam)]
+        if self.load_s > 0:
+            for frac in (0.25, 0.5, 0.75, 1.0):
+                t = now + frac * self.load_s
+                if t < self.ctx.duration_s:
+                    samples.append((t, oracle.rate_at(r, t)))
+        tables = []
+        cands: set[float] = set()
+        for t, rate in samples:
+            ms, opts = self.split_options(r, t)
+            vals = [oracle.solution(oracle.budgets(opts[o], rate)).value for o in range(len(ms))]
+            tables.append((ms, vals))
+            cands.update(ms)
+        best, best_v = 0.0, -1.0
+        for m in sorted(cands):
+            total = 0.0
+            for ms, vals in tables:
+                avail = [(mm, v) for mm, v in zip(ms, vals, strict=True) if mm <= m + 1e-9]
+                total += max(avail)[1] if avail else 0.0
+            if total > best_v + 1e-12:
+                best, best_v = m, total
+        return best
+
+    def series(self, r: int) -> tuple[FloatArray, FloatArray]:
+        """Breakpoints and the capacity options in force from each (n, options, 4; a
+        breakpoint with fewer options repeats its first, which never raises the max)."""
+        ctx = self.ctx
+        rt = ctx.traces.regions[r]
+        pts = {0.0}
+        for p in rt.pools:
+            for t in p.times.tolist():
+                pts.add(float(t))
+                if self.load_s > 0:
+                    pts.add(float(t) + self.load_s)
+        for a, b, rr in self.expired:
+            if rr is None or rr == r:
+                pts.update((a, b))
+        times = np.array(sorted(x for x in pts if 0.0 <= x < ctx.duration_s))
+        opts = [self.options_at(r, float(t)) for t in times.tolist()]
+        n_opt = max(o.shape[0] for o in opts)
+        caps = np.zeros((times.size, n_opt, 4))
+        for j, o in enumerate(opts):
+            caps[j, : o.shape[0]] = o
+            caps[j, o.shape[0] :] = o[0]
+        return times, caps
 
 
 class Oracle:
@@ -178,6 +389,9 @@ class Oracle:
         self._lp: tuple[Any, ...] = self._build_lp(pre=False)
         self._lp_pre: tuple[Any, ...] | None = None  # built at the first joint solve
         self._bound: OracleBound | None = None
+        self._feasible: OracleBound | None = None
+        self._losses: dict[int, float] = {}
+        self.rules = FeasibleRules(ctx)
         self._caps = [self._capacity_series(r) for r in range(len(ctx.regions))]
 
     # -- capacity --------------------------------------------------------------------------
@@ -342,16 +556,11 @@ class Oracle:
 
     # -- the oracle as a policy -----------------------------------------------------------
 
-    def plan(self, r: int, now: float, span: float = 0.0) -> Plan:
-        """The LP plan for ``[now, now + span)``: the capacity in force at ``now`` (the engine
-        splits at every change) and the busiest step's arrivals, so the plan fits every step."""
-        ctx = self.ctx
-        tr = ctx.traces
-        i0 = tr.step_of(now)
-        i1 = tr.step_of(max(now + span - 1e-9, now))
-        arr = tr.regions[r].arrivals[i0 : i1 + 1] / np.maximum(tr.step_len[i0 : i1 + 1], 1e-12)
-        lam = float(arr.max()) if arr.size else 0.0
-        key = self._key(self.budgets(self.capacity_at(r, now), lam))
+    def solution(self, b: FloatArray) -> _Solution:
+        """The LP's solution at the budgets ``b`` rounded down onto the grid."""
+        return self._solve(self._key(b))
+
+    def _plan_of(self, key: tuple[int, ...]) -> Plan:
         plan = self._plans.get(key)
         if plan is None:
             sol = self._solve(key)
@@ -363,81 +572,226 @@ class Oracle:
             self._plans[key] = plan
         return plan
 
+    def rate_at(self, r: int, t: float) -> float:
+        """The request rate of the step holding ``t``."""
+        return float(self.ctx.traces.regions[r].rate[self.ctx.traces.step_of(t)])
+
+    def _peak_rate(self, r: int, now: float, span: float, by_rate: bool = False) -> float:
+        """The busiest step's arrival rate over ``[now, now + span)`` (``by_rate``: the
+        request rate the engine's queues see)."""
+        tr = self.ctx.traces
+        i0 = tr.step_of(now)
+        i1 = tr.step_of(max(now + span - 1e-9, now))
+        if by_rate:
+            arr = tr.regions[r].rate[i0 : i1 + 1]
+        else:
+            arr = tr.regions[r].arrivals[i0 : i1 + 1] / np.maximum(tr.step_len[i0 : i1 + 1], 1e-12)
+        return float(arr.max()) if arr.size else 0.0
+
+    def plan(self, r: int, now: float, span: float = 0.0, run: Any = None) -> Plan | None:
+        """The LP plan for ``[now, now + span)`` at the busiest step's arrivals, so the plan
+        fits every step (the engine splits at every capacity change).
+
+        Without ``run``: the loose bound's plan (the capacity in force at ``now``, every unit
+        busy). With ``run`` (a :class:`headroom.sim.engine.RegionRun`): the feasible plan, run
+        through the engine's real queues — the oracle assigns every pool (CPU and base-model
+        devices to RMA; on the pools both models may use, the whole devices the best feasible
+        option wants now or within one load time go to the strong model, so they are loaded
+        when it needs them), and plans on the quotas that assignment really holds (loaded
+        devices only), scaled by the servers' admission rule. Nothing (None: the baseline)
+        while a central policy's targets would be expired."""
+        lam = self._peak_rate(r, now, span, by_rate=run is not None)
+        if run is None:
+            return self._plan_of(self._key(self.budgets(self.capacity_at(r, now), lam)))
+        rules = self.rules
+        if rules.is_expired(r, now):
+            return None
+        m = rules.steady_split(r, now, lam, self)
+        self._assign(run, now, m)
+        q = run.quotas
+        caps = rules.caps_for(r, q.rma_cpu + q.sbm_cpu, q.rma_acc, q.sbm_acc)
+        return self._plan_of(self._key(self.budgets(caps, lam)))
+
+    @staticmethod
+    def _assign(run: Any, now: float, strong_shared: float) -> None:
+        """Assign every pool of ``run``'s region (see :meth:`plan`) and refresh its quotas."""
+        st = run.static
+        left = strong_shared
+        for i, key in enumerate(st.pools):
+            level = run.level[i]
+            if key.remote:
+                rma, sbm = 0.0, 0.0
+            elif key.resource == "cpu" or (st.base_ok[i] and not st.strong_ok[i]):
+                rma, sbm = level, 0.0
+            elif st.base_ok[i]:
+                sbm = min(left, level)
+                left -= sbm
+                rma = level - sbm
+            else:
+                rma, sbm = 0.0, level
+            run._set_assignment(i, rma, sbm, now)
+        run._refresh_quotas(now, False)
+
     # -- the bound ----------------------------------------------------------------------------
 
-    def bound(self) -> OracleBound:
-        """The upper bound on incremental value for the run (module docstring)."""
-        if self._bound is not None:
-            return self._bound
+    def _stretch_duals(
+        self,
+        r: int,
+        times: FloatArray,
+        caps: FloatArray,
+        extra_edges: FloatArray | None = None,
+        by_rate: bool = False,
+        coarse: bool = False,
+    ) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """Per stretch of region ``r`` (the steps cut at every capacity breakpoint ``times``,
+        the window edges with precompute and ``extra_edges``) and per capacity option (``caps``:
+        (breakpoints, options, 4)), the dual bound of the stretch's LP at its real budgets.
+        Returns ``dual`` (stretches, options) and the lever shares of each (stretches, options,
+        3: rma, sbm, precompute) as ``(dual, shares, n_req)``. ``by_rate``: the per-request
+        budgets divide the capacity by the step's request *rate* (what the engine's queues are
+        loaded with), while the value still counts its arrivals. ``coarse``: prices from every
+        :data:`_PRE_KEY_STEPS`-th grid point (the dual at the real budgets stays a valid bound,
+        a little looser; far fewer LPs to solve)."""
         ctx = self.ctx
         tr = ctx.traces
-        total_rma = total_sbm = relief_total = total_pre = 0.0
-        per_region = []
-        for r in range(len(ctx.regions)):
-            times, caps = self._caps[r]
-            rho_w = returning_share(ctx, r) if precompute_capable(ctx, r) else None
-            edges = np.union1d(tr.step_edges, times)
-            if rho_w is not None:  # a stretch lies inside one window: one returning share
-                edges = np.union1d(edges, np.arange(rho_w.shape[0] + 1) * ctx.window_s)
-            edges = edges[(edges >= 0) & (edges <= ctx.duration_s)]
-            a, b = edges[:-1], edges[1:]
-            dt = b - a
-            keep = dt > 1e-12
-            a, dt = a[keep], dt[keep]
-            mid = a + 0.5 * dt
-            step = np.minimum(np.searchsorted(tr.step_edges, mid, side="right") - 1, tr.n_steps - 1)
-            seg = np.searchsorted(times, mid, side="right") - 1
-            length = tr.step_len[step]
-            arr = tr.regions[r].arrivals[step].astype(np.float64)
-            n_req = arr * dt / length * ctx.treat  # treatment requests in the stretch
-            cap = caps[np.maximum(seg, 0)]  # (n, 4)
+        rho_w = returning_share(ctx, r) if precompute_capable(ctx, r) else None
+        edges = np.union1d(tr.step_edges, times)
+        if extra_edges is not None and extra_edges.size:
+            edges = np.union1d(edges, extra_edges)
+        if rho_w is not None:  # a stretch lies inside one window: one returning share
+            edges = np.union1d(edges, np.arange(rho_w.shape[0] + 1) * ctx.window_s)
+        edges = edges[(edges >= 0) & (edges <= ctx.duration_s)]
+        a, b = edges[:-1], edges[1:]
+        dt = b - a
+        keep = dt > 1e-12
+        a, dt = a[keep], dt[keep]
+        mid = a + 0.5 * dt
+        step = np.minimum(np.searchsorted(tr.step_edges, mid, side="right") - 1, tr.n_steps - 1)
+        seg = np.searchsorted(times, mid, side="right") - 1
+        length = tr.step_len[step]
+        arr = tr.regions[r].arrivals[step].astype(np.float64)
+        n_req = arr * dt / length * ctx.treat  # treatment requests in the stretch
+        n_load = tr.regions[r].rate[step] * dt * ctx.treat if by_rate else n_req
+        n_opt = caps.shape[1]
+        duals = np.zeros((dt.size, n_opt))
+        shares = np.zeros((dt.size, n_opt, 3))
+        rho = None
+        if rho_w is not None:
+            win = np.minimum((mid // ctx.window_s).astype(np.int64), rho_w.shape[0] - 1)
+            rho = rho_w[win]  # (n, S)
+        for o in range(n_opt):
+            cap = caps[np.maximum(seg, 0), o]  # (n, 4)
             with np.errstate(divide="ignore", invalid="ignore"):
-                bud = np.where(n_req[:, None] > 0, cap * 1000.0 * dt[:, None] / n_req[:, None], 0.0)
-            rho = None
-            if rho_w is not None:
-                win = np.minimum((mid // ctx.window_s).astype(np.int64), rho_w.shape[0] - 1)
-                rho = rho_w[win]  # (n, S)
-            region_total = 0.0
-            keys: dict[tuple[Any, ...], list[int]] = {}
-            for idx in range(bud.shape[0]):
-                if n_req[idx] <= 0:
-                    continue
-                key: tuple[Any, ...] = self._key(bud[idx])
-                if rho is not None:
-                    coarse = tuple(
-                        k if k == _ZERO_KEY else k // _PRE_KEY_STEPS * _PRE_KEY_STEPS for k in key
-                    )
-                    key = (coarse, tuple(int(k) for k in np.ceil(rho[idx] * RHO_GRID - 1e-9)))
-                keys.setdefault(key, []).append(idx)
-            for key, idxs in keys.items():
-                ii = np.array(idxs)
+                bud = np.where(
+                    n_load[:, None] > 0, cap * 1000.0 * dt[:, None] / n_load[:, None], 0.0
+                )
+            live = (n_req > 0) & (n_load > 0)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                kf = np.where(
+                    bud > 0, np.floor(np.log(np.where(bud > 0, bud, 1.0)) / _LOG_RATIO + 1e-12), 0
+                ).astype(np.int64)
+            kf = np.where(bud > 0, kf, _ZERO_KEY)
+            if rho is not None or coarse:
+                # prices only: every _PRE_KEY_STEPS-th grid point (the dual stays valid)
+                kf = np.where(kf == _ZERO_KEY, kf, kf // _PRE_KEY_STEPS * _PRE_KEY_STEPS)
+            cols = kf
+            if rho is not None:
+                cols = np.hstack([kf, np.ceil(rho * RHO_GRID - 1e-9).astype(np.int64)])
+            rows = np.flatnonzero(live)
+            if rows.size == 0:
+                continue
+            if rho is None:
+                # one int64 per row (14 bits a budget: grid keys stay within ±8,000, i.e.
+                # budgets 1e-17 .. 1e17 ms; 0 budgets get their own code)
+                packed = np.zeros(rows.size, dtype=np.int64)
+                for j in range(4):
+                    col = np.where(kf[rows, j] == _ZERO_KEY, -8191, kf[rows, j])
+                    packed = (packed << 14) | (np.clip(col, -8191, 8191) + 8192)
+                _, first, inv = np.unique(packed, return_index=True, return_inverse=True)
+                uniq = cols[rows[first]]
+            else:
+                uniq, inv = np.unique(cols[rows], axis=0, return_inverse=True)
+            inv = inv.reshape(-1)
+            order = np.argsort(inv, kind="stable")
+            bounds_ = np.searchsorted(inv[order], np.arange(uniq.shape[0] + 1))
+            for g in range(uniq.shape[0]):
+                ii = rows[order[bounds_[g] : bounds_[g + 1]]]
+                key = tuple(int(k) for k in uniq[g, :4])
                 nr = n_req[ii]
                 # dual bound at the real budgets (and returning shares): Σ N (y·b + h)
                 if rho is None:
                     sol = self._solve(key)
-                    dual = float((nr * (bud[ii] @ sol.y + sol.h)).sum())
+                    duals[ii, o] = nr * (bud[ii] @ sol.y + sol.h)
                 else:
-                    sol = self._solve(*key)
-                    dual = float((nr * (bud[ii] @ sol.y + self._h_pre(sol.y, rho[ii]))).sum())
-                primal = float(nr.sum()) * sol.value
-                region_total += dual
-                if primal > 0:
-                    total_rma += dual * sol.value_rma / sol.value
-                    total_sbm += dual * sol.value_sbm / sol.value
-                    total_pre += dual * sol.value_pre / sol.value
+                    sol = self._solve(key, tuple(int(k) for k in uniq[g, 4:]))
+                    duals[ii, o] = nr * (bud[ii] @ sol.y + self._h_pre(sol.y, rho[ii]))
+                if sol.value > 0:
+                    shares[ii, o] = (
+                        np.array([sol.value_rma, sol.value_sbm, sol.value_pre]) / sol.value
+                    )
+        return duals, shares, n_req
+
+    def bound(self) -> OracleBound:
+        """The loose upper bound on incremental value for the run (module docstring):
+        ``oracle_incremental``."""
+        if self._bound is not None:
+            return self._bound
+        self._bound = self._total([(times, caps[:, None, :], None) for times, caps in self._caps])
+        return self._bound
+
+    def _total(
+        self,
+        series: list[tuple[FloatArray, FloatArray, FloatArray | None]],
+        by_rate: bool = False,
+        coarse: bool = False,
+    ) -> OracleBound:
+        """Sum the per-stretch duals of every region (the best capacity option of each
+        stretch) and add the relief term."""
+        totals = np.zeros(3)
+        relief_total = 0.0
+        per_region = []
+        for r, (times, caps, extra) in enumerate(series):
+            duals, shares, _ = self._stretch_duals(r, times, caps, extra, by_rate, coarse)
+            best = np.argmax(duals, axis=1) if duals.size else np.zeros(0, dtype=np.int64)
+            rows = np.arange(duals.shape[0])
+            d = duals[rows, best]
+            totals += (d[:, None] * shares[rows, best]).sum(axis=0)
             relief = self.static_losses(r)
-            per_region.append(region_total + relief)
+            per_region.append(float(d.sum()) + relief)
             relief_total += relief
-        total = float(sum(per_region))
-        self._bound = OracleBound(
-            total=total,
-            by_lever={"rma": total_rma, "sbm": total_sbm, "precompute": total_pre},
+        return OracleBound(
+            total=float(sum(per_region)),
+            by_lever={
+                "rma": float(totals[0]),
+                "sbm": float(totals[1]),
+                "precompute": float(totals[2]),
+            },
             per_region=tuple(per_region),
             relief=relief_total,
         )
-        return self._bound
+
+    def feasible(self) -> OracleBound:
+        """The feasible bound (``value.feasible_bound``; module docstring, *The feasible
+        bound*): the same LP under the rules the engine imposes on every policy."""
+        if self._feasible is None:
+            self._feasible = self._total(
+                [
+                    (*self.rules.series(r), self.rules.expired_edges())
+                    for r in range(len(self.ctx.regions))
+                ],
+                by_rate=True,
+                coarse=True,
+            )
+        return self._feasible
 
     def static_losses(self, r: int) -> float:
+        """:meth:`_static_losses`, once per region (both bounds add it)."""
+        got = self._losses.get(r)
+        if got is None:
+            got = self._losses[r] = self._static_losses(r)
+        return got
+
+    def _static_losses(self, r: int) -> float:
         """Baseline value the static configuration loses to its own queues in region ``r``
         (requests that time out on dedicated capacity): the most any policy could win back by
         taking work off the dedicated pool (module docstring, *relief*)."""

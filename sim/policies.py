@@ -21,13 +21,21 @@ policy          central targets (every interval, lag)         client side      s
                                                               limit → budget
 ``gradient``    greedy's targets                              Netflix Gradient2 —
                                                               limit → budget
+``envoy``       greedy's targets                              Envoy gradient   —
+                                                              controller limit
+                                                              → budget
+``sre-throttle``greedy's targets                              Google SRE       —
+                                                              adaptive
+                                                              throttling of
+                                                              optional work
 ``headroom``    :class:`headroom.controllers.plane.ControlPlane`         AIMD multiplier
 ServerShedder:
                                                               (ClientShedder)   token buckets,
                                                                                 value order,
                                                                                 in-flight trim
-``oracle``      perfect foresight, every step, no lag:        —                (ideal packing)
-                the value-maximising LP (sim/oracle.py)
+``oracle``      perfect foresight, every step, no lag:        —                the admission
+                the feasible LP plan (sim/oracle.py) on the                    rule, in its
+                quotas it assigns itself                                       plan
 =============== ============================================= ================ ==============
 
 **Peer policies, adapted.** Netflix's AIMD and Gradient2 limits know nothing about capacity
@@ -40,6 +48,13 @@ equivalents, spent on the highest-value requests first (the same rule as the cli
 A region is modelled as ``dedicated cores / cores_per_server`` identical servers, each with the
 same limit; the limit is fed ``peer_samples_per_step`` sampled responses per step (RTT, dropped =
 timed out) with the per-server in-flight count from Little's law.
+
+**Envoy and SRE throttling.** ``envoy`` is :class:`PeerRegion` with Envoy's adaptive
+concurrency gradient controller (:class:`headroom.defences.peers.EnvoyGradientLimit`).
+``sre-throttle`` (:class:`SreRegion`) runs greedy's targets under Google SRE client-side
+adaptive throttling (:class:`headroom.defences.peers.SreThrottle`, ``K = 2``, a two-minute
+window): every treatment request's optional part is an attempt, accepted when the response
+made the timeout, and the optional-work multiplier is ``1 − p`` (spent highest value first).
 
 **Time-outs and outages.** Every central policy (greedy, peers, central-only, headroom) is
 silenced by a ``control_outage``: no targets are issued, and clients fall back to the baseline
@@ -59,7 +74,7 @@ from headroom.controllers.plane import ControlPlane
 from headroom.controllers.types import LEVER_RMA, LEVER_SBM, RegionObservation, RegionTargets
 from headroom.defences.admission import admitted_share
 from headroom.defences.client_shedding import ClientShedder
-from headroom.defences.peers import OptionalBudget, make_limit
+from headroom.defences.peers import OptionalBudget, SreThrottle, make_limit
 from headroom.defences.shedding import OptionalCapacity, ServerShedder, ShedTransition
 from headroom.kernel.errors import ConfigError
 from headroom.sim.context import Health, Issued, Plan, Quotas, SimContext, Targets
@@ -74,6 +89,8 @@ POLICIES: tuple[str, ...] = (
     "central-only",
     "aimd",
     "gradient",
+    "envoy",
+    "sre-throttle",
     "headroom",
     "oracle",
 )
@@ -584,9 +601,10 @@ class PeerRegion(GreedyRegion):
 
 
 class OracleRegion(StaticRegion):
-    """Perfect foresight, no lag: the LP plan of sim/oracle.py every step, packed perfectly."""
+    """Perfect foresight, no lag: the feasible LP plan of sim/oracle.py every step, on the
+    quotas it assigns itself, through the engine's real queues (:meth:`Oracle.plan`)."""
 
-    ideal = True
+    ideal = False
     direct = True
 
     def __init__(self, ctx: SimContext, r: int) -> None:
@@ -594,10 +612,54 @@ class OracleRegion(StaticRegion):
         self.r = r
 
     def direct_plan(self, now: float, span: float, run: RegionRun) -> Plan | None:
-        return self.oracle.plan(self.r, now, span)
+        return self.oracle.plan(self.r, now, span, run)
 
     def steady(self) -> bool:
         return False  # re-plan every step: each step's arrivals get their own optimum
+
+
+class SreRegion(GreedyRegion):
+    """Greedy's targets under Google SRE client-side adaptive throttling of optional work
+    (module docstring)."""
+
+    wants_health = True
+
+    def __init__(self, ttl_s: float, ctx: SimContext, r: int) -> None:
+        super().__init__(ttl_s)
+        self.throttle = SreThrottle(k=2.0, window_s=120.0)
+        self.ctx = ctx
+        self.samples = ctx.config.peer_samples_per_step
+        self.rng = ctx.rng(r, 12)
+        self.m = 1.0
+        self._t = 0.0
+
+    def multipliers(self, now: float) -> tuple[float, float]:
+        return self.m, self.m
+
+    def feedback(self, health: Health, run: RegionRun) -> list[tuple[str, dict[str, Any]]]:
+        ctx = self.ctx
+        dt = max(health.now - self._t, 0.0)
+        self._t = health.now
+        out: list[tuple[str, dict[str, Any]]] = []
+        if run.targets is None:
+            return out
+        # attempts: the treatment requests of the step (each would carry optional work); the
+        # ones sent on (share m) are accepted unless they missed the timeout
+        attempts = run.arrival_rate * dt * ctx.treat
+        rtts = run.sample_step_latencies(self.rng, self.samples)
+        ok = float((rtts < ctx.timeout_ms).mean()) if rtts.size else 1.0
+        self.throttle.record(health.now, attempts, attempts * self.m * ok)
+        m = round(1.0 - self.throttle.reject_probability(health.now), 2)
+        fields = {"side": "client", "lever": "all", "dropped": 0, "multiplier": m}
+        if m < 1.0 <= self.m:
+            out.append(("shedding.started", fields))
+        elif m >= 1.0 > self.m:
+            out.append(("shedding.stopped", fields))
+        self.m = m
+        return out
+
+    def steady(self) -> bool:
+        return False
 
 
 # --------------------------------------------------------------------------------------------
@@ -630,6 +692,10 @@ class PolicyFactory:
             return GreedyRegion(ttl)
         if self.name in ("aimd", "gradient"):
             return PeerRegion(ttl, self.name, ctx, r)
+        if self.name == "envoy":
+            return PeerRegion(ttl, "envoy-gradient", ctx, r)
+        if self.name == "sre-throttle":
+            return SreRegion(ttl, ctx, r)
         if self.name == "central-only":
             assert self.plane is not None
             return PlaneRegion(self.plane)

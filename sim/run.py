@@ -86,7 +86,9 @@ def run_simulation(
     events_path = out_dir / "events.jsonl"
     if compress_events is None:
         compress_events = estimate_run(scenario, policies, duration_s=ctx.duration_s).compress
-    bound = oracle_for(ctx).bound()
+    oracle = oracle_for(ctx)
+    bound = oracle.bound()
+    feasible = oracle.feasible()
     with EventWriter(events_path, compress=compress_events) as writer:
         writer.write(
             {
@@ -127,6 +129,9 @@ def run_simulation(
                     "by_region": {
                         r.name: v for r, v in zip(scenario.regions, bound.per_region, strict=True)
                     },
+                    # the bound under the engine's own rules (sim/oracle.py, *feasible bound*)
+                    "feasible_bound": feasible.total,
+                    "feasible_by_lever": dict(feasible.by_lever),
                 }
             )
             started = clock() if clock is not None else None

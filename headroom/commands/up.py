@@ -66,7 +66,9 @@ def oracle_events(scenario: Scenario) -> list[dict[str, Any]]:
         from headroom.sim.oracle import oracle_for
         from headroom.sim.run import build_context
 
-        bound = oracle_for(build_context(scenario)).bound()
+        oracle = oracle_for(build_context(scenario))
+        bound = oracle.bound()
+        feasible = oracle.feasible()
     except Exception as exc:  # a reference figure: never fail the run for it
         log.warning("up.oracle.unavailable", error=f"{type(exc).__name__}: {exc}")
         return []
@@ -80,6 +82,8 @@ def oracle_events(scenario: Scenario) -> list[dict[str, Any]]:
             "region": None,
             "oracle_incremental": float(bound.total),
             "by_lever": dict(bound.by_lever),
+            "feasible_bound": float(feasible.total),
+            "feasible_by_lever": dict(feasible.by_lever),
         }
     ]
 

@@ -1,0 +1,93 @@
+"""The feasible bound (sim/oracle.py, *The feasible bound*) and the oracle policy that runs it
+through the engine's real queues; the peer policies envoy and sre-throttle run to completion."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from headroom.defences.admission import admitted_share
+from headroom.sim.oracle import Oracle
+from headroom.sim.run import build_context, run_simulation
+from tests.simulation.test_sim_runs import curves_of, short
+
+
+@pytest.fixture(scope="module")
+def oracle() -> Oracle:
+    s = short("quickstart")
+    return Oracle(build_context(s, curves=curves_of(s)))
+
+
+def test_the_feasible_bound_is_below_the_loose_one_and_splits_into_levers(oracle: Oracle) -> None:
+    loose = oracle.bound()
+    feasible = oracle.feasible()
+    assert 0 < feasible.total < loose.total
+    assert sum(feasible.by_lever.values()) + feasible.relief == pytest.approx(feasible.total)
+    assert feasible.relief == loose.relief  # the same relief term
+
+
+def test_no_optional_work_while_targets_are_expired(oracle: Oracle) -> None:
+    # quickstart: an outage [3000, 3400) with a 60 s interval and targets living 180 s: the
+    # last targets before it (2940) expire at 3120, the first after it (3420) reach clients 2 s on
+    rules = oracle.rules
+    assert [(a, b) for a, b, _ in rules.expired] == [(3120.0, 3422.0)]
+    assert rules.options_at(0, 3119.0).any()
+    assert not rules.options_at(0, 3200.0).any()
+    assert not rules.options_at(0, 3421.0).any()
+    assert rules.options_at(0, 3422.0).any()
+
+
+def test_strong_devices_are_whole_and_loaded(oracle: Oracle) -> None:
+    rules = oracle.rules
+    # gpu-b (2 devices, both models) is present from 0: nothing loaded before load_s (120 s)
+    ms, _ = rules.split_options(0, 60.0)
+    assert ms == [0.0]
+    ms, opts = rules.split_options(0, 600.0)
+    assert ms == [0.0, 1.0, 2.0]
+    # preempted at 1800, granted back at 2000: loaded again only from 2120
+    assert rules.split_options(0, 1900.0)[0] == [0.0]
+    assert rules.split_options(0, 2100.0)[0] == [0.0]
+    assert rules.split_options(0, 2130.0)[0] == [0.0, 1.0, 2.0]
+    # each option is the admission rule's share of its units: the strong stage of m devices
+    s_units = opts[:, 2]
+    strong_ms = oracle.ctx.n0 * oracle.ctx.costs.strong_accelerator_ms
+    for m, s in zip(ms, s_units.tolist(), strict=True):
+        k = admitted_share(m, strong_ms, rules.sbm_budget_ms) if m > 0 else 0.0
+        assert s == pytest.approx(m * k)
+        assert s < m or m == 0  # never 100 % busy
+    # and RMA's devices shrink as the strong model takes them
+    assert np.all(np.diff(opts[:, 1]) < 0)
+
+
+def test_the_oracle_policy_attains_the_feasible_bound_within_the_slo(tmp_path: Path) -> None:
+    s = short("quickstart")
+    run = run_simulation(
+        s, ["static", "headroom", "oracle"], tmp_path, curves=curves_of(s), plots=False
+    )
+    m = run.metrics["policies"]
+    feasible = m["oracle"]["value"]["feasible_bound"]
+    assert feasible > 0
+    oracle = m["oracle"]
+    assert oracle["value"]["incremental"] >= 0.95 * feasible
+    assert oracle["value"]["capture_feasible"] == pytest.approx(
+        oracle["value"]["incremental"] / feasible
+    )
+    assert oracle["slo"]["violation_fraction"] <= m["static"]["slo"]["violation_fraction"] + 0.001
+    assert oracle["requests"]["errors"] <= m["static"]["requests"]["errors"]
+    # headroom runs under the same rules: it cannot pass the feasible bound
+    assert m["headroom"]["value"]["incremental"] <= feasible
+
+
+def test_envoy_and_sre_throttle_run(tmp_path: Path) -> None:
+    s = dataclasses.replace(short("quickstart"), duration_s=900.0)
+    run = run_simulation(
+        s, ["static", "envoy", "sre-throttle"], tmp_path, curves=curves_of(s), plots=False
+    )
+    m = run.metrics["policies"]
+    for p in ("envoy", "sre-throttle"):
+        assert m[p]["complete"] is True
+        assert m[p]["value"]["feasible_bound"] == m["static"]["value"]["feasible_bound"]
+        assert m[p]["requests"]["total"] == m["static"]["requests"]["total"]
