@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from headroom.kernel.checks import NAME_PATTERN, describe, one_line
 from headroom.kernel.errors import ConfigError
@@ -45,6 +45,7 @@ from headroom.kernel.scenario import (
     MAX_SEED,
     Control,
     Dedicated,
+    EventKind,
     Models,
     ModelSpec,
     Opportunistic,
@@ -97,16 +98,7 @@ __all__ = [
     "load_scenario_text",
 ]
 
-EVENT_KINDS = (
-    "preempt",
-    "grant",
-    "surge",
-    "control_outage",
-    "kill",
-    "pause",
-    "broker_restart",
-    "capacity_silence",
-)
+EVENT_KINDS: tuple[str, ...] = get_args(EventKind)  # the model's literal, in its order
 SERVER_POOLS = ("dedicated", "opportunistic")
 # the processes of a region (a kill or pause of one names its region); the others are run-wide
 REGION_PROCESSES = ("server", "client", "precompute")
