@@ -262,10 +262,7 @@ class FeasibleRules:
             if key.resource == "cpu":
                 cpu += level
                 continue
-            if self.load_s > 0:
-                loaded = p.min_over(t - self.load_s, t) if t - self.load_s >= 0 else 0.0
-            else:
-                loaded = level
+            loaded = _loaded_at(p, t, self.load_s)
             if st.base_ok[i] and st.strong_ok[i]:
                 shared += level
                 shared_loaded += loaded
@@ -420,9 +417,7 @@ class Oracle:
                 if key.resource == "cpu":
                     cpu += level
                     continue
-                loaded = p.min_over(t - load, t) if load > 0 else level
-                if t - load < 0:
-                    loaded = 0.0 if load > 0 else loaded
+                loaded = _loaded_at(p, t, load)
                 if st.base_ok[i]:
                     r_cap += level
                 if st.strong_ok[i]:
@@ -851,3 +846,11 @@ def oracle_for(ctx: SimContext) -> Oracle:
         ctx.oracle_cache["oracle"] = got
     assert isinstance(got, Oracle)
     return got
+
+
+def _loaded_at(pool: Any, t: float, load_s: float) -> float:
+    """Units of ``pool`` the strong model has loaded at ``t``: those held for the whole load
+    time before it (none in the first ``load_s`` seconds), or the level itself without a load."""
+    if load_s <= 0:
+        return float(pool.level_at(t))
+    return float(pool.min_over(t - load_s, t)) if t - load_s >= 0 else 0.0

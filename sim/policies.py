@@ -589,15 +589,24 @@ class PeerRegion(GreedyRegion):
         out: list[tuple[str, dict[str, Any]]] = []
         fields = {"side": "client", "lever": "all", "dropped": 0, "multiplier": m,
                   "limit": self.budget.limit}  # fmt: skip
-        if m < 1.0 <= self.m:
-            out.append(("shedding.started", fields))
-        elif m >= 1.0 > self.m:
-            out.append(("shedding.stopped", fields))
+        out += shedding_transition(self.m, m, fields)
         self.m = m
         return out
 
     def steady(self) -> bool:
         return False
+
+
+def shedding_transition(
+    before: float, after: float, fields: dict[str, Any]
+) -> list[tuple[str, dict[str, Any]]]:
+    """The client-shedding line a multiplier change from ``before`` to ``after`` writes:
+    ``shedding.started`` when it drops below 1, ``shedding.stopped`` when it is back at 1."""
+    if after < 1.0 <= before:
+        return [("shedding.started", fields)]
+    if after >= 1.0 > before:
+        return [("shedding.stopped", fields)]
+    return []
 
 
 class OracleRegion(StaticRegion):
@@ -651,10 +660,7 @@ class SreRegion(GreedyRegion):
         self.throttle.record(health.now, attempts, attempts * self.m * ok)
         m = round(1.0 - self.throttle.reject_probability(health.now), 2)
         fields = {"side": "client", "lever": "all", "dropped": 0, "multiplier": m}
-        if m < 1.0 <= self.m:
-            out.append(("shedding.started", fields))
-        elif m >= 1.0 > self.m:
-            out.append(("shedding.stopped", fields))
+        out += shedding_transition(self.m, m, fields)
         self.m = m
         return out
 
