@@ -113,7 +113,7 @@ from headroom.defences.shedding import (
 )
 from headroom.kernel import seeds
 from headroom.kernel.checks import FieldChecker
-from headroom.kernel.errors import ConfigError
+from headroom.kernel.errors import ConfigError, HeadroomError
 from headroom.kernel.scenario import Scenario
 from headroom.kernel.sketch import LatencySketch
 from headroom.streams import messages
@@ -572,9 +572,15 @@ class RankingServer(Service):
     async def on_start(self) -> None:
         if self.world is None:
             self.world = RankingWorld.from_scenario(self.scenario)
-        self._server = await serve(
-            self.handle, self.config.host, self.config.port, on_protocol_error=self._bad_frame
-        )
+        try:
+            self._server = await serve(
+                self.handle, self.config.host, self.config.port, on_protocol_error=self._bad_frame
+            )
+        except OSError as exc:
+            raise HeadroomError(
+                f"--port {self.config.port}: cannot listen on "
+                f"{self.config.host}:{self.config.port}: {exc.strerror or exc}"
+            ) from exc
         self.port = int(self._server.sockets[0].getsockname()[1])
         if self.kafka is not None:
             self._producer = make_producer(self.kafka.bootstrap, linger_ms=2)

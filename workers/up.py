@@ -62,7 +62,7 @@ from headroom.kernel.logs import get_logger
 from headroom.kernel.scenario import Control, Scenario
 from headroom.kernel.scenario_load import control_with_flags
 from headroom.streams import messages, security
-from headroom.streams.broker import free_port, probe_async
+from headroom.streams.broker import probe_async
 from headroom.streams.kafka import (
     KafkaTarget,
     create_topics,
@@ -184,6 +184,14 @@ class Proc:
             self._line_event.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._line_event.wait(), min(left, 0.5))
+
+    def pin_port(self, address: str) -> None:
+        """Restart on the port the process announced (``HOST:PORT``): a replica restarted after a
+        crash is found again at the address the clients know. The first start binds port 0, so
+        no port is picked here and taken by another socket before the process binds it."""
+        port = address.rsplit(":", 1)[1]
+        i = self.argv.index("--port")
+        self.argv[i + 1] = port
 
     def returncode(self) -> int | None:
         return None if self.process is None else self.process.returncode
@@ -352,9 +360,8 @@ class Stack:
                             name,
                             "--share",
                             repr(1.0 / n),
-                            # a fixed port: a replica restarted after a crash is found again
                             "--port",
-                            str(free_port()),
+                            "0",  # pinned to the port it announces (pin_port) once it is up
                             *metrics,
                             *clock,
                             *scenario_flag,
@@ -375,7 +382,7 @@ class Stack:
                         "--replica",
                         name,
                         "--port",
-                        str(free_port()),
+                        "0",
                         *metrics,
                         *clock,
                         *scenario_flag,
@@ -388,6 +395,7 @@ class Stack:
         for proc, (region_name, pool) in zip(servers, meta, strict=True):
             line = await proc.wait_line(lambda s: s.startswith("listening on "), READY_TIMEOUT_S)
             address = line.removeprefix("listening on ").strip()
+            proc.pin_port(address)
             self.server_addresses.setdefault(region_name, []).append((pool, address))
         if self.scenario.precompute_enabled:
             workers = [self.precompute_proc(region.name) for region in self.scenario.regions]

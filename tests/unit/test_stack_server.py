@@ -14,7 +14,7 @@ import pytest_asyncio
 
 from headroom.controllers.config import ControlConfig
 from headroom.defences.shedding import OptionalCapacity
-from headroom.kernel.errors import ConfigError
+from headroom.kernel.errors import ConfigError, HeadroomError
 from headroom.kernel.scenario import Scenario
 from headroom.kernel.scenario_load import load_scenario
 from headroom.streams import messages
@@ -271,6 +271,26 @@ async def mixed(scenario: Scenario, world: RankingWorld) -> AsyncIterator[Rankin
         yield server
     finally:
         await server.stop()
+
+
+async def test_a_port_in_use_is_a_clear_error_naming_the_flag(
+    scenario: Scenario, world: RankingWorld
+) -> None:
+    taken = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = int(taken.sockets[0].getsockname()[1])
+    server = RankingServer(
+        ServerConfig(region=REGION, pool="dedicated", replica="m2", port=port),
+        scenario,
+        None,
+        world=world,
+    )
+    try:
+        with pytest.raises(HeadroomError, match=f"--port {port}: cannot listen on"):
+            await server.start()
+    finally:
+        await server.stop()
+        taken.close()
+        await taken.wait_closed()
 
 
 async def _client(server: RankingServer) -> WireClient:
