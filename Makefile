@@ -23,17 +23,19 @@ run: $(STAMP)
 ## make test: lint, then the whole suite, including the integration tests on a real Kafka broker
 ## (started here unless KAFKA_BOOTSTRAP_SERVERS names one, and stopped afterwards, whatever the
 ## outcome). Extra pytest arguments: make test PYTEST_ARGS="-k recording -x".
-## The whole suite also measures the branch coverage of the package headroom and fails under the
-## floor of pyproject.toml ([tool.coverage]); a subset is measured only if asked, e.g.
+## The whole suite runs the integration tests and the unit + simulation tests side by side (two
+## pytest processes, the second under nice; tools/run-tests.sh --whole-suite), measures the branch
+## coverage of the package headroom and fails under the floor of pyproject.toml ([tool.coverage]);
+## a subset runs in one process and is measured only if asked, e.g.
 ## make test PYTEST_ARGS="tests/unit" COVERAGE="--cov --cov-fail-under=0".
 PYTEST_ARGS ?=
-COVERAGE ?= $(if $(PYTEST_ARGS),,--cov --cov-report=term:skip-covered)
+COVERAGE ?=
 test: $(STAMP) kcat chromium promtool kubeconform
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	PATH="$(abspath $(BIN)):$$PATH" ./tools/run-tests.sh $(COVERAGE) $(PYTEST_ARGS)
+	PATH="$(abspath $(BIN)):$$PATH" ./tools/run-tests.sh $(if $(PYTEST_ARGS),$(COVERAGE) $(PYTEST_ARGS),--whole-suite)
 
 ## make kcat: install kcat (Debian package; needs root or sudo) unless it is already there.
 kcat:

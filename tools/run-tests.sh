@@ -6,8 +6,22 @@
 #
 # Expects `headroom` and `python` of the project's virtual environment on PATH (`make test`
 # arranges that).
+#
+# `--whole-suite` (what `make test` passes when no PYTEST_ARGS are given) runs the suite in two
+# pytest processes side by side: tests/integration, which mostly waits on real time, and
+# tests/unit + tests/simulation, which mostly compute, under `nice` so that the real-time stacks
+# of the integration tests come first on the CPU. Each measures branch coverage into its own data
+# file; the two are combined and reported once, against the floor of pyproject.toml. The
+# integration tests print as they run; the unit and simulation tests' output follows, then the
+# integration summary again if they failed, the coverage and one line with the three verdicts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+whole_suite=0
+if [ "${1:-}" = "--whole-suite" ]; then
+  whole_suite=1
+  shift
+fi
 
 if [ -z "${KAFKA_BOOTSTRAP_SERVERS:-}" ]; then
   state_dir="$(mktemp -d "${TMPDIR:-/tmp}/headroom-test-kafka.XXXXXX")"
@@ -35,8 +49,49 @@ echo "tests use Kafka at $KAFKA_BOOTSTRAP_SERVERS" >&2
 # pytest runs in the background so that a signal reaches this script at once (bash defers traps
 # while a foreground child runs) and is passed on: the broker is stopped right away, not after
 # the suite. (A background child of a script ignores SIGINT, hence SIGTERM for both.)
-python -m pytest "$@" &
-tests=$!
-trap 'kill -TERM "$tests" 2>/dev/null; wait "$tests"; exit 130' INT
-trap 'kill -TERM "$tests" 2>/dev/null; wait "$tests"; exit 143' TERM
-wait "$tests"
+if [ "$whole_suite" -eq 0 ]; then
+  python -m pytest "$@" &
+  tests=$!
+  trap 'kill -TERM "$tests" 2>/dev/null; wait "$tests"; exit 130' INT
+  trap 'kill -TERM "$tests" 2>/dev/null; wait "$tests"; exit 143' TERM
+  wait "$tests"
+  exit 0
+fi
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/headroom-tests.XXXXXX")"
+covered=(--cov --cov-report= --cov-fail-under=0)
+COVERAGE_FILE="$work/coverage.compute" nice -n 10 python -m pytest tests/unit tests/simulation \
+  "${covered[@]}" --basetemp "$work/compute" "$@" >"$work/compute.log" 2>&1 &
+compute=$!
+COVERAGE_FILE="$work/coverage.integration" python -m pytest tests/integration \
+  "${covered[@]}" --basetemp "$work/integration" "$@" > >(tee "$work/integration.log") 2>&1 &
+integration=$!
+trap 'kill -TERM "$compute" "$integration" 2>/dev/null; wait; exit 130' INT
+trap 'kill -TERM "$compute" "$integration" 2>/dev/null; wait; exit 143' TERM
+integration_status=0
+wait "$integration" || integration_status=$?
+compute_status=0
+wait "$compute" || compute_status=$?
+echo
+echo "=== tests/unit and tests/simulation (run beside the integration tests) ==="
+cat "$work/compute.log"
+echo
+echo "=== branch coverage of the whole suite ==="
+coverage_status=0
+COVERAGE_FILE="$work/coverage" coverage combine --quiet \
+  "$work/coverage.compute" "$work/coverage.integration" || coverage_status=$?
+if [ "$coverage_status" -eq 0 ]; then
+  COVERAGE_FILE="$work/coverage" coverage report --skip-covered || coverage_status=$?
+fi
+if [ "$integration_status" -ne 0 ]; then
+  echo
+  echo "=== tests/integration, again: its summary ==="
+  sed -n '/short test summary info/,$p' "$work/integration.log"
+fi
+echo "integration tests: exit $integration_status; unit and simulation tests: exit" \
+  "$compute_status; coverage floor: exit $coverage_status" >&2
+if [ "$integration_status" -ne 0 ] || [ "$compute_status" -ne 0 ] || [ "$coverage_status" -ne 0 ]; then
+  echo "test logs and temporary files kept in $work" >&2
+  exit 1
+fi
+rm -rf "$work"
