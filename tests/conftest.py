@@ -13,6 +13,10 @@
 
 Admin calls run their own event loop in a worker thread, so these synchronous fixtures work
 the same under plain and asyncio tests.
+
+Hypothesis runs without its per-example deadline and too-slow health check: ``make test`` runs the
+unit tests niced beside the integration tests, so an example's wall time says nothing about the
+code.
 """
 
 from __future__ import annotations
@@ -29,11 +33,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from headroom.kernel.errors import HeadroomError
 from headroom.streams import broker
 from headroom.streams.kafka import KafkaTarget, create_topics, delete_topics, wait_for_topics
 from headroom.streams.topics import topics
+
+settings.register_profile(
+    "shared-host", deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("shared-host")
 
 T = TypeVar("T")
 TEST_PARTITIONS = 2
