@@ -79,6 +79,7 @@ __all__ = ["Proc", "Stack", "StackConfig"]
 log = get_logger("up")
 
 READY_TIMEOUT_S = 90.0  # a process that has not said it is ready by then failed to start
+PRECOMPUTE_NICENESS = 19  # the precompute workers' CPU priority (precompute_proc)
 SEEN_EVENTS = 200_000  # collected events remembered for fault recovery (the oldest go first)
 
 
@@ -455,15 +456,22 @@ class Stack:
         return out
 
     def precompute_proc(self, region: str) -> Proc:
-        """The precompute worker of ``region`` (``headroom precompute``), on the run's clock."""
+        """The precompute worker of ``region`` (``headroom precompute``), on the run's clock.
+
+        It runs under ``nice``: precompute spends capacity too remote or unstable for the live
+        path, which in a deployment is another machine's; on the one host of ``up`` the lowest
+        CPU priority stands for that, so its ranking never delays the live servers' baseline."""
         assert self.t0 is not None
         return self._proc(
             f"precompute-{region}",
-            self._cmd(
-                "precompute", "--region", region,
-                "--t0", f"{self.t0:.6f}", "--speed", repr(self.config.speed),
-                "--scenario", str(self.config.scenario_path), "--metrics-port", "0",
-            ),
+            [
+                "nice", "-n", str(PRECOMPUTE_NICENESS),
+                *self._cmd(
+                    "precompute", "--region", region,
+                    "--t0", f"{self.t0:.6f}", "--speed", repr(self.config.speed),
+                    "--scenario", str(self.config.scenario_path), "--metrics-port", "0",
+                ),
+            ],
         )  # fmt: skip
 
     def client_argv(self, region: str) -> list[str]:

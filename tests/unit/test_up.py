@@ -146,6 +146,7 @@ def test_a_precompute_scenario_gets_a_precompute_worker_per_region_on_the_runs_c
     stack.t0 = 1_800_000_000.5
     proc = stack.precompute_proc("it-pre")
     assert proc.name == "precompute-it-pre"
+    assert proc.argv[:3] == ["nice", "-n", "19"]  # the live path's CPU comes first
     cli = proc.argv[proc.argv.index("headroom.cli") + 1 :]
     args = build_parser().parse_args(cli)  # every flag is one the command declares
     assert (args.command, args.region) == ("precompute", "it-pre")
