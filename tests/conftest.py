@@ -14,6 +14,11 @@
 Admin calls run their own event loop in a worker thread, so these synchronous fixtures work
 the same under plain and asyncio tests.
 
+The tests that compare the two engines' figures (test_engines_agree.py) run after every other
+test of the session: ``make test`` runs the unit and simulation tests beside the integration
+tests, and by then they are done, so the real-time stacks compared with the simulator have the
+host to themselves as far as the suite goes.
+
 Hypothesis runs without its per-example deadline and too-slow health check: ``make test`` runs the
 unit tests niced beside the integration tests, so an example's wall time says nothing about the
 code.
@@ -46,6 +51,7 @@ settings.register_profile(
 settings.load_profile("shared-host")
 
 T = TypeVar("T")
+RUN_LAST = ("test_engines_agree.py",)
 TEST_PARTITIONS = 2
 REPO = Path(__file__).resolve().parent.parent
 
@@ -54,6 +60,11 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine to completion in a fresh event loop on a worker thread."""
     with ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(asyncio.run, coro).result()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Move the modules of ``RUN_LAST`` to the end, each keeping its own order."""
+    items.sort(key=lambda item: item.path.name in RUN_LAST)
 
 
 @pytest.fixture(scope="session")

@@ -60,7 +60,7 @@ fi
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/headroom-tests.XXXXXX")"
 covered=(--cov --cov-report= --cov-fail-under=0)
-COVERAGE_FILE="$work/coverage.compute" nice -n 10 python -m pytest tests/unit tests/simulation \
+COVERAGE_FILE="$work/coverage.compute" nice -n 19 python -m pytest tests/unit tests/simulation \
   "${covered[@]}" --basetemp "$work/compute" "$@" >"$work/compute.log" 2>&1 &
 compute=$!
 COVERAGE_FILE="$work/coverage.integration" python -m pytest tests/integration \
