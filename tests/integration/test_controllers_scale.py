@@ -13,7 +13,7 @@ gets targets, then kills (SIGKILL) the controller that steps the most regions. P
 
 from __future__ import annotations
 
-import asyncio
+import itertools
 import json
 import os
 import signal
@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -79,12 +80,13 @@ def _start(name: str, bootstrap: str, prefix: str, workdir: Path, t0: float) -> 
     own.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, HEADROOM_CONTROLLER_DIR=str(own), HEADROOM_LOG_FORMAT="json")
     log = own / "controller.log"
+    argv = [
+        sys.executable, "-m", "headroom.cli", "controller",
+        "--scenario", str(SCENARIO), "--t0", f"{t0:.6f}",
+        "--bootstrap", bootstrap, "--prefix", prefix,
+    ]  # fmt: skip
     proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "headroom.cli", "controller",
-            "--scenario", str(SCENARIO), "--t0", f"{t0:.6f}",
-            "--bootstrap", bootstrap, "--prefix", prefix,
-        ],  # fmt: skip
+        argv,
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=log.open("ab"),
@@ -108,7 +110,11 @@ def controllers(
 def _inputs(region: str, n: int) -> list[tuple[str, bytes]]:
     now = time.time()
     out = []
-    for resource, hardware in (("cpu", "any"), ("accelerator", "gpu-b")):
+    pools: tuple[tuple[Literal["cpu", "accelerator"], str], ...] = (
+        ("cpu", "any"),
+        ("accelerator", "gpu-b"),
+    )
+    for resource, hardware in pools:
         cap = messages.Capacity(
             ts=now, region=region, resource=resource, hardware=hardware, pool="opportunistic",
             units=2.0, expires_in_s=None, reason="grant", id=f"cap-{region}-{resource}-{n}",
@@ -203,9 +209,10 @@ def test_a_killed_controllers_regions_move_to_the_other_with_epochs_that_never_g
     for r in adopted:
         assert r["restored"] is True, r
         issued = [t.epoch for ts, t in targets if t.region == r["region"] and ts <= killed_at]
-        assert r["epoch"] is not None and int(str(r["epoch"])) >= min(issued), (r, issued)
+        assert r["epoch"] is not None, r
+        assert int(str(r["epoch"])) >= min(issued), (r, issued)
     # epochs never go back, per region, over the whole run (topic order: what clients see)
     for region in REGIONS:
         epochs = [t.epoch for _, t in targets if t.region == region]
         assert len(epochs) >= 4, (region, epochs)
-        assert all(b >= a for a, b in zip(epochs, epochs[1:], strict=False)), (region, epochs)
+        assert all(b >= a for a, b in itertools.pairwise(epochs)), (region, epochs)
