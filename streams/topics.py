@@ -273,3 +273,14 @@ def key_region(key: bytes | str | None) -> str | None:
     text = key.decode(errors="replace") if isinstance(key, bytes) else key
     head, sep, tail = text.rpartition(SHARD_SEP)
     return head if sep and tail.isdigit() else text
+
+
+def keyed_partition(kind: str | None, key: bytes | None, partitions: int) -> int | None:
+    """The partition a record of ``kind`` with ``key`` must go to when not the default
+    partitioner's: a ``requests`` record keyed ``region/shard`` goes to partition ``shard``
+    (modulo ``partitions``, for a topic with fewer partitions than the one it came from); None:
+    the producer's partitioner decides (murmur2 of the key)."""
+    if kind != "requests" or key is None or partitions < 1:
+        return None
+    _head, sep, tail = key.decode(errors="replace").rpartition(SHARD_SEP)
+    return int(tail) % partitions if sep and tail.isdigit() else None

@@ -60,7 +60,6 @@ from headroom.kernel.scenario import Scenario
 from headroom.kernel.schedule import ELIGIBLE_SHARE, CapacityUpdate, FeedSchedule
 from headroom.streams import messages
 from headroom.streams.kafka import KafkaTarget, make_producer
-from headroom.streams.topics import request_key, request_shard
 from headroom.workers.service import Service
 
 __all__ = ["ELIGIBLE_SHARE", "CapacityUpdate", "FeedConfig", "FeedSchedule", "TrafficFeed"]
@@ -371,12 +370,12 @@ class TrafficFeed(Service):
 
     async def _request(self, region: str, fields: dict[str, Any]) -> None:
         msg = messages.Request(ts=self._wall(), region=region, **fields)
-        shard = request_shard(msg.user, self._request_partitions)
+        parts = self._request_partitions
         await self._producer.send(
             self.kafka.topic("requests"),
             messages.encode(msg),
-            key=request_key(region, shard),
-            partition=shard,
+            key=msg.shard_key(parts),
+            partition=msg.shard(parts),
         )
         self.sent["requests"] += 1
 

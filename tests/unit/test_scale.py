@@ -26,6 +26,7 @@ from headroom.kernel.scenario_load import load_scenario
 from headroom.kernel.settings import default_scenario_path
 from headroom.streams.topics import (
     key_region,
+    keyed_partition,
     murmur2,
     partition_for,
     region_partition,
@@ -162,3 +163,25 @@ def test_adopt_keeps_the_other_regions_and_release_drops_the_lost_ones() -> None
     assert "us-east" not in a.owned
     assert set(a.value_seen) == {"p.2"}
     assert set(a.value_partition) == {"p.2"}
+
+
+def test_a_replayed_request_goes_to_its_shards_partition() -> None:
+    assert keyed_partition("requests", b"us-east/3", 4) == 3
+    assert keyed_partition("requests", b"us-east/5", 4) == 1  # a topic with fewer partitions
+    assert keyed_partition("requests", b"us-east", 4) is None  # a region key: murmur2
+    assert keyed_partition("capacity", b"us-east/3", 4) is None
+    assert keyed_partition(None, b"us-east/3", 4) is None
+    assert keyed_partition("requests", None, 4) is None
+
+
+def test_a_requests_key_names_its_region_and_shard() -> None:
+    from headroom.streams import messages
+
+    req = messages.Request(
+        ts=1.0, id="q-1", region="us-east", segment="casual", value=0.5, eligible=True, user=918273
+    )
+    shard = req.shard(4)
+    assert shard == request_shard(918273, 4)
+    assert req.shard_key(4) == f"us-east/{shard}".encode()
+    assert key_region(req.shard_key(4)) == "us-east"
+    assert keyed_partition("requests", req.shard_key(4), 4) == shard
