@@ -185,3 +185,58 @@ def test_a_requests_key_names_its_region_and_shard() -> None:
     assert req.shard_key(4) == f"us-east/{shard}".encode()
     assert key_region(req.shard_key(4)) == "us-east"
     assert keyed_partition("requests", req.shard_key(4), 4) == shard
+
+
+# -- a kill or pause of one of several processes: the event's ``index`` ------------------------
+
+INDEXED = [
+    {"at_s": 10, "kind": "kill", "process": "controller", "index": 1, "restart_after_s": 2},
+    {"at_s": 20, "kind": "pause", "process": "client", "region": "us-east", "index": 2,
+     "duration_s": 3},
+    {"at_s": 30, "kind": "kill", "process": "server", "region": "us-east", "pool": "dedicated",
+     "index": 1, "restart_after_s": 2},
+    {"at_s": 40, "kind": "kill", "process": "controller", "restart_after_s": 2},
+    {"at_s": 50, "kind": "kill", "process": "client", "region": "us-east", "index": 0,
+     "restart_after_s": 2},
+]  # fmt: skip
+
+
+def test_an_index_picks_one_of_several_processes() -> None:
+    from headroom.kernel.scenario_schema import SCHEMA
+    from headroom.workers.faults import fault_targets
+    from tests.unit.test_faults import doc, load
+    from tests.unit.test_scenario_load import schema_problems
+
+    sc = load(doc(INDEXED))
+    assert [e.index for e in sc.events] == [1, 2, 1, None, 0]
+    assert schema_problems(SCHEMA, doc(INDEXED)) == []
+    names = ["controller", "controller-1", "client-us-east", "client-us-east-1", "client-us-east-2",
+             "server-us-east-dedicated-0", "server-us-east-dedicated-1"]  # fmt: skip
+    assert [fault_targets(e, names) for e in sc.events] == [
+        ["controller-1"], ["client-us-east-2"], ["server-us-east-dedicated-1"], ["controller"],
+        ["client-us-east"],
+    ]  # fmt: skip
+    # an index the stack does not run names nothing (up refuses the scenario before it starts)
+    assert fault_targets(sc.events[0], ["controller"]) == []
+
+
+@pytest.mark.parametrize(
+    ("event", "expected"),
+    [
+        ({"at_s": 1, "kind": "kill", "process": "feed", "index": 1, "restart_after_s": 1},
+         "events[0].index: the feed runs once"),
+        ({"at_s": 1, "kind": "kill", "process": "controller", "index": -1, "restart_after_s": 1},
+         "events[0].index: must be"),
+        ({"at_s": 1, "kind": "broker_restart", "down_s": 1, "index": 1},
+         "events[0].index: not allowed for a broker_restart event"),
+    ],
+)  # fmt: skip
+def test_a_bad_index_is_named(event: dict[str, object], expected: str) -> None:
+    from headroom.kernel.scenario_schema import SCHEMA
+    from tests.unit.test_faults import doc, problems
+    from tests.unit.test_scenario_load import schema_problems
+
+    got = problems(doc([event]))
+    assert any(p.startswith(expected) for p in got), got
+    if "not allowed" in expected or "must be" in expected:
+        assert schema_problems(SCHEMA, doc([event]))
