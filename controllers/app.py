@@ -62,7 +62,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import faust
 
@@ -341,6 +341,7 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
             _take_value(ctl, msg, value_seen_table, event.message.partition)
 
     source_topics = {latency_topic.get_topic_name(), capacity_topic.get_topic_name()}
+    _log_assignments(app, source_topics)
 
     async def prepare() -> bool:
         # before the first step, once the tables are recovered: adopt the regions held and
@@ -366,6 +367,18 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
         await asyncio.gather(_value_counts_loop(app, ctl, events_topic), _watchdog(app, ctl))
 
     return app, ctl
+
+
+def _log_assignments(app: faust.App, source_topics: set[str]) -> None:
+    """Log every assignment of the group (``controller.partitions.assigned``: the partitions of
+    the region-keyed topics this worker holds now), the moment a rebalance ends."""
+
+    def assigned(_sender: Any, *args: Any, signal: Any = None, **kwargs: Any) -> None:
+        tps = args[0] if args else kwargs.get("assigned", ())
+        parts = sorted({tp.partition for tp in tps if tp.topic in source_topics})
+        log.info("controller.partitions.assigned", partitions=parts)
+
+    app.on_partitions_assigned.connect(cast(Any, assigned))  # mode types the handler narrowly
 
 
 def _liveness_step(ctl: Controller, mine: set[str], now: float) -> None:
