@@ -30,6 +30,21 @@ Restart: tables are changelogged to Kafka; on the first tick after a (re)start t
 restored from the ``state`` table, so epochs keep increasing and the PID resumes from its last
 output (bumpless: the first new target is within one rate-limit step of the last one).
 
+Several controllers (scaling out, docs/streaming.md): processes with the same app id form one
+consumer group; Kafka's group assignment (Faust's co-partitioning assignor) gives each the same
+partition numbers of every region-keyed topic and of the tables' changelogs. A worker acts only on
+the regions whose partition (:func:`headroom.streams.topics.region_partition`) it holds
+(:func:`owned_regions`): the agents see only those partitions' messages, every table record of a
+region is written to the region's partition (the ``state`` table is keyed by region, the
+``capacity`` and ``value_seen`` records are written from the region's stream), and the clock
+steps only the regions it owns. A region a worker gains is adopted from the tables at its next
+step (plane state, capacity levels, value books); a region it loses is dropped at once. Epochs
+never go back across a hand-over: the new owner continues from the epoch in the region's
+changelogged state (``previous + 1``), and an epoch is at least ``floor(now)`` of the step that
+issued it, so even a step whose snapshot was lost outranks every earlier one (same clock).
+The group settings (:func:`group_timeouts`) make a dead worker's regions move within
+about ``session timeout + a second`` and be stepped at the next control step after that.
+
 Processing guarantee: at-least-once (Faust commits after the agent processed a message). Latency
 and value windows are sums, so a re-delivered message after a crash can count twice in one window;
 the controllers treat one window's noise as they treat any noise (rate limits, filtered
@@ -47,7 +62,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import faust
 
@@ -63,10 +78,15 @@ from headroom.kernel.scenario import Scenario
 from headroom.streams import messages
 from headroom.streams.broker import probe_async
 from headroom.streams.security import PLAINTEXT, ClientSecurity
-from headroom.streams.topics import spec_for, topic_name
+from headroom.streams.topics import region_partition, spec_for, topic_name
 
 log = get_logger("controller")
 
+# The group's timeouts (seconds, see group_timeouts): the broker evicts a member it has not heard
+# from within the session timeout, which Kafka bounds below by group.min.session.timeout.ms (6 s
+# by default)
+MIN_SESSION_TIMEOUT_S = 6.0
+MAX_SESSION_TIMEOUT_S = 10.0
 LIVENESS_EXIT = 3  # the exit status of a controller that found itself stalled
 LIVENESS_PROBE_S = 3.0  # before a liveness exit: does the broker answer a metadata request?
 VALUE_COUNTS_EVERY_S = 1.0  # how often the value signals' counts are published (when changed)
@@ -116,6 +136,8 @@ class Controller:
         self.value_seen: dict[str, list[int]] = {}
         self.value_unattributed = 0  # signals without a producer id: counted, never de-duplicated
         self.value_changed = False
+        self.value_partition: dict[str, int] = {}  # producer -> partition its signals came on
+        self.owned: set[str] = set()  # the regions this worker steps (adopted from the tables)
 
     def count_value(self, msg: messages.ValueSignal, stored: bytes | None) -> bool:
         """Count one value signal; False for a duplicate (its producer's ``seq`` already seen).
@@ -153,6 +175,36 @@ class Controller:
             log.info("controller.state.restored", keys=sorted(snapshot))
         self.restored = True
 
+    def adopt(self, region: str, state: dict[str, Any] | None) -> None:
+        """Take ``region`` over: its plane state from the ``state`` table's record (a plane
+        snapshot holding that region; None: start afresh), the other regions untouched."""
+        snap = self.plane.snapshot()
+        regions = dict(snap["regions"])
+        got = None if not state else dict(state.get("regions", {})).get(region)
+        if got is not None:
+            regions[region] = got
+        else:
+            regions.pop(region, None)
+        self.plane.restore({**snap, "regions": regions})
+        self.owned.add(region)
+        epoch = None if got is None else got.get("epoch")
+        log.info("controller.region.adopted", region=region, restored=got is not None, epoch=epoch)
+
+    def release(self, regions: set[str], partitions: set[int]) -> None:
+        """Drop ``regions`` (their partitions moved to another worker) and the value books of
+        the producers whose signals came on ``partitions``: the new owner continues from the
+        tables; were they regained later, they are adopted from the tables again."""
+        if regions:
+            snap = self.plane.snapshot()
+            kept = {r: st for r, st in snap["regions"].items() if r not in regions}
+            self.plane.restore({**snap, "regions": kept})
+            self.owned.difference_update(regions)
+            log.info("controller.region.released", regions=sorted(regions))
+        for producer, part in list(self.value_partition.items()):
+            if part in partitions:
+                del self.value_partition[producer]
+                self.value_seen.pop(producer, None)
+
 
 def capacity_level(msg: messages.Capacity) -> CapacityLevel:
     return CapacityLevel(
@@ -185,6 +237,23 @@ def region_event(ts: float, region: str, kind: str, fields: dict[str, Any]) -> m
     return messages.Event(
         ts=ts, kind=kind, source="controller", region=region, extra={"policy": "headroom", **fields}
     )
+
+
+def group_timeouts(interval_s: float) -> tuple[float, float, float]:
+    """``(session timeout, heartbeat interval, rebalance timeout)`` in seconds of the
+    controllers' consumer group for a control interval: the session timeout is half an interval
+    within [:data:`MIN_SESSION_TIMEOUT_S`, :data:`MAX_SESSION_TIMEOUT_S`] (a killed worker is
+    evicted after it, and its regions are stepped by their new owner at the next control step:
+    within two intervals when the interval is at least the session timeout plus a few seconds
+    of rebalance and recovery), heartbeats six times a session, and a rebalance may take a
+    session (the survivors rejoin at their next heartbeat)."""
+    session = min(MAX_SESSION_TIMEOUT_S, max(MIN_SESSION_TIMEOUT_S, interval_s / 2.0))
+    return session, session / 6.0, session
+
+
+def owned_regions(regions: set[str], partitions: set[int], count: int) -> set[str]:
+    """The regions among ``regions`` whose partition (of ``count``) is in ``partitions``."""
+    return {r for r in regions if region_partition(r, count) in partitions}
 
 
 def next_step(now: float, t0: float, interval_s: float, last: int = 0) -> int:
@@ -231,15 +300,19 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
         partitions=settings.partitions,
         key_type=str,
         value_type=bytes,
-        use_partitioner=True,  # written from the timer, outside any stream
+        # keyed by region, written from the timer, outside any stream: the default partitioner
+        # puts a region's record on the region's partition (same key bytes, same count)
+        use_partitioner=True,
     )
+    # keyed by producer, written from the value stream: a record goes to the partition of the
+    # region whose signal it counts, so it moves with the region (a producer is one client
+    # process, serving one region)
     value_seen_table = app.Table(
         "value_seen",
         default=None,
         partitions=settings.partitions,
         key_type=str,
         value_type=bytes,
-        use_partitioner=True,  # keyed by producer, not by the stream's region key
     )
 
     async def deadletter(event: Any, error: ValidationError | str) -> None:
@@ -264,22 +337,26 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
 
     @app.agent(value_topic)
     async def value_agent(stream: Any) -> None:
-        async for _event, msg in _decoded(stream, "value", deadletter, consumed):
-            _take_value(ctl, msg, value_seen_table)
+        async for event, msg in _decoded(stream, "value", deadletter, consumed):
+            _take_value(ctl, msg, value_seen_table, event.message.partition)
+
+    source_topics = {latency_topic.get_topic_name(), capacity_topic.get_topic_name()}
+    _log_assignments(app, source_topics)
 
     async def prepare() -> bool:
-        # before the first step, once the tables are recovered: restore the plane and write its
-        # snapshot back (the producer then knows the state table's changelog before the first
-        # step has sent anything else)
-        _restore(ctl, state_table, capacity_table)
+        # before the first step, once the tables are recovered: adopt the regions held and
+        # write their snapshots back (the producer then knows the state table's changelog
+        # before the first step has sent anything else)
+        ctl.restored = True
+        _take_ownership(app, ctl, source_topics, state_table, capacity_table)
         return await _save_snapshot(app, ctl, state_table)
 
     async def run_tick(now: float) -> None:
-        _restore(ctl, state_table, capacity_table)
-        for region in ctl.aggregator.regions:
+        mine = _take_ownership(app, ctl, source_topics, state_table, capacity_table)
+        for region in sorted(mine.intersection(ctl.aggregator.regions)):
             await _publish_region(ctl, region, now, targets_topic, events_topic)
         await _save_snapshot(app, ctl, state_table)
-        ctl.liveness.step(now)
+        _liveness_step(ctl, mine, now)
 
     @app.task  # type: ignore[untyped-decorator]
     async def control_clock() -> None:
@@ -292,14 +369,59 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
     return app, ctl
 
 
-def _take_value(ctl: Controller, msg: messages.ValueSignal, table: Any) -> None:
+def _log_assignments(app: faust.App, source_topics: set[str]) -> None:
+    """Log every assignment of the group (``controller.partitions.assigned``: the partitions of
+    the region-keyed topics this worker holds now), the moment a rebalance ends."""
+
+    def assigned(_sender: Any, *args: Any, signal: Any = None, **kwargs: Any) -> None:
+        tps = args[0] if args else kwargs.get("assigned", ())
+        parts = sorted({tp.partition for tp in tps if tp.topic in source_topics})
+        log.info("controller.partitions.assigned", partitions=parts)
+
+    app.on_partitions_assigned.connect(cast(Any, assigned))  # mode types the handler narrowly
+
+
+def _liveness_step(ctl: Controller, mine: set[str], now: float) -> None:
+    """Tell the liveness check of a step. A worker that steps no region (more workers than
+    regions, or none assigned yet) has nothing to consume, which is no stall: the check is
+    disarmed until its first live step."""
+    if mine:
+        ctl.liveness.step(now)
+    else:
+        ctl.liveness.last_live = None
+
+
+def _take_ownership(
+    app: faust.App, ctl: Controller, source_topics: set[str], state_table: Any, capacity_table: Any
+) -> set[str]:
+    """Release the regions whose partitions moved away, adopt those that came (module
+    docstring); the regions this worker steps now."""
+    count = ctl.settings.partitions
+    assigned = app.assignor.assigned_actives()
+    partitions = {tp.partition for tp in assigned if tp.topic in source_topics}
+    known = {r.name for r in ctl.settings.scenario.regions}
+    regions = known | set(ctl.aggregator.regions) | ctl.owned
+    mine = owned_regions(regions, partitions, count)
+    lost = ctl.owned - mine
+    if lost or ctl.value_partition:
+        ctl.release(lost, set(range(count)) - partitions)
+    for region in sorted(mine - ctl.owned):
+        _adopt(ctl, region, state_table, capacity_table)
+    return mine
+
+
+def _take_value(
+    ctl: Controller, msg: messages.ValueSignal, table: Any, partition: int | None = None
+) -> None:
     """Count a value signal once (:meth:`Controller.count_value`, its producer's record in the
     ``value_seen`` table) and, unless it is a duplicate, add it to the books (keyed by
-    (segment, value bin) where it has one)."""
+    (segment, value bin) where it has one). ``partition``: the one the signal came on."""
     producer = msg.producer
     fresh = ctl.count_value(msg, table.get(producer) if producer else None)
     if producer is not None:
         table[producer] = dumps(ctl.value_seen[producer])
+        if partition is not None:
+            ctl.value_partition[producer] = partition
     if fresh:
         ctl.aggregator.add_value_signal(msg)
     else:
@@ -402,7 +524,9 @@ async def _control_clock(
 
 
 async def _save_snapshot(app: faust.App, ctl: Controller, state_table: Any) -> bool:
-    """Write the plane's snapshot to the state table; False (logged) when it could not be.
+    """Write the plane's snapshot to the state table, one record per region this worker owns
+    (keyed by region: the record lives on the region's partition); False (logged) when it could
+    not be.
 
     Faust sends a table's changelog record without waiting for the producer to know the
     changelog topic (``send_soon`` partitions it at once), and aiokafka's producer forgets the
@@ -412,7 +536,10 @@ async def _save_snapshot(app: faust.App, ctl: Controller, state_table: Any) -> b
     try:
         if producer is not None:
             await producer.partitions_for(state_table.changelog_topic.get_topic_name())
-        state_table["plane"] = dumps(ctl.plane.snapshot())
+        snap = ctl.plane.snapshot()
+        for region, st in snap["regions"].items():
+            if region in ctl.owned:
+                state_table[region] = dumps({**snap, "regions": {region: st}})
     except Exception as exc:  # the next step writes it again
         log.warning("controller.snapshot.failed", error=f"{type(exc).__name__}: {exc}")
         return False
@@ -421,7 +548,9 @@ async def _save_snapshot(app: faust.App, ctl: Controller, state_table: Any) -> b
 
 def _faust_app(settings: ControllerSettings) -> faust.App:
     """The Faust app of these settings: in-memory tables changelogged to Kafka, no web server,
-    at-least-once processing, new consumers from the latest offsets."""
+    at-least-once processing, new consumers from the latest offsets, the group's timeouts of
+    :func:`group_timeouts`."""
+    session, heartbeat, rebalance = group_timeouts(_control_config(settings).interval_s)
     return faust.App(
         settings.id,
         broker=[f"kafka://{b.strip()}" for b in settings.bootstrap.split(",") if b.strip()],
@@ -436,9 +565,9 @@ def _faust_app(settings: ControllerSettings) -> faust.App:
         web_enabled=False,
         worker_redirect_stdouts=False,
         stream_wait_empty=False,
-        broker_session_timeout=10.0,
-        broker_heartbeat_interval=1.0,
-        broker_rebalance_timeout=10.0,
+        broker_session_timeout=session,
+        broker_heartbeat_interval=heartbeat,
+        broker_rebalance_timeout=rebalance,
         broker_commit_interval=0.5,
         consumer_auto_offset_reset="latest",
         processing_guarantee="at_least_once",
@@ -508,14 +637,20 @@ async def _decoded(
         yield event, msg
 
 
-def _restore(ctl: Controller, state_table: Any, capacity_table: Any) -> None:
-    """Once after a (re)start: the plane from the ``state`` table, the capacity levels from the
-    ``capacity`` table (nothing when the controller has already restored)."""
-    if ctl.restored:
-        return
-    raw = state_table.get("plane")
-    ctl.restore_from(loads(raw) if raw else None)
+def _adopt(ctl: Controller, region: str, state_table: Any, capacity_table: Any) -> None:
+    """Take ``region`` over from the tables (recovered from their changelogs): its plane state
+    from the ``state`` table (the record keyed by region; a record ``plane`` of the single-key
+    layout is read when the region has none), its capacity levels from the ``capacity`` table."""
+    raw = state_table.get(region)
+    state = loads(raw) if raw else None
+    if state is None:
+        legacy = state_table.get("plane")
+        state = loads(legacy) if legacy else None
+    ctl.adopt(region, state)
+    prefix = f"{region}|"
     for key in list(capacity_table.keys()):
+        if not str(key).startswith(prefix):
+            continue
         raw_cap = capacity_table.get(key)
         if raw_cap is None:
             continue

@@ -227,6 +227,22 @@ def _add_up_flags(p: argparse.ArgumentParser) -> None:
         help="run the scenario X times faster than real time, > 0 (default 1)",
     )
     _add_control_flags(p)
+    number(
+        p,
+        "--controllers",
+        COUNT,
+        default=1,
+        metavar="N",
+        help="controller processes, sharing the regions by Kafka's group assignment (default 1)",
+    )
+    number(
+        p,
+        "--clients-per-region",
+        COUNT,
+        default=1,
+        metavar="M",
+        help="client processes per region, sharing the region's requests partitions (default 1)",
+    )
     p.add_argument("--no-plots", action="store_true", help="skip PNG plots and report.html")
     p.add_argument(
         "--broker-state-dir",

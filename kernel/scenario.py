@@ -167,6 +167,9 @@ class ScenarioEvent:
     restart_after_s: float | None = None  # kill: restarted this long after
     down_s: float | None = None  # broker_restart: the broker is down this long
     broker: int | None = None  # broker_restart: which broker of a local cluster (0-based)
+    # kill, pause: which of several processes of the kind (up --controllers N,
+    # --clients-per-region M, a server pool's replicas), 0-based; None: the first
+    index: int | None = None
 
     @property
     def is_fault(self) -> bool:

@@ -62,6 +62,7 @@ KEYS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
                 "restart_after_s",
                 "down_s",
                 "broker",
+                "index",
             }
         ),
     ),

@@ -89,6 +89,7 @@ __all__ = [
     "KEYS",
     "MAX_BROKER_INDEX",
     "MAX_FILE_BYTES",
+    "MAX_PROCESS_INDEX",
     "NAME_PATTERN",
     "RESOURCES",
     "SERVER_POOLS",
@@ -103,6 +104,8 @@ SERVER_POOLS = ("dedicated", "opportunistic")
 # the processes of a region (a kill or pause of one names its region); the others are run-wide
 REGION_PROCESSES = ("server", "client", "precompute")
 MAX_BROKER_INDEX = 63
+MAX_PROCESS_INDEX = 63  # kill, pause: index of a controller, client or server replica
+INDEXED_PROCESSES = ("controller", "client", "server")  # several of a kind can run
 SHARE_TOLERANCE = 1e-6  # docs/scenarios.md: "shares sum to 1"; float rounding of 0.1 + 0.2 + 0.7
 MAX_ERROR = 10.0  # model error is relative to the utility spread; 10 spreads is pure noise
 
@@ -115,8 +118,8 @@ EVENT_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "control_outage": (frozenset({"duration_s"}), frozenset({"region"})),
     # fault events: a region's process names its region (and a server its pool), checked in
     # _fault_fields
-    "kill": (frozenset({"process", "restart_after_s"}), frozenset({"region", "pool"})),
-    "pause": (frozenset({"process", "duration_s"}), frozenset({"region", "pool"})),
+    "kill": (frozenset({"process", "restart_after_s"}), frozenset({"region", "pool", "index"})),
+    "pause": (frozenset({"process", "duration_s"}), frozenset({"region", "pool", "index"})),
     "broker_restart": (frozenset({"down_s"}), frozenset({"broker"})),
     "capacity_silence": (frozenset({"duration_s"}), frozenset({"region"})),
 }
@@ -746,6 +749,7 @@ def _event(
         duration_s = _number(ctx, f"{path}.duration_s", m["duration_s"], gt=0)
     remote = _opt_bool(ctx, path, m, "remote") if "remote" in m else None
     process, pool, restart_after_s, down_s, broker = _fault_fields(ctx, path, m, kind)
+    index = _fault_index(ctx, path, m, process)
     if (
         kind in ("preempt", "grant")
         and len(ctx.problems) == n
@@ -772,7 +776,17 @@ def _event(
         restart_after_s=restart_after_s,
         down_s=down_s,
         broker=broker,
+        index=index,
     )
+
+
+def _fault_index(ctx: _Ctx, path: str, m: Mapping[str, Any], process: str | None) -> int | None:
+    """``index`` of a kill or pause: which of several controllers, clients of the region or
+    replicas of the server pool (0-based); only those processes can run several times."""
+    index = _opt_int(ctx, path, m, "index", ge=0, le=MAX_PROCESS_INDEX)
+    if index is not None and process is not None and process not in INDEXED_PROCESSES:
+        ctx.add(f"{path}.index", f"the {process} runs once: no index")
+    return index
 
 
 def _fault_fields(

@@ -17,6 +17,7 @@ from headroom.kernel.scenario_load import (
     EVENT_KINDS,
     KEYS,
     MAX_BROKER_INDEX,
+    MAX_PROCESS_INDEX,
     NAME_PATTERN,
     RESOURCES,
     SERVER_POOLS,
@@ -323,6 +324,14 @@ _EVENT = _obj(
             "maximum": MAX_BROKER_INDEX,
             "description": "broker_restart with a local cluster: which broker (0-based)",
         },
+        "index": {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": MAX_PROCESS_INDEX,
+            "description": "kill, pause of a controller, client or server: which one of several "
+            "(`up --controllers N`, `--clients-per-region M`, the pool's replicas), 0-based; "
+            "absent: the first",
+        },
     },
     ["at_s", "kind"],
     allOf=[
@@ -330,8 +339,8 @@ _EVENT = _obj(
         _event_kind("grant", ["region", "resource", "hardware", "units"], ["remote"]),
         _event_kind("surge", ["region", "factor", "duration_s"], []),
         _event_kind("control_outage", ["duration_s"], ["region"]),
-        _event_kind("kill", ["process", "restart_after_s"], ["region", "pool"]),
-        _event_kind("pause", ["process", "duration_s"], ["region", "pool"]),
+        _event_kind("kill", ["process", "restart_after_s"], ["region", "pool", "index"]),
+        _event_kind("pause", ["process", "duration_s"], ["region", "pool", "index"]),
         _event_kind("broker_restart", ["down_s"], ["broker"]),
         _event_kind("capacity_silence", ["duration_s"], ["region"]),
     ],

@@ -69,6 +69,7 @@ from headroom.kernel.codec import (
     type_name,
 )
 from headroom.kernel.sketch import CommonSketchWire, LatencySketch, SketchWire
+from headroom.streams.topics import request_key, request_shard
 
 __all__ = [
     "ARM_VALUES",
@@ -483,7 +484,17 @@ class Request(_Message, frozen=True, kw_only=True):
     user: Count
 
     def key(self) -> bytes:
+        """The region (the key of a topic with one partition per region's traffic)."""
         return self.region.encode()
+
+    def shard(self, partitions: int) -> int:
+        """The request's shard on a ``requests`` topic of ``partitions`` partitions."""
+        return request_shard(self.user, partitions)
+
+    def shard_key(self, partitions: int) -> bytes:
+        """The ``requests`` key, ``region/shard`` (docs/messages.md): the feed writes the
+        request to partition :meth:`shard`."""
+        return request_key(self.region, self.shard(partitions))
 
 
 class Target(_Message, frozen=True, kw_only=True, omit_defaults=True):

@@ -17,6 +17,17 @@ Retention follows the contract's table:
 Partitions: every region-keyed topic has the same count (default 4), so a Faust agent that
 joins two of them stays co-partitioned; ``deadletter`` has one partition (low volume, one
 total order for operators).
+
+Scaling out (docs/streaming.md, *Scaling out*):
+
+* a region-keyed record lands on partition :func:`partition_for` of its key — Kafka's default
+  partitioner (murmur2 of the key bytes), computed here so a controller knows which regions the
+  partitions it was assigned hold (:func:`region_partition`);
+* ``requests`` is keyed ``region/shard`` (:func:`request_key`): the shard is a stable hash of
+  the user id modulo the topic's partition count (:func:`request_shard`), and the feed writes a
+  request to partition ``shard``. A region's traffic is thus spread over every partition, the
+  region's client group splits the partitions between its members, and one user always goes to
+  the same shard. :func:`key_region` reads the region back from either form of key.
 """
 
 from __future__ import annotations
@@ -87,7 +98,7 @@ REGISTRY: tuple[TopicSpec, ...] = (
     ),
     _spec(
         "requests",
-        "region",
+        "region/shard",
         "request traffic from the traffic feed or a replay",
         {"cleanup.policy": "delete", "retention.ms": str(DAY_MS)},
     ),
@@ -188,3 +199,88 @@ def min_insync_replicas(replication_factor: int) -> int:
     ``acks=all`` a write then reaches two brokers before it counts, and one broker may be down
     without stopping producers."""
     return max(1, min(2, replication_factor))
+
+
+# -- keys and partitions (scaling out) --------------------------------------------------------
+
+SHARD_SEP = "/"
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 hash of ``data`` (the Java client's and aiokafka's default partitioner)."""
+    length = len(data)
+    seed = 0x9747B28C
+    m = 0x5BD1E995
+    r = 24
+    h = (seed ^ length) & 0xFFFFFFFF
+    n4 = length // 4
+    for i in range(n4):
+        i4 = i * 4
+        k = data[i4] | (data[i4 + 1] << 8) | (data[i4 + 2] << 16) | (data[i4 + 3] << 24)
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> r
+        k = (k * m) & 0xFFFFFFFF
+        h = (h * m) & 0xFFFFFFFF
+        h ^= k
+    extra = length % 4
+    if extra >= 3:
+        h ^= data[(length & ~3) + 2] << 16
+    if extra >= 2:
+        h ^= data[(length & ~3) + 1] << 8
+    if extra >= 1:
+        h ^= data[length & ~3]
+        h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    h ^= h >> 15
+    return h
+
+
+def partition_for(key: bytes, partitions: int) -> int:
+    """The partition Kafka's default partitioner gives a record with ``key``."""
+    if partitions < 1:
+        raise ConfigError(f"partitions: {partitions} must be >= 1")
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+def region_partition(region: str, partitions: int) -> int:
+    """The partition of ``region`` on every region-keyed topic (and the controller's tables)."""
+    return partition_for(region.encode(), partitions)
+
+
+def request_shard(user: int, partitions: int) -> int:
+    """The shard (= partition) of a request of ``user`` on ``requests`` with ``partitions``
+    partitions: a stable integer hash (splitmix64's finaliser) of the user id, modulo the count.
+    Stable across processes and releases: one user's requests always share a shard."""
+    if partitions < 1:
+        raise ConfigError(f"partitions: {partitions} must be >= 1")
+    z = (int(user) + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    z ^= z >> 31
+    return z % partitions
+
+
+def request_key(region: str, shard: int) -> bytes:
+    """The key of a request on ``requests``: ``region/shard``."""
+    return f"{region}{SHARD_SEP}{int(shard)}".encode()
+
+
+def key_region(key: bytes | str | None) -> str | None:
+    """The region a record key names: ``region`` or ``region/shard`` (None: no key)."""
+    if key is None:
+        return None
+    text = key.decode(errors="replace") if isinstance(key, bytes) else key
+    head, sep, tail = text.rpartition(SHARD_SEP)
+    return head if sep and tail.isdigit() else text
+
+
+def keyed_partition(kind: str | None, key: bytes | None, partitions: int) -> int | None:
+    """The partition a record of ``kind`` with ``key`` must go to when not the default
+    partitioner's: a ``requests`` record keyed ``region/shard`` goes to partition ``shard``
+    (modulo ``partitions``, for a topic with fewer partitions than the one it came from); None:
+    the producer's partitioner decides (murmur2 of the key)."""
+    if kind != "requests" or key is None or partitions < 1:
+        return None
+    _head, sep, tail = key.decode(errors="replace").rpartition(SHARD_SEP)
+    return int(tail) % partitions if sep and tail.isdigit() else None

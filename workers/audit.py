@@ -9,7 +9,12 @@ there to their end (:func:`audit_topics`):
   copies are ``requests.messages − requests.fed``);
 * ``value.published`` — distinct ``(producer, seq)`` pairs of the value signals (a producer retry
   can write one twice; ``value.messages`` counts every copy); signals without a producer id (an
-  older client) count as ``value.unattributed``, each message once.
+  older client) count as ``value.unattributed``, each message once;
+* ``value.producers`` — the same per producer (a client process start: several clients of a
+  region, and a restarted client, each have their own): its ``region``, ``published`` (distinct
+  signals), ``n`` and ``value_sum`` (sums over its distinct signals), so what several clients of
+  a region published can be added up and compared with what the controllers counted;
+* ``requests.regions`` — distinct request ids per region.
 
 The result is the ``stack.audit`` event (source ``up``) that :mod:`headroom.analysis.metrics`
 turns into ``requests.fed`` and ``value.signals.published``.
@@ -56,7 +61,9 @@ async def end_offsets(kafka: KafkaTarget, kinds: tuple[str, ...] = AUDITED) -> d
 async def audit_topics(kafka: KafkaTarget, start: dict[str, Any]) -> dict[str, Any]:
     """Read every audited topic from ``start`` (:func:`end_offsets`) to its end now, and count."""
     requests: set[str] = set()
+    per_region: dict[str, set[str]] = {}
     signals: set[tuple[str, int]] = set()
+    producers: dict[str, dict[str, Any]] = {}
     counts = {"requests": 0, "value": 0, "unattributed": 0, "invalid": 0}
     consumer = make_consumer(kafka.bootstrap)
     async with _assigned_consumer(consumer, kafka.bootstrap):
@@ -72,20 +79,38 @@ async def audit_topics(kafka: KafkaTarget, start: dict[str, Any]) -> dict[str, A
                     continue
                 if isinstance(msg, messages.Request):
                     requests.add(msg.id)
+                    per_region.setdefault(msg.region, set()).add(msg.id)
                 elif isinstance(msg, messages.ValueSignal):
                     if msg.producer is None or msg.seq is None:
                         counts["unattributed"] += 1
-                    else:
+                    elif (msg.producer, msg.seq) not in signals:
                         signals.add((msg.producer, msg.seq))
+                        _add_signal(producers, msg)
     return {
-        "requests": {"fed": len(requests), "messages": counts["requests"]},
+        "requests": {
+            "fed": len(requests),
+            "messages": counts["requests"],
+            "regions": {r: len(ids) for r, ids in sorted(per_region.items())},
+        },
         "value": {
             "published": len(signals) + counts["unattributed"],
             "messages": counts["value"],
             "unattributed": counts["unattributed"],
+            "producers": dict(sorted(producers.items())),
         },
         "invalid": counts["invalid"],
     }
+
+
+def _add_signal(producers: dict[str, dict[str, Any]], msg: messages.ValueSignal) -> None:
+    """Add one distinct value signal to its producer's totals."""
+    assert msg.producer is not None
+    book = producers.setdefault(
+        msg.producer, {"region": msg.region, "published": 0, "n": 0, "value_sum": 0.0}
+    )
+    book["published"] += 1
+    book["n"] += int(msg.n)
+    book["value_sum"] += float(msg.value_sum)
 
 
 @contextlib.asynccontextmanager

@@ -1,7 +1,12 @@
 """The client worker (``headroom client --region R``): requests in, rankings out, value measured.
 
-A client consumes ``headroom.requests`` as a member of a consumer group (requests are keyed by
-region, so a region's partitions are shared by that region's clients), and for each request:
+A client consumes ``headroom.requests`` as a member of its region's consumer group and serves
+the requests of its region (the payload's ``region``; another region's requests on the same
+partitions are skipped). Requests are keyed ``region/shard`` and the shard is the partition (a
+stable hash of the user id), so a region's traffic is on every partition and the group's members
+(``headroom up --clients-per-region M``) split it by the partitions they are assigned; each
+publishes its value signals under its own ``producer`` id (docs/streaming.md, *Scaling out*).
+For each request:
 
 1. **Target** — applies the newest unexpired target of its region (highest ``epoch``,
    :class:`TargetBook`). Past ``ts + ttl_s`` the target is expired: the client falls back to the
@@ -725,7 +730,8 @@ class RankingClient(Service):
         if not isinstance(msg, messages.Request):
             return
         if msg.region != self.config.region:
-            return  # another region's request on a shared partition: not ours
+            # another region's request (every region's shards share the partitions): not ours
+            return
         if msg.segment not in self._segments:
             # valid by the contract, but not rankable here: the loop dead-letters it with this
             raise ValueError(

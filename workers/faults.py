@@ -67,14 +67,22 @@ EventPredicate = Callable[[dict[str, Any]], bool]
 
 
 def fault_targets(e: ScenarioEvent, stack_names: list[str]) -> list[str]:
-    """The process names of the stack a kill or pause acts on (empty for other faults)."""
+    """The process names of the stack a kill or pause acts on (empty for other faults): the
+    event's ``index`` (default 0) picks one of several controllers (``controller``,
+    ``controller-1``, …), clients of the region (``client-R``, ``client-R-1``, …) or replicas of
+    the server pool (``server-R-POOL-i``)."""
     if e.kind not in ("kill", "pause") or e.process is None:
         return []
+    i = e.index or 0
     names: list[str]
-    if e.process in ("controller", "feed"):
-        names = [str(e.process)]
+    if e.process == "controller":
+        names = ["controller" if i == 0 else f"controller-{i}"]
+    elif e.process == "feed":
+        names = ["feed"]
     elif e.process == "server":
-        names = [f"server-{e.region}-{e.pool}-0"]
+        names = [f"server-{e.region}-{e.pool}-{i}"]
+    elif e.process == "client":
+        names = [f"client-{e.region}" if i == 0 else f"client-{e.region}-{i}"]
     else:
         names = [f"{e.process}-{e.region}"]
     return [n for n in names if n in stack_names]
@@ -104,6 +112,8 @@ class FaultRecord:
         }
         if e.pool is not None:
             out["pool"] = e.pool
+        if e.index is not None:
+            out["index"] = e.index
         if self.targets:
             out["targets"] = list(self.targets)
         return out

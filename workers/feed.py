@@ -9,14 +9,18 @@ Publishes a scenario, in real time or ``X`` times faster, onto Kafka:
   re-announced every ``refresh_s`` (reason ``update``) so that a level with an announced lifetime
   (``expires_in_s``) does not lapse while the scenario still offers it; lifetimes are published
   in wall seconds (``expires_in_s / speed``).
-* ``headroom.requests`` — every request of the scenario's traffic, keyed by region: ``id``,
-  ``segment`` (drawn by the segments' shares), ``value`` (log-normal with the segment's mean and
-  sigma: ``exp(N(ln mean − σ²/2, σ))``), ``eligible`` (share :data:`ELIGIBLE_SHARE`, the
-  simulator's default), ``user`` (uniform among its segment's share of ``world.users``, split
-  as the simulator splits them so each user returns at its segment's rate; else a 31-bit id), at
-  Poisson arrival times: per second of scenario time the count is the simulator's own draw
-  (:class:`headroom.kernel.traces.ScenarioTraces`: diurnal or CSV rate, seeded noise, surges),
-  spread uniformly over that second — the very counts the simulator draws for the same seed.
+* ``headroom.requests`` — every request of the scenario's traffic, keyed ``region/shard`` and
+  written to partition ``shard``, a stable hash of the user id modulo the topic's partition
+  count (:func:`headroom.streams.topics.request_shard`): a region's traffic is spread over every
+  partition so that several clients of the region share it (docs/streaming.md, *Scaling out*).
+  Fields: ``id``, ``segment`` (drawn by the segments' shares), ``value`` (log-normal with the
+  segment's mean and sigma: ``exp(N(ln mean − σ²/2, σ))``), ``eligible`` (share
+  :data:`ELIGIBLE_SHARE`, the simulator's default), ``user`` (uniform among its segment's share
+  of ``world.users``, split as the simulator splits them so each user returns at its segment's
+  rate; else a 31-bit id), at Poisson arrival times: per second of scenario time the count is
+  the simulator's own draw (:class:`headroom.kernel.traces.ScenarioTraces`: diurnal or CSV rate,
+  seeded noise, surges), spread uniformly over that second — the very counts the simulator
+  draws for the same seed.
 * ``headroom.events`` — ``run.started`` (scenario, seed, ``t0``, SLO, segments, regions, levers),
   one ``capacity.reclaimed`` per reclaim (every replica sees the same capacity message, so the feed
   is the one that counts it), one ``window`` line per region per SLO window with the opportunistic
@@ -110,6 +114,7 @@ class TrafficFeed(Service):
             end = min(end, config.duration_s)
         self.end_t = end
         self._producer: Any = None
+        self._request_partitions = 1  # of headroom.requests, known once started
         self._ids = 0
         self.finished = asyncio.Event()
         self.sent = {"requests": 0, "capacity": 0, "reclaims": 0}
@@ -138,6 +143,8 @@ class TrafficFeed(Service):
             self.kafka.bootstrap, linger_ms=5, request_timeout_ms=SEND_TIMEOUT_MS
         )
         await self._producer.start()
+        parts = await self._producer.partitions_for(self.kafka.topic("requests"))
+        self._request_partitions = max(1, len(parts))
         self.add_task(self._play(), name="play")
 
     async def on_stop(self) -> None:
@@ -363,7 +370,13 @@ class TrafficFeed(Service):
 
     async def _request(self, region: str, fields: dict[str, Any]) -> None:
         msg = messages.Request(ts=self._wall(), region=region, **fields)
-        await self._producer.send(self.kafka.topic("requests"), messages.encode(msg), key=msg.key())
+        parts = self._request_partitions
+        await self._producer.send(
+            self.kafka.topic("requests"),
+            messages.encode(msg),
+            key=msg.shard_key(parts),
+            partition=msg.shard(parts),
+        )
         self.sent["requests"] += 1
 
     async def _windows(self, t_start: float, t_end: float) -> None:

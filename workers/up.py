@@ -8,12 +8,18 @@ a user would run them on several machines, and wires them together:
 2. the **controller** (Faust app) on the scenario's control clock: ``control.interval_s`` and
    ``control.ttl_s`` (docs/scenarios.md; ``--interval`` / ``--ttl`` override them), the settings
    ``simulate`` runs its control plane with, and the run's ``t0`` and speed, so it steps at
-   scenario time ``k × interval_s`` as the simulator does;
+   scenario time ``k × interval_s`` as the simulator does; with ``--controllers N``, N controller
+   processes of one app id (``controller``, ``controller-1``, …, each with its own data
+   directory) that split the regions by Kafka's group assignment (docs/streaming.md, *Scaling
+   out*);
 3. per region, **servers**: ``dedicated_replicas`` mixed RMA replicas sharing the dedicated
    capacity (``--share 1/n``) and one strong-model replica on the opportunistic pool; each prints
    the port it listens on;
-4. per region, one **client** with every server of its region (``--server POOL=HOST:PORT``) and a
-   consumer group of its own for this run; it prints ``ready`` once it owns its partitions;
+4. per region, ``--clients-per-region M`` **clients** (default 1: ``client-R``; then
+   ``client-R-1``, …) with every server of its region (``--server POOL=HOST:PORT``), sharing a
+   consumer group of the region for this run (each its own static member id), so the region's
+   requests partitions are split between them; each prints ``ready`` once it owns its
+   partitions;
 5. per region, when the scenario enables precompute (docs/scenarios.md optional fields), one
    **precompute worker** (``headroom precompute --region R``) on the same clock; it prints
    ``precompute worker ready (region R)`` once it has joined its requests group, and the clients
@@ -74,13 +80,24 @@ from headroom.streams.topics import topics
 from headroom.workers.audit import audit_event, audit_topics, end_offsets
 from headroom.workers.faults import FaultRunner, Supervisor
 
-__all__ = ["Proc", "Stack", "StackConfig"]
+__all__ = ["Proc", "Stack", "StackConfig", "client_name", "controller_name"]
 
 log = get_logger("up")
 
 READY_TIMEOUT_S = 90.0  # a process that has not said it is ready by then failed to start
 PRECOMPUTE_NICENESS = 19  # the precompute workers' CPU priority (precompute_proc)
 SEEN_EVENTS = 200_000  # collected events remembered for fault recovery (the oldest go first)
+
+
+def controller_name(index: int) -> str:
+    """The process name of controller ``index``: ``controller``, ``controller-1``, …"""
+    return "controller" if index == 0 else f"controller-{index}"
+
+
+def client_name(region: str, index: int = 0) -> str:
+    """The process name (and static group member id) of client ``index`` of ``region``:
+    ``client-R``, ``client-R-1``, …"""
+    return f"client-{region}" if index == 0 else f"client-{region}-{index}"
 
 
 @dataclass(frozen=True)
@@ -102,10 +119,14 @@ class StackConfig:
     # the state directory of the local broker (``headroom kafka start``) a broker_restart event
     # restarts; None: the local broker's default
     broker_state_dir: Path | None = None
+    controllers: int = 1  # controller processes (--controllers)
+    clients_per_region: int = 1  # client processes per region (--clients-per-region)
 
     def __post_init__(self) -> None:
         c = FieldChecker()
         c.positive("--speed", self.speed)
+        c.integer("--controllers", self.controllers, 1)
+        c.integer("--clients-per-region", self.clients_per_region, 1)
         for flag, v in (("--interval", self.interval_s), ("--ttl", self.ttl_s)):
             if v is not None:
                 c.positive(flag, v)
@@ -272,11 +293,13 @@ class Stack:
 
     # -- helpers ------------------------------------------------------------------------------
 
-    def _env(self) -> dict[str, str]:
+    def _env(self, name: str = "") -> dict[str, str]:
         env = dict(os.environ)
         env["HEADROOM_LOG_FORMAT"] = "json"
         env.setdefault("PYTHONUNBUFFERED", "1")
-        env["HEADROOM_CONTROLLER_DIR"] = str(self.config.out_dir / "controller")
+        # every controller its own data directory (``controller``, ``controller-1``, …)
+        own = name if name.startswith("controller") else "controller"
+        env["HEADROOM_CONTROLLER_DIR"] = str(self.config.out_dir / own)
         return env
 
     def _cmd(self, *args: str) -> list[str]:
@@ -297,7 +320,7 @@ class Stack:
         ]
 
     def _proc(self, name: str, argv: list[str]) -> Proc:
-        proc = Proc(name, argv, self.logs_dir / f"{name}.log", self._env())
+        proc = Proc(name, argv, self.logs_dir / f"{name}.log", self._env(name))
         self.procs[name] = proc
         return proc
 
@@ -340,8 +363,8 @@ class Stack:
         self.t0 = time.time() + cfg.startup_margin_s
         clock = ["--t0", f"{self.t0:.6f}", "--speed", repr(cfg.speed)]
         metrics = ["--metrics-port", "0"]  # every worker serves Prometheus on a free port
-        controller = self._proc("controller", self.controller_argv())
-        await controller.start()
+        for name in self.controller_names():
+            await self._proc(name, self.controller_argv()).start()
         servers: list[Proc] = []
         meta: list[tuple[str, str]] = []
         for region in self.scenario.regions:
@@ -406,10 +429,7 @@ class Stack:
                 await proc.wait_line(
                     f"precompute worker ready (region {region.name})".__eq__, READY_TIMEOUT_S
                 )
-        for region in self.scenario.regions:
-            await self.start_client(region.name)
-        for region in self.scenario.regions:
-            await self.wait_client(region.name)
+        await self._start_clients()
         for e in self.scenario.events:
             if e.kind == "control_outage":
                 self._outage_tasks.append(
@@ -434,6 +454,24 @@ class Stack:
             interval_s=self.interval_s,
             processes=len(self.procs),
         )
+
+    async def _start_clients(self) -> None:
+        """Every client of every region, then wait until each is ready."""
+        started = []
+        for region in self.scenario.regions:
+            for i in range(self.config.clients_per_region):
+                started.append((region.name, i))
+                await self.start_client(region.name, i)
+        for region_name, i in started:
+            await self.wait_client(region_name, i)
+
+    def controller_names(self) -> list[str]:
+        """``controller``, then ``controller-1``, … (``--controllers``)."""
+        return [controller_name(i) for i in range(self.config.controllers)]
+
+    def client_names(self, region: str) -> list[str]:
+        """``client-R``, then ``client-R-1``, … (``--clients-per-region``)."""
+        return [client_name(region, i) for i in range(self.config.clients_per_region)]
 
     def controller_argv(self) -> list[str]:
         """The controller's command line: the control clock of the run (scenario seconds) and
@@ -474,25 +512,29 @@ class Stack:
             ],
         )  # fmt: skip
 
-    def client_argv(self, region: str) -> list[str]:
+    def client_argv(self, region: str, index: int = 0) -> list[str]:
+        """Client ``index`` of ``region``: the region's group of this run (its clients split the
+        requests partitions), its own static member id (a restart gets its partitions back)."""
         assert self.t0 is not None
         servers = [f"--server={pool}={addr}" for pool, addr in self.server_addresses[region]]
         return self._cmd(
             "client", "--region", region, *servers,
             "--group", f"{self.kafka.prefix}client-{region}-{self.config.run_id}",
-            "--instance", f"client-{region}",
+            "--instance", client_name(region, index),
             "--t0", f"{self.t0:.6f}", "--speed", repr(self.config.speed),
             "--scenario", str(self.config.scenario_path), "--metrics-port", "0",
         )  # fmt: skip
 
-    async def start_client(self, region: str) -> Proc:
-        name = f"client-{region}"
-        proc = self.procs.get(name) or self._proc(name, self.client_argv(region))
+    async def start_client(self, region: str, index: int = 0) -> Proc:
+        name = client_name(region, index)
+        proc = self.procs.get(name) or self._proc(name, self.client_argv(region, index))
         await proc.start()
         return proc
 
-    async def wait_client(self, region: str) -> None:
-        await self.procs[f"client-{region}"].wait_line(lambda s: s == "ready", READY_TIMEOUT_S)
+    async def wait_client(self, region: str, index: int = 0) -> None:
+        await self.procs[client_name(region, index)].wait_line(
+            lambda s: s == "ready", READY_TIMEOUT_S
+        )
 
     async def kill(self, name: str, sig: signal.Signals = signal.SIGKILL) -> None:
         """Send ``sig`` to one process of the stack (tests: ``kill -9``) and wait for it. The
@@ -541,12 +583,16 @@ class Stack:
                 await asyncio.wait_for(self._seen_event.wait(), min(left, 1.0))
 
     async def _outage(self, at_s: float, duration_s: float) -> None:
-        controller = self.procs["controller"]
+        """A ``control_outage``: every controller paused over the span (the control plane is
+        silent, however many processes run it)."""
+        controllers = [self.procs[name] for name in self.controller_names()]
         await asyncio.sleep(max(0.0, self.wall(at_s) - time.time()))
         log.info("up.controller.paused", t=at_s, duration_s=duration_s)
-        controller.signal(signal.SIGSTOP)
+        for proc in controllers:
+            proc.signal(signal.SIGSTOP)
         await asyncio.sleep(duration_s / self.config.speed)
-        controller.signal(signal.SIGCONT)
+        for proc in controllers:
+            proc.signal(signal.SIGCONT)
         log.info("up.controller.resumed", t=at_s + duration_s)
 
     async def at(self, t: float, action: Callable[[], Awaitable[Any]]) -> Any:

@@ -49,6 +49,7 @@ from headroom.streams.recording import (
     parse_topic_map,
     read_recording,
 )
+from headroom.streams.topics import keyed_partition, trailing_kind
 
 EXIT_OK = 0
 EXIT_CORRUPT_LINES = 1
@@ -256,9 +257,12 @@ class _Sender:
         topic = self.router.route(env.topic)
         count = await self._partitions(topic)
         # Keyed records: the producer's murmur2 partitioner, as Java clients and kcat use, so
-        # one key lands in one partition in recorded order. Unkeyed: the recorded partition
-        # where it exists, so their per-partition order survives too.
+        # one key lands in one partition in recorded order (a request keyed region/shard: its
+        # shard's partition, as the feed writes it). Unkeyed: the recorded partition where it
+        # exists, so their per-partition order survives too.
         partition = env.partition if env.key is None and env.partition < count else None
+        if env.key is not None:
+            partition = keyed_partition(trailing_kind(topic), env.key, count)
         headers = [(name, value if value is not None else b"") for name, value in env.headers]
         future = await self.producer.send(
             topic, env.payload, key=env.key, partition=partition, headers=headers or None

@@ -1,6 +1,9 @@
-"""``headroom up SCENARIO [--out DIR] [--speed X] [--interval S] [--ttl S]``: run the whole
-streaming stack on Kafka, its controller on the scenario's control clock (``control``; the flags
-override it, in scenario seconds).
+"""``headroom up SCENARIO [--out DIR] [--speed X] [--interval S] [--ttl S] [--controllers N]
+[--clients-per-region M]``: run the whole streaming stack on Kafka, its controller on the
+scenario's control clock (``control``; the flags override it, in scenario seconds).
+``--controllers N`` runs N controller processes that split the regions, ``--clients-per-region M``
+M clients per region that split its requests (both integers >= 1, default 1; docs/streaming.md,
+*Scaling out*).
 
 Writes ``DIR/events.jsonl``, ``DIR/metrics.json`` (policy ``headroom``), the plots and
 ``DIR/report.html`` (like ``simulate``), prints the summary table and, last, the report path (or the
@@ -159,11 +162,15 @@ def up(args: argparse.Namespace) -> int:
             if getattr(args, "broker_state_dir", None)
             else None
         ),
+        controllers=int(getattr(args, "controllers", 1) or 1),
+        clients_per_region=int(getattr(args, "clients_per_region", 1) or 1),
     )
     print(
         f"up: {scenario.name}, {scenario.duration_s:g} s of scenario at speed {config.speed:g} "
         f"against {kafka.bootstrap} (prefix {kafka.prefix}, {_security_text(kafka)}), control "
-        f"every {control.interval_s:g} s (targets live {control.target_ttl_s:g} s); logs in "
+        f"every {control.interval_s:g} s (targets live {control.target_ttl_s:g} s), "
+        f"{config.controllers} controller(s), {config.clients_per_region} client(s) per region; "
+        "logs in "
         f"{config.out_dir / 'logs'}",
         file=sys.stderr,
         flush=True,
