@@ -582,19 +582,15 @@ def read_cmdline(pid: int) -> list[str] | None:
     return raw.rstrip(b"\0").decode(errors="replace").split("\0")
 
 
-def _reap(pid: int) -> bool:
-    """Reap ``pid`` if it is our exited child; True when it is known to be dead."""
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs. For our own child (a broker this process started) ``waitpid``
+    is the authority; /proc is asked only about other processes (a JVM starting up has been seen
+    to show no command line for an instant, which made a live broker look dead)."""
     try:
         done, _ = os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
-        return False  # not our child: /proc tells
-    return done == pid
-
-
-def _alive(pid: int) -> bool:
-    if _reap(pid):
-        return False
-    return read_cmdline(pid) is not None
+        return read_cmdline(pid) is not None  # not our child: /proc tells
+    return done != pid
 
 
 def _our_broker(pid: int, state_dir: Path) -> bool:

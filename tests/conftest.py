@@ -67,6 +67,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.path.name in RUN_LAST)
 
 
+def start_private_broker(
+    tmp_path_factory: pytest.TempPathFactory, name: str, **options: Any
+) -> tuple[broker.BrokerConfig, broker.StartResult]:
+    """Start a broker of the test's own on a free port, in a new state directory ``name``.
+
+    A free port is only free when it is picked: another socket of the busy host can take it
+    before the broker binds it, and the broker then exits with "Address already in use". That
+    start is tried again on another port, in a new state directory (three attempts); any other
+    failure is raised at once. The caller stops the broker (``broker.stop(config.state_dir)``).
+    """
+    attempts = 3
+    for attempt in range(1, attempts + 1):
+        state_dir = tmp_path_factory.mktemp(name)
+        config = broker.BrokerConfig(state_dir=state_dir, port=broker.free_port(), **options)
+        try:
+            return config, broker.start(config)
+        except HeadroomError as exc:
+            if attempt == attempts or "Address already in use" not in str(exc):
+                raise
+            broker.stop(state_dir)
+    raise AssertionError("unreachable")
+
+
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     given = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
@@ -78,16 +101,14 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             )
         yield given
         return
-    state_dir = tmp_path_factory.mktemp("kafka-state")
-    cfg = broker.BrokerConfig(state_dir=state_dir, port=broker.free_port(), start_timeout_s=180.0)
     try:
-        started = broker.start(cfg)
+        cfg, started = start_private_broker(tmp_path_factory, "kafka-state", start_timeout_s=180.0)
     except HeadroomError as exc:
         pytest.fail(f"could not start the test Kafka broker: {exc}", pytrace=False)
     try:
         yield started.bootstrap
     finally:
-        broker.stop(state_dir)
+        broker.stop(cfg.state_dir)
 
 
 @pytest.fixture

@@ -39,9 +39,25 @@ if [ -z "${KAFKA_BOOTSTRAP_SERVERS:-}" ]; then
   # A signal ends the script (through the EXIT trap), it does not resume it.
   trap 'exit 130' INT
   trap 'exit 143' TERM
-  port="$(python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
   # `kafka start` prints the bootstrap address as its last stdout line; its log goes to stderr.
-  address="$(headroom kafka start --port "$port" --state-dir "$state_dir")"
+  # A port free when picked can be taken by another socket before the broker binds it: such a
+  # start ("Address already in use") is tried again on another port, three times in all.
+  for attempt in 1 2 3; do
+    port="$(python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+    if address="$(headroom kafka start --port "$port" --state-dir "$state_dir" 2>"$state_dir.err")"; then
+      cat "$state_dir.err" >&2
+      rm -f "$state_dir.err"
+      break
+    fi
+    cat "$state_dir.err" >&2
+    if [ "$attempt" -eq 3 ] || ! grep -q "Address already in use" "$state_dir.err"; then
+      rm -f "$state_dir.err"
+      exit 1
+    fi
+    headroom kafka stop --state-dir "$state_dir" >/dev/null 2>&1 || true
+    rm -rf "$state_dir" "$state_dir.err"
+    mkdir -p "$state_dir"
+  done
   KAFKA_BOOTSTRAP_SERVERS="$(printf '%s\n' "$address" | tail -n 1)"
   export KAFKA_BOOTSTRAP_SERVERS
 fi

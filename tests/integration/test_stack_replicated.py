@@ -35,7 +35,7 @@ from headroom.streams import broker, messages
 from headroom.streams.kafka import KafkaTarget, admin, topic_configs, topic_replicas
 from headroom.streams.topics import topics
 from headroom.workers.up import Stack, StackConfig
-from tests.conftest import run_async
+from tests.conftest import run_async, start_private_broker
 from tests.integration.topic_reads import decode_topic
 
 pytestmark = pytest.mark.integration
@@ -57,15 +57,13 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    state_dir = tmp_path_factory.mktemp("kafka-3")
-    cfg = broker.BrokerConfig(
-        state_dir=state_dir, port=broker.free_port(), brokers=3, start_timeout_s=240.0
+    cfg, started = start_private_broker(
+        tmp_path_factory, "kafka-3", brokers=3, start_timeout_s=240.0
     )
     try:
-        started = broker.start(cfg)
         yield Cluster(cfg, started.bootstrap)
     finally:
-        broker.stop(state_dir)
+        broker.stop(cfg.state_dir)
 
 
 @dataclass

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from headroom.streams import broker
-from tests.conftest import REPO
+from tests.conftest import REPO, start_private_broker
 
 pytestmark = pytest.mark.integration
 
@@ -59,12 +59,11 @@ class SecureBroker:
 
 @pytest.fixture(scope="module")
 def secure_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBroker]:
-    state_dir = tmp_path_factory.mktemp("kafka-sasl")
-    cfg = broker.BrokerConfig(
-        state_dir=state_dir, port=broker.free_port(), security="sasl_ssl", start_timeout_s=180.0
+    cfg, started = start_private_broker(
+        tmp_path_factory, "kafka-sasl", security="sasl_ssl", start_timeout_s=180.0
     )
+    state_dir = cfg.state_dir
     try:
-        started = broker.start(cfg)
         yield SecureBroker(state_dir, started.bootstrap, state_dir / "client.properties")
     finally:
         broker.stop(state_dir)
