@@ -1,12 +1,91 @@
-"""Offsets a worker may commit: the highest offset below which every message is done."""
+"""Offsets a worker may commit: the highest offset below which every message is done; and what
+a client already published beyond its last commit (:func:`published_ends`).
+
+A client publishes its ``window`` lines, waits for the broker's acknowledgement and only then
+commits the end of the published prefix of each partition. A crash between the two leaves
+requests published *and* uncommitted: the next owner of the partition would read, serve and count
+them again. So every commit carries, in its metadata (:func:`commit_metadata`), where the events
+partition of the client's window lines ended when the commit was made; the next owner reads the
+window lines from there (:func:`published_ends`: the highest request offset each line covers,
+``offsets``) and drops what they already cover instead of serving it again.
+"""
 
 from __future__ import annotations
 
+import json
 from collections import deque
-from collections.abc import Iterable, Mapping
-from typing import Generic, TypeVar
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+
+__all__ = [
+    "OffsetTracker",
+    "Released",
+    "commit_metadata",
+    "parse_commit_metadata",
+    "published_ends",
+]
+
+
+def commit_metadata(events_partition: int, events_end: int) -> str:
+    """The metadata of an offset commit: the events partition the committing client writes its
+    window lines to, and its end offset after the lines this commit covers were acknowledged."""
+    return json.dumps({"events": [int(events_partition), int(events_end)]}, separators=(",", ":"))
+
+
+def parse_commit_metadata(text: str | None) -> tuple[int, int] | None:
+    """``(events partition, offset)`` from :func:`commit_metadata`; None for anything else (no
+    commit yet, a commit by an older client, foreign metadata)."""
+    if not text:
+        return None
+    try:
+        mark = json.loads(text).get("events")
+        partition, offset = (int(x) for x in mark)
+    except (ValueError, TypeError, AttributeError):
+        return None
+    if partition < 0 or offset < 0:
+        return None
+    return partition, offset
+
+
+def published_ends(
+    events: Iterable[Mapping[str, Any]],
+    partitions: Collection[int],
+    *,
+    region: str,
+    policy: str | None = None,
+) -> dict[int, int]:
+    """Per partition of ``partitions``, the highest request offset a client ``window`` line of
+    ``region`` (and ``policy``, when given) covers (its ``offsets``: ``{partition: [first,
+    last]}``). Event dicts as in the event log (fields flat); other lines are ignored."""
+    out: dict[int, int] = {}
+    for e in events:
+        if e.get("kind") != "window" or e.get("source") != "client" or e.get("region") != region:
+            continue
+        if policy is not None and e.get("policy", policy) != policy:
+            continue
+        spans = e.get("offsets")
+        if not isinstance(spans, Mapping):
+            continue
+        for key, span in spans.items():
+            try:
+                partition, last = int(key), int(span[1])
+            except (ValueError, TypeError, IndexError, KeyError):
+                continue
+            if partition in partitions and last > out.get(partition, -1):
+                out[partition] = last
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Released(Generic[T]):
+    """What one :meth:`OffsetTracker.release_spans` handed out: the items, oldest first per
+    partition, and per partition the span ``(first, last)`` of their offsets."""
+
+    items: list[T]
+    spans: dict[int, tuple[int, int]]
 
 
 class OffsetTracker(Generic[T]):
@@ -38,12 +117,23 @@ class OffsetTracker(Generic[T]):
 
     def release(self) -> list[T]:
         """The finished requests whose partition has nothing older in flight, oldest first."""
+        return self.release_spans().items
+
+    def release_spans(self) -> Released[T]:
+        """:meth:`release`, with the span of offsets released per partition."""
         out: list[T] = []
+        spans: dict[int, tuple[int, int]] = {}
         for partition, pending in self._pending.items():
             done = self._done[partition]
+            first = last = None
             while pending and pending[0] in done:
-                out.append(done.pop(pending.popleft()))
-        return out
+                last = pending.popleft()
+                if first is None:
+                    first = last
+                out.append(done.pop(last))
+            if first is not None and last is not None:
+                spans[partition] = (first, last)
+        return Released(out, spans)
 
     def committable(self) -> dict[int, int]:
         """Per partition whose point moved, the offset to commit: the first one not released."""

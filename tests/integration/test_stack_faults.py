@@ -159,18 +159,15 @@ def test_every_process_was_restarted_as_planned_and_stopped(fault_run: FaultRun)
 def test_every_request_fed_is_served_exactly_once(fault_run: FaultRun) -> None:
     req = fault_run.metrics["requests"]
     assert req["fed"] > 1000
-    assert req["total"] >= req["fed"], req  # none lost, ever
-    if req["total"] != req["fed"]:
-        # A known gap, reported and not hidden (docs/streaming.md, *Faults*): a client killed
-        # after the broker acknowledged its window lines but before its offset commit landed
-        # re-reads those requests when it restarts, and its memory of served ids died with it,
-        # so they are served and counted again (one full run: 6 of 2,725).
-        pytest.xfail(f"{req['total'] - req['fed']} request(s) counted twice across a client kill")
+    # none lost, none counted twice (a kill between a client's publish and its commit included:
+    # the restarted client drops what its window lines already cover)
+    assert req["total"] == req["fed"], req
     assert req["errors"] == 0
     # the restarted feed sent the requests of the 2 s before its kill again: each copy reached a
-    # client that had served the original, which dropped it
+    # client that had served the original, which dropped it (plus, when the client kill fell
+    # between a publish and its commit, the requests re-read after its restart)
     assert req["fed_messages"] > req["fed"]
-    assert req["duplicates_dropped"] == req["fed_messages"] - req["fed"], req
+    assert req["duplicates_dropped"] >= req["fed_messages"] - req["fed"], req
 
 
 def test_value_signals_are_counted_exactly_once(fault_run: FaultRun) -> None:
