@@ -117,6 +117,8 @@ EVENT_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     # _fault_fields
     "kill": (frozenset({"process", "restart_after_s"}), frozenset({"region", "pool"})),
     "pause": (frozenset({"process", "duration_s"}), frozenset({"region", "pool"})),
+    # the controller's consumer stops fetching (checked in _fault_fields: the controller only)
+    "stall": (frozenset({"process", "duration_s"}), frozenset()),
     "broker_restart": (frozenset({"down_s"}), frozenset({"broker"})),
     "capacity_silence": (frozenset({"duration_s"}), frozenset({"region"})),
 }
@@ -794,6 +796,8 @@ def _fault_fields(
     if m.get("down_s") is not None:
         down_s = _number(ctx, f"{path}.down_s", m["down_s"], gt=0)
     broker = _opt_int(ctx, path, m, "broker", ge=0, le=MAX_BROKER_INDEX)
+    if kind == "stall" and process is not None and process != "controller":
+        ctx.add(f"{path}.process", f"a stall is of the controller's consumer, not the {process}")
     if kind in ("kill", "pause") and process is not None:
         if process in REGION_PROCESSES and m.get("region") is None:
             ctx.add(f"{path}.region", f"required for a {kind} of a {process}")

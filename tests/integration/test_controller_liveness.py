@@ -45,7 +45,8 @@ async def test_a_controller_whose_consumer_stalls_exits_non_zero(
         await _feed(producer, topic_prefix, value_ms=0.3 * SLO_MS, seconds=10.0)
         assert controller.proc is not None
         assert controller.proc.poll() is None, "the controller died while it was fed"
-        issued = [x for x in _log_lines(controller.log) if x.get("event") == "controller.target.issued"]
+        lines = _log_lines(controller.log)
+        issued = [x for x in lines if x.get("event") == "controller.target.issued"]
         assert issued, "no live control step before the stall"
         controller.proc.send_signal(STALL_SIGNAL)
         stalled_at = time.monotonic()
