@@ -16,7 +16,7 @@ Data flow (topics of docs/messages.md, names with the configured prefix):
   restart), and a signal at or below it — a re-delivery after a restart — is dropped and counted
   as a duplicate. Every second the counts go out as a ``value.counted`` event.
 * liveness (:mod:`headroom.controllers.liveness`) — a control step counts as live when the
-  consumer delivered anything since the previous one; with no live step within 3 intervals (and
+  consumer delivered a latency or capacity message since the previous one; with no live step within 3 intervals (and
   30 s) while the broker answers, the app logs ``controller.liveness.failed`` and exits with
   status 3, so a supervisor restarts it (a broker that does not answer is waited for).
 * stall seam — SIGUSR1 pauses the fetching of every partition the app's consumer holds (what a
@@ -45,6 +45,7 @@ commit for no control benefit (and has open faust issues, see docs/kafka.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import signal
@@ -206,6 +207,7 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
     config = _control_config(settings)
     ctl = Controller(settings, config)
     app = _faust_app(settings)
+    _ignore_stall_signals()
 
     def topic(kind: str) -> Any:
         return app.topic(
@@ -270,7 +272,10 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
 
     @app.agent(value_topic)
     async def value_agent(stream: Any) -> None:
-        async for _event, msg in _decoded(stream, "value", deadletter, consumed):
+        # not counted for liveness: value signals come in bursts, one per client flush, and this
+        # agent (a table write per signal) can lag its buffered records by minutes, which would
+        # keep a stalled fetcher looking live (docs/streaming.md, *Faults*)
+        async for _event, msg in _decoded(stream, "value", deadletter):
             _take_value(ctl, msg, value_seen_table)
 
     async def prepare() -> bool:
@@ -335,6 +340,14 @@ async def _value_counts_loop(app: faust.App, ctl: Controller, events_topic: Any)
 
 STALL_SIGNAL = signal.SIGUSR1  # the stall seam: pause fetching every assigned partition
 RESUME_SIGNAL = signal.SIGUSR2  # ... and resume it
+
+
+def _ignore_stall_signals() -> None:
+    """Until the seam is installed (the app running), a stall signal does nothing (its default
+    would end the process)."""
+    for sig in (STALL_SIGNAL, RESUME_SIGNAL):
+        with contextlib.suppress(ValueError, OSError):  # not the main thread
+            signal.signal(sig, signal.SIG_IGN)
 
 
 def _install_stall_seam(app: faust.App) -> None:

@@ -533,6 +533,7 @@ class RankingClient(Service):
         # per partition: the highest offset already published beyond the group's last commit
         # (read when the partition is assigned); requests up to it are dropped as duplicates
         self._published_end: dict[int, int] = {}
+        self._revoked: set[int] = set()  # revoked, state kept until the next assignment
         # set once the check of the current assignment is done: requests wait for it (the
         # consumer may hand out records of new partitions before the rebalance listener ran)
         self.published_known = asyncio.Event()
@@ -725,7 +726,10 @@ class RankingClient(Service):
             self.published_known.set()
 
     async def _learn_published(self, partitions: list[int]) -> None:
-        for p in partitions:
+        moved = self._revoked - set(partitions)
+        self._revoked.clear()
+        self.offsets.forget(moved)
+        for p in moved | set(partitions):
             self._published_end.pop(p, None)
         if not partitions:
             return
@@ -779,10 +783,10 @@ class RankingClient(Service):
                     wait_s,
                 )
         await self.flush()
-        self.offsets.forget(partitions)
         self._assigned.difference_update(partitions)
-        for p in partitions:
-            self._published_end.pop(p, None)
+        # their state is dropped once the new assignment is known, and only if they moved: a
+        # partition handed back (a static member that rejoins) keeps its requests in flight
+        self._revoked.update(partitions)
 
     async def _on_request(self, rec: Received) -> None:
         msg = rec.message
@@ -797,10 +801,16 @@ class RankingClient(Service):
                 f"({', '.join(sorted(self._segments))})"
             )
         await self.published_known.wait()
+        if self.offsets.holds(rec.partition, rec.offset):
+            # read again after a rebalance that handed the partition back, while the first read
+            # is still in flight or unpublished: that one stands
+            self.stats["duplicates"] += 1
+            self._dup_pending += 1
+            return
         new_id = self.seen_ids.add(msg.id)
         if not new_id or rec.offset <= self._published_end.get(rec.partition, -1):
-            # re-delivered (a feed that published it again, a producer retry), or published
-            # already by a client that crashed before its commit: served once
+            # re-delivered (a feed that published it again, a producer retry, a rebalance), or
+            # published already by a client that crashed before its commit: served once
             self.offsets.received(rec.partition, rec.offset)
             self.offsets.completed(rec.partition, rec.offset, None)
             self.stats["duplicates"] += 1

@@ -10,8 +10,8 @@ processes of a :class:`~headroom.workers.up.Stack`:
 * ``stall`` (the controller) — the app's stall seam: SIGUSR1 pauses the fetching of its
   consumer's partitions, SIGUSR2 resumes it after ``duration_s``. The process is not expected
   down: a stall longer than the liveness limit ends in the controller's own exit (status 3), and
-  the :class:`Supervisor` restarts it (``process.restarted``); the SIGUSR2 then reaches the new
-  process, where it changes nothing;
+  the :class:`Supervisor` restarts it (``process.restarted``); a restarted process gets no
+  SIGUSR2;
 * ``broker_restart`` — SIGKILL to the local broker that ``headroom kafka start`` runs from the
   state directory (``up --broker-state-dir``), started again on the same storage and port after
   ``down_s``;
@@ -224,13 +224,16 @@ class FaultRunner:
     async def _stall(self, r: FaultRecord) -> float:
         stack = self.stack
         e = r.event
+        starts = {}
         for name in r.targets:
-            stack.procs[name].signal(STALL_SIGNAL)
+            proc = stack.procs[name]
+            starts[name] = proc.starts
+            proc.signal(STALL_SIGNAL)
         end_wall = stack.wall(e.at_s + e.fault_span_s)
         await asyncio.sleep(max(0.0, end_wall - time.time()))
         for name in r.targets:
             proc = stack.procs[name]
-            if proc.running:
+            if proc.running and proc.starts == starts[name]:  # a restarted one is not stalled
                 proc.signal(RESUME_SIGNAL)
         return end_wall
 

@@ -12,6 +12,7 @@ window lines from there (:func:`published_ends`: the highest request offset each
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections import deque
 from collections.abc import Collection, Iterable, Mapping
@@ -99,21 +100,45 @@ class OffsetTracker(Generic[T]):
     published: after a crash the next owner re-reads only what was never published. (Committing
     the lowest unpublished offset while later ones are already published would count those twice
     after a restart.)
+
+    After a rebalance that hands a partition back to the same consumer (a static member that
+    rejoins after a pause longer than its session), the consumer reads again from the committed
+    offset, possibly while records it fetched before are still being handled: :meth:`received`
+    refuses an offset it already holds (False: the caller drops the record, the one it holds
+    stands) and keeps the offsets of a partition sorted whatever order they come in, so a partition
+    never waits for an offset that was released already.
     """
 
     def __init__(self) -> None:
         self._pending: dict[int, deque[int]] = {}  # received, not released, in offset order
+        self._held: dict[int, set[int]] = {}  # the same offsets, as a set
         self._done: dict[int, dict[int, T]] = {}  # finished, not released
         self._next: dict[int, int] = {}
         self._committed: dict[int, int] = {}
 
-    def received(self, partition: int, offset: int) -> None:
-        self._pending.setdefault(partition, deque()).append(offset)
+    def received(self, partition: int, offset: int) -> bool:
+        """Hold ``offset`` until it is released; False if it is held already (a re-delivery of a
+        record still in flight or waiting for an older one: nothing changes)."""
+        held = self._held.setdefault(partition, set())
+        if offset in held:
+            return False
+        held.add(offset)
+        pending = self._pending.setdefault(partition, deque())
+        if not pending or offset > pending[-1]:
+            pending.append(offset)
+        else:  # read again from an earlier position (a rebalance): keep the order
+            pending.insert(bisect.bisect_left(pending, offset), offset)
         self._done.setdefault(partition, {})
         self._next[partition] = max(self._next.get(partition, 0), offset + 1)
+        return True
+
+    def holds(self, partition: int, offset: int) -> bool:
+        return offset in self._held.get(partition, ())
 
     def completed(self, partition: int, offset: int, item: T) -> None:
-        self._done.setdefault(partition, {})[offset] = item
+        """``offset`` finished; ignored unless it is held (a partition forgotten meanwhile)."""
+        if offset in self._held.get(partition, ()):
+            self._done[partition][offset] = item
 
     def release(self) -> list[T]:
         """The finished requests whose partition has nothing older in flight, oldest first."""
@@ -126,8 +151,10 @@ class OffsetTracker(Generic[T]):
         for partition, pending in self._pending.items():
             done = self._done[partition]
             first = last = None
+            held = self._held[partition]
             while pending and pending[0] in done:
                 last = pending.popleft()
+                held.discard(last)
                 if first is None:
                     first = last
                 out.append(done.pop(last))
@@ -155,6 +182,7 @@ class OffsetTracker(Generic[T]):
         """Partitions taken away (after their final commit): drop their state."""
         for p in partitions:
             self._pending.pop(p, None)
+            self._held.pop(p, None)
             self._done.pop(p, None)
             self._next.pop(p, None)
             self._committed.pop(p, None)

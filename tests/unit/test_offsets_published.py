@@ -73,3 +73,33 @@ def test_offsets_released_past_every_line_are_reported_uncovered() -> None:
     # partition 0: 5 was a dropped duplicate; partition 1 only duplicates
     assert _uncovered({0: (4, 5), 1: (9, 9)}, lines) == {0: (4, 5), 1: (9, 9)}
     assert _uncovered({0: (3, 4)}, lines) == {}
+
+
+def test_a_partition_read_again_after_a_rebalance_is_never_stuck_or_doubled() -> None:
+    """Records fetched before a rebalance (12, 13) are handled after it, then the consumer reads
+    again from the commit (10): held offsets are refused, the order is kept, all is released."""
+    t: OffsetTracker[int | None] = OffsetTracker()
+    for o in (10, 11):
+        assert t.received(0, o)
+    t.completed(0, 11, 11)  # 10 still in flight
+    for o in (12, 13):  # the rest of the old batch
+        assert t.received(0, o)
+        t.completed(0, o, o)
+    # read again from 10: all held (in flight or waiting for 10)
+    assert [t.received(0, o) for o in (10, 11, 12, 13)] == [False] * 4
+    assert t.holds(0, 10)
+    assert t.release() == []
+    t.completed(0, 10, 10)
+    assert t.release() == [10, 11, 12, 13]
+    assert t.committable() == {0: 14}
+    assert not t.holds(0, 12)
+    # an earlier offset read again later (a commit that failed) keeps the order
+    assert t.received(0, 15)
+    assert t.received(0, 14)
+    t.completed(0, 15, 15)
+    assert t.release() == []
+    t.completed(0, 14, None)
+    assert t.release() == [None, 15]
+    # a completion for an offset not held (a partition forgotten meanwhile) is ignored
+    t.completed(0, 99, 99)
+    assert t.release() == []
