@@ -16,9 +16,10 @@ Data flow (topics of docs/messages.md, names with the configured prefix):
   restart), and a signal at or below it — a re-delivery after a restart — is dropped and counted
   as a duplicate. Every second the counts go out as a ``value.counted`` event.
 * liveness (:mod:`headroom.controllers.liveness`) — a control step counts as live when the
-  consumer delivered a latency or capacity message since the previous one; with no live step within 3 intervals (and
-  30 s) while the broker answers, the app logs ``controller.liveness.failed`` and exits with
-  status 3, so a supervisor restarts it (a broker that does not answer is waited for).
+  consumer delivered a latency or capacity message since the previous one; with no live step
+  within 3 intervals (and 30 s) while the broker answers, the app logs
+  ``controller.liveness.failed`` and exits with status 3, so a supervisor restarts it (a broker
+  that does not answer is waited for).
 * stall seam — SIGUSR1 pauses the fetching of every partition the app's consumer holds (what a
   consumer that stopped fetching after a rebalance does: the process runs, the broker answers,
   input keeps arriving and is not read), SIGUSR2 resumes it; ``controller.stall.injected`` /
