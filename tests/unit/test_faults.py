@@ -398,23 +398,23 @@ def test_a_silence_holds_capacity_and_sends_the_newest_levels_at_its_end() -> No
     from tests.conftest import run_async
 
     feed = _feed()
-    assert feed.silenced(56.0, "it-east")
-    assert not feed.silenced(66.0, "it-east")
+    assert feed.silenced(20.0, "it-east")
+    assert not feed.silenced(28.0, "it-east")
     cpu = ("it-east", "cpu", "any", False)
     levels = {cpu: CapacityUpdate(0.0, "it-east", "cpu", "any", False, 2.0, 0.0, "grant", None)}
 
     async def play() -> None:
         # a reclaim and a refresh inside the silence: nothing is sent
         await feed._capacity(
-            CapacityUpdate(60.0, "it-east", "cpu", "any", False, 1.0, 2.0, "reclaim", None)
+            CapacityUpdate(22.0, "it-east", "cpu", "any", False, 1.0, 2.0, "reclaim", None)
         )
-        levels[cpu] = CapacityUpdate(60.0, "it-east", "cpu", "any", False, 1.0, 2.0, "reclaim",
+        levels[cpu] = CapacityUpdate(22.0, "it-east", "cpu", "any", False, 1.0, 2.0, "reclaim",
                                      None)  # fmt: skip
         await feed._capacity(
-            CapacityUpdate(62.0, "it-east", "cpu", "any", False, 1.0, 1.0, "update", None)
+            CapacityUpdate(24.0, "it-east", "cpu", "any", False, 1.0, 1.0, "update", None)
         )
         assert feed._producer.of("capacity") == []
-        await feed._end_silence(66.0, levels)
+        await feed._end_silence(28.0, levels)
 
     run_async(play())
     sent = feed._producer.of("capacity")
