@@ -16,9 +16,15 @@ Data flow (topics of docs/messages.md, names with the configured prefix):
   restart), and a signal at or below it — a re-delivery after a restart — is dropped and counted
   as a duplicate. Every second the counts go out as a ``value.counted`` event.
 * liveness (:mod:`headroom.controllers.liveness`) — a control step counts as live when the
-  consumer delivered anything since the previous one; with no live step within 3 intervals (and
-  30 s) while the broker answers, the app logs ``controller.liveness.failed`` and exits with
-  status 3, so a supervisor restarts it (a broker that does not answer is waited for).
+  consumer delivered a latency or capacity message since the previous one; with no live step
+  within 3 intervals (and 30 s) while the broker answers, the app logs
+  ``controller.liveness.failed`` and exits with status 3, so a supervisor restarts it (a broker
+  that does not answer is waited for).
+* stall seam — SIGUSR1 pauses the fetching of every partition the app's consumer holds (what a
+  consumer that stopped fetching after a rebalance does: the process runs, the broker answers,
+  input keeps arriving and is not read), SIGUSR2 resumes it; ``controller.stall.injected`` /
+  ``controller.stall.resumed`` log lines. ``headroom up`` sends them for a scenario's ``stall``
+  fault (docs/scenarios.md); nothing else does. The liveness check is tested through it.
 * a clock at ``t0 + k × interval_s`` (k = 1, 2, …: the instants the simulator steps at, scenario
   time ``k × interval_s``; :func:`next_step`) — for each region heard of: observation →
   ``ControlPlane.step``
@@ -55,8 +61,10 @@ commit for no control benefit (and has open faust issues, see docs/kafka.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
+import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -269,6 +277,7 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
     config = _control_config(settings)
     ctl = Controller(settings, config)
     app = _faust_app(settings)
+    _ignore_stall_signals()
 
     def topic(kind: str) -> Any:
         return app.topic(
@@ -337,7 +346,10 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
 
     @app.agent(value_topic)
     async def value_agent(stream: Any) -> None:
-        async for event, msg in _decoded(stream, "value", deadletter, consumed):
+        # not counted for liveness: value signals come in bursts, one per client flush, and this
+        # agent (a table write per signal) can lag its buffered records by minutes, which would
+        # keep a stalled fetcher looking live (docs/streaming.md, *Faults*)
+        async for event, msg in _decoded(stream, "value", deadletter):
             _take_value(ctl, msg, value_seen_table, event.message.partition)
 
     source_topics = {latency_topic.get_topic_name(), capacity_topic.get_topic_name()}
@@ -449,8 +461,43 @@ async def _value_counts_loop(app: faust.App, ctl: Controller, events_topic: Any)
             log.warning("controller.value_counts.failed", error=f"{type(exc).__name__}: {exc}")
 
 
+STALL_SIGNAL = signal.SIGUSR1  # the stall seam: pause fetching every assigned partition
+RESUME_SIGNAL = signal.SIGUSR2  # ... and resume it
+
+
+def _ignore_stall_signals() -> None:
+    """Until the seam is installed (the app running), a stall signal does nothing (its default
+    would end the process)."""
+    for sig in (STALL_SIGNAL, RESUME_SIGNAL):
+        with contextlib.suppress(ValueError, OSError):  # not the main thread
+            signal.signal(sig, signal.SIG_IGN)
+
+
+def _install_stall_seam(app: faust.App) -> None:
+    """The stall seam (module docstring): SIGUSR1 pauses the consumer's partitions, SIGUSR2
+    resumes them. Where signals cannot be handled (not the main thread), there is none."""
+    loop = asyncio.get_running_loop()
+
+    def stall() -> None:
+        tps = set(app.consumer.assignment())
+        app.consumer.pause_partitions(tps)
+        log.warning("controller.stall.injected", partitions=len(tps))
+
+    def resume() -> None:
+        tps = set(app.consumer.assignment())
+        app.consumer.resume_partitions(tps)
+        log.warning("controller.stall.resumed", partitions=len(tps))
+
+    try:
+        loop.add_signal_handler(STALL_SIGNAL, stall)
+        loop.add_signal_handler(RESUME_SIGNAL, resume)
+    except (NotImplementedError, RuntimeError, ValueError):
+        log.debug("controller.stall.no_seam")
+
+
 async def _watchdog(app: faust.App, ctl: Controller) -> None:
     """The liveness check (:mod:`headroom.controllers.liveness`), several times an interval."""
+    _install_stall_seam(app)
     period = min(1.0, ctl.config.interval_s / 4.0)
     ctl.liveness.frozen_gap_s = max(2.0, 5.0 * period)
     while not app.should_stop:

@@ -4,9 +4,11 @@ A controller that stops hearing its inputs must not go on issuing targets from s
 without anyone noticing: a consumer that stopped fetching after a rebalance looks, from outside,
 like a healthy process. So the control clock reports every step to a :class:`Liveness`:
 
-* a step is **live** when the consumer delivered at least one message (latency, capacity or value)
-  since the previous step — on a running stack the servers publish latency every second and the
-  feed refreshes the capacity levels, so a step without any input means the consumer is stalled;
+* a step is **live** when the consumer delivered at least one latency or capacity message since
+  the previous step — on a running stack the servers publish latency every second and the feed
+  refreshes the capacity levels, so a step without any means the consumer is stalled (value
+  signals do not count: their agent can work through a backlog of buffered records long after
+  the fetching stopped);
 * the check is armed by the first live step (start-up and table recovery are not judged);
 * :meth:`Liveness.check` fails once no live step happened within ``intervals`` control
   intervals (default 3), and at least :data:`LIVENESS_MIN_S` (the feed re-announces every level
@@ -33,7 +35,7 @@ class Liveness:
     intervals: float = LIVENESS_INTERVALS
     frozen_gap_s: float | None = None  # default: one interval
     min_s: float = LIVENESS_MIN_S
-    messages: int = 0  # messages consumed (any agent), ever
+    messages: int = 0  # latency and capacity messages consumed, ever
     _seen_at_step: int = 0
     last_live: float | None = None  # the last live step (None: not armed yet)
     _last_check: float | None = None

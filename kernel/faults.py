@@ -3,10 +3,12 @@
 Pure: spans of scenario time, per region, derived from the event list once. The simulator has no
 processes or broker to break, so it models each fault by its effect on the control and data plane:
 
-* ``kill`` / ``pause`` of the **controller** and a ``broker_restart`` — a control outage over the
-  fault's span (the kill until the restart, the pause, the broker's down time): no targets are
-  issued, so the clients fall back to the baseline when their targets expire (as a
-  ``control_outage``);
+* ``kill`` / ``pause`` / ``stall`` of the **controller** and a ``broker_restart`` — a control
+  outage over the fault's span (the kill until the restart, the pause, the stall, the broker's
+  down time): no targets are issued, so the clients fall back to the baseline when their targets
+  expire (as a ``control_outage``). (A stalled streaming controller goes on issuing targets from
+  its last books until its liveness check ends it and it is restarted; the simulator has no
+  stale books to model);
 * ``kill`` / ``pause`` of a region's **client** — the region's requests get no optional work over
   the span (served baseline-only: on the real stack they wait in Kafka and are served, with the
   target in force, once the client is back; the simulator serves them on time, without the levers);
@@ -38,7 +40,7 @@ def control_outages(scenario: Scenario, region: str) -> tuple[Span, ...]:
     for e in scenario.events:
         if e.kind == "control_outage" and (e.region is None or e.region == region):
             out.append((e.at_s, e.at_s + (e.duration_s or 0.0)))
-        elif (e.kind in ("kill", "pause") and e.process == "controller") or (
+        elif (e.kind in ("kill", "pause", "stall") and e.process == "controller") or (
             e.kind == "broker_restart"
         ):
             out.append(_span(e))
@@ -67,4 +69,6 @@ def modelled(e: ScenarioEvent) -> bool:
     """Whether the simulator models this fault (see the module docstring)."""
     if e.kind in ("broker_restart", "capacity_silence"):
         return True
+    if e.kind == "stall":
+        return e.process == "controller"
     return e.kind in ("kill", "pause") and e.process in ("controller", "client")

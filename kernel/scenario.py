@@ -22,12 +22,13 @@ EventKind = Literal[
     "control_outage",
     "kill",
     "pause",
+    "stall",
     "broker_restart",
     "capacity_silence",
 ]
 # The fault kinds among the event kinds (docs/scenarios.md, *Fault events*), and the processes a
-# kill or pause acts on.
-FAULT_KINDS = ("kill", "pause", "broker_restart", "capacity_silence")
+# kill or pause acts on (a stall: the controller's consumer only).
+FAULT_KINDS = ("kill", "pause", "stall", "broker_restart", "capacity_silence")
 FaultProcess = Literal["controller", "server", "client", "precompute", "feed"]
 FAULT_PROCESSES = ("controller", "server", "client", "precompute", "feed")
 # a surge on the streaming stack may multiply a region's traffic at most this much
@@ -162,7 +163,7 @@ class ScenarioEvent:
     duration_s: float | None = None
     remote: bool = False  # preempt/grant: the event applies to the region's remote pool
     # fault events (docs/scenarios.md, *Fault events*)
-    process: FaultProcess | None = None  # kill, pause: which process
+    process: FaultProcess | None = None  # kill, pause, stall: which process
     pool: str | None = None  # kill, pause of a server: "dedicated" or "opportunistic"
     restart_after_s: float | None = None  # kill: restarted this long after
     down_s: float | None = None  # broker_restart: the broker is down this long
@@ -178,12 +179,12 @@ class ScenarioEvent:
     @property
     def fault_span_s(self) -> float:
         """How long the fault lasts (scenario seconds): the kill until the restart, the pause,
-        the broker's down time, the silence; 0 for events that are not faults."""
+        the stall, the broker's down time, the silence; 0 for events that are not faults."""
         if self.kind == "kill":
             return self.restart_after_s or 0.0
         if self.kind == "broker_restart":
             return self.down_s or 0.0
-        if self.kind in ("pause", "capacity_silence"):
+        if self.kind in ("pause", "stall", "capacity_silence"):
             return self.duration_s or 0.0
         return 0.0
 

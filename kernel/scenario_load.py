@@ -104,7 +104,7 @@ SERVER_POOLS = ("dedicated", "opportunistic")
 # the processes of a region (a kill or pause of one names its region); the others are run-wide
 REGION_PROCESSES = ("server", "client", "precompute")
 MAX_BROKER_INDEX = 63
-MAX_PROCESS_INDEX = 63  # kill, pause: index of a controller, client or server replica
+MAX_PROCESS_INDEX = 63  # kill, pause, stall: index of a controller, client or server replica
 INDEXED_PROCESSES = ("controller", "client", "server")  # several of a kind can run
 SHARE_TOLERANCE = 1e-6  # docs/scenarios.md: "shares sum to 1"; float rounding of 0.1 + 0.2 + 0.7
 MAX_ERROR = 10.0  # model error is relative to the utility spread; 10 spreads is pure noise
@@ -120,6 +120,8 @@ EVENT_FIELDS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     # _fault_fields
     "kill": (frozenset({"process", "restart_after_s"}), frozenset({"region", "pool", "index"})),
     "pause": (frozenset({"process", "duration_s"}), frozenset({"region", "pool", "index"})),
+    # the controller's consumer stops fetching (checked in _fault_fields: a controller only)
+    "stall": (frozenset({"process", "duration_s"}), frozenset({"index"})),
     "broker_restart": (frozenset({"down_s"}), frozenset({"broker"})),
     "capacity_silence": (frozenset({"duration_s"}), frozenset({"region"})),
 }
@@ -781,7 +783,7 @@ def _event(
 
 
 def _fault_index(ctx: _Ctx, path: str, m: Mapping[str, Any], process: str | None) -> int | None:
-    """``index`` of a kill or pause: which of several controllers, clients of the region or
+    """``index`` of a kill, pause or stall: which of several controllers, clients of the region or
     replicas of the server pool (0-based); only those processes can run several times."""
     index = _opt_int(ctx, path, m, "index", ge=0, le=MAX_PROCESS_INDEX)
     if index is not None and process is not None and process not in INDEXED_PROCESSES:
@@ -808,6 +810,8 @@ def _fault_fields(
     if m.get("down_s") is not None:
         down_s = _number(ctx, f"{path}.down_s", m["down_s"], gt=0)
     broker = _opt_int(ctx, path, m, "broker", ge=0, le=MAX_BROKER_INDEX)
+    if kind == "stall" and process is not None and process != "controller":
+        ctx.add(f"{path}.process", f"a stall is of the controller's consumer, not the {process}")
     if kind in ("kill", "pause") and process is not None:
         if process in REGION_PROCESSES and m.get("region") is None:
             ctx.add(f"{path}.region", f"required for a {kind} of a {process}")

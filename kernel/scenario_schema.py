@@ -341,6 +341,7 @@ _EVENT = _obj(
         _event_kind("control_outage", ["duration_s"], ["region"]),
         _event_kind("kill", ["process", "restart_after_s"], ["region", "pool", "index"]),
         _event_kind("pause", ["process", "duration_s"], ["region", "pool", "index"]),
+        _event_kind("stall", ["process", "duration_s"], ["index"]),
         _event_kind("broker_restart", ["down_s"], ["broker"]),
         _event_kind("capacity_silence", ["duration_s"], ["region"]),
     ],

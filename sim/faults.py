@@ -5,8 +5,8 @@ lines put them in the event log in the same shape ``headroom up`` writes them
 (docs/events.md), so :mod:`headroom.analysis.metrics` builds the same ``faults`` section for both
 engines. A fault's recovery time is when its component would first be healthy again:
 
-* controller kill or pause, broker restart — the first control step at or after the fault's end
-  (steps fall at scenario time ``k × interval_s``): ``healthy: target.issued``;
+* controller kill, pause or stall, broker restart — the first control step at or after the
+  fault's end (steps fall at scenario time ``k × interval_s``): ``healthy: target.issued``;
 * a client, a capacity silence — at the fault's end (the next request is planned with the
   target in force; the controllers see the newest levels at their next step): ``recovery_s`` 0;
 * faults the simulator does not model (servers, precompute workers, the feed) — ``recovery_s``

@@ -82,9 +82,15 @@ So:
   acknowledgement, so a restart re-reads nothing that was published: none counted twice. (Were
   requests published as they finish, out of order, the commit would have to stop at the oldest one
   still in flight and a restart would re-read — and count again — the newer ones already out.)
-  The one gap is a crash between the acknowledgement and the commit (milliseconds), which would
-  re-deliver those requests; every window line carries the offset ranges it covers
-  (``offsets``: ``{partition: [first, last]}``), so such a duplicate is detectable;
+  A crash between the acknowledgement and the commit (milliseconds) leaves requests published
+  but uncommitted. Every window line carries the offset ranges it covers (``offsets``:
+  ``{partition: [first, last]}``, dropped duplicates included) and every commit carries, as its
+  metadata, where the events partition of the window lines ended when it was made
+  (:func:`~headroom.workers.offsets.commit_metadata`). When partitions are assigned, before
+  reading a request of them, the client reads the window lines written since its group's last
+  commit (:func:`~headroom.workers.published.read_published_ends`) and drops every request at or
+  below the highest offset they cover, as a duplicate (``duplicates_dropped``): none counted
+  twice;
 * on a rebalance (a client joins or leaves), the member losing partitions first waits for their
   requests in flight, publishes what it has (partial windows: several lines of one window add up)
   and commits, before the partitions move; a graceful stop does the same.
@@ -99,7 +105,7 @@ import os
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -123,12 +129,13 @@ from headroom.workers.client_windows import (
     WindowBook,
 )
 from headroom.workers.metrics import Metrics
-from headroom.workers.offsets import OffsetTracker
+from headroom.workers.offsets import OffsetTracker, commit_metadata
 from headroom.workers.precompute_store import (
     Expired,
     Visit,
     VisitOutcome,
 )
+from headroom.workers.published import read_published_ends
 from headroom.workers.service import Service
 from headroom.workers.wire import RankRequest, RankResponse, ServerUnavailable, WireClient
 from headroom.world.ranking import RankingWorld
@@ -150,6 +157,8 @@ __all__ = [
     "value_stratum",
 ]
 
+# how long an assignment waits to learn what was published beyond the last commit
+PUBLISHED_CHECK_S = 30.0
 # request ids remembered for de-duplication: at 300 requests/s, the last five minutes or so
 SEEN_IDS = 100_000
 
@@ -458,16 +467,23 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         self.client = client
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
+        self.client.published_known.clear()  # until the next assignment's check is done
         await self.client.on_revoked([tp.partition for tp in revoked])
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
-        self.client.on_assigned([tp.partition for tp in assigned])
+        partitions = [tp.partition for tp in assigned]
+        await self.client.learn_published(partitions)
+        self.client.on_assigned(partitions)
 
 
 class RankingClient(Service):
     """One client of a region (see the module docstring)."""
 
     name = "client"
+    # Test seam, never set in production: awaited by :meth:`flush` after the broker acknowledged
+    # the flush's lines and before the offset commit, so a test can stop a client exactly there
+    # (the crash the published-prefix check covers).
+    before_commit: Callable[[], Awaitable[None]] | None = None
 
     def __init__(
         self,
@@ -519,6 +535,16 @@ class RankingClient(Service):
         # None: a duplicate request (an id served before), dropped but committed in order
         self.offsets: OffsetTracker[Outcome | None] = OffsetTracker()
         self.seen_ids = RecentIds(SEEN_IDS)
+        # per partition: the highest offset already published beyond the group's last commit
+        # (read when the partition is assigned); requests up to it are dropped as duplicates
+        self._published_end: dict[int, int] = {}
+        self._revoked: set[int] = set()  # revoked, state kept until the next assignment
+        # set once the check of the current assignment is done: requests wait for it (the
+        # consumer may hand out records of new partitions before the rebalance listener ran)
+        self.published_known = asyncio.Event()
+        # where the events partition of this client's window lines ends after its last
+        # acknowledged flush: (partition, offset), the metadata of the next commit
+        self._events_mark: tuple[int, int] | None = None
         self._dup_pending = 0  # duplicates dropped, not yet on a window line
         # value signals: one producer id per process start, and their sequence numbers
         self.producer_id = value_producer_id(config.instance or config.name)
@@ -694,6 +720,46 @@ class RankingClient(Service):
             await self._inflight_zero.wait()
             await self.flush()
 
+    async def learn_published(self, partitions: list[int]) -> None:
+        """Before the first request of newly assigned partitions: what was published beyond the
+        group's last commit (a crash between a flush's acknowledgement and its commit), so those
+        requests are dropped instead of served twice. A failure to read it is logged and the
+        client goes on without (the old at-least-once behaviour)."""
+        try:
+            await self._learn_published(partitions)
+        finally:
+            self.published_known.set()
+
+    async def _learn_published(self, partitions: list[int]) -> None:
+        moved = self._revoked - set(partitions)
+        self._revoked.clear()
+        self.offsets.forget(moved)
+        for p in moved | set(partitions):
+            self._published_end.pop(p, None)
+        if not partitions:
+            return
+        try:
+            ends = await asyncio.wait_for(
+                read_published_ends(
+                    self.kafka,
+                    self.config.group,
+                    partitions,
+                    region=self.config.region,
+                    policy=self.config.policy,
+                ),
+                PUBLISHED_CHECK_S,
+            )
+        except Exception as exc:
+            self.log.warning(
+                "client.published.unknown",
+                error=f"{type(exc).__name__}: {exc}",
+                partitions=partitions,
+            )
+            return
+        if ends:
+            self.log.warning("client.published.uncommitted", ends=ends)
+        self._published_end.update(ends)
+
     def on_assigned(self, partitions: list[int]) -> None:
         self._assigned.update(partitions)
         self.log.info("client.partitions.assigned", partitions=sorted(partitions))
@@ -722,8 +788,10 @@ class RankingClient(Service):
                     wait_s,
                 )
         await self.flush()
-        self.offsets.forget(partitions)
         self._assigned.difference_update(partitions)
+        # their state is dropped once the new assignment is known, and only if they moved: a
+        # partition handed back (a static member that rejoins) keeps its requests in flight
+        self._revoked.update(partitions)
 
     async def _on_request(self, rec: Received) -> None:
         msg = rec.message
@@ -738,8 +806,17 @@ class RankingClient(Service):
                 f"segment: {msg.segment!r} is not a segment of scenario {self.scenario.name!r} "
                 f"({', '.join(sorted(self._segments))})"
             )
-        if not self.seen_ids.add(msg.id):
-            # re-delivered (a consumer restart, a feed that published it again): served once
+        await self.published_known.wait()
+        if self.offsets.holds(rec.partition, rec.offset):
+            # read again after a rebalance that handed the partition back, while the first read
+            # is still in flight or unpublished: that one stands
+            self.stats["duplicates"] += 1
+            self._dup_pending += 1
+            return
+        new_id = self.seen_ids.add(msg.id)
+        if not new_id or rec.offset <= self._published_end.get(rec.partition, -1):
+            # re-delivered (a feed that published it again, a producer retry, a rebalance), or
+            # published already by a client that crashed before its commit: served once
             self.offsets.received(rec.partition, rec.offset)
             self.offsets.completed(rec.partition, rec.offset, None)
             self.stats["duplicates"] += 1
@@ -1043,7 +1120,8 @@ class RankingClient(Service):
         line per window it ended in, wait for the broker's acknowledgement, then commit."""
         async with self._publish_lock:
             now = self._wall()
-            for outcome in self.offsets.release():
+            released = self.offsets.release_spans()
+            for outcome in released.items:
                 if outcome is not None:
                     self.windows.add(outcome)
             keys = self.windows.open_windows
@@ -1051,6 +1129,8 @@ class RankingClient(Service):
             targets = {"rma_candidates": state.rma_candidates, "sbm_coverage": state.sbm_coverage}
             self._collect_cache_counts(now)
             futures = []
+            lines: list[tuple[dict[str, Any], float]] = []  # this flush's window lines, ts
+            line_futures = []
             for k in keys:
                 w = self.windows.take(k)
                 if w is None or w.requests == 0:
@@ -1071,18 +1151,35 @@ class RankingClient(Service):
                 fields = self.windows.event_fields(w, targets=targets, source=self.config.name)
                 self._attach_cache_counts(fields)
                 self._attach_duplicates(fields)
-                futures.append(await self._send_event("window", fields, ts))
+                lines.append((fields, ts))
                 self.stats["published"] += w.requests
-            if any(self._pre_pending.values()) or self._dup_pending:
-                # results that expired unused while no request was published: a line of their own
+            uncovered = _uncovered(released.spans, [f for f, _ts in lines])
+            if any(self._pre_pending.values()) or self._dup_pending or uncovered:
+                # results that expired unused, duplicates dropped, while no request was
+                # published: a line of their own
                 k = self.windows.index(self.scenario_time(now))
                 ws = self.windows.window_s
                 fields = window_event(k * ws, (k + 1) * ws, client=self.config.name)
                 self._attach_cache_counts(fields)
                 self._attach_duplicates(fields)
-                futures.append(await self._send_event("window", fields, now))
-            if futures:
-                await asyncio.gather(*futures)  # acknowledged by the broker: now commit
+                lines.append((fields, now))
+            if uncovered:
+                # the released offsets no request line covers (dropped duplicates): on the last
+                # line, so the lines cover every offset released (the published-prefix check)
+                spans = lines[-1][0].setdefault("offsets", {})
+                for p, (first, last) in uncovered.items():
+                    span = spans.get(str(p))
+                    spans[str(p)] = [first, last] if span is None else [span[0], max(span[1], last)]
+            for fields, ts in lines:
+                line_futures.append(await self._send_event("window", fields, ts))
+            if futures or line_futures:
+                # acknowledged by the broker: now commit
+                results = await asyncio.gather(*futures, *line_futures)
+                if line_futures:
+                    last = results[-1]
+                    self._events_mark = (int(last.partition), int(last.offset) + 1)
+            if self.before_commit is not None:
+                await self.before_commit()
             await self._commit()
 
     def _count_value(self, signal: messages.ValueSignal) -> None:
@@ -1128,8 +1225,10 @@ class RankingClient(Service):
         offsets = {TopicPartition(topic, p): o for p, o in points.items() if p in self._assigned}
         if not offsets:
             return
+        mark = self._events_mark
+        meta = "" if mark is None else commit_metadata(*mark)
         try:
-            await self._consumer.commit(offsets)
+            await self._consumer.commit({tp: (o, meta) for tp, o in offsets.items()})
         except Exception as exc:  # a rebalance took them: the new owner re-reads (at least once)
             self.log.warning("client.commit.failed", error=f"{type(exc).__name__}: {exc}")
             return
@@ -1152,3 +1251,15 @@ class RankingClient(Service):
         if self._producer is None:
             return
         await self._send_event(kind, fields, self._wall())
+
+
+def _uncovered(
+    released: Mapping[int, tuple[int, int]], lines: Iterable[Mapping[str, Any]]
+) -> dict[int, tuple[int, int]]:
+    """Per partition, the released span ``[first, last]`` when no line's ``offsets`` reach its
+    ``last`` (the newest requests released were dropped duplicates)."""
+    covered: dict[int, int] = {}
+    for fields in lines:
+        for key, span in (fields.get("offsets") or {}).items():
+            covered[int(key)] = max(covered.get(int(key), -1), int(span[1]))
+    return {p: span for p, span in released.items() if covered.get(p, -1) < span[1]}

@@ -7,6 +7,11 @@ processes of a :class:`~headroom.workers.up.Stack`:
 * ``kill`` — SIGKILL to the process (a server: the first replica of its ``pool``), restart with
   the same command line after ``restart_after_s`` (a feed with ``--resume-from at_s``);
 * ``pause`` — SIGSTOP, SIGCONT after ``duration_s``;
+* ``stall`` (the controller) — the app's stall seam: SIGUSR1 pauses the fetching of its
+  consumer's partitions, SIGUSR2 resumes it after ``duration_s``. The process is not expected
+  down: a stall longer than the liveness limit ends in the controller's own exit (status 3), and
+  the :class:`Supervisor` restarts it (``process.restarted``); a restarted process gets no
+  SIGUSR2;
 * ``broker_restart`` — SIGKILL to the local broker that ``headroom kafka start`` runs from the
   state directory (``up --broker-state-dir``), started again on the same storage and port after
   ``down_s``;
@@ -63,15 +68,20 @@ log = get_logger("up")
 RECOVERY_TIMEOUT_S = 120.0  # wall seconds a component has to come back after its fault
 BROKER_START_TIMEOUT_S = 120.0
 
+# the controller app's stall seam (headroom.controllers.app STALL_SIGNAL / RESUME_SIGNAL; kept
+# here so up does not import faust)
+STALL_SIGNAL = signal.SIGUSR1
+RESUME_SIGNAL = signal.SIGUSR2
+
 EventPredicate = Callable[[dict[str, Any]], bool]
 
 
 def fault_targets(e: ScenarioEvent, stack_names: list[str]) -> list[str]:
-    """The process names of the stack a kill or pause acts on (empty for other faults): the
+    """The process names of the stack a kill, pause or stall acts on (empty for other faults): the
     event's ``index`` (default 0) picks one of several controllers (``controller``,
     ``controller-1``, …), clients of the region (``client-R``, ``client-R-1``, …) or replicas of
     the server pool (``server-R-POOL-i``)."""
-    if e.kind not in ("kill", "pause") or e.process is None:
+    if e.kind not in ("kill", "pause", "stall") or e.process is None:
         return []
     i = e.index or 0
     names: list[str]
@@ -139,7 +149,7 @@ class FaultRunner:
         for r in self.records:
             e = r.event
             where = f"events: the {e.kind} at {e.at_s:g} s"
-            if e.kind in ("kill", "pause") and not fault_targets(e, names):
+            if e.kind in ("kill", "pause", "stall") and not fault_targets(e, names):
                 raise HeadroomError(f"{where}: this stack runs no {e.process} there")
             if e.kind == "broker_restart":
                 if e.broker not in (None, 0):
@@ -176,6 +186,8 @@ class FaultRunner:
                 end_wall = await self._kill(r)
             elif e.kind == "pause":
                 end_wall = await self._pause(r)
+            elif e.kind == "stall":
+                end_wall = await self._stall(r)
             elif e.kind == "broker_restart":
                 end_wall = await self._broker_restart(r)
             else:  # capacity_silence: the feed holds its messages
@@ -217,6 +229,22 @@ class FaultRunner:
         await asyncio.sleep(max(0.0, end_wall - time.time()))
         for name in r.targets:
             stack.procs[name].signal(signal.SIGCONT)
+        return end_wall
+
+    async def _stall(self, r: FaultRecord) -> float:
+        stack = self.stack
+        e = r.event
+        starts = {}
+        for name in r.targets:
+            proc = stack.procs[name]
+            starts[name] = proc.starts
+            proc.signal(STALL_SIGNAL)
+        end_wall = stack.wall(e.at_s + e.fault_span_s)
+        await asyncio.sleep(max(0.0, end_wall - time.time()))
+        for name in r.targets:
+            proc = stack.procs[name]
+            if proc.running and proc.starts == starts[name]:  # a restarted one is not stalled
+                proc.signal(RESUME_SIGNAL)
         return end_wall
 
     async def _broker_restart(self, r: FaultRecord) -> float:

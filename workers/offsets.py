@@ -1,12 +1,92 @@
-"""Offsets a worker may commit: the highest offset below which every message is done."""
+"""Offsets a worker may commit: the highest offset below which every message is done; and what
+a client already published beyond its last commit (:func:`published_ends`).
+
+A client publishes its ``window`` lines, waits for the broker's acknowledgement and only then
+commits the end of the published prefix of each partition. A crash between the two leaves
+requests published *and* uncommitted: the next owner of the partition would read, serve and count
+them again. So every commit carries, in its metadata (:func:`commit_metadata`), where the events
+partition of the client's window lines ended when the commit was made; the next owner reads the
+window lines from there (:func:`published_ends`: the highest request offset each line covers,
+``offsets``) and drops what they already cover instead of serving it again.
+"""
 
 from __future__ import annotations
 
+import bisect
+import json
 from collections import deque
-from collections.abc import Iterable, Mapping
-from typing import Generic, TypeVar
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+
+__all__ = [
+    "OffsetTracker",
+    "Released",
+    "commit_metadata",
+    "parse_commit_metadata",
+    "published_ends",
+]
+
+
+def commit_metadata(events_partition: int, events_end: int) -> str:
+    """The metadata of an offset commit: the events partition the committing client writes its
+    window lines to, and its end offset after the lines this commit covers were acknowledged."""
+    return json.dumps({"events": [int(events_partition), int(events_end)]}, separators=(",", ":"))
+
+
+def parse_commit_metadata(text: str | None) -> tuple[int, int] | None:
+    """``(events partition, offset)`` from :func:`commit_metadata`; None for anything else (no
+    commit yet, a commit by an older client, foreign metadata)."""
+    if not text:
+        return None
+    try:
+        mark = json.loads(text).get("events")
+        partition, offset = (int(x) for x in mark)
+    except (ValueError, TypeError, AttributeError):
+        return None
+    if partition < 0 or offset < 0:
+        return None
+    return partition, offset
+
+
+def published_ends(
+    events: Iterable[Mapping[str, Any]],
+    partitions: Collection[int],
+    *,
+    region: str,
+    policy: str | None = None,
+) -> dict[int, int]:
+    """Per partition of ``partitions``, the highest request offset a client ``window`` line of
+    ``region`` (and ``policy``, when given) covers (its ``offsets``: ``{partition: [first,
+    last]}``). Event dicts as in the event log (fields flat); other lines are ignored."""
+    out: dict[int, int] = {}
+    for e in events:
+        if e.get("kind") != "window" or e.get("source") != "client" or e.get("region") != region:
+            continue
+        if policy is not None and e.get("policy", policy) != policy:
+            continue
+        spans = e.get("offsets")
+        if not isinstance(spans, Mapping):
+            continue
+        for key, span in spans.items():
+            try:
+                partition, last = int(key), int(span[1])
+            except (ValueError, TypeError, IndexError, KeyError):
+                continue
+            if partition in partitions and last > out.get(partition, -1):
+                out[partition] = last
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Released(Generic[T]):
+    """What one :meth:`OffsetTracker.release_spans` handed out: the items, oldest first per
+    partition, and per partition the span ``(first, last)`` of their offsets."""
+
+    items: list[T]
+    spans: dict[int, tuple[int, int]]
 
 
 class OffsetTracker(Generic[T]):
@@ -20,30 +100,67 @@ class OffsetTracker(Generic[T]):
     published: after a crash the next owner re-reads only what was never published. (Committing
     the lowest unpublished offset while later ones are already published would count those twice
     after a restart.)
+
+    After a rebalance that hands a partition back to the same consumer (a static member that
+    rejoins after a pause longer than its session), the consumer reads again from the committed
+    offset, possibly while records it fetched before are still being handled: :meth:`received`
+    refuses an offset it already holds (False: the caller drops the record, the one it holds
+    stands) and keeps the offsets of a partition sorted whatever order they come in, so a partition
+    never waits for an offset that was released already.
     """
 
     def __init__(self) -> None:
         self._pending: dict[int, deque[int]] = {}  # received, not released, in offset order
+        self._held: dict[int, set[int]] = {}  # the same offsets, as a set
         self._done: dict[int, dict[int, T]] = {}  # finished, not released
         self._next: dict[int, int] = {}
         self._committed: dict[int, int] = {}
 
-    def received(self, partition: int, offset: int) -> None:
-        self._pending.setdefault(partition, deque()).append(offset)
+    def received(self, partition: int, offset: int) -> bool:
+        """Hold ``offset`` until it is released; False if it is held already (a re-delivery of a
+        record still in flight or waiting for an older one: nothing changes)."""
+        held = self._held.setdefault(partition, set())
+        if offset in held:
+            return False
+        held.add(offset)
+        pending = self._pending.setdefault(partition, deque())
+        if not pending or offset > pending[-1]:
+            pending.append(offset)
+        else:  # read again from an earlier position (a rebalance): keep the order
+            pending.insert(bisect.bisect_left(pending, offset), offset)
         self._done.setdefault(partition, {})
         self._next[partition] = max(self._next.get(partition, 0), offset + 1)
+        return True
+
+    def holds(self, partition: int, offset: int) -> bool:
+        return offset in self._held.get(partition, ())
 
     def completed(self, partition: int, offset: int, item: T) -> None:
-        self._done.setdefault(partition, {})[offset] = item
+        """``offset`` finished; ignored unless it is held (a partition forgotten meanwhile)."""
+        if offset in self._held.get(partition, ()):
+            self._done[partition][offset] = item
 
     def release(self) -> list[T]:
         """The finished requests whose partition has nothing older in flight, oldest first."""
+        return self.release_spans().items
+
+    def release_spans(self) -> Released[T]:
+        """:meth:`release`, with the span of offsets released per partition."""
         out: list[T] = []
+        spans: dict[int, tuple[int, int]] = {}
         for partition, pending in self._pending.items():
             done = self._done[partition]
+            first = last = None
+            held = self._held[partition]
             while pending and pending[0] in done:
-                out.append(done.pop(pending.popleft()))
-        return out
+                last = pending.popleft()
+                held.discard(last)
+                if first is None:
+                    first = last
+                out.append(done.pop(last))
+            if first is not None and last is not None:
+                spans[partition] = (first, last)
+        return Released(out, spans)
 
     def committable(self) -> dict[int, int]:
         """Per partition whose point moved, the offset to commit: the first one not released."""
@@ -65,6 +182,7 @@ class OffsetTracker(Generic[T]):
         """Partitions taken away (after their final commit): drop their state."""
         for p in partitions:
             self._pending.pop(p, None)
+            self._held.pop(p, None)
             self._done.pop(p, None)
             self._next.pop(p, None)
             self._committed.pop(p, None)

@@ -95,6 +95,12 @@ def test_every_fault_kind_loads_with_its_fields() -> None:
           "duration_s": 1}, "events[0].pool: only a server has a pool"),
         ({"at_s": 1, "kind": "pause", "process": "gc", "duration_s": 1},
          "events[0].process: unknown value 'gc'"),
+        ({"at_s": 1, "kind": "stall", "process": "client", "duration_s": 1},
+         "events[0].process: a stall is of the controller's consumer, not the client"),
+        ({"at_s": 1, "kind": "stall", "process": "controller"},
+         "events[0].duration_s: required for a stall event"),
+        ({"at_s": 1, "kind": "stall", "process": "controller", "duration_s": 1,
+          "region": "us-east"}, "events[0].region: not allowed for a stall event"),
         ({"at_s": 1, "kind": "broker_restart", "down_s": 0},
          "events[0].down_s: must be > 0"),
         ({"at_s": 1, "kind": "broker_restart", "down_s": 1, "broker": -1},
@@ -392,23 +398,23 @@ def test_a_silence_holds_capacity_and_sends_the_newest_levels_at_its_end() -> No
     from tests.conftest import run_async
 
     feed = _feed()
-    assert feed.silenced(56.0, "it-east")
-    assert not feed.silenced(66.0, "it-east")
+    assert feed.silenced(20.0, "it-east")
+    assert not feed.silenced(28.0, "it-east")
     cpu = ("it-east", "cpu", "any", False)
     levels = {cpu: CapacityUpdate(0.0, "it-east", "cpu", "any", False, 2.0, 0.0, "grant", None)}
 
     async def play() -> None:
         # a reclaim and a refresh inside the silence: nothing is sent
         await feed._capacity(
-            CapacityUpdate(60.0, "it-east", "cpu", "any", False, 1.0, 2.0, "reclaim", None)
+            CapacityUpdate(22.0, "it-east", "cpu", "any", False, 1.0, 2.0, "reclaim", None)
         )
-        levels[cpu] = CapacityUpdate(60.0, "it-east", "cpu", "any", False, 1.0, 2.0, "reclaim",
+        levels[cpu] = CapacityUpdate(22.0, "it-east", "cpu", "any", False, 1.0, 2.0, "reclaim",
                                      None)  # fmt: skip
         await feed._capacity(
-            CapacityUpdate(62.0, "it-east", "cpu", "any", False, 1.0, 1.0, "update", None)
+            CapacityUpdate(24.0, "it-east", "cpu", "any", False, 1.0, 1.0, "update", None)
         )
         assert feed._producer.of("capacity") == []
-        await feed._end_silence(66.0, levels)
+        await feed._end_silence(28.0, levels)
 
     run_async(play())
     sent = feed._producer.of("capacity")
@@ -488,3 +494,24 @@ def test_the_supervisor_restarts_a_process_that_died_and_records_it(tmp_path: Pa
     assert (r["kind"], r["process"], r["exit_status"], r["restarted"], r["t"]) == (
         "process.restarted", "client-r", 5, True, 12.5,
     )  # fmt: skip
+
+
+def test_a_stall_of_the_controller_is_a_fault_modelled_as_a_control_outage() -> None:
+    from headroom.controllers.app import RESUME_SIGNAL, STALL_SIGNAL
+    from headroom.workers import faults as up_faults
+
+    d = doc([{"at_s": 30, "kind": "stall", "process": "controller", "duration_s": 40}])
+    sc = load(d)
+    (stall,) = sc.events
+    assert stall.is_fault
+    assert stall.fault_span_s == 40.0
+    assert schema_problems(SCHEMA, d) == []
+    assert fault_model.control_outages(sc, "us-east") == ((30.0, 70.0),)
+    assert fault_model.modelled(stall)
+    assert up_faults.fault_targets(stall, ["controller", "feed"]) == ["controller"]
+    # up signals the seam the controller app listens on
+    assert (up_faults.STALL_SIGNAL, up_faults.RESUME_SIGNAL) == (STALL_SIGNAL, RESUME_SIGNAL)
+    lines = fault_lines(sc, interval_s=60.0, t0=0.0, policy="headroom")
+    recovered = [line for _t, line in lines if line["kind"] == "fault.recovered"]
+    assert recovered[0]["healthy"] == "target.issued"
+    assert recovered[0]["recovery_s"] == pytest.approx(50.0)  # the step at 120 s

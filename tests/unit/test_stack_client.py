@@ -420,6 +420,7 @@ async def test_an_unknown_segment_is_refused_for_the_dead_letter_topic() -> None
         )  # fmt: skip
         return Received("t.requests", "requests", 0, offset, b"it-east", 0, msg)
 
+    client.published_known.set()  # as after an assignment (no Kafka here)
     # the consumer loop dead-letters a message whose handler raises: the reason names the field
     with pytest.raises(ValueError, match="segment: 'whales'"):
         await client._on_request(received(7, "whales"))

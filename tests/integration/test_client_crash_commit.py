@@ -1,0 +1,144 @@
+"""A client stopped between the acknowledgement of its window lines and its offset commit.
+
+The exact crash the published-prefix check exists for (docs/streaming.md, *Faults*), reproduced
+on the shared broker with the client core in this process: client A serves a first batch of
+requests and commits it; it serves a second batch, the broker acknowledges its window lines,
+and A is stopped right there — at the :attr:`RankingClient.before_commit` seam, so its commit of
+the second batch never happens — without a drain (a crash: no final publish, no commit). Client
+B, the same static group member, is assigned the partition at the old committed offset and
+reads the second batch again. It must drop every one of those requests as a duplicate (it never
+served them, its memory of ids is new) and serve the third batch fed after it started: across
+both clients the window lines count every request exactly once.
+
+The servers are not the point here: ``serve_request`` is replaced by an instant outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from headroom.kernel.scenario_load import load_scenario
+from headroom.streams import messages
+from headroom.streams.kafka import KafkaTarget, admin
+from headroom.workers.client import ClientConfig, Outcome, RankingClient, ServerAddress
+from tests.integration.topic_reads import read_topic
+
+pytestmark = pytest.mark.integration
+
+SCENARIO = Path(__file__).parent / "scenarios" / "stack-short.yaml"
+REGION = "it-east"
+BATCHES = (5, 12, 7)
+
+
+class InstantClient(RankingClient):
+    """A client whose every request is served at once (no server call)."""
+
+    async def serve_request(self, msg: messages.Request, partition: int, offset: int) -> Outcome:
+        return Outcome(
+            partition=partition, offset=offset, segment=msg.segment,
+            end_t=self.scenario_time(), latency_ms=1.0, ok=True, timeout=False,
+            control=False, lever=None, sbm_served=False, routed="rma",
+            value_total=msg.value, value_baseline=msg.value, value_signal=msg.value,
+        )  # fmt: skip
+
+
+def _client(kafka: KafkaTarget, group: str, t0: float) -> InstantClient:
+    config = ClientConfig(
+        region=REGION,
+        servers=(ServerAddress("dedicated", "127.0.0.1", 9),),  # never called
+        group=group,
+        name="client-crash",
+        instance=f"{group}-0",  # static membership: the restart gets the partition back
+        t0=t0,
+        precompute=False,
+        flush_s=0.3,
+    )
+    return InstantClient(config, load_scenario(SCENARIO), kafka)
+
+
+async def _feed(producer: AIOKafkaProducer, kafka: KafkaTarget, first: int, n: int) -> None:
+    for i in range(first, first + n):
+        msg = messages.Request(
+            ts=time.time(), id=f"r{i}", region=REGION, segment="casual", value=1.0,
+            eligible=True, user=i,
+        )  # fmt: skip
+        await producer.send(kafka.topic("requests"), messages.encode(msg), key=msg.key())
+    await producer.flush()
+
+
+async def _until(what: Any, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not what():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+async def _committed(kafka: KafkaTarget, group: str) -> dict[int, int]:
+    async with admin(kafka.bootstrap) as client:
+        got = await client.list_consumer_group_offsets(group)
+    return {tp.partition: meta.offset for tp, meta in got.items() if meta.offset >= 0}
+
+
+async def test_a_client_stopped_between_publish_and_commit_is_not_counted_twice(
+    kafka_target: KafkaTarget,
+) -> None:
+    kafka = kafka_target
+    group = f"crash-{uuid.uuid4().hex[:8]}"
+    t0 = time.time()
+    first, second, third = BATCHES
+    producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap)
+    await producer.start()
+    a = _client(kafka, group, t0)
+    crashed = asyncio.Event()
+
+    async def stop_before_commit() -> None:
+        if a.stats["published"] > first:  # the second batch's lines are acknowledged
+            crashed.set()
+            await asyncio.Event().wait()  # never commits: the test stops A here
+
+    try:
+        await a.start()
+        await asyncio.wait_for(a.ready.wait(), 30.0)
+        await _feed(producer, kafka, 0, first)
+        await _until(lambda: a.stats["commits"] >= 1 and a.stats["published"] == first)
+        a.before_commit = stop_before_commit
+        await _feed(producer, kafka, first, second)
+        await asyncio.wait_for(crashed.wait(), 30.0)
+        assert a.stats["published"] == first + second
+        await a.stop()  # no drain: no final flush, no commit (a crash)
+        committed = await _committed(kafka, group)
+        # the window is reproduced: the second batch is published but not committed
+        assert sum(committed.values()) == first, committed
+
+        b = _client(kafka, group, t0)
+        try:
+            await b.start()
+            await asyncio.wait_for(b.ready.wait(), 30.0)
+            await _feed(producer, kafka, first + second, third)
+            await _until(lambda: b.stats["duplicates"] + b.stats["published"] == second + third)
+            await b.drain()  # publishes what is left and commits
+        finally:
+            await b.stop()
+    finally:
+        if not a.stop_requested:
+            await a.stop()
+        await producer.stop()
+
+    assert b.stats["duplicates"] == second  # re-read, recognised, dropped
+    assert b.stats["published"] == third
+    lines = [
+        messages.decode("events", r.value).to_dict()  # type: ignore[union-attr]
+        for r in await read_topic(kafka, "events")
+    ]
+    windows = [e for e in lines if e["kind"] == "window" and e["source"] == "client"]
+    assert sum(e.get("requests", 0) for e in windows) == first + second + third
+    assert sum(e.get("duplicates_dropped", 0) for e in windows) == second
+    after = await _committed(kafka, group)
+    assert sum(after.values()) == first + second + third, after
