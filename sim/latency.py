@@ -47,6 +47,19 @@ quota (the streaming server's slot pools, headroom.workers.server, do the same):
 * a request with optional work waits for both parts, one after the other
   (:func:`serial_waits` folds the two waits of a stage into one).
 
+Optional budget. A request's optional part that cannot start within its *optional budget*
+(:func:`headroom.defences.shedding.optional_budget_ms`: ``OPTIONAL_BUDGET_SHARE`` of the SLO,
+counted from the request's arrival at its server, here from the end of its baseline CPU part) is
+dropped and the request goes on with its baseline answer, as the streaming servers drop extras
+still waiting at the deadline. RMA's extras (the droppable parts, :class:`Strata` ``po``…
+``budget_ms``) wait at low priority on both mixed stages, one wait standing for the two
+(:func:`serial_waits`) plus their own fluid backlog; the request's baseline parts keep the
+baseline waits. A sampled request adds that wait when it is within the budget, else the budget
+minus the optional service it then never gets (:func:`sample_window`), and
+:func:`optional_outcome` gives, per stratum, the in-time share and the share of it whose extras
+started (the rest delivered the baseline value; the engine credits RMA only with those). The
+SBM path's CPU work is not droppable: a strong attempt falls back as a whole.
+
 :func:`sample_window` draws a fixed number of latencies for one SLO window, stratified by
 (step, request class) and weighted by the class counts, and :func:`in_time_probability` gives
 the share of a class that finishes within the timeout, from the same model in closed form (the
