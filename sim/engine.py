@@ -247,6 +247,10 @@ class RegionRun:
         self.base_mix = build_mix(ctx, baseline_plan(ctx))
         self.mix = self.base_mix
         self._mix_key: Any = ("base",)
+        # the client plan last computed: (target, m_rma, m_sbm) and its shares (a pure function
+        # of those; a server deciding every block asks for the same plan again and again)
+        self._plan_for: tuple[Any, float, float] | None = None
+        self._plan_asked: Any = None
         self._direct_mixes: dict[int, Mix] = {}
         self._blocks: list[tuple[Mix, FloatArray]] = []
         self.noticed_at: float | None = None  # a server has yet to react to a reclaim
@@ -495,7 +499,12 @@ class RegionRun:
         ctx = self.ctx
         pop = ctx.pop
         # what the clients ask for: the one client plan (defences/plan.py), over the cells
-        asked = self.planner.plan(tg, m_rma, m_sbm)
+        pf = self._plan_for
+        if pf is not None and pf[0] is tg and pf[1] == m_rma and pf[2] == m_sbm:
+            asked = self._plan_asked
+        else:
+            asked = self.planner.plan(tg, m_rma, m_sbm)
+            self._plan_for, self._plan_asked = (tg, m_rma, m_sbm), asked
         rma_req, sbm_req, extra = asked.rma, asked.sbm, asked.extra
         adm = pol.admit(now, span, rma_req, sbm_req, self) if sheds else None
         if adm is None:
