@@ -52,6 +52,9 @@ Exploration and fallback
   value signals keep arriving; the LP then splits the rest between the proven levers.
 * Remote pools the proven levers left go whole to those unproven levers (equal parts), in a
   fallback too: the live path may not touch them, so measuring on all of them costs nothing.
+  Outside a fallback the live capacity the proven levers left idle goes to them too
+  (``explore_idle``): idle units earn nothing, the work is samples that settle the lever's value
+  sooner, and the servers' admission rule bounds how busy the pools run either way.
 * **Fallback** — when value signals never arrived (``no_value``), are older than
   ``value_stale_s`` (``stale_value``), or leave no lever with a positive LCB while some could
   still be positive (``uncertain_value``), the allocator hands ``fallback_share`` of the safe
@@ -584,8 +587,10 @@ class Allocator:
                 tranches or {},
             )
         # remote capacity the proven levers left is worth nothing to them and the live path
-        # cannot touch it: the levers being measured that may run there get all of it
-        self._flat(measured, variables, demand, slot_pools, acc, 1.0, remote_only=True)
+        # cannot touch it: the levers being measured that may run there get all of it; outside
+        # a fallback, so does the live capacity the proven levers left idle (``explore_idle``)
+        idle_live = fallback is None and s.explore_idle
+        self._flat(measured, variables, demand, slot_pools, acc, 1.0, remote_only=not idle_live)
         run.explored = measured
         return run
 

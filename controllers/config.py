@@ -162,6 +162,11 @@ class AllocatorSettings:
     # Levers whose value is not yet proven (LCB <= 0) but not proven harmful either (UCB > 0)
     # keep this share of the pools they can use, so their estimates keep arriving.
     explore_share: float = 0.05
+    # Live capacity the proven levers leave idle (the LP found no proven use for it) goes to the
+    # levers being measured as well, in equal parts: idle units earn nothing, every unit of work
+    # they do is a sample that proves or disproves the lever sooner, and the servers' admission
+    # rule still bounds how busy it runs. Off: they keep ``explore_share`` alone.
+    explore_idle: bool = True
     # Pools smaller than this (cores or devices, after the margin) are not worth a target.
     min_pool_units: float = 0.01
 

@@ -94,7 +94,21 @@ from headroom.kernel.checks import FieldChecker
 from headroom.kernel.errors import ConfigError
 from headroom.kernel.jsonstate import json_float
 
+# A request's optional parts (RMA's extra candidates) wait for capacity at low priority for at
+# most this share of the SLO, counted from the request's arrival at its server: extras that cannot
+# start by then are dropped and the baseline answer goes back. The rule of both engines (the
+# streaming client sends the budget with every request and its server drops the extras; the
+# simulator's latency model does the same, sim/latency.py *Optional budget*).
+OPTIONAL_BUDGET_SHARE = 0.5
+
+
+def optional_budget_ms(slo_p99_ms: float, share: float = OPTIONAL_BUDGET_SHARE) -> float:
+    """How long (ms) a request's optional parts may wait for capacity before they are dropped."""
+    return float(slo_p99_ms) * share
+
+
 __all__ = [
+    "OPTIONAL_BUDGET_SHARE",
     "BatchVerdict",
     "Decision",
     "InflightCut",
@@ -108,6 +122,7 @@ __all__ = [
     "ShedEvent",
     "ShedTransition",
     "Verdict",
+    "optional_budget_ms",
 ]
 
 FloatArray = npt.NDArray[np.float64]

@@ -17,6 +17,7 @@ import numpy.typing as npt
 
 from headroom.controllers.levers import CostModel
 from headroom.defences.plan import PlanRule
+from headroom.defences.shedding import optional_budget_ms
 from headroom.kernel import seeds
 from headroom.kernel.scenario import Scenario
 from headroom.kernel.traces import PoolKey, ScenarioTraces
@@ -94,6 +95,9 @@ class SimContext:
         self.duration_s = float(scenario.duration_s)
         self.n_windows = max(1, math.ceil(self.duration_s / self.window_s - 1e-9))
         self.timeout_ms = cfg.timeout_factor * float(scenario.slo.p99_ms)
+        # how long a request's extras may wait for capacity before they are dropped (the rule
+        # of both engines, headroom.defences.shedding.optional_budget_ms)
+        self.optional_budget_ms = optional_budget_ms(float(scenario.slo.p99_ms))
         self.segment_names = tuple(s.name for s in scenario.segments)
         seg = self.pop.seg
         self.q_base = np.asarray(curves.mean_quality(seg, 0, self.n0), dtype=np.float64)

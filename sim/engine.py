@@ -103,6 +103,7 @@ from headroom.sim.latency import (
     WaitParams,
     in_time_probability,
     keys_of,
+    optional_outcome,
     sample_window,
     speed,
     wait_params,
@@ -246,6 +247,10 @@ class RegionRun:
         self.base_mix = build_mix(ctx, baseline_plan(ctx))
         self.mix = self.base_mix
         self._mix_key: Any = ("base",)
+        # the client plan last computed: (target, m_rma, m_sbm) and its shares (a pure function
+        # of those; a server deciding every block asks for the same plan again and again)
+        self._plan_for: tuple[Any, float, float] | None = None
+        self._plan_asked: Any = None
         self._direct_mixes: dict[int, Mix] = {}
         self._blocks: list[tuple[Mix, FloatArray]] = []
         self.noticed_at: float | None = None  # a server has yet to react to a reclaim
@@ -494,7 +499,12 @@ class RegionRun:
         ctx = self.ctx
         pop = ctx.pop
         # what the clients ask for: the one client plan (defences/plan.py), over the cells
-        asked = self.planner.plan(tg, m_rma, m_sbm)
+        pf = self._plan_for
+        if pf is not None and pf[0] is tg and pf[1] == m_rma and pf[2] == m_sbm:
+            asked = self._plan_asked
+        else:
+            asked = self.planner.plan(tg, m_rma, m_sbm)
+            self._plan_for, self._plan_asked = (tg, m_rma, m_sbm), asked
         rma_req, sbm_req, extra = asked.rma, asked.sbm, asked.extra
         adm = pol.admit(now, span, rma_req, sbm_req, self) if sheds else None
         if adm is None:
@@ -816,7 +826,11 @@ class RegionRun:
             a = g[:, _R["a"]]
             a_sum = float(a.sum())
             strata, k = _strata(self, g, mix)
-            pi = in_time_probability(strata, cfg, ctx.timeout_ms).reshape(-1, k)
+            pi_flat, keep_flat = optional_outcome(strata, cfg, ctx.timeout_ms)
+            pi = pi_flat.reshape(-1, k)
+            # of the requests in time, the share whose extras started within the optional budget
+            # (the rest dropped them and delivered the baseline value)
+            keep = keep_flat.reshape(-1, k)
             pi_s = in_time_probability(_shadow_strata(self, g), cfg, ctx.timeout_ms)
             strata_parts.append(strata)
             strata_win.append(np.repeat(widx, k))
@@ -825,7 +839,8 @@ class RegionRun:
             n_levels = len(mix.plan.levels)
             r_rma = slice(1, 1 + n_levels)
             r_sbm = slice(1 + n_levels, 4 + n_levels)
-            _add_rows(s_value, widx, a_pi_rows @ mix.value)
+            a_kept = a_pi_rows * keep
+            _add_rows(s_value, widx, a_kept @ mix.value + (a_pi_rows - a_kept) @ mix.base_value)
             _add_rows(s_base, widx, np.outer(a_pis, mix.base_value.sum(axis=0)))
             s_count += a_sum * mix.count.sum(axis=0)
             _add_rows(seg_sbm, widx, np.outer(a, mix.count[1 + n_levels]))
@@ -836,7 +851,7 @@ class RegionRun:
             # value_total − value_baseline exactly.
             cls_value = mix.value.sum(axis=1)  # (K,)
             cls_base = mix.base_value.sum(axis=1)
-            gain = a_pi_rows * (cls_value - cls_base)[None, :]
+            gain = a_kept * (cls_value - cls_base)[None, :]
             inc_rma += np.bincount(widx, weights=gain[:, r_rma].sum(axis=1), minlength=n_w)
             inc_sbm += np.bincount(widx, weights=gain[:, r_sbm].sum(axis=1), minlength=n_w)
             inc_lost += np.bincount(
@@ -855,9 +870,11 @@ class RegionRun:
             total_a += a_sum
             if a_sum > 0:
                 a_pi = a_pi_rows.sum(axis=0)
+                kept_share = np.where(a_pi > 0, a_kept.sum(axis=0) / np.where(a_pi > 0, a_pi, 1), 1)
                 for name, parts in mix.arm_parts.items():
                     if parts.weights.sum() > 0:
-                        arm_acc.setdefault(name, []).append((parts, a_pi[parts.row] / a_sum, a_sum))
+                        arm = _dropped_extras(parts, kept_share[parts.row], ctx.q_base, ctx.sd_base)
+                        arm_acc.setdefault(name, []).append((arm, a_pi[parts.row] / a_sum, a_sum))
         # holdout sums and value signals, once per control interval (the estimate is the same
         # as with one draw per window: the sums add up); they ride on the interval's last window
         pi_ctl = base_pi_num / total_a if total_a > 0 else 1.0
@@ -1272,3 +1289,21 @@ def run_policy(
             progress(w + 1, ctx.n_windows)
     for _t, line in faults:  # at the very end of the run
         write(line)
+
+
+def _dropped_extras(
+    parts: ArmParts, kept: FloatArray, q_base: FloatArray, sd_base: FloatArray
+) -> ArmParts:
+    """``parts`` as its requests received them when only ``kept`` of each part's in-time
+    requests got their extras (the rest dropped them at the optional budget and got the
+    baseline): the quality and the optional work per request are the mixtures."""
+    if bool(np.all(kept >= 1.0)):
+        return parts
+    qb = q_base[parts.cell]
+    sb = sd_base[parts.cell]
+    q = kept * parts.q + (1.0 - kept) * qb
+    # the mixture's spread: within-part variances plus the spread of the two means
+    var = kept * parts.sd**2 + (1.0 - kept) * sb**2 + kept * (1.0 - kept) * (parts.q - qb) ** 2
+    return replace(
+        parts, q=q, sd=np.sqrt(var), cpu_ms=parts.cpu_ms * kept, acc_ms=parts.acc_ms * kept
+    )

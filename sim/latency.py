@@ -47,6 +47,19 @@ quota (the streaming server's slot pools, headroom.workers.server, do the same):
 * a request with optional work waits for both parts, one after the other
   (:func:`serial_waits` folds the two waits of a stage into one).
 
+Optional budget. A request's optional part that cannot start within its *optional budget*
+(:func:`headroom.defences.shedding.optional_budget_ms`: ``OPTIONAL_BUDGET_SHARE`` of the SLO,
+counted from the request's arrival at its server, here from the end of its baseline CPU part) is
+dropped and the request goes on with its baseline answer, as the streaming servers drop extras
+still waiting at the deadline. RMA's extras (the droppable parts, :class:`Strata` ``po``…
+``budget_ms``) wait at low priority on both mixed stages, one wait standing for the two
+(:func:`serial_waits`) plus their own fluid backlog; the request's baseline parts keep the
+baseline waits. A sampled request adds that wait when it is within the budget, else the budget
+minus the optional service it then never gets (:func:`sample_window`), and
+:func:`optional_outcome` gives, per stratum, the in-time share and the share of it whose extras
+started (the rest delivered the baseline value; the engine credits RMA only with those). The
+SBM path's CPU work is not droppable: a strong attempt falls back as a whole.
+
 :func:`sample_window` draws a fixed number of latencies for one SLO window, stratified by
 (step, request class) and weighted by the class counts, and :func:`in_time_probability` gives
 the share of a class that finishes within the timeout, from the same model in closed form (the
@@ -56,7 +69,8 @@ value a request delivers counts only if it finishes in time).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -67,6 +81,7 @@ from headroom.kernel.sketch import bin_keys
 __all__ = [
     "RHO_FLUID_CAP",
     "RHO_QUEUE_CAP",
+    "STRATA_FIELDS",
     "LatencyConfig",
     "StageState",
     "Strata",
@@ -75,6 +90,7 @@ __all__ = [
     "baseline_wait_params",
     "in_time_probability",
     "low_priority_factor",
+    "optional_outcome",
     "sample_window",
     "serial_waits",
     "sketch_from_keys",
@@ -239,21 +255,66 @@ class Strata:
     p2: FloatArray  # accelerator stage wait
     r2: FloatArray
     path: IntArray  # 0 base, 1 rma, 2 sbm
+    # The optional part a request may drop (module docstring, *Optional budget*): its wait for
+    # capacity at low priority, P(wait > 0) and rate (1/ms) and its fluid backlog (s, at the
+    # step's start and end), its own service time (ms, inside ``service_ms``) and the longest it
+    # may wait (ms; inf: nothing to drop). None: no stratum has a droppable part.
+    po: FloatArray | None = None
+    ro: FloatArray | None = None
+    fo0: FloatArray | None = None
+    fo1: FloatArray | None = None
+    opt_ms: FloatArray | None = None
+    budget_ms: FloatArray | None = None
 
     @property
     def size(self) -> int:
         return int(self.count.size)
 
+    @property
+    def droppable(self) -> bool:
+        return self.budget_ms is not None
+
     def take(self, mask: npt.NDArray[np.bool_]) -> Strata:
-        return Strata(*(getattr(self, f)[mask] for f in _STRATA_FIELDS))
+        return self._select(mask)
 
     def take_index(self, idx: IntArray) -> Strata:
-        return Strata(*(getattr(self, f)[idx] for f in _STRATA_FIELDS))
+        return self._select(idx)
+
+    def _select(self, sel: npt.NDArray[Any]) -> Strata:
+        picked: dict[str, Any] = {}
+        for f in STRATA_FIELDS:
+            x = getattr(self, f)
+            picked[f] = None if x is None else x[sel]
+        return Strata(**picked)
+
+    def optional(
+        self,
+    ) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray, FloatArray, FloatArray]:
+        """``(po, ro, fo0, fo1, opt_ms, budget_ms)``; zeros and an infinite budget (nothing to
+        drop) where the strata carry none."""
+        if (
+            self.po is None
+            or self.ro is None
+            or self.fo0 is None
+            or self.fo1 is None
+            or self.opt_ms is None
+            or self.budget_ms is None
+        ):
+            z = np.zeros(self.size)
+            return z, np.ones(self.size), z, z, z, np.full(self.size, np.inf)
+        return self.po, self.ro, self.fo0, self.fo1, self.opt_ms, self.budget_ms
+
+    def with_optional(self) -> Strata:
+        """The same strata with the optional-part fields filled (nothing to drop where None)."""
+        if self.droppable:
+            return self
+        po, ro, fo0, fo1, opt_ms, budget_ms = self.optional()
+        return replace(self, po=po, ro=ro, fo0=fo0, fo1=fo1, opt_ms=opt_ms, budget_ms=budget_ms)
 
 
-_STRATA_FIELDS = (
+STRATA_FIELDS = (
     "count", "service_ms", "penalty_ms", "fc0", "fc1", "fa0", "fa1", "p1", "r1", "p2", "r2",
-    "path",
+    "path", "po", "ro", "fo0", "fo1", "opt_ms", "budget_ms",
 )  # fmt: skip
 
 
@@ -296,9 +357,27 @@ def sample_window(
     sj = _jitter_sigma(cfg.service_cv)
     jitter = np.exp(sj * _ndtri(u_j) - 0.5 * sj * sj)
     lat = cfg.overhead_ms + fluid_ms + w1 + w2 + st.service_ms[idx] * jitter + st.penalty_ms[idx]
+    if st.droppable:
+        lat += _optional_delay(st, idx, u_pos, np.mod(u_w1 + u_w2, 1.0), jitter)
     np.minimum(lat, timeout_ms, out=lat)
     weights = counts[idx] / alloc[idx]
     return lat, weights, st.path[idx]
+
+
+def _optional_delay(
+    st: Strata, idx: IntArray, u_pos: FloatArray, u_o: FloatArray, jitter: FloatArray
+) -> FloatArray:
+    """What a droppable optional part adds to its request (module docstring, *Optional
+    budget*): its wait when it starts within its budget, else the budget, minus the optional
+    service it then never gets. ``u_o`` is a uniform of its own: ``(u_w1 + u_w2) mod 1`` is
+    uniform and independent of either wait's uniform, and keeps the policies' common random
+    numbers as they were."""
+    po, ro, fo0, fo1, opt_ms, budget_ms = st.optional()
+    fo = 1000.0 * (fo0[idx] + (fo1[idx] - fo0[idx]) * u_pos)
+    w = fo + _exp_wait(u_o, po[idx], ro[idx])
+    budget = budget_ms[idx]
+    kept = w <= budget
+    return np.where(kept, w, budget - opt_ms[idx] * jitter)
 
 
 def _ndtri(u: FloatArray) -> FloatArray:
@@ -371,6 +450,50 @@ def in_time_probability(st: Strata, cfg: LatencyConfig, timeout_ms: float) -> Fl
     p_in = ((1.0 - tail) * wpos * wz).sum(axis=(0, 1))
     out[hot] = np.clip(p_in, 0.0, 1.0)
     return out
+
+
+def optional_outcome(
+    st: Strata, cfg: LatencyConfig, timeout_ms: float
+) -> tuple[FloatArray, FloatArray]:
+    """Per stratum, ``(pi, keep)``: the share of requests that finish within ``timeout_ms``
+    and, of those, the share whose optional part started within its budget (the rest dropped
+    it and delivered the baseline; module docstring, *Optional budget*). Strata with nothing to
+    drop: :func:`in_time_probability` and 1.
+
+    Closed form at the step's mid-point backlog ``f``: a part starts in time with probability
+    ``κ = 1 − p_o·e^{−r_o(D − f)}`` (0 when ``f > D``); one that starts adds its wait given
+    that, one that does not adds ``D`` and loses its optional service."""
+    if not st.droppable:
+        return in_time_probability(st, cfg, timeout_ms), np.ones(st.size)
+    keep = np.ones(st.size)
+    drop = np.isfinite(st.optional()[5]) & (st.count > 0)
+    if not drop.any():
+        return in_time_probability(st, cfg, timeout_ms), keep
+    pi = np.ones(st.size)
+    pi[~drop] = in_time_probability(st.take(~drop), cfg, timeout_ms)
+    h = st.take(drop)
+    h_po, h_ro, h_fo0, h_fo1, h_opt, h_budget = h.optional()
+    f = 500.0 * (h_fo0 + h_fo1)
+    room = h_budget - f
+    lim = np.maximum(room, 0.0)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        e = np.exp(-h_ro * lim)
+        kappa = np.where(room < 0.0, 0.0, np.clip(1.0 - h_po * e, 0.0, 1.0))
+        # E[X; X ≤ L] for X = 0 w.p. 1 − p, Exp(r) w.p. p: p·(1/r − e^{−rL}(L + 1/r))
+        part = np.nan_to_num(h_po * (1.0 / h_ro - e * (lim + 1.0 / h_ro)))
+        mean_kept = f + np.where(kappa > 0.0, part / np.maximum(kappa, 1e-300), 0.0)
+    plain: dict[str, Any] = dict.fromkeys(STRATA_FIELDS[12:])
+    kept = replace(h, penalty_ms=h.penalty_ms + mean_kept, **plain)
+    dropped = replace(
+        h, service_ms=h.service_ms - h_opt, penalty_ms=h.penalty_ms + h_budget, **plain
+    )
+    pi_k = in_time_probability(kept, cfg, timeout_ms)
+    pi_d = in_time_probability(dropped, cfg, timeout_ms)
+    p = kappa * pi_k + (1.0 - kappa) * pi_d
+    pi[drop] = p
+    with np.errstate(invalid="ignore", divide="ignore"):
+        keep[drop] = np.where(p > 0.0, kappa * pi_k / np.where(p > 0.0, p, 1.0), kappa)
+    return pi, keep
 
 
 def _tail2_array(

@@ -27,6 +27,7 @@ from headroom.sim.context import (
     Mix,
 )
 from headroom.sim.latency import (
+    STRATA_FIELDS,
     LatencyConfig,
     Strata,
     allocate_samples,
@@ -105,19 +106,50 @@ def _strata(run: RegionRun, g: FloatArray, mix: Mix) -> tuple[Strata, int]:
         return np.where(sel, np.repeat(strong_x, k), either(opt_acc, opt_x, base_x))
 
     c0, c1, a0, a1 = (g[:, col[x]] for x in ("c0", "c1", "a0", "a1"))
+    if run.policy.ideal:
+        st = Strata(
+            count=count.ravel(),
+            service_ms=service.ravel(),
+            penalty_ms=penalty.ravel(),
+            fc0=either(opt_cpu, c0 + g[:, col["oc0"]], c0),
+            fc1=either(opt_cpu, c1 + g[:, col["oc1"]], c1),
+            fa0=acc(g[:, col["s0"]], a0 + g[:, col["oa0"]], a0),
+            fa1=acc(g[:, col["s1"]], a1 + g[:, col["oa1"]], a1),
+            p1=either(opt_acc, tc_p, bc_p),
+            r1=either(opt_acc, tc_r, bc_r),
+            p2=acc(ws_p, ta_p, ba_p),
+            r2=acc(ws_r, ta_r, ba_r),
+            path=np.tile(mix.path, n).astype(np.int64),
+        )
+        return st, k
+    # optional budget (module doc of sim/latency.py): RMA's extras wait for capacity at low
+    # priority on both mixed stages — one wait standing for the two — and are dropped when they
+    # cannot start within the request's optional budget (counted from its arrival, after its
+    # baseline CPU part); the SBM path's CPU work is not droppable (it falls back as a whole)
+    o_p, o_r = serial_waits(oc_p, oc_r, oa_p, oa_r)
+    zero = np.zeros(n)
+    rma = np.tile(mix.path == PATH_RMA, n)
+    opt_ms = np.maximum(mix.service_ms - float(bm.service_ms[0]), 0.0)
+    budget = max(run.ctx.optional_budget_ms - bm.cpu_mean, 0.0)
     st = Strata(
         count=count.ravel(),
         service_ms=service.ravel(),
         penalty_ms=penalty.ravel(),
-        fc0=either(opt_cpu, c0 + g[:, col["oc0"]], c0),
-        fc1=either(opt_cpu, c1 + g[:, col["oc1"]], c1),
-        fa0=acc(g[:, col["s0"]], a0 + g[:, col["oa0"]], a0),
-        fa1=acc(g[:, col["s1"]], a1 + g[:, col["oa1"]], a1),
-        p1=either(opt_acc, tc_p, bc_p),
-        r1=either(opt_acc, tc_r, bc_r),
-        p2=acc(ws_p, ta_p, ba_p),
-        r2=acc(ws_r, ta_r, ba_r),
+        fc0=np.where(opt_cpu & ~rma, np.repeat(c0 + g[:, col["oc0"]], k), np.repeat(c0, k)),
+        fc1=np.where(opt_cpu & ~rma, np.repeat(c1 + g[:, col["oc1"]], k), np.repeat(c1, k)),
+        fa0=acc(g[:, col["s0"]], a0, a0),
+        fa1=acc(g[:, col["s1"]], a1, a1),
+        p1=np.repeat(bc_p, k),
+        r1=np.repeat(bc_r, k),
+        p2=acc(ws_p, ba_p, ba_p),
+        r2=acc(ws_r, ba_r, ba_r),
         path=np.tile(mix.path, n).astype(np.int64),
+        po=either(rma, o_p, zero),
+        ro=either(rma, o_r, np.ones(n)),
+        fo0=either(rma, g[:, col["oc0"]] + g[:, col["oa0"]], zero),
+        fo1=either(rma, g[:, col["oc1"]] + g[:, col["oa1"]], zero),
+        opt_ms=np.where(rma, np.tile(opt_ms, n), 0.0),
+        budget_ms=np.where(rma, budget, np.inf),
     )
     return st, k
 
@@ -310,12 +342,9 @@ def _window_sketches(
 def _concat_strata(parts: list[Strata]) -> Strata:
     if len(parts) == 1:
         return parts[0]
-    return Strata(
-        *(
-            np.concatenate([getattr(p, f) for p in parts])
-            for f in (
-                "count", "service_ms", "penalty_ms", "fc0", "fc1", "fa0", "fa1", "p1", "r1",
-                "p2", "r2", "path",
-            )
-        )
-    )  # fmt: skip
+    names: tuple[str, ...] = STRATA_FIELDS[:12]
+    if any(p.droppable for p in parts):
+        parts = [p.with_optional() for p in parts]
+        names = STRATA_FIELDS
+    joined: dict[str, Any] = {f: np.concatenate([getattr(p, f) for p in parts]) for f in names}
+    return Strata(**joined)

@@ -116,7 +116,7 @@ from headroom.analysis.events import window_event
 from headroom.defences.client_shedding import ClientShedConfig, ClientShedder
 from headroom.defences.histogram import ValueRanker
 from headroom.defences.plan import VALUE_BINS, PlanRule, RequestPlanner, value_stratum
-from headroom.defences.shedding import ShedTransition
+from headroom.defences.shedding import OPTIONAL_BUDGET_SHARE, ShedTransition
 from headroom.kernel import seeds
 from headroom.kernel.checks import FieldChecker
 from headroom.kernel.errors import ConfigError, HeadroomError
@@ -243,7 +243,8 @@ class ClientConfig:
     sbm_budget_share: float = 0.5  # share of the SLO an SBM attempt may take before falling back
     base_timeout_share: float = 1.0  # share of the SLO one baseline attempt may take
     timeout_share: float = 2.0  # a request slower than this × SLO counts as a timeout
-    optional_budget_share: float = 0.5  # extras that cannot start within this × SLO are dropped
+    # extras that cannot start within this × SLO are dropped (the rule of both engines)
+    optional_budget_share: float = OPTIONAL_BUDGET_SHARE
     publish_tick_s: float = 0.1  # how often ended windows are looked for (wall seconds)
     # Every flush_s the open windows are published as partial lines and their offsets committed:
     # a killed client re-reads at most this much (several lines of one window add up).

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,7 @@ from headroom.sim.latency import (
     baseline_wait_params,
     in_time_probability,
     low_priority_factor,
+    optional_outcome,
     sample_window,
     serial_waits,
     sketch_from_keys,
@@ -268,6 +270,71 @@ def test_in_time_share_matches_the_sampled_latencies(kw: dict[str, float]) -> No
     lat, _w, _ = sample_window(st, cfg, 1e9, rng.random((4, 200_000)))
     mc = float((lat <= 400.0).mean())
     assert p == pytest.approx(mc, abs=0.01)
+
+
+def _droppable(**kw: float) -> Strata:
+    """One RMA stratum whose extras (20 ms of its 30 ms service) wait at low priority, with an
+    optional budget of 100 ms."""
+    opt = {"po": 0.8, "ro": 0.02, "fo0": 0.0, "fo1": 0.0, "opt_ms": 20.0, "budget_ms": 100.0}
+    opt.update({k: v for k, v in kw.items() if k in opt})
+    st = _strata(path=1, **{k: v for k, v in kw.items() if k not in opt})
+    return replace(st, **{k: np.array([v]) for k, v in opt.items()})
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"fo0": 0.05, "fo1": 0.09},  # a backlog near the budget: some extras start, some not
+        {"fo0": 0.2, "fo1": 0.3},  # beyond it: every extra is dropped
+        {"po": 0.99, "ro": 0.005, "service_ms": 120.0},
+    ],
+)
+def test_the_optional_budget_closed_form_matches_the_sampled_latencies(
+    kw: dict[str, float],
+) -> None:
+    cfg = LatencyConfig()
+    st = _droppable(**kw)
+    pi, keep = optional_outcome(st, cfg, 250.0)
+    u = np.random.default_rng(2).random((4, 200_000))
+    lat, _w, _ = sample_window(st, cfg, 1e9, u)
+    assert float(pi[0]) == pytest.approx(float((lat <= 250.0).mean()), abs=0.015)
+    # the share that started its extras: the sampled optional wait within the budget
+    po, ro, fo0, fo1, _opt, _budget = st.optional()
+    fo = 1000.0 * (fo0[0] + (fo1[0] - fo0[0]) * u[0])
+    u_o = np.mod(u[1] + u[2], 1.0)
+    tail = np.clip((1.0 - u_o) / po[0], 1e-300, 1.0)
+    w = fo + np.where(u_o > 1.0 - po[0], -np.log(tail) / ro[0], 0.0)
+    started = float((w <= 100.0).mean())
+    assert float(keep[0]) * float(pi[0]) <= started + 0.02
+    if started < 1e-9:
+        assert float(keep[0]) == 0.0
+
+
+def test_a_dropped_extra_bounds_its_requests_wait_by_the_budget() -> None:
+    cfg = LatencyConfig()
+    # an optional backlog far past the budget: without the rule these requests would wait 5 s
+    st = _droppable(fo0=5.0, fo1=5.0, service_ms=30.0)
+    lat, _w, _ = sample_window(st, cfg, 1e9, np.random.default_rng(3).random((4, 20_000)))
+    plain = _strata(service_ms=10.0)
+    base, _w, _ = sample_window(plain, cfg, 1e9, np.random.default_rng(3).random((4, 20_000)))
+    assert np.allclose(lat, base + 100.0, rtol=1e-6)  # the budget waited, no optional service
+    pi, keep = optional_outcome(st, cfg, 250.0)
+    assert float(keep[0]) == 0.0
+    assert float(pi[0]) == pytest.approx(float(in_time_probability(plain, cfg, 150.0)[0]))
+
+
+def test_strata_without_optional_parts_are_unchanged_by_the_budget_rule() -> None:
+    cfg = LatencyConfig()
+    st = _strata()
+    pi, keep = optional_outcome(st, cfg, 250.0)
+    assert float(pi[0]) == float(in_time_probability(st, cfg, 250.0)[0])
+    assert float(keep[0]) == 1.0
+    filled = st.with_optional()
+    u = np.random.default_rng(4).random((4, 1000))
+    a, _, _ = sample_window(st, cfg, 1e9, u)
+    b, _, _ = sample_window(filled, cfg, 1e9, u)
+    assert np.array_equal(a, b)
 
 
 def test_wait_grows_with_utilisation_and_shrinks_with_servers() -> None:

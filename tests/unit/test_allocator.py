@@ -690,3 +690,27 @@ def test_without_segment_rates_a_lever_is_one_tranche() -> None:
     (t,) = lever.tranches(book, ctx, 1.645, 30.0)
     assert t.segment is None
     assert t.demand == lever.demand(ctx)
+
+
+def test_live_capacity_the_proven_levers_leave_idle_goes_to_the_levers_being_measured() -> None:
+    # SBM is proven but has little to do (few eligible requests); RMA has no data yet. With
+    # explore_idle the live units SBM leaves idle are RMA's to measure on; without, RMA keeps
+    # its exploration share alone
+    book = book_with({"sbm": 0.3})
+    ctx = LeverContext(request_rps=300.0, eligible_rps=2.0, rma_extra_candidates=200.0)
+    cap = capacity(cpu=8.0, accelerator=4.0)
+    on = allocator(explore_share=0.05).allocate(cap, 0.0, ctx, book, 10.0)
+    off = allocator(explore_share=0.05, explore_idle=False).allocate(cap, 0.0, ctx, book, 10.0)
+    assert on.fallback is None
+    assert "rma" in on.explored
+    assert off.budget("rma")[0] <= 0.05 * 8.0 * 0.9 + 1e-9
+    assert on.budget("rma")[0] > 2.0 * off.budget("rma")[0]
+    # what SBM gets is the same either way: idle capacity is handed out after the LP
+    assert on.budget("sbm") == pytest.approx(off.budget("sbm"))
+    # never more than the pools hold, after the safety margin
+    cpu = sum(on.budget(n)[0] for n in ("rma", "sbm", "precompute"))
+    assert cpu <= 8.0 * 0.9 + 1e-9
+    # and nothing of it in a fallback: fallback_share alone
+    fb = allocator(fallback_share=0.25).allocate(cap, 0.0, ctx, ValueBook(), None)
+    assert fb.fallback is FallbackReason.NO_VALUE
+    assert fb.budget("rma")[0] <= 0.25 * 8.0 * 0.9 + 1e-9

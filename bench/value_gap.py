@@ -1,0 +1,172 @@
+"""Where headroom's missing value goes: a decomposition of the gap to the oracle policy.
+
+``python -m headroom.bench.value_gap SCENARIO [--seed N] [--policy P]`` runs ``P`` (default
+``headroom``) and the ``oracle`` policy side by side through
+:func:`headroom.sim.run.run_simulation` (exactly what ``headroom simulate`` does) and splits the
+difference of their incremental value, window by window, two ways:
+
+* **by lever** — RMA, SBM, precompute and the change in the baseline's own time-outs (``lost``:
+  ``value_lost`` of the window lines), from the window lines' ``inc`` fields;
+* **by phase** — each window of a region falls in the first phase that applies:
+
+  - ``outage``: from a ``control_outage`` event to one control interval after it ends plus the
+    target lifetime (the fail-safe turns both policies to the baseline; what is left is the
+    regain after it);
+  - ``start-up``: before the policy's first targets that differ from the baseline in that region
+    (the levers are not proven yet);
+  - ``after capacity change``: from a ``preempt`` or ``grant`` event of the region (or any region
+    for a ``control_outage``) to ``load_s`` of the strong model plus two control intervals later;
+  - ``steady``: every other window.
+
+It also prints the gap between the feasible bound and the oracle policy (what the engine's real
+queues cost a clairvoyant plan), so the columns add up to ``feasible_bound − policy``. A window
+is compared only when both policies wrote it. No figure here is tuned: it reads the event log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import tempfile
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from headroom.kernel.scenario import Scenario
+from headroom.kernel.scenario_load import load_scenario
+
+LEVERS = ("rma", "sbm", "precompute", "lost")
+PHASES = ("start-up", "after capacity change", "outage", "steady")
+
+
+def _lines(path: Path) -> Iterator[dict[str, Any]]:
+    with path.open("rb") as probe:
+        gz = probe.read(2) == b"\x1f\x8b"
+    with gzip.open(path, "rb") if gz else path.open("rb") as f:
+        for raw in f:
+            yield orjson.loads(raw)
+
+
+def _spans(scenario: Scenario, region: str) -> dict[str, list[tuple[float, float]]]:
+    ctl = scenario.control
+    interval = ctl.interval_s
+    ttl = ctl.target_ttl_s
+    load = scenario.models.strong.load_s
+    out: dict[str, list[tuple[float, float]]] = {"outage": [], "after capacity change": []}
+    for e in scenario.events:
+        if e.kind == "control_outage":
+            end = e.at_s + (e.duration_s or 0.0)
+            out["outage"].append((e.at_s, end + ttl + interval))
+        elif e.kind in ("preempt", "grant") and (e.region in (None, region)):
+            out["after capacity change"].append((e.at_s, e.at_s + load + 2 * interval))
+    return out
+
+
+def decompose(
+    scenario: Scenario, events: Path, policy: str, n0: int
+) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    """(gap per phase and lever, totals): oracle − ``policy``, from the event log."""
+    wins: dict[tuple[str, str, float], dict[str, Any]] = {}
+    first_target: dict[str, float] = {}
+    bounds: dict[str, float] = {}
+    for e in _lines(events):
+        kind = e.get("kind")
+        pol = e.get("policy")
+        if kind == "oracle.bound" and pol == "oracle":
+            for k in ("feasible_bound", "oracle_incremental"):
+                if isinstance(e.get(k), int | float):
+                    bounds[k] = float(e[k])
+        if kind != "window" or pol not in (policy, "oracle"):
+            continue
+        region = str(e["region"])
+        t0 = float(e["t_start"])
+        inc = dict(e.get("inc") or {})
+        inc["lost"] = float(e.get("value_lost") or 0.0)
+        wins[(pol, region, t0)] = inc
+        tg = e.get("targets") or {}
+        changed = tg.get("rma_candidates", n0) != n0 or (tg.get("sbm_coverage") or 0.0) > 0
+        if pol == policy and region not in first_target and changed:
+            first_target[region] = t0
+    gap: dict[str, dict[str, float]] = {p: dict.fromkeys(LEVERS, 0.0) for p in PHASES}
+    totals: dict[str, float] = defaultdict(float)
+    span_cache: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    for (pol, region, t0), inc in wins.items():
+        if pol != policy:
+            continue
+        other = wins.get(("oracle", region, t0))
+        if other is None:
+            continue
+        spans = span_cache.setdefault(region, _spans(scenario, region))
+        if any(a <= t0 < b for a, b in spans["outage"]):
+            phase = "outage"
+        elif t0 < first_target.get(region, float("inf")):
+            phase = "start-up"
+        elif any(a <= t0 < b for a, b in spans["after capacity change"]):
+            phase = "after capacity change"
+        else:
+            phase = "steady"
+        for lever in LEVERS:
+            d = float(other.get(lever) or 0.0) - float(inc.get(lever) or 0.0)
+            gap[phase][lever] += d
+            totals[lever] += d
+        totals["policy"] += sum(float(inc.get(k) or 0.0) for k in LEVERS)
+        totals["oracle"] += sum(float(other.get(k) or 0.0) for k in LEVERS)
+    totals.update(bounds)
+    return gap, dict(totals)
+
+
+def report(label: str, gap: dict[str, dict[str, float]], totals: dict[str, float]) -> str:
+    fb = totals.get("feasible_bound")
+    lines = [
+        f"### {label}",
+        "",
+        f"policy {totals.get('policy', 0):,.0f}; oracle policy {totals.get('oracle', 0):,.0f}; "
+        f"feasible bound {fb:,.0f}"
+        if fb
+        else f"policy {totals.get('policy', 0):,.0f}",
+        "",
+        "| phase | " + " | ".join(LEVERS) + " | total | share of bound |",
+        "|---|" + "---:|" * (len(LEVERS) + 2),
+    ]
+    for phase in PHASES:
+        row = gap[phase]
+        tot = sum(row.values())
+        share = f"{tot / fb:.3f}" if fb else "–"
+        cells = " | ".join(f"{row[lv]:,.0f}" for lv in LEVERS)
+        lines.append(f"| {phase} | {cells} | {tot:,.0f} | {share} |")
+    if fb:
+        eng = fb - totals.get("oracle", 0.0)
+        lines.append(f"| engine (bound − oracle policy) | | | | | {eng:,.0f} | {eng / fb:.3f} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from headroom.sim.run import run_simulation
+
+    ap = argparse.ArgumentParser(prog="python -m headroom.bench.value_gap")
+    ap.add_argument("scenario", nargs="+", help="scenario files")
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--policy", default="headroom")
+    ap.add_argument("--out", help="keep the runs under this directory")
+    args = ap.parse_args(argv)
+    for path in args.scenario:
+        scenario = load_scenario(Path(path))
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(args.out) / scenario.name if args.out else Path(tmp)
+            run_simulation(
+                scenario, [args.policy, "oracle"], out, seed=args.seed, plots=False,
+                compress_events=True,
+            )  # fmt: skip
+            gap, totals = decompose(
+                scenario, out / "events.jsonl", args.policy, scenario.world.base_candidates
+            )
+        print(report(f"{scenario.name} ({args.policy} vs oracle)", gap, totals))
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
