@@ -41,7 +41,7 @@ from headroom.kernel.scenario_load import load_scenario
 from headroom.streams import broker, messages
 from headroom.streams.kafka import KafkaTarget
 from headroom.workers.up import StackConfig
-from tests.conftest import run_async
+from tests.conftest import run_async, start_private_broker
 from tests.integration.topic_reads import read_topic
 
 pytestmark = pytest.mark.integration
@@ -96,16 +96,14 @@ class FaultRun:
 
 @pytest.fixture(scope="module")
 def private_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    state_dir = tmp_path_factory.mktemp("kafka-faults")
-    cfg = broker.BrokerConfig(state_dir=state_dir, port=broker.free_port(), start_timeout_s=180.0)
     try:
-        started = broker.start(cfg)
+        cfg, started = start_private_broker(tmp_path_factory, "kafka-faults", start_timeout_s=180.0)
     except HeadroomError as exc:
         pytest.fail(f"could not start the private broker: {exc}", pytrace=False)
     try:
-        yield started.bootstrap, state_dir
+        yield started.bootstrap, cfg.state_dir
     finally:
-        broker.stop(state_dir)
+        broker.stop(cfg.state_dir)
 
 
 @pytest.fixture(scope="module")
