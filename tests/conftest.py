@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -88,6 +89,18 @@ def start_private_broker(
                 raise
             broker.stop(state_dir)
     raise AssertionError("unreachable")
+
+
+def terminate(proc: subprocess.Popen[Any] | None) -> None:
+    """Stop a child process the test started: SIGTERM, then SIGKILL after 20 s."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="session")

@@ -28,6 +28,7 @@ from headroom.kernel.scenario_load import load_scenario
 from headroom.kernel.settings import default_scenario_path
 from headroom.kernel.sketch import LatencySketch
 from headroom.streams import messages
+from tests.conftest import terminate
 
 pytestmark = pytest.mark.integration
 
@@ -128,13 +129,7 @@ class ControllerProcess:
         self.proc.wait(timeout=10)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        terminate(self.proc)
 
 
 @pytest.fixture

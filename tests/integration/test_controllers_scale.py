@@ -32,7 +32,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from headroom.kernel.sketch import LatencySketch
 from headroom.streams import messages
 from headroom.streams.topics import region_partition
-from tests.conftest import run_async
+from tests.conftest import run_async, terminate
 
 pytestmark = pytest.mark.integration
 
@@ -67,13 +67,7 @@ class Controller:
         return {str(r["region"]) for r in self.issued() if r["event"] == "controller.target.issued"}
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        terminate(self.proc)
 
 
 def _log_time(rec: dict[str, object]) -> float:
