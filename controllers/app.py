@@ -140,8 +140,8 @@ class Controller:
         self.restored = False
         self.deadlettered = 0  # messages this worker sent to the dead-letter topic
         self.liveness = Liveness(config.interval_s)
-        # value signals per producer: [newest seq, counted, duplicates dropped]
-        self.value_seen: dict[str, list[int]] = {}
+        # value signals per producer: [newest seq, counted, duplicates dropped, value counted]
+        self.value_seen: dict[str, list[float]] = {}
         self.value_unattributed = 0  # signals without a producer id: counted, never de-duplicated
         self.value_changed = False
         self.value_partition: dict[str, int] = {}  # producer -> partition its signals came on
@@ -156,23 +156,30 @@ class Controller:
             return True
         book = self.value_seen.get(msg.producer)
         if book is None:
-            book = list(loads(stored)) if stored else [-1, 0, 0]
+            book = list(loads(stored)) if stored else [-1, 0, 0, 0.0]
+            book += [0.0] * (4 - len(book))  # a record from before value sums were kept
             self.value_seen[msg.producer] = book
         if msg.seq <= book[0]:
             book[2] += 1
             return False
         book[0] = msg.seq
         book[1] += 1
+        book[3] += msg.value_sum
         return True
 
     def value_counts(self) -> dict[str, Any]:
         """The ``value.counted`` event's fields."""
         return {
-            "counted": sum(b[1] for b in self.value_seen.values()) + self.value_unattributed,
-            "duplicates_dropped": sum(b[2] for b in self.value_seen.values()),
+            "counted": int(sum(b[1] for b in self.value_seen.values())) + self.value_unattributed,
+            "duplicates_dropped": int(sum(b[2] for b in self.value_seen.values())),
             "unattributed": self.value_unattributed,
             "producers": {
-                p: {"seq": b[0], "counted": b[1], "duplicates_dropped": b[2]}
+                p: {
+                    "seq": int(b[0]),
+                    "counted": int(b[1]),
+                    "duplicates_dropped": int(b[2]),
+                    "value_sum": b[3],
+                }
                 for p, b in sorted(self.value_seen.items())
             },
         }

@@ -114,9 +114,12 @@ def test_each_client_serves_a_share_and_the_requests_add_up(scale_run: ScaleRun)
 
 def test_the_value_signals_of_a_regions_clients_add_up_exactly(scale_run: ScaleRun) -> None:
     counted: dict[str, int] = {}  # newest count per producer, over every controller's events
+    counted_value: dict[str, float] = {}  # and the value it counted with that count
     for e in scale_run.kinds("value.counted", "controller"):
         for producer, rec in e["producers"].items():
-            counted[producer] = max(counted.get(producer, 0), int(rec["counted"]))
+            if int(rec["counted"]) >= counted.get(producer, 0):
+                counted[producer] = int(rec["counted"])
+                counted_value[producer] = float(rec["value_sum"])
     for region in REGIONS:
         producers = _producers(scale_run, region)
         assert len(producers) == CLIENTS, producers  # one per client process, none restarted
@@ -125,12 +128,21 @@ def test_the_value_signals_of_a_regions_clients_add_up_exactly(scale_run: ScaleR
             assert counted.get(producer) == rec["published"], (producer, rec, counted)
         region_counted = sum(counted[p] for p in producers)
         assert region_counted == sum(rec["published"] for rec in producers.values())
-        # the region's totals are the sums of each client's, read back from the topic
+        # the region's value in the controllers' books is the sum of what each client published
+        # (read back from the topic)
         n = sum(rec["n"] for rec in producers.values())
         total = sum(rec["value_sum"] for rec in producers.values())
         assert n > 0
         assert math.isfinite(total)
         assert total > 0.0
+        for producer, rec in producers.items():
+            assert math.isclose(counted_value[producer], rec["value_sum"], rel_tol=1e-9), (
+                producer,
+                counted_value[producer],
+                rec["value_sum"],
+            )
+        region_value = sum(counted_value[p] for p in producers)
+        assert math.isclose(region_value, total, rel_tol=1e-9), (region, region_value, total)
     signals = scale_run.result.metrics["policies"]["headroom"]["value"]["signals"]
     assert signals["counted"] == signals["published"], signals
     assert signals["duplicates_dropped"] == 0
