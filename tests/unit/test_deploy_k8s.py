@@ -237,12 +237,23 @@ def test_the_client_reaches_every_server_replica_by_its_stable_name(
             expected.add(f"{server.pool}={name}-{i}.{service['metadata']['name']}:{server.port}")
     clients = [m for m in workloads(manifests) if component(m) == "client"]
     assert len(clients) == 1
-    assert clients[0]["spec"]["strategy"]["type"] == "Recreate"  # one static member at a time
-    client = build_parser().parse_args(
-        clients[0]["spec"]["template"]["spec"]["containers"][0]["args"]
-    )
+    container = clients[0]["spec"]["template"]["spec"]["containers"][0]
+    client = build_parser().parse_args(container["args"])
     assert set(client.server) == expected
-    assert client.instance
+
+
+def test_each_client_pod_is_its_own_static_group_member(manifests: list[dict[str, Any]]) -> None:
+    """A region's clients scale as a StatefulSet: a pod's static instance id is its stable name
+    (never two pods with one name, the same name after a restart), behind a headless Service."""
+    services = by_kind(manifests, "Service")
+    clients = [m for m in workloads(manifests) if component(m) == "client"]
+    assert [m["kind"] for m in clients] == ["StatefulSet"]
+    sts = clients[0]
+    assert services[sts["spec"]["serviceName"]]["spec"]["clusterIP"] == "None"
+    container = sts["spec"]["template"]["spec"]["containers"][0]
+    assert build_parser().parse_args(container["args"]).instance == "$(POD_NAME)"
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
 
 
 def test_the_scenario_configmap_holds_the_quickstart_scenario(
