@@ -349,6 +349,7 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
             level = capacity_level(msg)
             if ctl.aggregator.add_capacity(msg.region, level):
                 key = f"{msg.region}|{msg.resource}|{msg.hardware}|{msg.pool}|{int(msg.remote)}"
+                await _changelog_known(app, capacity_table)
                 capacity_table[key] = event.value
 
     @app.agent(value_topic)
@@ -357,6 +358,7 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
         # agent (a table write per signal) can lag its buffered records by minutes, which would
         # keep a stalled fetcher looking live (docs/streaming.md, *Faults*)
         async for event, msg in _decoded(stream, "value", deadletter):
+            await _changelog_known(app, value_seen_table)
             _take_value(ctl, msg, value_seen_table, event.message.partition)
 
     source_topics = {latency_topic.get_topic_name(), capacity_topic.get_topic_name()}
@@ -577,19 +579,25 @@ async def _control_clock(
             log.exception("controller.tick.failed", step=k)
 
 
+async def _changelog_known(app: faust.App, table: Any) -> None:
+    """Wait until the app's producer knows ``table``'s changelog topic, before a table write.
+
+    Faust sends a table's changelog record without waiting for the producer to know the
+    changelog topic (``send_soon`` partitions it at once: an unknown topic has "0 partitions" and
+    the write raises ``PartitionsMismatch``, which crashes the agent), and aiokafka's producer
+    forgets the topics it has not sent to at every metadata refresh.
+    ``AIOKafkaProducer.partitions_for`` waits for them (at once when they are known)."""
+    producer = getattr(app.producer, "_producer", None)
+    if producer is not None:
+        await producer.partitions_for(table.changelog_topic.get_topic_name())
+
+
 async def _save_snapshot(app: faust.App, ctl: Controller, state_table: Any) -> bool:
     """Write the plane's snapshot to the state table, one record per region this worker owns
     (keyed by region: the record lives on the region's partition); False (logged) when it could
-    not be.
-
-    Faust sends a table's changelog record without waiting for the producer to know the
-    changelog topic (``send_soon`` partitions it at once), and aiokafka's producer forgets the
-    topics it has not sent to at every metadata refresh: ask it for the topic's partitions first
-    (``AIOKafkaProducer.partitions_for`` waits for them)."""
-    producer = getattr(app.producer, "_producer", None)
+    not be (:func:`_changelog_known` first)."""
     try:
-        if producer is not None:
-            await producer.partitions_for(state_table.changelog_topic.get_topic_name())
+        await _changelog_known(app, state_table)
         snap = ctl.plane.snapshot()
         for region, st in snap["regions"].items():
             if region in ctl.owned:
