@@ -184,12 +184,6 @@ class Controller:
             },
         }
 
-    def restore_from(self, snapshot: dict[str, Any] | None) -> None:
-        if snapshot:
-            self.plane.restore(snapshot)
-            log.info("controller.state.restored", keys=sorted(snapshot))
-        self.restored = True
-
     def adopt(self, region: str, state: dict[str, Any] | None) -> None:
         """Take ``region`` over: its plane state from the ``state`` table's record (a plane
         snapshot holding that region; None: start afresh), the other regions untouched."""
@@ -487,19 +481,18 @@ def _install_stall_seam(app: faust.App) -> None:
     resumes them. Where signals cannot be handled (not the main thread), there is none."""
     loop = asyncio.get_running_loop()
 
-    def stall() -> None:
+    def fetching(paused: bool) -> None:
         tps = set(app.consumer.assignment())
-        app.consumer.pause_partitions(tps)
-        log.warning("controller.stall.injected", partitions=len(tps))
-
-    def resume() -> None:
-        tps = set(app.consumer.assignment())
-        app.consumer.resume_partitions(tps)
-        log.warning("controller.stall.resumed", partitions=len(tps))
+        if paused:
+            app.consumer.pause_partitions(tps)
+        else:
+            app.consumer.resume_partitions(tps)
+        event = "controller.stall.injected" if paused else "controller.stall.resumed"
+        log.warning(event, partitions=len(tps))
 
     try:
-        loop.add_signal_handler(STALL_SIGNAL, stall)
-        loop.add_signal_handler(RESUME_SIGNAL, resume)
+        loop.add_signal_handler(STALL_SIGNAL, fetching, True)
+        loop.add_signal_handler(RESUME_SIGNAL, fetching, False)
     except (NotImplementedError, RuntimeError, ValueError):
         log.debug("controller.stall.no_seam")
 
