@@ -76,6 +76,17 @@ RESUME_SIGNAL = signal.SIGUSR2
 EventPredicate = Callable[[dict[str, Any]], bool]
 
 
+def controller_name(index: int) -> str:
+    """The process name of controller ``index``: ``controller``, ``controller-1``, …"""
+    return "controller" if index == 0 else f"controller-{index}"
+
+
+def client_name(region: str, index: int = 0) -> str:
+    """The process name (and static group member id) of client ``index`` of ``region``:
+    ``client-R``, ``client-R-1``, …"""
+    return f"client-{region}" if index == 0 else f"client-{region}-{index}"
+
+
 def fault_targets(e: ScenarioEvent, stack_names: list[str]) -> list[str]:
     """The process names of the stack a kill, pause or stall acts on (empty for other faults): the
     event's ``index`` (default 0) picks one of several controllers (``controller``,
@@ -86,13 +97,13 @@ def fault_targets(e: ScenarioEvent, stack_names: list[str]) -> list[str]:
     i = e.index or 0
     names: list[str]
     if e.process == "controller":
-        names = ["controller" if i == 0 else f"controller-{i}"]
+        names = [controller_name(i)]
     elif e.process == "feed":
         names = ["feed"]
     elif e.process == "server":
         names = [f"server-{e.region}-{e.pool}-{i}"]
     elif e.process == "client":
-        names = [f"client-{e.region}" if i == 0 else f"client-{e.region}-{i}"]
+        names = [client_name(str(e.region), i)]
     else:
         names = [f"{e.process}-{e.region}"]
     return [n for n in names if n in stack_names]

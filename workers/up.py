@@ -78,7 +78,7 @@ from headroom.streams.kafka import (
 )
 from headroom.streams.topics import topics
 from headroom.workers.audit import audit_event, audit_topics, end_offsets
-from headroom.workers.faults import FaultRunner, Supervisor
+from headroom.workers.faults import FaultRunner, Supervisor, client_name, controller_name
 
 __all__ = ["Proc", "Stack", "StackConfig", "client_name", "controller_name"]
 
@@ -87,17 +87,6 @@ log = get_logger("up")
 READY_TIMEOUT_S = 90.0  # a process that has not said it is ready by then failed to start
 PRECOMPUTE_NICENESS = 19  # the precompute workers' CPU priority (precompute_proc)
 SEEN_EVENTS = 200_000  # collected events remembered for fault recovery (the oldest go first)
-
-
-def controller_name(index: int) -> str:
-    """The process name of controller ``index``: ``controller``, ``controller-1``, …"""
-    return "controller" if index == 0 else f"controller-{index}"
-
-
-def client_name(region: str, index: int = 0) -> str:
-    """The process name (and static group member id) of client ``index`` of ``region``:
-    ``client-R``, ``client-R-1``, …"""
-    return f"client-{region}" if index == 0 else f"client-{region}-{index}"
 
 
 @dataclass(frozen=True)
