@@ -35,9 +35,11 @@ a user would run them on several machines, and wires them together:
    ``stack.audit`` line (requests fed, value signals published). The fault and restart lines are
    added to the event log at the end (source ``up``).
 
-When the feed has played the scenario, the clients, precompute workers and servers are stopped
-with SIGTERM (they drain: requests in flight finish, running jobs are published, last windows are
-published and committed), then the controller;
+When the feed has played the scenario, the clients are stopped with SIGTERM (they drain:
+requests in flight finish, last windows are published and committed); both audited topics are
+then final and are read; the stop waits (up to ``VALUE_SETTLE_S``) until the controllers' newest
+``value.counted`` events account for every value signal of every producer; then the precompute
+workers (running jobs are published), the servers and the controller are stopped;
 the collector reads until the topic is quiet; the oracle bound is added (the simulator's oracle on
 the same scenario, when the simulator is installed); and the event log is analysed exactly as
 ``headroom analyze`` does: ``DIR/metrics.json`` (policy ``headroom``), the table, the report.
@@ -56,7 +58,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -86,6 +88,9 @@ log = get_logger("up")
 
 READY_TIMEOUT_S = 90.0  # a process that has not said it is ready by then failed to start
 PRECOMPUTE_NICENESS = 19  # the precompute workers' CPU priority (precompute_proc)
+# how long the stop waits for the controllers to count the last value signals (they publish
+# their counts every second; a restarted controller first replays its backlog)
+VALUE_SETTLE_S = 20.0
 SEEN_EVENTS = 200_000  # collected events remembered for fault recovery (the oldest go first)
 
 
@@ -279,6 +284,7 @@ class Stack:
         # (receipt wall time, kind, source, region) of every collected event: fault recovery
         self._seen: list[tuple[float, dict[str, Any]]] = []
         self._seen_event = asyncio.Event()
+        self._value_counted: dict[str, int] = {}  # producer -> newest count by the controllers
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -615,10 +621,20 @@ class Stack:
         await self.faults.cancel()
         for task in self._outage_tasks:
             task.cancel()
-        order = ["feed", "client", "precompute", "server", "controller"]
-        for prefix in order:
-            group = [p for name, p in self.procs.items() if name.startswith(prefix)]
-            await asyncio.gather(*(p.stop(self.config.drain_s) for p in group))
+        for prefix in ("feed", "client"):  # what publishes requests and value signals
+            await self._stop_group(prefix)
+        if self._audit_start is not None and self._collector is not None:
+            # both audited topics are final now: count them, and give the controllers the time
+            # to count the last value signals before they stop (their counts go out once a
+            # second, so the newest ones are otherwise lost with the process)
+            try:
+                self.audit = await audit_topics(self.kafka, self._audit_start)
+            except Exception as exc:  # the run's other outputs still count
+                log.warning("up.audit.failed", error=f"{type(exc).__name__}: {exc}")
+            else:
+                await self._settle_value_counts(self.audit)
+        for prefix in ("precompute", "server", "controller"):
+            await self._stop_group(prefix)
         if self._collector is not None and not self._collector.done():
             self._collector_stop.set()
             with contextlib.suppress(Exception):
@@ -626,14 +642,34 @@ class Stack:
         if self._collector is None:
             return
         lines = self.faults.events() + self.supervisor.restarts
-        if self._audit_start is not None:
-            try:
-                self.audit = await audit_topics(self.kafka, self._audit_start)
-                lines.append(audit_event(self.audit))
-            except Exception as exc:  # the run's other outputs still count
-                log.warning("up.audit.failed", error=f"{type(exc).__name__}: {exc}")
+        if self.audit is not None:
+            lines.append(audit_event(self.audit))
         if lines and self.events_path.exists():
             self.add_events(lines)
+
+    async def _stop_group(self, prefix: str) -> None:
+        group = [p for name, p in self.procs.items() if name.startswith(prefix)]
+        await asyncio.gather(*(p.stop(self.config.drain_s) for p in group))
+
+    async def _settle_value_counts(self, audit: dict[str, Any]) -> None:
+        """Until the controllers' ``value.counted`` events account for every value signal the
+        audit found (per producer), or :data:`VALUE_SETTLE_S`; a shortfall then is logged
+        (``up.value.unsettled``) and shows in metrics.json as counted < published."""
+        value = audit.get("value", {})
+        published = {p: int(rec["published"]) for p, rec in value.get("producers", {}).items()}
+        deadline = time.monotonic() + VALUE_SETTLE_S
+        while True:
+            short = {
+                p: n - self._value_counted.get(p, 0)
+                for p, n in published.items()
+                if self._value_counted.get(p, 0) < n
+            }
+            if not short:
+                return
+            if time.monotonic() >= deadline:
+                log.warning("up.value.unsettled", short=short, waited_s=VALUE_SETTLE_S)
+                return
+            await asyncio.sleep(0.2)
 
     # -- the collector ----------------------------------------------------------------------------
 
@@ -677,7 +713,14 @@ class Stack:
         return count
 
     def _saw(self, event: messages.Event) -> None:
-        """Note a collected event for :meth:`wait_event` (only what recovery checks need)."""
+        """Note a collected event for :meth:`wait_event` (only what recovery checks need), and
+        the newest count of every value-signal producer (:meth:`_settle_value_counts`)."""
+        if event.kind == "value.counted":
+            producers = event.extra.get("producers")
+            for p, rec in producers.items() if isinstance(producers, Mapping) else ():
+                counted = rec.get("counted") if isinstance(rec, Mapping) else None
+                if isinstance(counted, int) and counted > self._value_counted.get(p, 0):
+                    self._value_counted[p] = counted
         self._seen.append(
             (time.time(), {"kind": event.kind, "source": event.source, "region": event.region})
         )

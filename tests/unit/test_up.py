@@ -167,3 +167,44 @@ def test_the_servers_emulate_the_simulators_service_times() -> None:
     assert server.service_cv == 0.0
     jittered = ServerConfig(region="r", pool="dedicated", replica="x", service_cv=sim.service_cv)
     assert jittered.service_cv == sim.service_cv
+
+
+def test_the_stop_waits_until_the_controllers_counted_every_value_signal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    from headroom.streams import messages
+    from headroom.workers import up
+    from headroom.workers.up import Stack
+
+    path = REPO / "tests" / "integration" / "scenarios" / "precompute-short.yaml"
+    stack = Stack(StackConfig(path, tmp_path, KafkaTarget("x:1", "t.")), load_scenario(path))
+    audit = {"value": {"producers": {"a": {"published": 5}, "b": {"published": 2}}}}
+
+    def counted(**producers: int) -> messages.Event:
+        recs = {
+            p: {"seq": n - 1, "counted": n, "duplicates_dropped": 0} for p, n in producers.items()
+        }
+        return messages.Event(
+            ts=1.0, kind="value.counted", source="controller", extra={"producers": recs}
+        )
+
+    async def settle_while_counting() -> float:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        task = asyncio.create_task(stack._settle_value_counts(audit))
+        stack._saw(counted(a=5, b=1))  # b is one short: the stop keeps waiting
+        await asyncio.sleep(0.5)
+        assert not task.done()
+        stack._saw(counted(a=4))  # an older count of another controller changes nothing
+        stack._saw(counted(b=2))
+        await task
+        return loop.time() - start
+
+    assert 0.5 <= asyncio.run(settle_while_counting()) < 5.0
+    # a count that never comes: the stop goes on after VALUE_SETTLE_S
+    monkeypatch.setattr(up, "VALUE_SETTLE_S", 0.3)
+    short = {"value": {"producers": {"c": {"published": 1}}}}
+    asyncio.run(asyncio.wait_for(stack._settle_value_counts(short), 5.0))
+    assert stack._value_counted == {"a": 5, "b": 2}
