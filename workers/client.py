@@ -77,7 +77,9 @@ So:
 * a client that is killed loses only what it has not published (at most ``flush_s`` of
   requests), whose offsets are uncommitted: the member that takes the partitions over (the same
   client restarted, with static group membership ``instance``, gets them back at once) consumes
-  them again: none lost;
+  them again: none lost. A partition the group never committed gets a first commit at its end
+  when it is assigned, before a request of it is read
+  (:func:`~headroom.workers.published.commit_start`), so this holds from the very first request;
 * what was published is exactly a prefix of each partition and is committed right after the
   acknowledgement, so a restart re-reads nothing that was published: none counted twice. (Were
   requests published as they finish, out of order, the commit would have to stop at the oldest one
@@ -135,7 +137,7 @@ from headroom.workers.precompute_store import (
     Visit,
     VisitOutcome,
 )
-from headroom.workers.published import read_published_ends
+from headroom.workers.published import commit_start, read_published_ends
 from headroom.workers.service import Service
 from headroom.workers.wire import RankRequest, RankResponse, ServerUnavailable, WireClient
 from headroom.world.ranking import RankingWorld
@@ -474,6 +476,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     async def on_partitions_assigned(self, assigned: Any) -> None:
         partitions = [tp.partition for tp in assigned]
         await self.client.learn_published(partitions)
+        await self.client.commit_start(partitions)
         self.client.on_assigned(partitions)
 
 
@@ -760,6 +763,23 @@ class RankingClient(Service):
         if ends:
             self.log.warning("client.published.uncommitted", ends=ends)
         self._published_end.update(ends)
+
+    async def commit_start(self, partitions: list[int]) -> None:
+        """A first commit for the partitions the group never committed (:func:`commit_start`);
+        a failure is logged (``client.commit.failed``) and a kill before the first flush's
+        commit then loses what was read, as a new group starting at the end does."""
+        if self._consumer is None:
+            return
+        try:
+            started = await commit_start(
+                self._consumer, self._producer, self.kafka, partitions, region=self.config.region
+            )
+        except Exception as exc:
+            self.log.warning("client.commit.failed", error=f"{type(exc).__name__}: {exc}")
+            return
+        if started:
+            self.offsets.committed(started)
+            self.log.info("client.commit.start", offsets=started)
 
     def on_assigned(self, partitions: list[int]) -> None:
         self._assigned.update(partitions)

@@ -5,7 +5,8 @@ the committed offsets of the assigned ``headroom.requests`` partitions with thei
 the events partition ended at that commit, :func:`headroom.workers.offsets.commit_metadata`), and
 the events written there since, up to the end the partition has now. A client calls
 :func:`read_published_ends` when partitions are assigned to it, before it reads a request of them
-(docs/streaming.md, *Faults*).
+(docs/streaming.md, *Faults*), and :func:`commit_start` first, so that a group's very first
+member leaves a commit to resume from however soon it dies.
 """
 
 from __future__ import annotations
@@ -15,14 +16,15 @@ import time
 from collections.abc import Collection
 from typing import Any
 
-from aiokafka import TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.partitioner import DefaultPartitioner
 
 from headroom.kernel.codec import ValidationError
 from headroom.streams import messages
 from headroom.streams.kafka import KafkaTarget, admin, make_consumer, started
-from headroom.workers.offsets import parse_commit_metadata, published_ends
+from headroom.workers.offsets import commit_metadata, parse_commit_metadata, published_ends
 
-__all__ = ["committed_marks", "read_published_ends"]
+__all__ = ["commit_start", "committed_marks", "read_published_ends"]
 
 
 async def committed_marks(
@@ -101,3 +103,34 @@ async def _read_events(
                     todo.discard(tp)
             await asyncio.sleep(0)
     return out
+
+
+async def commit_start(
+    consumer: AIOKafkaConsumer,
+    producer: AIOKafkaProducer,
+    kafka: KafkaTarget,
+    partitions: Collection[int],
+    *,
+    region: str,
+) -> dict[int, int]:
+    """Commit, for every assigned ``headroom.requests`` partition the group has never committed,
+    its end offset now, with the mark of the region's events partition end (the window lines
+    this client will write come after it). Called when partitions are assigned, before a request
+    of them is read: a client killed before its first flush's commit is then resumed from where
+    it started reading (its published lines found from the mark), instead of from the end of the
+    partition, which would lose what it had read. Returns what it committed."""
+    topic = kafka.topic("requests")
+    tps = [TopicPartition(topic, p) for p in sorted(partitions)]
+    fresh = [tp for tp in tps if await consumer.committed(tp) is None]
+    if not fresh:
+        return {}
+    ends = await consumer.end_offsets(fresh)
+    events = kafka.topic("events")
+    events_partitions = sorted(await producer.partitions_for(events))
+    mark = DefaultPartitioner()(region.encode(), events_partitions, events_partitions)
+    events_end = (await consumer.end_offsets([TopicPartition(events, mark)]))[
+        TopicPartition(events, mark)
+    ]
+    meta = commit_metadata(mark, int(events_end))
+    await consumer.commit({tp: (int(ends[tp]), meta) for tp in fresh})
+    return {tp.partition: int(ends[tp]) for tp in fresh}

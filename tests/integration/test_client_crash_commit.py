@@ -10,6 +10,10 @@ reads the second batch again. It must drop every one of those requests as a dupl
 served them, its memory of ids is new) and serve the third batch fed after it started: across
 both clients the window lines count every request exactly once.
 
+The same crash before the group's very first flush commit: the client commits the partition's
+end when it is assigned (before reading), so its restart resumes from there — not from the end of
+the partition, which would lose what the first client had read.
+
 The servers are not the point here: ``serve_request`` is replaced by an instant outcome.
 """
 
@@ -142,3 +146,60 @@ async def test_a_client_stopped_between_publish_and_commit_is_not_counted_twice(
     assert sum(e.get("duplicates_dropped", 0) for e in windows) == second
     after = await _committed(kafka, group)
     assert sum(after.values()) == first + second + third, after
+
+
+async def test_a_client_stopped_before_its_groups_first_commit_loses_nothing(
+    kafka_target: KafkaTarget,
+) -> None:
+    kafka = kafka_target
+    group = f"first-{uuid.uuid4().hex[:8]}"
+    t0 = time.time()
+    read, unread, later = 6, 4, 5
+    producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap)
+    await producer.start()
+    a = _client(kafka, group, t0)
+    crashed = asyncio.Event()
+
+    async def stop_before_commit() -> None:
+        if a.stats["published"] > 0:  # the first flush that published anything
+            crashed.set()
+            await asyncio.Event().wait()  # ... never commits
+
+    a.before_commit = stop_before_commit
+    try:
+        await a.start()
+        await asyncio.wait_for(a.ready.wait(), 30.0)
+        started = await _committed(kafka, group)  # the start commit, before any request
+        assert started, "no commit at assignment"
+        await _feed(producer, kafka, 0, read)
+        await asyncio.wait_for(crashed.wait(), 30.0)
+        await a.stop()  # a crash: no drain, no commit
+        published = a.stats["published"]
+        assert 0 < published <= read
+        assert await _committed(kafka, group) == started
+        await _feed(producer, kafka, read, unread)  # fed while no client runs
+
+        b = _client(kafka, group, t0)
+        try:
+            await b.start()
+            await asyncio.wait_for(b.ready.wait(), 30.0)
+            await _feed(producer, kafka, read + unread, later)
+            total = read + unread + later
+            await _until(lambda: b.stats["duplicates"] + b.stats["published"] == total)
+            await b.drain()
+        finally:
+            await b.stop()
+    finally:
+        if not a.stop_requested:
+            await a.stop()
+        await producer.stop()
+
+    assert b.stats["duplicates"] == published  # published by A, recognised from the start mark
+    # nothing lost: what A read and did not publish, what was fed while no client ran, and later
+    assert b.stats["published"] == read - published + unread + later
+    lines = [
+        messages.decode("events", r.value).to_dict()  # type: ignore[union-attr]
+        for r in await read_topic(kafka, "events")
+    ]
+    windows = [e for e in lines if e["kind"] == "window" and e["source"] == "client"]
+    assert sum(e.get("requests", 0) for e in windows) == read + unread + later
