@@ -107,6 +107,31 @@ def optional_budget_ms(slo_p99_ms: float, share: float = OPTIONAL_BUDGET_SHARE) 
     return float(slo_p99_ms) * share
 
 
+def extras_within_budget(
+    extra: int,
+    left_ms: float,
+    phases: Sequence[tuple[float, float]],
+) -> int:
+    """The most of ``extra`` candidates whose optional phases finish within ``left_ms`` (what
+    is left of the request's optional budget after its baseline parts): ``phases`` gives, per
+    phase in order (CPU, then accelerator), the work of one extra candidate (ms at unit speed)
+    and the units the phase may run on (what the opportunistic level leaves it). Optional work
+    that cannot finish in time is never started: it would be dropped at the deadline with its
+    work wasted and its request held back (the baseline answer goes back at once instead)."""
+    per_ms = 0.0
+    for work_ms, units in phases:
+        if work_ms <= 0.0:
+            continue
+        if units <= 0.0:
+            return 0
+        per_ms += work_ms / units
+    if per_ms <= 0.0:
+        return max(0, int(extra))
+    if not left_ms > 0.0:
+        return 0
+    return max(0, min(int(extra), math.floor(left_ms / per_ms + 1e-9)))
+
+
 __all__ = [
     "OPTIONAL_BUDGET_SHARE",
     "BatchVerdict",
@@ -122,6 +147,7 @@ __all__ = [
     "ShedEvent",
     "ShedTransition",
     "Verdict",
+    "extras_within_budget",
     "optional_budget_ms",
 ]
 

@@ -43,7 +43,10 @@ Baseline first: the slot pools serve baseline work before optional work. A mixed
 baseline part of a stage, hands those slots back, and queues its extras as a separate optional
 phase at low priority (:meth:`SlotPool.acquire` ``low``: granted only while no baseline part
 waits); extras still waiting when the request's optional budget (``budget_ms``) runs out are
-dropped and the baseline answer goes back. So a request without optional work never waits
+dropped and the baseline answer goes back. Extras that could not *finish* within the budget at the
+units the opportunistic level leaves them are trimmed before any work starts
+(:func:`~headroom.defences.shedding.extras_within_budget`): a request never waits for work that
+would be thrown away at its deadline. So a request without optional work never waits
 behind optional work that has not started, and optional work never occupies more than the
 opportunistic level: the baseline keeps the dedicated capacity it has under static. The
 simulator models the same rule (docs/simulator.md, *Baseline first*).
@@ -110,6 +113,7 @@ from headroom.defences.shedding import (
     ServerShedConfig,
     ServerShedder,
     ShedTransition,
+    extras_within_budget,
 )
 from headroom.kernel import seeds
 from headroom.kernel.checks import FieldChecker
@@ -897,6 +901,39 @@ class RankingServer(Service):
         finally:
             self._vacate(work)
 
+    def _optional_cpu_slots(self) -> int:
+        """CPU slots an optional phase waits for: its request's threads, but no more than the
+        units left of the opportunistic level need (the phase would hand the others back at
+        once, and waiting for all of them together can outlast its budget on a busy pool)."""
+        units = min(self._threads * self.cpu.speed, self.level.cpu - self._occ_cpu)
+        return max(1, min(self._threads, math.ceil(units / self.cpu.speed - _EPS)))
+
+    def _extras_that_fit(self, n: int, j: float, base: int, budget_ms: float) -> int:
+        """How many of ``n`` extras can finish within the request's optional budget
+        (:func:`~headroom.defences.shedding.extras_within_budget`): after the baseline parts,
+        each extra's CPU work on the units the opportunistic level leaves it (at most the
+        request's threads), then its accelerator work. Waits are not foreseen: an optional phase
+        that cannot start before the deadline is still dropped there."""
+        costs = self.costs
+        cap = self.level
+        threads = max(1, min(self._threads, self.cpu.slots))
+        base_ms = (
+            j
+            * base
+            * (
+                costs.base_cpu_ms / (threads * self.cpu.speed)
+                + costs.base_accelerator_ms / self.accelerator.speed
+            )
+        )
+        phases = (
+            (j * costs.base_cpu_ms, min(threads * self.cpu.speed, cap.cpu - self._occ_cpu)),
+            (
+                j * costs.base_accelerator_ms,
+                min(self.accelerator.speed, cap.accelerator - self._occ_acc),
+            ),
+        )
+        return extras_within_budget(n, budget_ms - base_ms, phases)
+
     async def _optional_slots(
         self, pool: SlotPool, deadline: float, n: int
     ) -> tuple[float, int] | None:
@@ -1000,6 +1037,11 @@ class RankingServer(Service):
             )
             n = verdict.extra
             decision = verdict.decision
+            if n > 0:
+                fit = self._extras_that_fit(n, j, base, req.budget_ms)
+                if fit < n:
+                    n = fit
+                    decision = Decision.TRIM if fit > 0 else Decision.SHED
             self._count_shed(req.extra - n, False)
         optional_deadline = start + req.budget_ms / 1000.0
         work_id = next(self._ids)
@@ -1023,17 +1065,24 @@ class RankingServer(Service):
         finally:
             grant.release()
         if n > 0:
-            got_opt = await self._optional_slots(self.cpu, optional_deadline, self._threads)
+            got_opt = await self._optional_slots(
+                self.cpu, optional_deadline, self._optional_cpu_slots()
+            )
             ok = got_opt is not None
             if got_opt is not None:
                 queue_ms += got_opt[0]
                 grant = _Grant(self.cpu, got_opt[1])
+                ran = time.monotonic()
                 try:
                     ok = await self._optional_phase(
                         work_id, req.value, j * n * costs.base_cpu_ms, "cpu", n, False, grant
                     )
                 finally:
                     grant.release()
+                # the budget bounds the extras' waits, not their work (the simulator's rule):
+                # the accelerator phase of extras whose CPU work is done is not dropped for the
+                # time that work took
+                optional_deadline += time.monotonic() - ran
             if not ok:
                 self._count_shed(n, False)
                 n, decision = 0, Decision.SHED

@@ -137,7 +137,8 @@ class RankRequest:
     ``t_s`` is scenario time (the world's drift clock). ``value`` is the request's value signal:
     the server's shedding core drops optional work lowest value per unit of compute first.
     ``budget_ms``: optional work that cannot *start* within this many ms of arrival is dropped
-    (the client would no longer wait for it).
+    (the client would no longer wait for it), and extras that could not *finish* within it are
+    trimmed before they start.
     """
 
     id: int

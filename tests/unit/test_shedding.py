@@ -22,6 +22,7 @@ from headroom.defences.shedding import (
     ServerShedConfig,
     ServerShedder,
     ShedEvent,
+    extras_within_budget,
 )
 from headroom.kernel.errors import ConfigError
 
@@ -822,3 +823,35 @@ def test_a_batch_of_one_decides_like_a_single_call(ops: list[Any], w: OptionalWo
         [w.strong_accelerator_ms],
     )
     assert (Decision(int(batch.codes[0])), int(batch.extra[0]), bool(batch.strong[0])) == single
+
+
+def test_extras_within_budget_keeps_what_finishes_in_time() -> None:
+    # 0.4 ms of CPU per extra on 0.75 units, then 0.08 ms of accelerator on 1 unit: 0.6133 ms
+    # each; 100 ms left fit 163 of them
+    phases = ((0.4, 0.75), (0.08, 1.0))
+    assert extras_within_budget(200, 100.0, phases) == 163
+    assert extras_within_budget(100, 100.0, phases) == 100  # all fit
+    assert extras_within_budget(200, 0.0, phases) == 0  # the baseline used the budget up
+    assert extras_within_budget(200, -5.0, phases) == 0
+    assert extras_within_budget(200, 100.0, ((0.4, 0.0), (0.08, 1.0))) == 0  # no CPU left
+    assert extras_within_budget(200, 100.0, ((0.0, 0.0), (0.08, 1.0))) == 200  # free on CPU
+    assert extras_within_budget(7, 1.0, ((0.0, 1.0),)) == 7  # costless extras always fit
+
+
+@given(
+    extra=st.integers(0, 5000),
+    left=st.floats(-100.0, 1000.0),
+    cpu=st.floats(0.0, 5.0),
+    cpu_units=st.floats(0.0, 4.0),
+    acc=st.floats(0.0, 5.0),
+    acc_units=st.floats(0.0, 4.0),
+)
+def test_extras_within_budget_never_overruns_the_budget(
+    extra: int, left: float, cpu: float, cpu_units: float, acc: float, acc_units: float
+) -> None:
+    n = extras_within_budget(extra, left, ((cpu, cpu_units), (acc, acc_units)))
+    assert 0 <= n <= extra
+    used = sum(n * w / u for w, u in ((cpu, cpu_units), (acc, acc_units)) if w > 0 and n > 0)
+    assert used <= max(left, 0.0) * (1 + 1e-9) + 1e-9
+    # monotone in the time left
+    assert extras_within_budget(extra, left + 10.0, ((cpu, cpu_units), (acc, acc_units))) >= n

@@ -300,10 +300,12 @@ async def _client(server: RankingServer) -> WireClient:
     return client
 
 
-def _req(i: int, extra: int = 0, model: str = "base", value: float = 1.0) -> RankRequest:
+def _req(
+    i: int, extra: int = 0, model: str = "base", value: float = 1.0, budget_ms: float = 1000.0
+) -> RankRequest:
     return RankRequest(
         id=i, user=1000 + i, segment="casual", t_s=0.0, base=100, extra=extra,
-        model=model, value=value, budget_ms=1000.0,  # type: ignore[arg-type]
+        model=model, value=value, budget_ms=budget_ms,  # type: ignore[arg-type]
     )  # fmt: skip
 
 
@@ -336,6 +338,22 @@ async def test_with_opportunistic_capacity_extras_are_ranked(mixed: RankingServe
         r = await client.call(_req(2, extra=150), 10.0)
         assert (r.ok, r.candidates, r.decision) == (True, 250, "ADMIT")
         assert r.base_top_ad >= 0
+    finally:
+        await client.close()
+
+
+async def test_extras_that_cannot_finish_within_the_budget_are_trimmed_before_they_start(
+    mixed: RankingServer,
+) -> None:
+    now = time.time()
+    mixed.on_capacity(_cap("cpu", 0.75, ts=now))  # 200 extras: 107 ms of CPU on 0.75 cores
+    mixed.on_capacity(_cap("accelerator", 1.0, ts=now))
+    client = await _client(mixed)
+    try:
+        r = await client.call(_req(3, extra=200, budget_ms=125.0), 10.0)
+        assert r.ok
+        assert r.decision == "TRIM"
+        assert 100 < r.candidates < 300  # the extras that fit are ranked, not all of them
     finally:
         await client.close()
 
