@@ -90,6 +90,15 @@ async def _committed(kafka: KafkaTarget, group: str) -> dict[int, int]:
     return {tp.partition: meta.offset for tp, meta in got.items() if meta.offset >= 0}
 
 
+async def _client_windows(kafka: KafkaTarget) -> list[dict[str, Any]]:
+    """Every client ``window`` line on the events topic."""
+    lines = [
+        messages.decode("events", r.value).to_dict()  # type: ignore[union-attr]
+        for r in await read_topic(kafka, "events")
+    ]
+    return [e for e in lines if e["kind"] == "window" and e["source"] == "client"]
+
+
 async def test_a_client_stopped_between_publish_and_commit_is_not_counted_twice(
     kafka_target: KafkaTarget,
 ) -> None:
@@ -137,11 +146,7 @@ async def test_a_client_stopped_between_publish_and_commit_is_not_counted_twice(
 
     assert b.stats["duplicates"] == second  # re-read, recognised, dropped
     assert b.stats["published"] == third
-    lines = [
-        messages.decode("events", r.value).to_dict()  # type: ignore[union-attr]
-        for r in await read_topic(kafka, "events")
-    ]
-    windows = [e for e in lines if e["kind"] == "window" and e["source"] == "client"]
+    windows = await _client_windows(kafka)
     assert sum(e.get("requests", 0) for e in windows) == first + second + third
     assert sum(e.get("duplicates_dropped", 0) for e in windows) == second
     after = await _committed(kafka, group)
@@ -197,9 +202,5 @@ async def test_a_client_stopped_before_its_groups_first_commit_loses_nothing(
     assert b.stats["duplicates"] == published  # published by A, recognised from the start mark
     # nothing lost: what A read and did not publish, what was fed while no client ran, and later
     assert b.stats["published"] == read - published + unread + later
-    lines = [
-        messages.decode("events", r.value).to_dict()  # type: ignore[union-attr]
-        for r in await read_topic(kafka, "events")
-    ]
-    windows = [e for e in lines if e["kind"] == "window" and e["source"] == "client"]
+    windows = await _client_windows(kafka)
     assert sum(e.get("requests", 0) for e in windows) == read + unread + later
