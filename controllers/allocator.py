@@ -72,8 +72,10 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any, Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from headroom.controllers.config import AllocatorSettings, ValueSettings
 from headroom.controllers.levers import (
@@ -93,8 +95,11 @@ __all__ = [
     "Allocator",
     "FallbackReason",
     "Pool",
+    "QualityCurves",
+    "RmaCurve",
     "pools_from_capacity",
     "solve_lp",
+    "stratum_levels",
 ]
 
 _EPS = 1e-9
@@ -935,3 +940,130 @@ class Allocator:
             slot = acc.per_hw.setdefault((v.lever, hw), [0.0, 0.0])
             slot[0] += cpu
             slot[1] += a_
+
+
+# ------------------------------------------------------------------------------------------------
+# RMA per stratum: the level each value bin gets (module docstring, "RMA levels")
+# ------------------------------------------------------------------------------------------------
+
+
+class QualityCurves(Protocol):
+    """What :meth:`RmaCurve.from_curves` reads of the ranking world's measured curves
+    (:class:`headroom.world.values.ValueCurves`): mean top-ad quality per segment index, model
+    (0 base) and candidate count."""
+
+    def mean_quality(self, segment_idx: Any, model: Any, n: Any) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RmaCurve:
+    """RMA's value curve: per segment, the mean quality the base model gains by ranking
+    ``extras[j]`` more candidates than the base count (``extras[0] = 0``, gain 0 there)."""
+
+    extras: tuple[int, ...]
+    gains: Mapping[str, tuple[float, ...]]
+
+    def __post_init__(self) -> None:
+        if not self.extras or self.extras[0] != 0 or any(
+            b <= a for a, b in zip(self.extras, self.extras[1:], strict=False)
+        ):
+            raise ValueError("extras must start at 0 and increase strictly")
+        for seg, g in self.gains.items():
+            if len(g) != len(self.extras):
+                raise ValueError(f"gains[{seg!r}]: {len(g)} points for {len(self.extras)} extras")
+
+    @classmethod
+    def from_curves(
+        cls,
+        curves: QualityCurves,
+        segments: Sequence[str],
+        base: int,
+        max_candidates: int,
+        steps: int = 16,
+    ) -> RmaCurve:
+        """The curve at ``steps`` equal steps of ``[0, max − base]`` (segments in the curves'
+        order)."""
+        span = max(int(max_candidates) - int(base), 0)
+        extras = sorted({round(span * j / max(steps, 1)) for j in range(max(steps, 1) + 1)})
+        n = np.asarray([base + e for e in extras], dtype=np.float64)
+        gains = {}
+        for i, seg in enumerate(segments):
+            q = np.asarray(curves.mean_quality(i, 0, n), dtype=np.float64)
+            gains[seg] = tuple(float(x - q[0]) for x in q)
+        return cls(tuple(int(e) for e in extras), gains)
+
+
+def _hull(x: Sequence[float], y: Sequence[float]) -> list[tuple[float, float, float]]:
+    """The rising part of the upper concave hull of the points ``(x, y)`` (``x`` increasing),
+    as tranches ``(from, to, slope)`` with decreasing positive slopes."""
+    hull: list[tuple[float, float]] = []
+    for p in zip(x, y, strict=True):
+        while len(hull) >= 2:
+            (x0, y0), (x1, y1) = hull[-2], hull[-1]
+            if (x1 - x0) * (p[1] - y0) - (y1 - y0) * (p[0] - x0) >= 0.0:
+                hull.pop()  # the middle point is on or under the chord: not a vertex
+            else:
+                break
+        hull.append(p)
+    out = []
+    for (x0, y0), (x1, y1) in zip(hull, hull[1:], strict=False):
+        slope = (y1 - y0) / (x1 - x0)
+        if not (slope > 0.0 and math.isfinite(slope)):
+            break
+        out.append((x0, x1, slope))
+    return out
+
+
+def stratum_levels(
+    budget: float,
+    share: npt.ArrayLike,
+    free: npt.ArrayLike,
+    gain: npt.ArrayLike,
+    extras: Sequence[float],
+) -> npt.NDArray[np.float64] | None:
+    """Extra candidates per stratum that spend ``budget`` extras per treatment request where
+    they are worth most (module docstring, "RMA levels").
+
+    ``share[c]``: stratum ``c``'s share of the treatment requests; ``free[c]``: the share of
+    them RMA may serve (the strong model takes the rest); ``gain[c, j]``: the value one request
+    of ``c`` gains with ``extras[j]`` extras. Each stratum's gain is replaced by its concave
+    hull and its rising tranches are filled by value per extra candidate, best first (the
+    LP's optimum for a concave, separable objective under one budget row: every stratum ends
+    at the level where its marginal value per candidate meets one price); the last tranche may
+    be filled in part. A stratum nobody serves (``free = 0``) gets the level of that price too.
+    None when no tranche pays (no gain anywhere: nothing to order by)."""
+    w = np.clip(np.nan_to_num(np.asarray(share, dtype=np.float64)), 0.0, None)
+    w = w * np.clip(np.nan_to_num(np.asarray(free, dtype=np.float64)), 0.0, 1.0)
+    g = np.nan_to_num(np.asarray(gain, dtype=np.float64))
+    x = [float(e) for e in extras]
+    n_cells = w.size
+    tranches: list[tuple[float, int, float, float]] = []  # (-slope, cell, from, to)
+    hulls: list[list[tuple[float, float, float]]] = []
+    for c in range(n_cells):
+        h = _hull(x, [float(v) for v in g[c]])
+        hulls.append(h)
+        tranches += [(-slope, c, a, b) for a, b, slope in h]
+    if not tranches:
+        return None
+    tranches.sort()
+    level = np.zeros(n_cells)
+    left = max(float(budget), 0.0) if math.isfinite(budget) else 0.0
+    price = 0.0
+    for neg, c, a, b in tranches:
+        if w[c] <= 0.0:
+            continue
+        if left <= 0.0:
+            break
+        price = -neg
+        cost = w[c] * (b - a)
+        if cost <= left:
+            level[c] = b
+            left -= cost
+        else:
+            level[c] = a + left / w[c]
+            left = 0.0
+    for c in range(n_cells):
+        if w[c] <= 0.0:
+            level[c] = max((b for a, b, slope in hulls[c] if slope >= price and price > 0.0),
+                           default=0.0)
+    return level

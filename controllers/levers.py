@@ -436,6 +436,19 @@ class ValueBook:
             return Uplift(0.0, math.inf, n_t_total, n_c_total)
         return Uplift(num / var, math.sqrt(1.0 / var), n_t_total, n_c_total)
 
+    def signal_means(self, min_n: float = 2.0) -> dict[str, float]:
+        """Per book key (segment or stratum), the mean value signal of its requests over every
+        lever and arm: the signal is known before any work is done, so no arm biases it (the
+        RMA levels' value of a stratum). Keys with fewer than ``min_n`` (discounted) requests
+        carrying signal sums are left out."""
+        n: dict[str, float] = {}
+        x: dict[str, float] = {}
+        for (key, _lever, _arm), a in self._sums.items():
+            if a[0] > 0.0 and a[5] > 0.0:
+                n[key] = n.get(key, 0.0) + a[0]
+                x[key] = x.get(key, 0.0) + a[5]
+        return {k: x[k] / n[k] for k in n if n[k] >= min_n and math.isfinite(x[k] / n[k])}
+
     def pooled_sd(self) -> float:
         """Standard deviation of one request's value over everything seen (0 if nothing)."""
         n = s = q = 0.0

@@ -66,7 +66,7 @@ exploration floor while SBM runs (controllers/router.py), and the plan spends ``
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -146,6 +146,9 @@ class PlanTarget(Protocol):
     @property
     def sbm_segments(self) -> Mapping[str, float]: ...
 
+    @property
+    def rma_levels(self) -> Mapping[str, Sequence[int]]: ...
+
 
 @dataclass(frozen=True, slots=True)
 class RmaSpend:
@@ -217,6 +220,28 @@ class PlanRule:
         if not self.value_ranked_sbm:
             return q
         return float(_bin_share(float(stratum), q, self.bins))  # the same formula, one bin
+
+    def level(self, levels: Mapping[str, Sequence[int]], segment: str, stratum: int) -> int:
+        """Extra candidates a request of ``segment``'s value bin ``stratum`` gets under the
+        target's per-stratum ``levels`` (module docstring, step 4): the segment's entry for the
+        bin (a list of another length is read by value rank: entry ``⌊stratum·len/bins⌋``),
+        clamped to [0, ``span``]; 0 for a segment the levels do not name."""
+        row = levels.get(segment)
+        if not row:
+            return 0
+        n = len(row)
+        i = stratum if n == self.bins else (stratum * n) // self.bins
+        x = row[min(max(i, 0), n - 1)]
+        return min(max(int(x), 0), self.span) if x == x else 0
+
+    def levels_by_cell(
+        self, levels: Mapping[str, Sequence[int]], segments: Sequence[str]
+    ) -> npt.NDArray[np.int64]:
+        """:meth:`level` of every cell (segment ``s`` × value bin ``k``, index ``s·bins + k``)."""
+        return np.array(
+            [self.level(levels, seg, k) for seg in segments for k in range(self.bins)],
+            dtype=np.int64,
+        )
 
     def rma(self, candidates: int, multiplier: float) -> RmaSpend:
         """What RMA asks when the target asks for ``candidates`` and the client-side multiplier
@@ -333,6 +358,10 @@ class RequestPlanner:
         spend = rule.rma(target.rma_candidates, rma_multiplier)
         if spend.extra <= 0:
             return RequestPlan(control=False, strong=False, extra=0)
+        levels = target.rma_levels
+        if levels:
+            extra = rule.level(levels, segment, value_stratum(segment_rank, rule.bins))
+            return RequestPlan(control=False, strong=False, extra=extra if rma_keeps else 0)
         if not spend.ranked:
             return RequestPlan(control=False, strong=False, extra=spend.extra if rma_keeps else 0)
         among = rma_among(spend.share, 1.0 - r_hat)
@@ -381,8 +410,9 @@ class CellPlan:
 
     routed: FloatArray  # (C,) routed to the strong model by the target
     sbm: FloatArray  # (C,) taken by the strong model (routed, kept by its multiplier)
-    rma: FloatArray  # (C,) given ``extra`` extra candidates
-    extra: int  # extra candidates of an RMA request (0: no RMA)
+    rma: FloatArray  # (C,) given ``extra`` extra candidates (``levels[c]`` with levels)
+    extra: int  # extra candidates of an RMA request (0: no RMA; the largest level with levels)
+    levels: npt.NDArray[np.int64] | None = None  # (C,) per-stratum levels (None: one ``extra``)
 
 
 @dataclass
@@ -398,12 +428,27 @@ class CellPlanner:
     cells: ValueCells
     eligible: float = 1.0
     cache: dict[Any, FloatArray] = field(default_factory=dict)
+    _levels: tuple[Any, npt.NDArray[np.int64]] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.cells.bins != self.rule.bins:
             raise ConfigError(
                 f"value_bins: the plan has {self.rule.bins} bins, the population {self.cells.bins}"
             )
+
+    def cell_levels(self, target: PlanTarget) -> npt.NDArray[np.int64] | None:
+        """The target's per-stratum levels of every cell (:meth:`PlanRule.levels_by_cell`; the
+        last target's are kept), None when it carries none (one block)."""
+        levels = target.rma_levels
+        if not levels:
+            return None
+        last = self._levels
+        if last is not None and last[0] is levels:
+            return last[1]
+        got = self.rule.levels_by_cell(levels, self.cells.segments)
+        got.setflags(write=False)
+        self._levels = (levels, got)
+        return got
 
     def probabilities(self, target: PlanTarget | None) -> FloatArray:
         """``p_s`` of every segment, in the population's order."""
@@ -423,6 +468,12 @@ class CellPlanner:
         keep_s = cells.keep_top(m_sbm)
         sbm = routed * keep_s
         spend = self.rule.rma(target.rma_candidates, m_rma)
+        lv = self.cell_levels(target) if spend.extra > 0 else None
+        if lv is not None:
+            rma = self._not_taken_above(cells.keep_top(spend.multiplier), routed, keep_s)
+            rma = np.where(lv > 0, rma, 0.0)
+            top = int(lv.max()) if lv.size else 0
+            return CellPlan(routed=routed, sbm=sbm, rma=rma, extra=top, levels=lv)
         if spend.extra <= 0:
             rma = np.zeros(cells.n_cells)
         elif spend.ranked:

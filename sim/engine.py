@@ -518,16 +518,23 @@ class RegionRun:
             fail, sbm_adm = sbm_adm, np.zeros(pop.n_cells)  # no replica: fail fast, retry
         self._mix_key = key
         old = self.mix.plan
-        levels = (extra,) if extra > 0 else ()
+        by_cell = asked.levels
+        if by_cell is not None:  # per-stratum levels: one class per level in use
+            levels = tuple(int(e) for e in np.unique(by_cell[(by_cell > 0) & (rma_adm > 0)]))
+            rma = np.array([np.where(by_cell == e, rma_adm, 0.0) for e in levels])
+        else:
+            levels = (extra,) if extra > 0 else ()
+            rma = rma_adm[None, :] if levels else np.zeros((0, pop.n_cells))
         if (
             old.levels == levels
             and np.array_equal(old.sbm, sbm_adm)
             and np.array_equal(old.down, down)
             and np.array_equal(old.fail, fail)
-            and (not levels or np.array_equal(old.rma[0], rma_adm))
+            and (not levels or np.array_equal(old.rma, rma))
         ):
             return self.mix
-        rma = rma_adm[None, :] if levels else np.zeros((0, pop.n_cells))
+        if not levels:
+            rma = np.zeros((0, pop.n_cells))
         return build_mix(ctx, Plan(levels, rma, sbm_adm, down, fail))
 
     # -- the main loop ----------------------------------------------------------------------

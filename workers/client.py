@@ -105,7 +105,7 @@ import os
 import secrets
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -301,6 +301,8 @@ class TargetState:
     sbm_coverage: float
     sbm_segments: Mapping[str, float]
     expired: bool  # True: the baseline is in force because the newest target expired
+    # per segment, extra candidates per value bin (``targets.rma.levels``; empty: one block)
+    rma_levels: Mapping[str, Sequence[int]] = field(default_factory=dict)
 
 
 class TargetBook:
@@ -333,7 +335,8 @@ class TargetBook:
         if t.expired(now):
             return TargetState(t.epoch, self.base, 0.0, {}, True)
         candidates = min(max(t.rma.candidates, self.base), max(t.rma.max, self.base))
-        return TargetState(t.epoch, candidates, t.sbm.coverage, t.sbm.segments, False)
+        levels = t.rma.levels if t.rma.levels is not None else {}
+        return TargetState(t.epoch, candidates, t.sbm.coverage, t.sbm.segments, False, levels)
 
     def transitions(self, now: float) -> list[tuple[str, int]]:
         """``("target.applied", epoch)`` for a new live target, ``("target.expired", epoch)``
