@@ -72,7 +72,6 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -83,9 +82,12 @@ from headroom.controllers.levers import (
     Lever,
     LeverContext,
     LeverRegistry,
+    QualityCurves,
+    RmaCurve,
     Tranche,
     ValueBook,
     ValueEstimate,
+    concave_tranches,
 )
 from headroom.controllers.types import CapacityLevel, LeverShare
 from headroom.defences.capacity import CapacityBook
@@ -947,73 +949,6 @@ class Allocator:
 # ------------------------------------------------------------------------------------------------
 
 
-class QualityCurves(Protocol):
-    """What :meth:`RmaCurve.from_curves` reads of the ranking world's measured curves
-    (:class:`headroom.world.values.ValueCurves`): mean top-ad quality per segment index, model
-    (0 base) and candidate count."""
-
-    def mean_quality(self, segment_idx: Any, model: Any, n: Any) -> Any: ...
-
-
-@dataclass(frozen=True, slots=True)
-class RmaCurve:
-    """RMA's value curve: per segment, the mean quality the base model gains by ranking
-    ``extras[j]`` more candidates than the base count (``extras[0] = 0``, gain 0 there)."""
-
-    extras: tuple[int, ...]
-    gains: Mapping[str, tuple[float, ...]]
-
-    def __post_init__(self) -> None:
-        if not self.extras or self.extras[0] != 0 or any(
-            b <= a for a, b in zip(self.extras, self.extras[1:], strict=False)
-        ):
-            raise ValueError("extras must start at 0 and increase strictly")
-        for seg, g in self.gains.items():
-            if len(g) != len(self.extras):
-                raise ValueError(f"gains[{seg!r}]: {len(g)} points for {len(self.extras)} extras")
-
-    @classmethod
-    def from_curves(
-        cls,
-        curves: QualityCurves,
-        segments: Sequence[str],
-        base: int,
-        max_candidates: int,
-        steps: int = 16,
-    ) -> RmaCurve:
-        """The curve at ``steps`` equal steps of ``[0, max − base]`` (segments in the curves'
-        order)."""
-        span = max(int(max_candidates) - int(base), 0)
-        extras = sorted({round(span * j / max(steps, 1)) for j in range(max(steps, 1) + 1)})
-        n = np.asarray([base + e for e in extras], dtype=np.float64)
-        gains = {}
-        for i, seg in enumerate(segments):
-            q = np.asarray(curves.mean_quality(i, 0, n), dtype=np.float64)
-            gains[seg] = tuple(float(x - q[0]) for x in q)
-        return cls(tuple(int(e) for e in extras), gains)
-
-
-def _hull(x: Sequence[float], y: Sequence[float]) -> list[tuple[float, float, float]]:
-    """The rising part of the upper concave hull of the points ``(x, y)`` (``x`` increasing),
-    as tranches ``(from, to, slope)`` with decreasing positive slopes."""
-    hull: list[tuple[float, float]] = []
-    for p in zip(x, y, strict=True):
-        while len(hull) >= 2:
-            (x0, y0), (x1, y1) = hull[-2], hull[-1]
-            if (x1 - x0) * (p[1] - y0) - (y1 - y0) * (p[0] - x0) >= 0.0:
-                hull.pop()  # the middle point is on or under the chord: not a vertex
-            else:
-                break
-        hull.append(p)
-    out = []
-    for (x0, y0), (x1, y1) in zip(hull, hull[1:], strict=False):
-        slope = (y1 - y0) / (x1 - x0)
-        if not (slope > 0.0 and math.isfinite(slope)):
-            break
-        out.append((x0, x1, slope))
-    return out
-
-
 def stratum_levels(
     budget: float,
     share: npt.ArrayLike,
@@ -1040,7 +975,7 @@ def stratum_levels(
     tranches: list[tuple[float, int, float, float]] = []  # (-slope, cell, from, to)
     hulls: list[list[tuple[float, float, float]]] = []
     for c in range(n_cells):
-        h = _hull(x, [float(v) for v in g[c]])
+        h = concave_tranches(x, [float(v) for v in g[c]])
         hulls.append(h)
         tranches += [(-slope, c, a, b) for a, b, slope in h]
     if not tranches:
@@ -1064,6 +999,7 @@ def stratum_levels(
             left = 0.0
     for c in range(n_cells):
         if w[c] <= 0.0:
-            level[c] = max((b for a, b, slope in hulls[c] if slope >= price and price > 0.0),
-                           default=0.0)
+            level[c] = max(
+                (b for a, b, slope in hulls[c] if slope >= price and price > 0.0), default=0.0
+            )
     return level

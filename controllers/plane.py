@@ -240,6 +240,7 @@ class ControlPlane:
                     config.pid.max_step_up * (config.max_candidates - config.base_candidates)
                 ),
                 strong_wait_budget_ms=config.coverage.wait_budget_share * config.setpoint_ms,
+                rma_curve=rma_curve,
             )
         )
         self.allocator = Allocator(config.allocator, config.value, self.levers)
@@ -417,7 +418,9 @@ class ControlPlane:
             return {}
         top = self._rule.span
         return {
-            seg: tuple(min(max(int(math.floor(x + 0.5)), 0), top) for x in lv[i * k_bins : (i + 1) * k_bins])
+            seg: tuple(
+                min(max(math.floor(x + 0.5), 0), top) for x in lv[i * k_bins : (i + 1) * k_bins]
+            )
             for i, seg in enumerate(segs)
         }
 
