@@ -945,7 +945,7 @@ class Allocator:
 
 
 # ------------------------------------------------------------------------------------------------
-# RMA per stratum: the level each value bin gets (module docstring, "RMA levels")
+# RMA per stratum: the level each value bin gets (docs/controllers.md, "RMA levels")
 # ------------------------------------------------------------------------------------------------
 
 
@@ -957,7 +957,7 @@ def stratum_levels(
     extras: Sequence[float],
 ) -> npt.NDArray[np.float64] | None:
     """Extra candidates per stratum that spend ``budget`` extras per treatment request where
-    they are worth most (module docstring, "RMA levels").
+    they are worth most (docs/controllers.md, "RMA levels").
 
     ``share[c]``: stratum ``c``'s share of the treatment requests; ``free[c]``: the share of
     them RMA may serve (the strong model takes the rest); ``gain[c, j]``: the value one request

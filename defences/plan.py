@@ -37,6 +37,12 @@ multipliers ``m_rma``, ``m_sbm`` (AIMD on the health of responses,
    (:func:`rma_among`) — the same mean work per treatment request, where a better ad is worth
    most. Uniform (``value_ranked_rma=False``): every request not taken asks for ``wanted``
    extras and keeps them if its value rank is ≥ ``1 − m_rma`` (the client shedder's rule).
+   **Per-stratum levels** (a target carrying ``rma.levels``, set by the control plane from the
+   value curves; docs/controllers.md, "RMA levels"): a request the strong model did not take
+   gets its stratum's level — segment ``s``'s entry for bin ``k``, clamped to [0, ``max −
+   base``] (:meth:`PlanRule.level`) — and keeps it if its value rank is ≥ ``1 − m_rma`` (the
+   client shedder's rule, lowest values shed first). The levels spend the target's mean; with
+   no RMA budget (``candidates ≤ base``) nothing is spent, levels or not.
 
 The two forms
 =============
@@ -56,8 +62,10 @@ observes each one before ranking it) being ≥ ``1 − min(1, s/left)``.
 takes ``routed · A_s``; a value threshold ``θ`` gives a cell's not-taken requests above it as
 ``(1 − routed) · A(θ) + routed · max(0, A(θ) − A_s)`` (routing is random within a bin, the
 multiplier cuts by value), and value-ranked RMA's ``θ`` solves ``Σ_c share_c · that = s`` (every
-not-taken request when ``s`` exceeds them: ``min(1, s/left)`` again). That is the exact
-expectation of the per-request rule under the cell model.
+not-taken request when ``s`` exceeds them: ``min(1, s/left)`` again). With levels, a cell's
+not-taken requests above the multiplier's threshold get its level (:attr:`CellPlan.levels`; the
+engine makes one request class per level in use). That is the exact expectation of the
+per-request rule under the cell model.
 
 Exploration is not the plan's: the controller's router keeps every segment's ``p_s`` at its
 exploration floor while SBM runs (controllers/router.py), and the plan spends ``p_s`` as given.
