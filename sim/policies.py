@@ -69,8 +69,8 @@ from typing import Any
 
 import numpy as np
 
-from headroom.controllers.config import ControlConfig
 from headroom.controllers.allocator import RmaCurve
+from headroom.controllers.config import ControlConfig
 from headroom.controllers.plane import ControlPlane
 from headroom.controllers.types import LEVER_RMA, LEVER_SBM, RegionObservation, RegionTargets
 from headroom.defences.admission import admitted_share
