@@ -144,6 +144,7 @@ class Decision:
             "fallback": t.fallback,
             "precompute_jobs_per_s": t.precompute_jobs_per_s,
             "rma_levels": {seg: list(v) for seg, v in t.rma_levels.items()},
+            "sbm_explore": t.sbm_explore,
             "inputs": dict(self.inputs),
             "sbm_reason": self.coverage.limit.value,
             "cap_bound": list(self.allocation.cap_bound),
@@ -335,12 +336,14 @@ class ControlPlane:
 
         cmax = cfg.coverage.max_coverage
         candidates = min(max(rma.candidates, cfg.base_candidates), cfg.max_candidates)
+        explore = min(max(route.floor, 0.0), 1.0) if coverage > 0.0 else 0.0
         levels = self._rma_levels(
             st.book,
             candidates - cfg.base_candidates,
             weights,
             route.probabilities if coverage > 0.0 else {},
             eligible_rps / request_rps if request_rps > 0.0 else 0.0,
+            explore,
         )
         targets = RegionTargets(
             region=obs.region,
@@ -362,6 +365,7 @@ class ControlPlane:
             precompute_jobs_per_s=_finite_nonneg(precompute),
             fallback=alloc.fallback.value if alloc.fallback is not None else None,
             rma_levels=levels,
+            sbm_explore=explore,
         )
         inputs = {
             "p99_ms": {k: _finite_or_none(v) for k, v in obs.p99_ms.items()},
@@ -384,6 +388,7 @@ class ControlPlane:
         weights: Mapping[str, float],
         probabilities: Mapping[str, float],
         eligible: float,
+        explore: float = 0.0,
     ) -> dict[str, tuple[int, ...]]:
         """Per segment, the extra candidates of each value bin that spend ``budget`` extras per
         treatment request best (:func:`headroom.controllers.allocator.stratum_levels`): a
@@ -409,7 +414,7 @@ class ControlPlane:
                 value[i, k] = v
         share = np.repeat([weights[s] / total / k_bins for s in segs], k_bins)
         p = np.array([probabilities.get(s, 0.0) for s in segs], dtype=np.float64)
-        free = 1.0 - min(max(eligible, 0.0), 1.0) * self._rule.sbm_shares(p).ravel()
+        free = 1.0 - min(max(eligible, 0.0), 1.0) * self._rule.sbm_shares(p, explore).ravel()
         gain = value.reshape(-1, 1) * np.repeat(
             np.array([curve.gains[s] for s in segs], dtype=np.float64), k_bins, axis=0
         )

@@ -127,3 +127,5 @@ class RegionTargets:
     # per segment, extra candidates per value bin, lowest first (``targets.rma.levels``; empty:
     # the plan's one block of ``max − base`` extras to the highest values)
     rma_levels: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    # the router's exploration floor (``targets.sbm.explore``; 0: every share value-ranked)
+    sbm_explore: float = 0.0

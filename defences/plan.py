@@ -25,7 +25,11 @@ multipliers ``m_rma``, ``m_sbm`` (AIMD on the health of responses,
    ``K`` bins that is a share ``p_s`` of the segment. Random *within* a bin, so that in every
    bin the routed requests (SBM's intent-to-treat group) and the others (RMA's) are random
    samples of the bin and the holdout estimate post-stratified on the bin stays unbiased.
-   ``value_ranked_sbm=False`` routes a uniform share ``p_s`` of every bin instead.
+   ``value_ranked_sbm=False`` routes a uniform share ``p_s`` of every bin instead. So does a
+   segment the router is only *exploring*: with the target's exploration floor ``f``
+   (``sbm.explore``; absent: 0), a segment with ``0 < p_s ≤ f`` has its share drawn at random
+   from every bin — exploration measures the strong model on the segment, it need not take its
+   highest values from RMA, whose levels pay most there.
 3. **The strong replica's multiplier.** A routed request is *taken* by the strong model if its
    value rank among all recent requests is ≥ ``1 − m_sbm`` (the client shedder's rule: lowest
    value dropped first). A routed request not taken goes on to RMA like any other.
@@ -132,6 +136,15 @@ def _bin_share(k: Any, q: Any, bins: int) -> Any:
     return np.clip(x, 0.0, 1.0)
 
 
+# a segment probability within this factor of the exploration floor is the floor (float noise)
+_EXPLORE_TOL = 1.0 + 1e-9
+
+
+def _explore(target: PlanTarget) -> float:
+    """The target's exploration floor, in [0, 1] (0: none, every share value-ranked)."""
+    return _unit(float(target.sbm_explore))
+
+
 def rma_among(share: float, left: float) -> float:
     """The part of the requests the strong model did not take that value-ranked RMA treats: a
     budget of ``share`` (of all treatment requests) over ``left`` (the share not taken),
@@ -156,6 +169,9 @@ class PlanTarget(Protocol):
 
     @property
     def rma_levels(self) -> Mapping[str, Sequence[int]]: ...
+
+    @property
+    def sbm_explore(self) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,21 +227,25 @@ class PlanRule:
             return 0.0
         return _unit(float(target.sbm_segments.get(segment, 0.0)))
 
-    def sbm_shares(self, p: npt.ArrayLike) -> FloatArray:
+    def sbm_shares(self, p: npt.ArrayLike, explore: float = 0.0) -> FloatArray:
         """Per value bin, the share of an eligible treatment request routed to the strong model,
         for segment probabilities ``p`` (any shape; the bins are a new last axis of length
         ``bins``). Value-ranked: :func:`_bin_share`, which averages to ``p`` over the bins;
-        uniform: ``p`` in every bin."""
+        uniform: ``p`` in every bin — also, value-ranked, for a segment only being explored
+        (``0 < p ≤ explore``, the router's floor; module docstring, step 2)."""
         q = np.clip(np.nan_to_num(np.asarray(p, dtype=np.float64), nan=0.0), 0.0, 1.0)[..., None]
         if not self.value_ranked_sbm:
             return np.repeat(q, self.bins, axis=-1)
         k = np.arange(self.bins, dtype=np.float64)
-        return np.asarray(_bin_share(k, q, self.bins), dtype=np.float64)
+        ranked = np.asarray(_bin_share(k, q, self.bins), dtype=np.float64)
+        if explore > 0.0:
+            ranked = np.where(q <= explore * _EXPLORE_TOL, q, ranked)
+        return np.asarray(ranked, dtype=np.float64)
 
-    def sbm_share(self, stratum: int, p: float) -> float:
+    def sbm_share(self, stratum: int, p: float, explore: float = 0.0) -> float:
         """:meth:`sbm_shares` for one request of value bin ``stratum``."""
         q = _unit(p)
-        if not self.value_ranked_sbm:
+        if not self.value_ranked_sbm or (explore > 0.0 and q <= explore * _EXPLORE_TOL):
             return q
         return float(_bin_share(float(stratum), q, self.bins))  # the same formula, one bin
 
@@ -354,7 +374,8 @@ class RequestPlanner:
         if u_arm < rule.holdout:
             return RequestPlan(control=True, strong=False, extra=0)
         p = rule.segment_probability(target, segment)
-        routed = bool(u_sbm < rule.sbm_share(value_stratum(segment_rank, rule.bins), p))
+        stratum = value_stratum(segment_rank, rule.bins)
+        routed = bool(u_sbm < rule.sbm_share(stratum, p, _explore(target)))
         strong = eligible and sbm_available and routed and sbm_keeps
         r_hat = self.routed_share.add(strong)
         if strong:
@@ -368,7 +389,7 @@ class RequestPlanner:
             return RequestPlan(control=False, strong=False, extra=0)
         levels = target.rma_levels
         if levels:
-            extra = rule.level(levels, segment, value_stratum(segment_rank, rule.bins))
+            extra = rule.level(levels, segment, stratum)
             return RequestPlan(control=False, strong=False, extra=extra if rma_keeps else 0)
         if not spend.ranked:
             return RequestPlan(control=False, strong=False, extra=spend.extra if rma_keeps else 0)
@@ -467,7 +488,8 @@ class CellPlanner:
 
     def routed(self, target: PlanTarget | None) -> FloatArray:
         """Per cell, the share of treatment requests the target routes to the strong model."""
-        return self.eligible * self.rule.sbm_shares(self.probabilities(target)).ravel()
+        explore = _explore(target) if target is not None else 0.0
+        return self.eligible * self.rule.sbm_shares(self.probabilities(target), explore).ravel()
 
     def plan(self, target: PlanTarget, m_rma: float = 1.0, m_sbm: float = 1.0) -> CellPlan:
         """The cells' shares under ``target`` and the client-side multipliers."""

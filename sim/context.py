@@ -168,6 +168,8 @@ class Targets:
     precompute_jobs_per_s: float = 0.0
     # per segment, extra candidates per value bin (``targets.rma.levels``; empty: one block)
     rma_levels: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    # the router's exploration floor (``targets.sbm.explore``; 0: every share value-ranked)
+    sbm_explore: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

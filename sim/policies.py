@@ -326,6 +326,7 @@ class PlaneRegion(StaticRegion):
             sbm_coverage=rt.sbm_coverage,
             precompute_jobs_per_s=rt.precompute_jobs_per_s,
             rma_levels=dict(rt.rma_levels),
+            sbm_explore=rt.sbm_explore,
         )
         return Issued(tg, fields, extra)
 

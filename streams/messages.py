@@ -316,17 +316,24 @@ class RmaTarget(_Model, frozen=True, kw_only=True, omit_defaults=True):
             force_setattr(self, "levels", MappingProxyType(self.levels))
 
 
-class SbmTarget(_Model, frozen=True, kw_only=True):
+class SbmTarget(_Model, frozen=True, kw_only=True, omit_defaults=True):
     """``targets.sbm``: the intended overall share routed to the strong model, and the routing
-    probability per segment for eligible requests (a read-only mapping)."""
+    probability per segment for eligible requests (a read-only mapping).
+
+    ``explore`` (optional, written only when set): the router's exploration floor. A segment
+    whose probability is at most it is only being explored: the plan routes that share of every
+    value bin at random instead of the segment's highest values. Absent: every segment's share
+    goes to its highest values (readers that do not know it do that)."""
 
     _DEFAULTS: ClassVar[dict[str, Any]] = {"segments": {}}
 
     coverage: Share
     if TYPE_CHECKING:
         segments: Mapping[str, float] = {}
+        explore: float | None = None
     else:
         segments: _Segments
+        explore: Share | None = None
 
     def __post_init__(self) -> None:
         force_setattr(self, "segments", MappingProxyType(self.segments))

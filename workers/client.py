@@ -303,6 +303,8 @@ class TargetState:
     expired: bool  # True: the baseline is in force because the newest target expired
     # per segment, extra candidates per value bin (``targets.rma.levels``; empty: one block)
     rma_levels: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    # the router's exploration floor (``targets.sbm.explore``; 0: every share value-ranked)
+    sbm_explore: float = 0.0
 
 
 class TargetBook:
@@ -336,7 +338,10 @@ class TargetBook:
             return TargetState(t.epoch, self.base, 0.0, {}, True)
         candidates = min(max(t.rma.candidates, self.base), max(t.rma.max, self.base))
         levels = t.rma.levels if t.rma.levels is not None else {}
-        return TargetState(t.epoch, candidates, t.sbm.coverage, t.sbm.segments, False, levels)
+        explore = t.sbm.explore if t.sbm.explore is not None else 0.0
+        return TargetState(
+            t.epoch, candidates, t.sbm.coverage, t.sbm.segments, False, levels, explore
+        )
 
     def transitions(self, now: float) -> list[tuple[str, int]]:
         """``("target.applied", epoch)`` for a new live target, ``("target.expired", epoch)``
