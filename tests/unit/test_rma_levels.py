@@ -345,3 +345,72 @@ def test_rmas_tranches_with_a_curve_are_concave_bands_calibrated_to_the_estimate
     assert [t.segment for t in plain.tranches(book, ctx, 1.645, 30.0)] == ["casual", "premium"]
     empty = ValueBook()
     assert lever.tranches(empty, ctx, 1.645, 30.0) == plain.tranches(empty, ctx, 1.645, 30.0)
+
+
+# -- exploration at random inside a segment ---------------------------------------------------
+
+
+def test_a_segment_only_explored_is_routed_at_random_over_its_bins() -> None:
+    rule = PlanRule(0.0, BASE, MAX)
+    assert rule.sbm_shares(0.05, explore=0.05).tolist() == pytest.approx([0.05] * VALUE_BINS)
+    assert rule.sbm_shares(0.04, explore=0.05).tolist() == pytest.approx([0.04] * VALUE_BINS)
+    # above the floor the segment is served on merit: its highest values first, as without it
+    assert rule.sbm_shares(0.25, explore=0.05).tolist() == rule.sbm_shares(0.25).tolist()
+    assert rule.sbm_shares(0.05).tolist() == pytest.approx([0.0] * 7 + [0.4])
+    assert [rule.sbm_share(k, 0.05, 0.05) for k in (0, 7)] == pytest.approx([0.05, 0.05])
+    assert rule.sbm_share(7, 0.05) == pytest.approx(0.4)
+
+
+def test_both_planners_explore_at_random_inside_the_segment() -> None:
+    rule = PlanRule(0.0, BASE, MAX)
+    target = TargetState(1, MAX, 0.2, {"premium": 0.05, "casual": 0.3}, False, {}, 0.05)
+    routed = CellPlanner(rule, POP).routed(target).reshape(2, VALUE_BINS)
+    premium = POP.segments.index("premium")
+    assert routed[premium].tolist() == pytest.approx([0.05] * VALUE_BINS)
+    assert routed[1 - premium].tolist() == pytest.approx(rule.sbm_shares(0.3).tolist())
+    planner = RequestPlanner(rule, np.random.default_rng(9))
+    top = low = 0
+    n = 20_000
+    for i in range(n):
+        rank = 0.95 if i % 2 else 0.05  # the top bin and the lowest, alternately
+        plan = planner.plan(
+            segment="premium", eligible=True, target=target, rma_multiplier=1.0,
+            sbm_keeps=True, sbm_available=True, value=None, segment_rank=rank,
+        )  # fmt: skip
+        if plan.strong:
+            top += i % 2
+            low += 1 - i % 2
+    for got in (top, low):
+        assert got / (n / 2) == pytest.approx(0.05, abs=0.01)
+
+
+def test_the_floor_travels_in_the_target() -> None:
+    msg = _target_msg()
+    assert "explore" not in messages.encode(msg).decode()
+    explored = messages.Target(
+        ts=100.0, region="us-east", epoch=4, ttl_s=180.0,
+        rma={"candidates": 600, "base": BASE, "max": MAX},
+        sbm={"coverage": 0.1, "segments": {"casual": 0.2}, "explore": 0.05},
+        budget={"cpu": 1.0, "accelerator": 1.0}, reason="pid",
+    )  # fmt: skip
+    back = messages.decode("targets", messages.encode(explored))
+    assert isinstance(back, messages.Target)
+    assert back.sbm.explore == pytest.approx(0.05)
+    book = TargetBook("us-east", BASE)
+    book.offer(msg)
+    assert book.state(150.0).sbm_explore == 0.0
+    book.offer(explored)
+    assert book.state(150.0).sbm_explore == pytest.approx(0.05)
+    plane = ControlPlane(CFG, np.random.default_rng(1))
+    rng = np.random.default_rng(2)
+    for i in range(10):
+        t = plane.step(
+            observation(
+                60.0 * (i + 1), p99_ms=60.0, capacity=capacity(16, 2), value=_value(rng),
+                segment_rps={"premium": 45.0, "casual": 255.0}, value_age_s=5.0,
+            )
+        )  # fmt: skip
+    route = plane.decision("us-east").route  # type: ignore[union-attr]
+    assert t.sbm_coverage > 0.0
+    assert t.sbm_explore == pytest.approx(route.floor)
+    assert t.sbm_explore > 0.0
