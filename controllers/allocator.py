@@ -99,6 +99,7 @@ __all__ = [
     "Pool",
     "QualityCurves",
     "RmaCurve",
+    "fill_levels",
     "pools_from_capacity",
     "solve_lp",
     "stratum_levels",
@@ -967,17 +968,27 @@ def stratum_levels(
     at the level where its marginal value per candidate meets one price); the last tranche may
     be filled in part. A stratum nobody serves (``free = 0``) gets the level of that price too.
     None when no tranche pays (no gain anywhere: nothing to order by)."""
-    w = np.clip(np.nan_to_num(np.asarray(share, dtype=np.float64)), 0.0, None)
-    w = w * np.clip(np.nan_to_num(np.asarray(free, dtype=np.float64)), 0.0, 1.0)
     g = np.nan_to_num(np.asarray(gain, dtype=np.float64))
     x = [float(e) for e in extras]
+    hulls = [concave_tranches(x, [float(v) for v in row]) for row in g]
+    return fill_levels(budget, share, free, hulls)
+
+
+def fill_levels(
+    budget: float,
+    share: npt.ArrayLike,
+    free: npt.ArrayLike,
+    hulls: Sequence[Sequence[tuple[float, float, float]]],
+) -> npt.NDArray[np.float64] | None:
+    """:func:`stratum_levels` from each stratum's rising hull tranches ``(from, to, value per
+    candidate)`` (:func:`~headroom.controllers.levers.concave_tranches`), so a caller that has
+    them (a curve's hull scaled by a stratum's value) does not compute them again."""
+    w = np.clip(np.nan_to_num(np.asarray(share, dtype=np.float64)), 0.0, None)
+    w = w * np.clip(np.nan_to_num(np.asarray(free, dtype=np.float64)), 0.0, 1.0)
     n_cells = w.size
     tranches: list[tuple[float, int, float, float]] = []  # (-slope, cell, from, to)
-    hulls: list[list[tuple[float, float, float]]] = []
     for c in range(n_cells):
-        h = concave_tranches(x, [float(v) for v in g[c]])
-        hulls.append(h)
-        tranches += [(-slope, c, a, b) for a, b, slope in h]
+        tranches += [(-slope, c, a, b) for a, b, slope in hulls[c]]
     if not tranches:
         return None
     tranches.sort()

@@ -57,6 +57,7 @@ a :class:`LeverRegistry` passed to the control plane (docs/controllers.md has a 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from abc import ABC, abstractmethod
@@ -545,6 +546,11 @@ class RmaCurve:
             if len(g) != len(self.extras):
                 raise ValueError(f"gains[{seg!r}]: {len(g)} points for {len(self.extras)} extras")
 
+    def hull(self, segment: str) -> tuple[tuple[float, float, float], ...]:
+        """The rising tranches of ``segment``'s concave hull (:func:`concave_tranches`); a
+        stratum worth ``V > 0`` per unit of gain has the same tranches, slopes times ``V``."""
+        return _hull_of(self.extras, tuple(self.gains[segment]))
+
     def gain(self, segment: str, extra: float) -> float:
         """The curve's gain of ``segment`` at ``extra`` extras (linear between its points)."""
         return float(np.interp(extra, self.extras, self.gains[segment]))
@@ -568,6 +574,11 @@ class RmaCurve:
             q = np.asarray(curves.mean_quality(i, 0, n), dtype=np.float64)
             gains[seg] = tuple(float(x - q[0]) for x in q)
         return cls(tuple(int(e) for e in extras), gains)
+
+
+@functools.lru_cache(maxsize=256)
+def _hull_of(x: tuple[int, ...], y: tuple[float, ...]) -> tuple[tuple[float, float, float], ...]:
+    return tuple(concave_tranches(x, y))
 
 
 def concave_tranches(x: Sequence[float], y: Sequence[float]) -> list[tuple[float, float, float]]:
@@ -794,8 +805,10 @@ class RmaLever(Lever):
                 v = means.get(stratum_key(seg, k))
                 if v is None:
                     return super().tranches(book, ctx, z, min_samples)
-                for a, b, rise in concave_tranches(curve.extras, curve.gains[seg]):
-                    rows.append((v * rise, rps / VALUE_BINS * (b - a)))
+                if v > 0.0:
+                    rows += [
+                        (v * rise, rps / VALUE_BINS * (b - a)) for a, b, rise in curve.hull(seg)
+                    ]
         predicted = num = 0.0
         units = 0.0
         for key, (n_t, u) in book.worked(self.name, self.unit_cost()).items():

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from headroom.controllers.allocator import Allocation, Allocator, RmaCurve, stratum_levels
+from headroom.controllers.allocator import Allocation, Allocator, RmaCurve, fill_levels
 from headroom.controllers.config import ControlConfig
 from headroom.controllers.coverage import CoverageController, CoverageResult
 from headroom.controllers.levers import LeverContext, LeverRegistry, ValueBook
@@ -415,10 +415,12 @@ class ControlPlane:
         share = np.repeat([weights[s] / total / k_bins for s in segs], k_bins)
         p = np.array([probabilities.get(s, 0.0) for s in segs], dtype=np.float64)
         free = 1.0 - min(max(eligible, 0.0), 1.0) * self._rule.sbm_shares(p, explore).ravel()
-        gain = value.reshape(-1, 1) * np.repeat(
-            np.array([curve.gains[s] for s in segs], dtype=np.float64), k_bins, axis=0
-        )
-        lv = stratum_levels(budget, share, free, gain, curve.extras)
+        hulls = [
+            [(a, b, v * rise) for a, b, rise in curve.hull(seg)] if v > 0.0 else []
+            for i, seg in enumerate(segs)
+            for v in value[i].tolist()
+        ]
+        lv = fill_levels(budget, share, free, hulls)
         if lv is None:
             return {}
         top = self._rule.span
