@@ -74,6 +74,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 import numpy as np
+import numpy.typing as npt
 
 from headroom.controllers.config import AllocatorSettings, ValueSettings
 from headroom.controllers.levers import (
@@ -81,9 +82,12 @@ from headroom.controllers.levers import (
     Lever,
     LeverContext,
     LeverRegistry,
+    QualityCurves,
+    RmaCurve,
     Tranche,
     ValueBook,
     ValueEstimate,
+    concave_tranches,
 )
 from headroom.controllers.types import CapacityLevel, LeverShare
 from headroom.defences.capacity import CapacityBook
@@ -93,8 +97,12 @@ __all__ = [
     "Allocator",
     "FallbackReason",
     "Pool",
+    "QualityCurves",
+    "RmaCurve",
+    "fill_levels",
     "pools_from_capacity",
     "solve_lp",
+    "stratum_levels",
 ]
 
 _EPS = 1e-9
@@ -935,3 +943,74 @@ class Allocator:
             slot = acc.per_hw.setdefault((v.lever, hw), [0.0, 0.0])
             slot[0] += cpu
             slot[1] += a_
+
+
+# ------------------------------------------------------------------------------------------------
+# RMA per stratum: the level each value bin gets (docs/controllers.md, "RMA levels")
+# ------------------------------------------------------------------------------------------------
+
+
+def stratum_levels(
+    budget: float,
+    share: npt.ArrayLike,
+    free: npt.ArrayLike,
+    gain: npt.ArrayLike,
+    extras: Sequence[float],
+) -> npt.NDArray[np.float64] | None:
+    """Extra candidates per stratum that spend ``budget`` extras per treatment request where
+    they are worth most (docs/controllers.md, "RMA levels").
+
+    ``share[c]``: stratum ``c``'s share of the treatment requests; ``free[c]``: the share of
+    them RMA may serve (the strong model takes the rest); ``gain[c, j]``: the value one request
+    of ``c`` gains with ``extras[j]`` extras. Each stratum's gain is replaced by its concave
+    hull and its rising tranches are filled by value per extra candidate, best first (the
+    LP's optimum for a concave, separable objective under one budget row: every stratum ends
+    at the level where its marginal value per candidate meets one price); the last tranche may
+    be filled in part. A stratum nobody serves (``free = 0``) gets the level of that price too.
+    None when no tranche pays (no gain anywhere: nothing to order by)."""
+    g = np.nan_to_num(np.asarray(gain, dtype=np.float64))
+    x = [float(e) for e in extras]
+    hulls = [concave_tranches(x, [float(v) for v in row]) for row in g]
+    return fill_levels(budget, share, free, hulls)
+
+
+def fill_levels(
+    budget: float,
+    share: npt.ArrayLike,
+    free: npt.ArrayLike,
+    hulls: Sequence[Sequence[tuple[float, float, float]]],
+) -> npt.NDArray[np.float64] | None:
+    """:func:`stratum_levels` from each stratum's rising hull tranches ``(from, to, value per
+    candidate)`` (:func:`~headroom.controllers.levers.concave_tranches`), so a caller that has
+    them (a curve's hull scaled by a stratum's value) does not compute them again."""
+    w = np.clip(np.nan_to_num(np.asarray(share, dtype=np.float64)), 0.0, None)
+    w = w * np.clip(np.nan_to_num(np.asarray(free, dtype=np.float64)), 0.0, 1.0)
+    n_cells = w.size
+    tranches: list[tuple[float, int, float, float]] = []  # (-slope, cell, from, to)
+    for c in range(n_cells):
+        tranches += [(-slope, c, a, b) for a, b, slope in hulls[c]]
+    if not tranches:
+        return None
+    tranches.sort()
+    level = np.zeros(n_cells)
+    left = max(float(budget), 0.0) if math.isfinite(budget) else 0.0
+    price = 0.0
+    for neg, c, a, b in tranches:
+        if w[c] <= 0.0:
+            continue
+        if left <= 0.0:
+            break
+        price = -neg
+        cost = w[c] * (b - a)
+        if cost <= left:
+            level[c] = b
+            left -= cost
+        else:
+            level[c] = a + left / w[c]
+            left = 0.0
+    for c in range(n_cells):
+        if w[c] <= 0.0:
+            level[c] = max(
+                (b for a, b, slope in hulls[c] if slope >= price and price > 0.0), default=0.0
+            )
+    return level

@@ -57,12 +57,16 @@ a :class:`LeverRegistry` passed to the control plane (docs/controllers.md has a 
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
 
 from headroom.controllers.types import (
     LEVER_PRECOMPUTE,
@@ -71,8 +75,10 @@ from headroom.controllers.types import (
     ArmStats,
     ValueKey,
     segment_of,
+    stratum_key,
 )
 from headroom.defences.admission import admissible_utilization
+from headroom.defences.plan import VALUE_BINS
 from headroom.kernel.estimate import Moments, adjusted_difference, slope
 from headroom.kernel.jsonstate import Snapshotting
 
@@ -86,7 +92,9 @@ __all__ = [
     "LeverContext",
     "LeverRegistry",
     "PrecomputeLever",
+    "QualityCurves",
     "ResourceCost",
+    "RmaCurve",
     "RmaLever",
     "SbmLever",
     "ShedAction",
@@ -94,6 +102,7 @@ __all__ = [
     "Uplift",
     "ValueBook",
     "ValueEstimate",
+    "concave_tranches",
 ]
 
 
@@ -436,6 +445,35 @@ class ValueBook:
             return Uplift(0.0, math.inf, n_t_total, n_c_total)
         return Uplift(num / var, math.sqrt(1.0 / var), n_t_total, n_c_total)
 
+    def worked(self, lever: str, unit: ResourceCost) -> dict[str, tuple[float, float]]:
+        """Per stratum (book key) where ``lever``'s treatment sums carry cost: (treated
+        requests, units of work they received), the work on the lever's dominant resource over
+        its cost per unit (as in :meth:`per_unit`)."""
+        if unit.cpu_s >= unit.accelerator_s and unit.cpu_s > 0.0:
+            col, per_unit_ms = 3, unit.cpu_s * 1000.0
+        elif unit.accelerator_s > 0.0:
+            col, per_unit_ms = 4, unit.accelerator_s * 1000.0
+        else:
+            return {}
+        return {
+            key: (a[0], a[col] / per_unit_ms)
+            for (key, lv, arm), a in self._sums.items()
+            if lv == lever and arm == "treatment" and a[0] > 0.0 and a[col] > 0.0
+        }
+
+    def signal_means(self, min_n: float = 2.0) -> dict[str, float]:
+        """Per book key (segment or stratum), the mean value signal of its requests over every
+        lever and arm: the signal is known before any work is done, so no arm biases it (the
+        RMA levels' value of a stratum). Keys with fewer than ``min_n`` (discounted) requests
+        carrying signal sums are left out."""
+        n: dict[str, float] = {}
+        x: dict[str, float] = {}
+        for (key, _lever, _arm), a in self._sums.items():
+            if a[0] > 0.0 and a[5] > 0.0:
+                n[key] = n.get(key, 0.0) + a[0]
+                x[key] = x.get(key, 0.0) + a[5]
+        return {k: x[k] / n[k] for k in n if n[k] >= min_n and math.isfinite(x[k] / n[k])}
+
     def pooled_sd(self) -> float:
         """Standard deviation of one request's value over everything seen (0 if nothing)."""
         n = s = q = 0.0
@@ -479,6 +517,89 @@ class ValueBook:
 
 
 _SNAPSHOTTING: tuple[type[Snapshotting], ...] = (ValueBook,)  # checked by mypy
+
+
+class QualityCurves(Protocol):
+    """What :meth:`RmaCurve.from_curves` reads of the ranking world's measured curves
+    (:class:`headroom.world.values.ValueCurves`): mean top-ad quality per segment index, model
+    (0 base) and candidate count."""
+
+    def mean_quality(self, segment_idx: Any, model: Any, n: Any) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RmaCurve:
+    """RMA's value curve: per segment, the mean quality the base model gains by ranking
+    ``extras[j]`` more candidates than the base count (``extras[0] = 0``, gain 0 there)."""
+
+    extras: tuple[int, ...]
+    gains: Mapping[str, tuple[float, ...]]
+
+    def __post_init__(self) -> None:
+        if (
+            not self.extras
+            or self.extras[0] != 0
+            or any(b <= a for a, b in zip(self.extras, self.extras[1:], strict=False))
+        ):
+            raise ValueError("extras must start at 0 and increase strictly")
+        for seg, g in self.gains.items():
+            if len(g) != len(self.extras):
+                raise ValueError(f"gains[{seg!r}]: {len(g)} points for {len(self.extras)} extras")
+
+    def hull(self, segment: str) -> tuple[tuple[float, float, float], ...]:
+        """The rising tranches of ``segment``'s concave hull (:func:`concave_tranches`); a
+        stratum worth ``V > 0`` per unit of gain has the same tranches, slopes times ``V``."""
+        return _hull_of(self.extras, tuple(self.gains[segment]))
+
+    def gain(self, segment: str, extra: float) -> float:
+        """The curve's gain of ``segment`` at ``extra`` extras (linear between its points)."""
+        return float(np.interp(extra, self.extras, self.gains[segment]))
+
+    @classmethod
+    def from_curves(
+        cls,
+        curves: QualityCurves,
+        segments: Sequence[str],
+        base: int,
+        max_candidates: int,
+        steps: int = 16,
+    ) -> RmaCurve:
+        """The curve at ``steps`` equal steps of ``[0, max − base]`` (segments in the curves'
+        order)."""
+        span = max(int(max_candidates) - int(base), 0)
+        extras = sorted({round(span * j / max(steps, 1)) for j in range(max(steps, 1) + 1)})
+        n = np.asarray([base + e for e in extras], dtype=np.float64)
+        gains = {}
+        for i, seg in enumerate(segments):
+            q = np.asarray(curves.mean_quality(i, 0, n), dtype=np.float64)
+            gains[seg] = tuple(float(x - q[0]) for x in q)
+        return cls(tuple(int(e) for e in extras), gains)
+
+
+@functools.lru_cache(maxsize=256)
+def _hull_of(x: tuple[int, ...], y: tuple[float, ...]) -> tuple[tuple[float, float, float], ...]:
+    return tuple(concave_tranches(x, y))
+
+
+def concave_tranches(x: Sequence[float], y: Sequence[float]) -> list[tuple[float, float, float]]:
+    """The rising part of the upper concave hull of the points ``(x, y)`` (``x`` increasing),
+    as tranches ``(from, to, slope)`` with decreasing positive slopes."""
+    hull: list[tuple[float, float]] = []
+    for p in zip(x, y, strict=True):
+        while len(hull) >= 2:
+            (x0, y0), (x1, y1) = hull[-2], hull[-1]
+            if (x1 - x0) * (p[1] - y0) - (y1 - y0) * (p[0] - x0) >= 0.0:
+                hull.pop()  # the middle point is on or under the chord: not a vertex
+            else:
+                break
+        hull.append(p)
+    out = []
+    for (x0, y0), (x1, y1) in itertools.pairwise(hull):
+        slope = (y1 - y0) / (x1 - x0)
+        if not (slope > 0.0 and math.isfinite(slope)):
+            break
+        out.append((x0, x1, slope))
+    return out
 
 
 class Lever(ABC):
@@ -615,16 +736,21 @@ class RmaLever(Lever):
     shed_action = ShedAction.TRIM_CANDIDATES
     costed_signals = True
 
+    # the concave tranches of :meth:`tranches` (with a curve) are merged into at most this many
+    BANDS = 8
+
     def __init__(
         self,
         costs: CostModel,
         base_candidates: int,
         max_candidates: int,
         step_headroom: float | None = None,
+        curve: RmaCurve | None = None,
     ) -> None:
         self.costs = costs
         self.hardware = costs.base_hardware
         self.span = max(max_candidates - base_candidates, 0)
+        self.curve = curve
         # The latency loop moves the target up by at most one rate-limit step per interval, so
         # capacity beyond (extra in force + one step) would sit idle in RMA's budget while
         # another lever could use it. None: no such limit (the whole span).
@@ -650,6 +776,73 @@ class RmaLever(Lever):
         # a segment's requests can each take the span; the rate-limit step bounds the lever
         # as a whole (its demand row), not how it is spread over segments
         return max(rps, 0.0) * self.span
+
+    def tranches(
+        self, book: ValueBook, ctx: LeverContext, z: float, min_samples: float
+    ) -> list[Tranche]:
+        """With a curve: RMA's value as concave tranches over the strata (docs/controllers.md,
+        "RMA levels"). Every stratum ``c`` (segment × value bin) gains ``V_c · G_s(e)`` per
+        request with ``e`` extras (``V_c`` its mean value signal, ``G_s`` the curve's
+        quality gain); the rising tranches of each stratum's concave hull, ``rps_c · (b − a)``
+        candidates/s at ``V_c · slope`` per candidate, are sorted by that value and merged into
+        at most :attr:`BANDS` bands of equal demand (each at its demand-weighted value: the
+        order, and so the concavity, is kept). The measured value calibrates the curve: every
+        band's estimate is ``V_c · slope`` times the lever's pooled estimate over the value
+        the curve predicts for the work on record (:meth:`ValueBook.worked`), so its LCB is
+        the measured LCB in the curve's shape. Without a curve, a pooled estimate, a value
+        signal for every stratum of a segment with traffic, or a positive prediction: the
+        per-segment tranches."""
+        curve = self.curve
+        pooled = self.estimate(book, ctx, z, min_samples)
+        if curve is None or not pooled.known:
+            return super().tranches(book, ctx, z, min_samples)
+        means = book.signal_means()
+        rows: list[tuple[float, float]] = []  # (value per candidate, candidates/s)
+        for seg, rps in sorted(ctx.segment_rps.items()):
+            if not (math.isfinite(rps) and rps > 0.0) or seg not in curve.gains:
+                continue
+            for k in range(VALUE_BINS):
+                v = means.get(stratum_key(seg, k))
+                if v is None:
+                    return super().tranches(book, ctx, z, min_samples)
+                if v > 0.0:
+                    rows += [
+                        (v * rise, rps / VALUE_BINS * (b - a)) for a, b, rise in curve.hull(seg)
+                    ]
+        predicted = num = 0.0
+        units = 0.0
+        for key, (n_t, u) in book.worked(self.name, self.unit_cost()).items():
+            v = means.get(key)
+            seg = segment_of(key)
+            if v is None or seg not in curve.gains or not n_t > 0.0:
+                continue
+            num += n_t * v * curve.gain(seg, u / n_t)
+            units += u
+        predicted = num / units if units > 0.0 else 0.0
+        if not rows or not predicted > 0.0:
+            return super().tranches(book, ctx, z, min_samples)
+        rows.sort(key=lambda r: -r[0])
+        total = sum(d for _, d in rows)
+        per_band = total / self.BANDS
+        out: list[Tranche] = []
+        acc_v = acc_d = 0.0
+        for i, (v, d) in enumerate(rows):
+            acc_v += v * d
+            acc_d += d
+            if acc_d >= per_band * (1.0 - 1e-9) or i == len(rows) - 1:
+                value = acc_v / acc_d / predicted
+                est = ValueEstimate(
+                    pooled.mean * value,
+                    pooled.se * value,
+                    pooled.lcb * value,
+                    pooled.ucb * value,
+                    pooled.n_treatment,
+                    pooled.n_control,
+                    True,
+                )
+                out.append(Tranche(f"rma-band-{len(out)}", acc_d, est, 0.0, True))
+                acc_v = acc_d = 0.0
+        return out
 
 
 class SbmLever(Lever):
@@ -747,12 +940,13 @@ class LeverRegistry:
         precompute: bool = False,
         rma_step_headroom: float | None = None,
         strong_wait_budget_ms: float | None = None,
+        rma_curve: RmaCurve | None = None,
     ) -> LeverRegistry:
         """RMA and SBM, plus precompute when the scenario allows it. ``rma_step_headroom``:
         extra candidates the RMA loop may add in one step (its demand stops there);
         ``strong_wait_budget_ms``: the strong replicas' mean-wait budget (SBM's usable share)."""
         levers: list[Lever] = [
-            RmaLever(costs, base_candidates, max_candidates, rma_step_headroom),
+            RmaLever(costs, base_candidates, max_candidates, rma_step_headroom, rma_curve),
             SbmLever(costs, max_coverage, strong_wait_budget_ms),
         ]
         if precompute:

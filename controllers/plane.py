@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from headroom.controllers.allocator import Allocation, Allocator
+from headroom.controllers.allocator import Allocation, Allocator, RmaCurve, fill_levels
 from headroom.controllers.config import ControlConfig
 from headroom.controllers.coverage import CoverageController, CoverageResult
 from headroom.controllers.levers import LeverContext, LeverRegistry, ValueBook
@@ -56,7 +56,9 @@ from headroom.controllers.types import (
     CapacityLevel,
     RegionObservation,
     RegionTargets,
+    stratum_key,
 )
+from headroom.defences.plan import VALUE_BINS, PlanRule
 from headroom.kernel.errors import HeadroomError
 from headroom.kernel.jsonstate import Snapshotting
 
@@ -141,6 +143,8 @@ class Decision:
             ],
             "fallback": t.fallback,
             "precompute_jobs_per_s": t.precompute_jobs_per_s,
+            "rma_levels": {seg: list(v) for seg, v in t.rma_levels.items()},
+            "sbm_explore": t.sbm_explore,
             "inputs": dict(self.inputs),
             "sbm_reason": self.coverage.limit.value,
             "cap_bound": list(self.allocation.cap_bound),
@@ -216,9 +220,14 @@ class ControlPlane:
         config: ControlConfig,
         rng: np.random.Generator,
         levers: LeverRegistry | None = None,
+        rma_curve: RmaCurve | None = None,
     ) -> None:
         self.config = config
         self.rng = rng
+        # RMA's value curve per segment (the ranking world's): with it, the targets carry the
+        # level of every value bin (``rma_levels``); without it, the plan's one block
+        self.rma_curve = rma_curve
+        self._rule = PlanRule(0.0, config.base_candidates, config.max_candidates)
         self.levers = (
             levers
             if levers is not None
@@ -232,6 +241,7 @@ class ControlPlane:
                     config.pid.max_step_up * (config.max_candidates - config.base_candidates)
                 ),
                 strong_wait_budget_ms=config.coverage.wait_budget_share * config.setpoint_ms,
+                rma_curve=rma_curve,
             )
         )
         self.allocator = Allocator(config.allocator, config.value, self.levers)
@@ -325,12 +335,22 @@ class ControlPlane:
         st.last_now = now
 
         cmax = cfg.coverage.max_coverage
+        candidates = min(max(rma.candidates, cfg.base_candidates), cfg.max_candidates)
+        explore = min(max(route.floor, 0.0), 1.0) if coverage > 0.0 else 0.0
+        levels = self._rma_levels(
+            st.book,
+            candidates - cfg.base_candidates,
+            weights,
+            route.probabilities if coverage > 0.0 else {},
+            eligible_rps / request_rps if request_rps > 0.0 else 0.0,
+            explore,
+        )
         targets = RegionTargets(
             region=obs.region,
             ts=now,
             epoch=st.epoch,
             ttl_s=cfg.ttl_s,
-            rma_candidates=min(max(rma.candidates, cfg.base_candidates), cfg.max_candidates),
+            rma_candidates=candidates,
             rma_base=cfg.base_candidates,
             rma_max=cfg.max_candidates,
             sbm_coverage=min(max(coverage, 0.0), cmax),
@@ -344,6 +364,8 @@ class ControlPlane:
             allocation=alloc.shares,
             precompute_jobs_per_s=_finite_nonneg(precompute),
             fallback=alloc.fallback.value if alloc.fallback is not None else None,
+            rma_levels=levels,
+            sbm_explore=explore,
         )
         inputs = {
             "p99_ms": {k: _finite_or_none(v) for k, v in obs.p99_ms.items()},
@@ -358,6 +380,56 @@ class ControlPlane:
         }
         self._decisions[obs.region] = Decision(targets, alloc, rma, cov, route, inputs)
         return targets
+
+    def _rma_levels(
+        self,
+        book: ValueBook,
+        budget: float,
+        weights: Mapping[str, float],
+        probabilities: Mapping[str, float],
+        eligible: float,
+        explore: float = 0.0,
+    ) -> dict[str, tuple[int, ...]]:
+        """Per segment, the extra candidates of each value bin that spend ``budget`` extras per
+        treatment request best (:func:`headroom.controllers.allocator.stratum_levels`): a
+        stratum is worth its mean value signal (the value book) times the curve's quality gain,
+        and RMA serves the part of it the strong model is not routed (the plan's routing rule
+        at the target's probabilities). Empty — the plan's one block — without a curve, without
+        a budget, or while a stratum of a segment with traffic has no value signal yet."""
+        curve = self.rma_curve
+        if curve is None or not budget > 0.0:
+            return {}
+        total = sum(w for s, w in weights.items() if s in curve.gains and w > 0.0)
+        segs = [s for s, w in weights.items() if s in curve.gains and w > 0.0]
+        if not segs or not total > 0.0:
+            return {}
+        means = book.signal_means()
+        k_bins = VALUE_BINS
+        value = np.empty((len(segs), k_bins))
+        for i, seg in enumerate(segs):
+            for k in range(k_bins):
+                v = means.get(stratum_key(seg, k))
+                if v is None:
+                    return {}
+                value[i, k] = v
+        share = np.repeat([weights[s] / total / k_bins for s in segs], k_bins)
+        p = np.array([probabilities.get(s, 0.0) for s in segs], dtype=np.float64)
+        free = 1.0 - min(max(eligible, 0.0), 1.0) * self._rule.sbm_shares(p, explore).ravel()
+        hulls = [
+            [(a, b, v * rise) for a, b, rise in curve.hull(seg)] if v > 0.0 else []
+            for i, seg in enumerate(segs)
+            for v in value[i].tolist()
+        ]
+        lv = fill_levels(budget, share, free, hulls)
+        if lv is None:
+            return {}
+        top = self._rule.span
+        return {
+            seg: tuple(
+                min(max(math.floor(x + 0.5), 0), top) for x in lv[i * k_bins : (i + 1) * k_bins]
+            )
+            for i, seg in enumerate(segs)
+        }
 
     @staticmethod
     def _sbm_segments(alloc: Allocation) -> set[str] | None:

@@ -124,3 +124,8 @@ class RegionTargets:
     # precompute: jobs per second the precompute workers may run (0 when the lever is off)
     precompute_jobs_per_s: float = 0.0
     fallback: str | None = None  # why the allocator fell back, if it did
+    # per segment, extra candidates per value bin, lowest first (``targets.rma.levels``; empty:
+    # the plan's one block of ``max − base`` extras to the highest values)
+    rma_levels: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    # the router's exploration floor (``targets.sbm.explore``; 0: every share value-ranked)
+    sbm_explore: float = 0.0

@@ -25,7 +25,11 @@ multipliers ``m_rma``, ``m_sbm`` (AIMD on the health of responses,
    ``K`` bins that is a share ``p_s`` of the segment. Random *within* a bin, so that in every
    bin the routed requests (SBM's intent-to-treat group) and the others (RMA's) are random
    samples of the bin and the holdout estimate post-stratified on the bin stays unbiased.
-   ``value_ranked_sbm=False`` routes a uniform share ``p_s`` of every bin instead.
+   ``value_ranked_sbm=False`` routes a uniform share ``p_s`` of every bin instead. So does a
+   segment the router is only *exploring*: with the target's exploration floor ``f``
+   (``sbm.explore``; absent: 0), a segment with ``0 < p_s ≤ f`` has its share drawn at random
+   from every bin — exploration measures the strong model on the segment, it need not take its
+   highest values from RMA, whose levels pay most there.
 3. **The strong replica's multiplier.** A routed request is *taken* by the strong model if its
    value rank among all recent requests is ≥ ``1 − m_sbm`` (the client shedder's rule: lowest
    value dropped first). A routed request not taken goes on to RMA like any other.
@@ -37,6 +41,12 @@ multipliers ``m_rma``, ``m_sbm`` (AIMD on the health of responses,
    (:func:`rma_among`) — the same mean work per treatment request, where a better ad is worth
    most. Uniform (``value_ranked_rma=False``): every request not taken asks for ``wanted``
    extras and keeps them if its value rank is ≥ ``1 − m_rma`` (the client shedder's rule).
+   **Per-stratum levels** (a target carrying ``rma.levels``, set by the control plane from the
+   value curves; docs/controllers.md, "RMA levels"): a request the strong model did not take
+   gets its stratum's level — segment ``s``'s entry for bin ``k``, clamped to [0, ``max −
+   base``] (:meth:`PlanRule.level`) — and keeps it if its value rank is ≥ ``1 − m_rma`` (the
+   client shedder's rule, lowest values shed first). The levels spend the target's mean; with
+   no RMA budget (``candidates ≤ base``) nothing is spent, levels or not.
 
 The two forms
 =============
@@ -56,8 +66,10 @@ observes each one before ranking it) being ≥ ``1 − min(1, s/left)``.
 takes ``routed · A_s``; a value threshold ``θ`` gives a cell's not-taken requests above it as
 ``(1 − routed) · A(θ) + routed · max(0, A(θ) − A_s)`` (routing is random within a bin, the
 multiplier cuts by value), and value-ranked RMA's ``θ`` solves ``Σ_c share_c · that = s`` (every
-not-taken request when ``s`` exceeds them: ``min(1, s/left)`` again). That is the exact
-expectation of the per-request rule under the cell model.
+not-taken request when ``s`` exceeds them: ``min(1, s/left)`` again). With levels, a cell's
+not-taken requests above the multiplier's threshold get its level (:attr:`CellPlan.levels`; the
+engine makes one request class per level in use). That is the exact expectation of the
+per-request rule under the cell model.
 
 Exploration is not the plan's: the controller's router keeps every segment's ``p_s`` at its
 exploration floor while SBM runs (controllers/router.py), and the plan spends ``p_s`` as given.
@@ -66,7 +78,7 @@ exploration floor while SBM runs (controllers/router.py), and the plan spends ``
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -124,6 +136,15 @@ def _bin_share(k: Any, q: Any, bins: int) -> Any:
     return np.clip(x, 0.0, 1.0)
 
 
+# a segment probability within this factor of the exploration floor is the floor (float noise)
+_EXPLORE_TOL = 1.0 + 1e-9
+
+
+def _explore(target: PlanTarget) -> float:
+    """The target's exploration floor, in [0, 1] (0: none, every share value-ranked)."""
+    return _unit(float(target.sbm_explore))
+
+
 def rma_among(share: float, left: float) -> float:
     """The part of the requests the strong model did not take that value-ranked RMA treats: a
     budget of ``share`` (of all treatment requests) over ``left`` (the share not taken),
@@ -145,6 +166,12 @@ class PlanTarget(Protocol):
 
     @property
     def sbm_segments(self) -> Mapping[str, float]: ...
+
+    @property
+    def rma_levels(self) -> Mapping[str, Sequence[int]]: ...
+
+    @property
+    def sbm_explore(self) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,23 +227,49 @@ class PlanRule:
             return 0.0
         return _unit(float(target.sbm_segments.get(segment, 0.0)))
 
-    def sbm_shares(self, p: npt.ArrayLike) -> FloatArray:
+    def sbm_shares(self, p: npt.ArrayLike, explore: float = 0.0) -> FloatArray:
         """Per value bin, the share of an eligible treatment request routed to the strong model,
         for segment probabilities ``p`` (any shape; the bins are a new last axis of length
         ``bins``). Value-ranked: :func:`_bin_share`, which averages to ``p`` over the bins;
-        uniform: ``p`` in every bin."""
+        uniform: ``p`` in every bin — also, value-ranked, for a segment only being explored
+        (``0 < p ≤ explore``, the router's floor; module docstring, step 2)."""
         q = np.clip(np.nan_to_num(np.asarray(p, dtype=np.float64), nan=0.0), 0.0, 1.0)[..., None]
         if not self.value_ranked_sbm:
             return np.repeat(q, self.bins, axis=-1)
         k = np.arange(self.bins, dtype=np.float64)
-        return np.asarray(_bin_share(k, q, self.bins), dtype=np.float64)
+        ranked = np.asarray(_bin_share(k, q, self.bins), dtype=np.float64)
+        if explore > 0.0:
+            ranked = np.where(q <= explore * _EXPLORE_TOL, q, ranked)
+        return np.asarray(ranked, dtype=np.float64)
 
-    def sbm_share(self, stratum: int, p: float) -> float:
+    def sbm_share(self, stratum: int, p: float, explore: float = 0.0) -> float:
         """:meth:`sbm_shares` for one request of value bin ``stratum``."""
         q = _unit(p)
-        if not self.value_ranked_sbm:
+        if not self.value_ranked_sbm or (explore > 0.0 and q <= explore * _EXPLORE_TOL):
             return q
         return float(_bin_share(float(stratum), q, self.bins))  # the same formula, one bin
+
+    def level(self, levels: Mapping[str, Sequence[int]], segment: str, stratum: int) -> int:
+        """Extra candidates a request of ``segment``'s value bin ``stratum`` gets under the
+        target's per-stratum ``levels`` (module docstring, step 4): the segment's entry for the
+        bin (a list of another length is read by value rank: entry ``⌊stratum·len/bins⌋``),
+        clamped to [0, ``span``]; 0 for a segment the levels do not name."""
+        row = levels.get(segment)
+        if not row:
+            return 0
+        n = len(row)
+        i = stratum if n == self.bins else (stratum * n) // self.bins
+        x = row[min(max(i, 0), n - 1)]
+        return min(max(int(x), 0), self.span) if x == x else 0
+
+    def levels_by_cell(
+        self, levels: Mapping[str, Sequence[int]], segments: Sequence[str]
+    ) -> npt.NDArray[np.int64]:
+        """:meth:`level` of every cell (segment ``s`` × value bin ``k``, index ``s·bins + k``)."""
+        return np.array(
+            [self.level(levels, seg, k) for seg in segments for k in range(self.bins)],
+            dtype=np.int64,
+        )
 
     def rma(self, candidates: int, multiplier: float) -> RmaSpend:
         """What RMA asks when the target asks for ``candidates`` and the client-side multiplier
@@ -321,7 +374,8 @@ class RequestPlanner:
         if u_arm < rule.holdout:
             return RequestPlan(control=True, strong=False, extra=0)
         p = rule.segment_probability(target, segment)
-        routed = bool(u_sbm < rule.sbm_share(value_stratum(segment_rank, rule.bins), p))
+        stratum = value_stratum(segment_rank, rule.bins)
+        routed = bool(u_sbm < rule.sbm_share(stratum, p, _explore(target)))
         strong = eligible and sbm_available and routed and sbm_keeps
         r_hat = self.routed_share.add(strong)
         if strong:
@@ -333,6 +387,10 @@ class RequestPlanner:
         spend = rule.rma(target.rma_candidates, rma_multiplier)
         if spend.extra <= 0:
             return RequestPlan(control=False, strong=False, extra=0)
+        levels = target.rma_levels
+        if levels:
+            extra = rule.level(levels, segment, stratum)
+            return RequestPlan(control=False, strong=False, extra=extra if rma_keeps else 0)
         if not spend.ranked:
             return RequestPlan(control=False, strong=False, extra=spend.extra if rma_keeps else 0)
         among = rma_among(spend.share, 1.0 - r_hat)
@@ -381,8 +439,9 @@ class CellPlan:
 
     routed: FloatArray  # (C,) routed to the strong model by the target
     sbm: FloatArray  # (C,) taken by the strong model (routed, kept by its multiplier)
-    rma: FloatArray  # (C,) given ``extra`` extra candidates
-    extra: int  # extra candidates of an RMA request (0: no RMA)
+    rma: FloatArray  # (C,) given ``extra`` extra candidates (``levels[c]`` with levels)
+    extra: int  # extra candidates of an RMA request (0: no RMA; the largest level with levels)
+    levels: npt.NDArray[np.int64] | None = None  # (C,) per-stratum levels (None: one ``extra``)
 
 
 @dataclass
@@ -398,12 +457,27 @@ class CellPlanner:
     cells: ValueCells
     eligible: float = 1.0
     cache: dict[Any, FloatArray] = field(default_factory=dict)
+    _levels: tuple[Any, npt.NDArray[np.int64]] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.cells.bins != self.rule.bins:
             raise ConfigError(
                 f"value_bins: the plan has {self.rule.bins} bins, the population {self.cells.bins}"
             )
+
+    def cell_levels(self, target: PlanTarget) -> npt.NDArray[np.int64] | None:
+        """The target's per-stratum levels of every cell (:meth:`PlanRule.levels_by_cell`; the
+        last target's are kept), None when it carries none (one block)."""
+        levels = target.rma_levels
+        if not levels:
+            return None
+        last = self._levels
+        if last is not None and last[0] is levels:
+            return last[1]
+        got = self.rule.levels_by_cell(levels, self.cells.segments)
+        got.setflags(write=False)
+        self._levels = (levels, got)
+        return got
 
     def probabilities(self, target: PlanTarget | None) -> FloatArray:
         """``p_s`` of every segment, in the population's order."""
@@ -414,7 +488,8 @@ class CellPlanner:
 
     def routed(self, target: PlanTarget | None) -> FloatArray:
         """Per cell, the share of treatment requests the target routes to the strong model."""
-        return self.eligible * self.rule.sbm_shares(self.probabilities(target)).ravel()
+        explore = _explore(target) if target is not None else 0.0
+        return self.eligible * self.rule.sbm_shares(self.probabilities(target), explore).ravel()
 
     def plan(self, target: PlanTarget, m_rma: float = 1.0, m_sbm: float = 1.0) -> CellPlan:
         """The cells' shares under ``target`` and the client-side multipliers."""
@@ -423,6 +498,12 @@ class CellPlanner:
         keep_s = cells.keep_top(m_sbm)
         sbm = routed * keep_s
         spend = self.rule.rma(target.rma_candidates, m_rma)
+        lv = self.cell_levels(target) if spend.extra > 0 else None
+        if lv is not None:
+            rma = self._not_taken_above(cells.keep_top(spend.multiplier), routed, keep_s)
+            rma = np.where(lv > 0, rma, 0.0)
+            top = int(lv.max()) if lv.size else 0
+            return CellPlan(routed=routed, sbm=sbm, rma=rma, extra=top, levels=lv)
         if spend.extra <= 0:
             rma = np.zeros(cells.n_cells)
         elif spend.ranked:

@@ -166,6 +166,10 @@ class Targets:
     sbm_coverage: float = 0.0
     # precompute jobs per second (of PrecomputeLever's size) the control plane grants
     precompute_jobs_per_s: float = 0.0
+    # per segment, extra candidates per value bin (``targets.rma.levels``; empty: one block)
+    rma_levels: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    # the router's exploration floor (``targets.sbm.explore``; 0: every share value-ranked)
+    sbm_explore: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

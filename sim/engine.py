@@ -247,6 +247,8 @@ class RegionRun:
         self.base_mix = build_mix(ctx, baseline_plan(ctx))
         self.mix = self.base_mix
         self._mix_key: Any = ("base",)
+        # the last per-stratum levels and their split into classes (levels, cell -> class)
+        self._level_split: tuple[Any, Any, Any] | None = None
         # the client plan last computed: (target, m_rma, m_sbm) and its shares (a pure function
         # of those; a server deciding every block asks for the same plan again and again)
         self._plan_for: tuple[Any, float, float] | None = None
@@ -518,16 +520,30 @@ class RegionRun:
             fail, sbm_adm = sbm_adm, np.zeros(pop.n_cells)  # no replica: fail fast, retry
         self._mix_key = key
         old = self.mix.plan
-        levels = (extra,) if extra > 0 else ()
+        by_cell = asked.levels
+        if by_cell is not None:  # per-stratum levels: one class per level in use
+            split = self._level_split
+            if split is None or split[0] is not by_cell:
+                got, inv = np.unique(by_cell, return_inverse=True)
+                split = self._level_split = (by_cell, got, inv)
+            rma = np.zeros((split[1].size, pop.n_cells))
+            rma[split[2], np.arange(pop.n_cells)] = rma_adm
+            used = (split[1] > 0) & rma.any(axis=1)
+            levels = tuple(int(e) for e in split[1][used])
+            rma = rma[used]
+        else:
+            levels = (extra,) if extra > 0 else ()
+            rma = rma_adm[None, :] if levels else np.zeros((0, pop.n_cells))
         if (
             old.levels == levels
             and np.array_equal(old.sbm, sbm_adm)
             and np.array_equal(old.down, down)
             and np.array_equal(old.fail, fail)
-            and (not levels or np.array_equal(old.rma[0], rma_adm))
+            and (not levels or np.array_equal(old.rma, rma))
         ):
             return self.mix
-        rma = rma_adm[None, :] if levels else np.zeros((0, pop.n_cells))
+        if not levels:
+            rma = np.zeros((0, pop.n_cells))
         return build_mix(ctx, Plan(levels, rma, sbm_adm, down, fail))
 
     # -- the main loop ----------------------------------------------------------------------

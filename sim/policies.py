@@ -69,6 +69,7 @@ from typing import Any
 
 import numpy as np
 
+from headroom.controllers.allocator import RmaCurve
 from headroom.controllers.config import ControlConfig
 from headroom.controllers.plane import ControlPlane
 from headroom.controllers.types import LEVER_RMA, LEVER_SBM, RegionObservation, RegionTargets
@@ -324,6 +325,8 @@ class PlaneRegion(StaticRegion):
             assignment=_assignment_from(rt, run, self.margin),
             sbm_coverage=rt.sbm_coverage,
             precompute_jobs_per_s=rt.precompute_jobs_per_s,
+            rma_levels=dict(rt.rma_levels),
+            sbm_explore=rt.sbm_explore,
         )
         return Issued(tg, fields, extra)
 
@@ -428,16 +431,19 @@ class HeadroomRegion(PlaneRegion):
         costs = ctx.costs
         tg = run.targets
         assert tg is not None
-        extra = (
+        extra: Any = (
             ctx.nmax - ctx.n0
             if self.value_ranked_rma
             else max(0, min(tg.rma_candidates, ctx.nmax) - ctx.n0)
         )
+        levels = run.planner.cell_levels(tg)
+        if levels is not None:  # per stratum: each cell's level (the plan rule's)
+            extra = levels
         count = max(run.arrival_rate, 0.0) * span * ctx.treat * pop.share
         n_rma = count * rma_req
         n_sbm = count * sbm_req
         q = run.quotas
-        cand = float(n_rma.sum()) * extra
+        cand = float((n_rma * extra).sum())
         need = (
             cand * costs.base_cpu_ms,
             cand * costs.base_accelerator_ms,
@@ -463,7 +469,7 @@ class HeadroomRegion(PlaneRegion):
             )
 
         rma_adm = rma_req
-        if extra > 0 and n_rma.sum() > 0 and not calm(self.rma_server, 0):
+        if np.any(extra > 0) and n_rma.sum() > 0 and not calm(self.rma_server, 0):
             if q.rma_cpu <= 0.0 or q.rma_acc <= 0.0:
                 rma_adm = np.zeros(pop.n_cells)  # hard stop: no level, no optional work
             else:
@@ -684,7 +690,8 @@ class PolicyFactory:
         self.control = control or ControlConfig.from_scenario(ctx.scenario)
         self.plane: ControlPlane | None = None
         if name in ("central-only", "headroom"):
-            self.plane = ControlPlane(self.control, ctx.rng(0, 20))
+            curve = RmaCurve.from_curves(ctx.curves, ctx.segment_names, ctx.n0, ctx.nmax)
+            self.plane = ControlPlane(self.control, ctx.rng(0, 20), rma_curve=curve)
 
     @property
     def interval_s(self) -> float:

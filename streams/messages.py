@@ -153,6 +153,10 @@ _B64 = Annotated[
 _Samples = Annotated[tuple[NonNegative, ...], Meta(max_length=MAX_LIST_ITEMS)]
 _Ranking = Annotated[tuple[Count, ...], Meta(max_length=MAX_LIST_ITEMS)]
 _Segments = Annotated[dict[Name, Share], Meta(max_length=MAX_LIST_ITEMS)]
+_Levels = Annotated[
+    dict[Name, Annotated[tuple[Count, ...], Meta(max_length=MAX_LIST_ITEMS)]],
+    Meta(max_length=MAX_LIST_ITEMS),
+]
 
 
 # -- the base: construction validated by msgspec ---------------------------------------------
@@ -285,33 +289,51 @@ def _encode_hook(obj: Any) -> Any:
 # -- nested value types ----------------------------------------------------------------------
 
 
-class RmaTarget(_Model, frozen=True, kw_only=True):
+class RmaTarget(_Model, frozen=True, kw_only=True, omit_defaults=True):
     """``targets.rma``: candidates to rank now, the baseline count, and the upper bound.
 
     Only ``base <= max`` is checked here; clamping ``candidates`` into ``[base, max]`` is the
     controller's job (docs/messages.md: "controllers clamp every output").
+
+    ``levels`` (optional, written only when set; a read-only mapping): per segment, the extra
+    candidates a request of each value bin gets, lowest bin first — how the plan spends
+    ``candidates − base`` per treatment request over the strata. Absent: one block of
+    ``max − base`` extras to the highest values (readers that do not know it do that).
     """
 
     candidates: Count
     base: Count
     max: Count
+    if TYPE_CHECKING:
+        levels: Mapping[str, tuple[int, ...]] | None = None
+    else:
+        levels: _Levels | None = None
 
     def __post_init__(self) -> None:
         if self.base > self.max:
             raise ValidationError("base", f"must be <= max ({self.max}), got {self.base}")
+        if self.levels is not None:
+            force_setattr(self, "levels", MappingProxyType(self.levels))
 
 
-class SbmTarget(_Model, frozen=True, kw_only=True):
+class SbmTarget(_Model, frozen=True, kw_only=True, omit_defaults=True):
     """``targets.sbm``: the intended overall share routed to the strong model, and the routing
-    probability per segment for eligible requests (a read-only mapping)."""
+    probability per segment for eligible requests (a read-only mapping).
+
+    ``explore`` (optional, written only when set): the router's exploration floor. A segment
+    whose probability is at most it is only being explored: the plan routes that share of every
+    value bin at random instead of the segment's highest values. Absent: every segment's share
+    goes to its highest values (readers that do not know it do that)."""
 
     _DEFAULTS: ClassVar[dict[str, Any]] = {"segments": {}}
 
     coverage: Share
     if TYPE_CHECKING:
         segments: Mapping[str, float] = {}
+        explore: float | None = None
     else:
         segments: _Segments
+        explore: Share | None = None
 
     def __post_init__(self) -> None:
         force_setattr(self, "segments", MappingProxyType(self.segments))

@@ -107,7 +107,7 @@ import os
 import secrets
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -303,6 +303,10 @@ class TargetState:
     sbm_coverage: float
     sbm_segments: Mapping[str, float]
     expired: bool  # True: the baseline is in force because the newest target expired
+    # per segment, extra candidates per value bin (``targets.rma.levels``; empty: one block)
+    rma_levels: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    # the router's exploration floor (``targets.sbm.explore``; 0: every share value-ranked)
+    sbm_explore: float = 0.0
 
 
 class TargetBook:
@@ -335,7 +339,11 @@ class TargetBook:
         if t.expired(now):
             return TargetState(t.epoch, self.base, 0.0, {}, True)
         candidates = min(max(t.rma.candidates, self.base), max(t.rma.max, self.base))
-        return TargetState(t.epoch, candidates, t.sbm.coverage, t.sbm.segments, False)
+        levels = t.rma.levels if t.rma.levels is not None else {}
+        explore = t.sbm.explore if t.sbm.explore is not None else 0.0
+        return TargetState(
+            t.epoch, candidates, t.sbm.coverage, t.sbm.segments, False, levels, explore
+        )
 
     def transitions(self, now: float) -> list[tuple[str, int]]:
         """``("target.applied", epoch)`` for a new live target, ``("target.expired", epoch)``

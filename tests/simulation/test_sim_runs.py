@@ -230,6 +230,32 @@ def test_headroom_keeps_the_baseline_promise_on_quickstart(runs: Any) -> None:
     assert m["headroom"]["value"]["incremental"] > 0
 
 
+def test_headroom_spends_rma_per_stratum_and_explores_at_random(runs: Any) -> None:
+    """With the world's curves the plane sets a level per value bin (``rma_levels``: never
+    fewer extras for a higher bin of a segment, within the span) and, while the strong model
+    runs, carries the router's floor (``sbm_explore``); the levels' RMA earns value."""
+    result = runs("quickstart")
+    world = short("quickstart").world
+    span = world.max_candidates - world.base_candidates
+    issued = [
+        e
+        for e in EventLog(result.events_path)
+        if e["kind"] == "target.issued" and e["policy"] == "headroom"
+    ]
+    with_levels = [e for e in issued if e["rma_levels"]]
+    assert len(with_levels) >= len(issued) // 2
+    for e in with_levels:
+        assert e["rma_candidates"] > world.base_candidates
+        for row in e["rma_levels"].values():
+            assert row == sorted(row)
+            assert all(0 <= x <= span for x in row)
+        # spread, not one block: some stratum gets extras below the span
+        assert any(0 < x < span for row in e["rma_levels"].values() for x in row)
+    assert any(e["sbm_explore"] > 0 for e in issued if e["sbm_coverage"] > 0)
+    assert all(e["sbm_explore"] == 0 for e in issued if e["sbm_coverage"] == 0)
+    assert result.metrics["policies"]["headroom"]["value"]["incremental_rma"] > 0
+
+
 def test_headroom_releases_reclaimed_capacity_within_milliseconds(runs: Any) -> None:
     r = runs("preemption-storm").metrics["policies"]
     assert r["headroom"]["reclaims"]["count"] > 0
