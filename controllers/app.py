@@ -75,6 +75,7 @@ from typing import Any, cast
 import faust
 
 from headroom.controllers.config import ControlConfig
+from headroom.controllers.levers import RmaCurve
 from headroom.controllers.liveness import Liveness
 from headroom.controllers.observe import RegionAggregator
 from headroom.controllers.plane import ControlPlane
@@ -87,6 +88,7 @@ from headroom.streams import messages
 from headroom.streams.broker import probe_async
 from headroom.streams.security import PLAINTEXT, ClientSecurity
 from headroom.streams.topics import region_partition, spec_for, topic_name
+from headroom.world.curves import curves_for
 
 log = get_logger("controller")
 
@@ -136,7 +138,7 @@ class Controller:
         self.config = config
         self.aggregator = RegionAggregator(eligible_share=settings.eligible_share)
         self.rng = seeds.process_rng(settings.seed)
-        self.plane = ControlPlane(config, self.rng)
+        self.plane = ControlPlane(config, self.rng, rma_curve=rma_curve(settings.scenario))
         self.restored = False
         self.deadlettered = 0  # messages this worker sent to the dead-letter topic
         self.liveness = Liveness(config.interval_s)
@@ -227,14 +229,32 @@ def capacity_level(msg: messages.Capacity) -> CapacityLevel:
     )
 
 
+def rma_curve(scenario: Scenario) -> RmaCurve:
+    """RMA's value curve for the control plane's per-stratum levels: the scenario world's
+    curves (measured once and cached, :func:`headroom.world.curves.curves_for`), as the
+    simulator's headroom policy builds it."""
+    w = scenario.world
+    names = [s.name for s in scenario.segments]
+    return RmaCurve.from_curves(curves_for(scenario), names, w.base_candidates, w.max_candidates)
+
+
 def targets_message(t: RegionTargets) -> messages.Target:
     return messages.Target(
         ts=t.ts,
         region=t.region,
         epoch=t.epoch,
         ttl_s=t.ttl_s,
-        rma=messages.RmaTarget(candidates=t.rma_candidates, base=t.rma_base, max=t.rma_max),
-        sbm=messages.SbmTarget(coverage=t.sbm_coverage, segments=dict(t.sbm_segments)),
+        rma=messages.RmaTarget(
+            candidates=t.rma_candidates,
+            base=t.rma_base,
+            max=t.rma_max,
+            levels={s: tuple(v) for s, v in t.rma_levels.items()} or None,
+        ),
+        sbm=messages.SbmTarget(
+            coverage=t.sbm_coverage,
+            segments=dict(t.sbm_segments),
+            explore=t.sbm_explore or None,
+        ),
         budget=messages.Budget(cpu=t.budget_cpu, accelerator=t.budget_accelerator),
         reason=t.reason,
         precompute_jobs_per_s=t.precompute_jobs_per_s if t.precompute_jobs_per_s > 0 else None,

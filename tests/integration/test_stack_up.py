@@ -178,6 +178,17 @@ def test_optional_work_is_used_while_capacity_is_spare(stack_run: StackRun) -> N
     assert value["incremental_sbm"] > 0.0
 
 
+def test_the_streaming_controller_spends_rma_per_stratum(stack_run: StackRun) -> None:
+    # the control plane's per-stratum levels reach the wire (targets.rma.levels) once RMA has a
+    # budget and value signals per bin, as in the simulator's headroom policy
+    issued = stack_run.kinds("target.issued", "controller")
+    with_levels = [e for e in issued if e.get("rma_levels")]
+    assert with_levels, [e.get("rma_candidates") for e in issued]
+    for e in with_levels:
+        for levels in e["rma_levels"].values():
+            assert all(0 <= x <= 200 for x in levels)  # within max − base candidates
+
+
 def test_a_preemption_releases_optional_work_within_50_ms(stack_run: StackRun) -> None:
     reclaims = [e for e in stack_run.kinds("capacity.reclaimed", "feed") if e["t"] == PREEMPT_AT]
     assert len(reclaims) == 1
