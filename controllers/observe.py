@@ -69,6 +69,9 @@ def arm_stats(msg: ValueSignal) -> ArmStats:
         value_sq_sum=msg.value_sq_sum,
         cpu_ms=msg.cost.cpu_ms,
         accelerator_ms=msg.cost.accelerator_ms,
+        signal_sum=msg.signal_sum or 0.0,
+        signal_sq_sum=msg.signal_sq_sum or 0.0,
+        signal_value_sum=msg.signal_value_sum or 0.0,
     )
 
 

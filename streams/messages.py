@@ -575,7 +575,8 @@ class ValueSignal(_Message, frozen=True, kw_only=True, omit_defaults=True):
     ``[0, MAX_STRATUM]`` naming the
     value bin of the segment the sums cover (a request's value rank within its segment, in
     equal-probability bins), so the estimator can post-stratify on the value signal. Absent:
-    the sums cover the whole segment, as docs/messages.md defines them.
+    the sums cover the whole segment, as docs/messages.md defines them. ``signal_sum``,
+    ``signal_sq_sum``, ``signal_value_sum``: the sums of the requests' value signal.
     """
 
     KIND: ClassVar[str] = "value"
@@ -600,6 +601,12 @@ class ValueSignal(_Message, frozen=True, kw_only=True, omit_defaults=True):
     # (producer, seq) once, whatever is re-delivered (docs/streaming.md, *Faults*).
     producer: Name | None = None
     seq: Count | None = None
+    # Extension (written only when set): the sums of the requests' value signal x (their value
+    # before ranking, known in either arm): Σx, Σx², Σx·value — the value book's per-stratum
+    # signal means (RMA levels) and the estimator's regression term, as the simulator has them.
+    signal_sum: Finite | None = None
+    signal_sq_sum: NonNegative | None = None
+    signal_value_sum: Finite | None = None
 
     def key(self) -> bytes:
         return self.region.encode()

@@ -66,13 +66,22 @@ class _Arm:
     value_sq_sum: float = 0.0
     cpu_ms: float = 0.0
     accelerator_ms: float = 0.0
+    # the requests' value signal x: Σx, Σx², Σx·value (the value messages' signal sums)
+    signal_sum: float = 0.0
+    signal_sq_sum: float = 0.0
+    signal_value_sum: float = 0.0
 
-    def add(self, value: float, cpu_ms: float = 0.0, accelerator_ms: float = 0.0) -> None:
+    def add(
+        self, value: float, cpu_ms: float = 0.0, accelerator_ms: float = 0.0, signal: float = 0.0
+    ) -> None:
         self.n += 1
         self.value_sum += value
         self.value_sq_sum += value * value
         self.cpu_ms += cpu_ms
         self.accelerator_ms += accelerator_ms
+        self.signal_sum += signal
+        self.signal_sq_sum += signal * signal
+        self.signal_value_sum += signal * value
 
     def sums(self) -> dict[str, Any]:
         return {"n": self.n, "value_sum": self.value_sum, "value_sq_sum": self.value_sq_sum}
@@ -191,7 +200,9 @@ class _Window:
             arms.setdefault("control", _Arm()).add(o.value_total)
             split = "precompute" if o.precompute == VisitOutcome.HELD_OUT.value else "live"
             key = (o.segment, o.stratum)
-            self.controls.setdefault(key, {}).setdefault(split, _Arm()).add(o.value_total)
+            self.controls.setdefault(key, {}).setdefault(split, _Arm()).add(
+                o.value_total, signal=o.value_signal
+            )
             return
         # the log's arms: what the request received; "none" for a treatment request that got
         # no optional work, so that a value-aware choice of the treated requests cannot bias
@@ -208,7 +219,7 @@ class _Window:
             )
             by_lever = self.strata_itt.setdefault((o.segment, o.stratum), {})
             by_lever.setdefault(o.routed, _Arm()).add(
-                o.value_total, o.cost_cpu_ms, o.cost_accelerator_ms
+                o.value_total, o.cost_cpu_ms, o.cost_accelerator_ms, o.value_signal
             )
 
     def _add_lookup(self, o: Outcome) -> None:
@@ -344,6 +355,9 @@ class WindowBook:
                                 cpu_ms=arm.cpu_ms, accelerator_ms=arm.accelerator_ms
                             ),
                             stratum=stratum,
+                            signal_sum=arm.signal_sum,
+                            signal_sq_sum=arm.signal_sq_sum,
+                            signal_value_sum=arm.signal_value_sum,
                         )
                     )
         return out

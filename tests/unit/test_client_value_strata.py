@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from headroom.controllers.observe import RegionAggregator
+from headroom.controllers.observe import RegionAggregator, arm_stats
 from headroom.controllers.types import ArmStats, stratum_key
 from headroom.defences import plan
 from headroom.kernel.scenario_load import load_scenario
@@ -228,6 +228,34 @@ def test_each_stratum_gets_its_own_control_under_every_lever() -> None:
         (7, "rma", "control"): 1,
         (7, "sbm", "control"): 1,
     }
+
+
+def test_value_signals_carry_the_value_signals_sums_to_the_controllers_book() -> None:
+    outs = [
+        Outcome(
+            partition=0, offset=i, segment="premium", end_t=1.0, latency_ms=5.0, ok=True,
+            timeout=False, control=ctl, lever=None if ctl else "sbm", sbm_served=not ctl,
+            routed=None if ctl else "sbm", value_total=v, value_baseline=1.0, stratum=3,
+            value_signal=x,
+        )
+        for i, (ctl, v, x) in enumerate([(False, 2.0, 1.5), (False, 3.0, 2.5), (True, 1.0, 0.5)])
+    ]  # fmt: skip
+    book, w = _book_window(outs)
+    got = {(s.lever, s.arm): s for s in book.value_signals(w, ts=5.0)}
+    treated = got[("sbm", "treatment")]
+    assert (treated.signal_sum, treated.signal_sq_sum) == (4.0, 1.5**2 + 2.5**2)
+    assert treated.signal_value_sum == 1.5 * 2.0 + 2.5 * 3.0
+    assert got[("sbm", "control")].signal_sum == 0.5
+    wire = messages.decode("value", messages.encode(treated))
+    assert isinstance(wire, messages.ValueSignal)
+    agg = RegionAggregator()
+    agg.add_value_signal(wire)
+    # the sums reach the book as the simulator writes them (the per-stratum signal means)
+    stats = arm_stats(wire)
+    assert (stats.signal_sum, stats.signal_value_sum) == (4.0, 10.5)
+    old = messages.decode("value", messages.encode(_signal()))  # a writer without them
+    assert isinstance(old, messages.ValueSignal)
+    assert arm_stats(old).signal_sum == 0.0
 
 
 # -- the client: strata from the value rank within the segment -------------------------------------
