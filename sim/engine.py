@@ -58,7 +58,7 @@ import heapq
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -666,7 +666,7 @@ class RegionRun:
         block[:, _MCMA_COLS] = mcma
         # fluid backlogs, per stage (the stages in rho's column order); a stage with no backlog
         # that no step overloads keeps zeros
-        over_any = (rho > 1.0).any(axis=0).tolist()
+        over_any = cast("list[bool]", (rho > 1.0).any(axis=0).tolist())
         for j, (stage, c0, c1) in enumerate(
             (
                 (self.cpu, _C_C0, _C_C1),

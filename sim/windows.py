@@ -219,8 +219,7 @@ def _sample_windows(
         return z, z, zi, zi
     idx = np.concatenate(take)
     col = np.concatenate(cols)
-    sub = st.take_index(idx)
-    lat, _, paths = sample_window(sub, cfg, timeout_ms, uniforms[:, col], allocated=True)
+    lat, _, paths = sample_window(st, cfg, timeout_ms, uniforms[:, col], index=idx)
     # each sample stands for count / (samples of its stratum in its window) requests
     n_alloc = np.bincount(idx, minlength=st.size)
     weights = st.count[idx] / n_alloc[idx]

@@ -337,6 +337,44 @@ def test_strata_without_optional_parts_are_unchanged_by_the_budget_rule() -> Non
     assert np.array_equal(a, b)
 
 
+@pytest.mark.parametrize("droppable", [False, True])
+def test_sampling_by_index_equals_sampling_the_taken_strata(droppable: bool) -> None:
+    """``sample_window(st, index=i)`` is ``sample_window(st.take_index(i), allocated=True)``
+    number for number (the window sampler skips copying every field first)."""
+    rng = np.random.default_rng(5)
+    n = 7
+    fields = {
+        "count": rng.integers(0, 50, n).astype(np.float64),
+        "service_ms": rng.uniform(5.0, 40.0, n),
+        "penalty_ms": rng.uniform(0.0, 5.0, n),
+        "fc0": rng.uniform(0.0, 0.1, n),
+        "fc1": rng.uniform(0.0, 0.1, n),
+        "fa0": rng.uniform(0.0, 0.1, n),
+        "fa1": rng.uniform(0.0, 0.1, n),
+        "p1": rng.uniform(0.0, 1.0, n),
+        "r1": rng.uniform(0.01, 0.5, n),
+        "p2": rng.uniform(0.0, 1.0, n),
+        "r2": rng.uniform(0.01, 0.5, n),
+        "path": rng.integers(0, 3, n),
+    }
+    if droppable:
+        fields |= {
+            "po": rng.uniform(0.0, 1.0, n),
+            "ro": rng.uniform(0.01, 0.5, n),
+            "fo0": rng.uniform(0.0, 0.2, n),
+            "fo1": rng.uniform(0.0, 0.2, n),
+            "opt_ms": rng.uniform(0.0, 5.0, n),
+            "budget_ms": np.where(rng.random(n) < 0.5, 100.0, np.inf),
+        }
+    st = Strata(**fields)
+    idx = np.repeat(np.flatnonzero(st.count > 0), 3)
+    u = rng.random((4, 64))
+    want = sample_window(st.take_index(idx), LatencyConfig(), 300.0, u, allocated=True)
+    got = sample_window(st, LatencyConfig(), 300.0, u, index=idx)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_wait_grows_with_utilisation_and_shrinks_with_servers() -> None:
     waits = [wait_params(r, 4.0, 10.0, 0.1).mean_ms for r in (0.3, 0.6, 0.9, 0.99)]
     assert waits == sorted(waits)
