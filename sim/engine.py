@@ -245,6 +245,7 @@ class RegionRun:
             cache=ctx.plan_cache,
         )
         self.base_mix = build_mix(ctx, baseline_plan(ctx))
+        self._no_cells = np.zeros(ctx.pop.n_cells)  # shared by plans: never written to
         self.mix = self.base_mix
         self._mix_key: Any = ("base",)
         # the client plan last computed: (target, m_rma, m_sbm) and its shares (a pure function
@@ -507,24 +508,27 @@ class RegionRun:
             self._plan_for, self._plan_asked = (tg, m_rma, m_sbm), asked
         rma_req, sbm_req, extra = asked.rma, asked.sbm, asked.extra
         adm = pol.admit(now, span, rma_req, sbm_req, self) if sheds else None
+        # ``none``: one zero array shared by every plan of the run (plans are never written to)
+        none = self._no_cells
         if adm is None:
             rma_adm, sbm_adm = rma_req, sbm_req
-            down = np.zeros(pop.n_cells)
+            down = none
         else:
             rma_adm, sbm_adm = adm
-            down = np.clip(sbm_req - sbm_adm, 0.0, 1.0)
-        fail = np.zeros(pop.n_cells)
+            # nothing downgraded when the server kept the request as asked (x − x = 0)
+            down = none if sbm_adm is sbm_req else np.clip(sbm_req - sbm_adm, 0.0, 1.0)
+        fail = none
         if self.quotas.sbm_acc <= _EPS and sbm_adm.any():
-            fail, sbm_adm = sbm_adm, np.zeros(pop.n_cells)  # no replica: fail fast, retry
+            fail, sbm_adm = sbm_adm, none  # no replica: fail fast, retry
         self._mix_key = key
         old = self.mix.plan
         levels = (extra,) if extra > 0 else ()
         if (
             old.levels == levels
-            and np.array_equal(old.sbm, sbm_adm)
-            and np.array_equal(old.down, down)
-            and np.array_equal(old.fail, fail)
-            and (not levels or np.array_equal(old.rma[0], rma_adm))
+            and _same(old.sbm, sbm_adm)
+            and _same(old.down, down)
+            and _same(old.fail, fail)
+            and (not levels or _same(old.rma[0], rma_adm))
         ):
             return self.mix
         rma = rma_adm[None, :] if levels else np.zeros((0, pop.n_cells))
@@ -1231,6 +1235,11 @@ def _itt_of(value_obs: Mapping[tuple[str, str, str], ArmStats]) -> dict[str, Any
             sums["value_sum"] += st.value_sum
             sums["value_sq_sum"] += st.value_sq_sum
     return out
+
+
+def _same(a: FloatArray, b: FloatArray) -> bool:
+    """``np.array_equal``, at once when both are the same array (plans hold finite shares)."""
+    return a is b or np.array_equal(a, b)
 
 
 def _rho_cols(lam: FloatArray, loads: tuple[float, ...], units: tuple[float, ...]) -> FloatArray:
