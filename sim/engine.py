@@ -931,11 +931,13 @@ class RegionRun:
         else:
             lat = weights = np.zeros(0)
             paths = sample_win = np.zeros(0, dtype=np.int64)
+        # the samples' sketch keys, once for the controllers' histograms and the window lines
+        keys = np.clip(keys_of(lat, SKETCH_ALPHA), 0, _KEY_SPAN - 1)
         if getattr(self.policy, "observes", True):
             self._fold_obs(
-                lat, weights, paths, int(n_req.sum()), n_seg.sum(axis=0), routed, value_obs
+                keys, weights, paths, int(n_req.sum()), n_seg.sum(axis=0), routed, value_obs
             )
-        sketches = _window_sketches(lat, weights, paths, sample_win, n_req)
+        sketches = _window_sketches(keys, weights, paths, sample_win, n_req)
         for w, rec in enumerate(recs):
             t0, t1 = rec["t0"], rec["t1"]
             win = rec["win"]
@@ -1120,7 +1122,7 @@ class RegionRun:
 
     def _fold_obs(
         self,
-        lat: FloatArray,
+        keys: IntArray,
         weights: FloatArray,
         paths: IntArray,
         n_req: int,
@@ -1128,8 +1130,9 @@ class RegionRun:
         sbm_routed: float,
         value: Mapping[tuple[str, str, str], ArmStats],
     ) -> None:
-        if lat.size:
-            keys = np.clip(keys_of(lat, SKETCH_ALPHA), 0, _KEY_SPAN - 1)
+        """Fold one batch of windows into the controllers' accumulators: the samples' sketch
+        keys (clipped to ``_KEY_SPAN``) with their weights and paths, and the counts."""
+        if keys.size:
             self.obs_keys[0] += np.bincount(keys, weights=weights, minlength=_KEY_SPAN)
             for p in (PATH_BASE, PATH_RMA, PATH_SBM):
                 sel = paths == p

@@ -32,7 +32,6 @@ from headroom.sim.latency import (
     Strata,
     allocate_samples,
     baseline_wait_params,
-    keys_of,
     low_priority_factor,
     sample_window,
     serial_waits,
@@ -303,22 +302,24 @@ def _add_precompute_arm(arms: dict[str, dict[str, dict[str, Any]]], pre: Precomp
 
 
 def _window_sketches(
-    lat: FloatArray, weights: FloatArray, paths: IntArray, win: IntArray, n_req: IntArray
+    keys: IntArray, weights: FloatArray, paths: IntArray, win: IntArray, n_req: IntArray
 ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """Per window, the sketch of every request and of the baseline-only ones (integer counts)."""
+    """Per window, the sketch of every request and of the baseline-only ones (integer counts);
+    ``keys``: the samples' sketch keys, clipped to ``[0, _KEY_SPAN)``."""
     n_w = n_req.size
     out: list[tuple[dict[str, Any], dict[str, Any]]] = []
-    if lat.size == 0:
+    if keys.size == 0:
         empty: dict[str, Any] = {"alpha": SKETCH_ALPHA, "bins": {}, "zeros": 0}
         return [(dict(empty), dict(empty)) for _ in range(n_w)]
-    keys = np.clip(keys_of(lat, SKETCH_ALPHA), 0, _KEY_SPAN - 1)
+    # (window, key) pairs on a dense grid: masses summed in sample order, as over the unique
+    # pairs, and the pairs present in increasing order
     combined = win * _KEY_SPAN + keys
-    uniq, inv = np.unique(combined, return_inverse=True)
-    mass = np.asarray(np.bincount(inv, weights=weights, minlength=uniq.size), dtype=np.float64)
+    span = n_w * _KEY_SPAN
+    uniq = np.flatnonzero(np.bincount(combined, minlength=span))
+    mass = np.asarray(np.bincount(combined, weights=weights, minlength=span), np.float64)[uniq]
     base = paths == PATH_BASE
-    mass_base = np.asarray(
-        np.bincount(inv[base], weights=weights[base], minlength=uniq.size), dtype=np.float64
-    )
+    dense_base = np.bincount(combined[base], weights=weights[base], minlength=span)
+    mass_base = np.asarray(dense_base, dtype=np.float64)[uniq]
     u_win = uniq // _KEY_SPAN
     u_key = uniq % _KEY_SPAN
     bounds = np.searchsorted(u_win, np.arange(n_w + 1))
