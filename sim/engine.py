@@ -246,6 +246,8 @@ class RegionRun:
         )
         self.base_mix = build_mix(ctx, baseline_plan(ctx))
         self._no_cells = np.zeros(ctx.pop.n_cells)  # shared by plans: never written to
+        self._stages_for: _Stages | None = None
+        self._steps_positive = bool((ctx.traces.step_len > 0).all())
         self.mix = self.base_mix
         self._mix_key: Any = ("base",)
         # the client plan last computed: (target, m_rma, m_sbm) and its shares (a pure function
@@ -607,15 +609,18 @@ class RegionRun:
         st = self.static
         q = self.quotas
         ideal = self.policy.ideal
-        bm = self.base_mix
         i0 = tr.step_of(t)
         i1 = tr.step_of(max(end - _EPS, t))
         sl = slice(i0, i1 + 1)
         starts = np.maximum(tr.step_edges[sl], t)
         ends = np.minimum(tr.step_edges[i0 + 1 : i1 + 2], end)
         dt = ends - starts
-        length = tr.step_len[sl]
-        a = rt.arrivals[sl] * np.where(length > 0, dt / np.where(length > 0, length, 1.0), 0.0)
+        if self._steps_positive:
+            share = dt / tr.step_len[sl]  # of each step's arrivals inside the block
+        else:
+            length = tr.step_len[sl]
+            share = np.where(length > 0, dt / np.where(length > 0, length, 1.0), 0.0)
+        a = rt.arrivals[sl] * share
         # queues see the request *rate*: the Poisson noise of the counts is already in the
         # M/G/c wait; counting it again as fluid backlog would double it
         lam = rt.rate[sl]
@@ -623,54 +628,43 @@ class RegionRun:
         # request's baseline part queues on the dedicated capacity ahead of any optional part,
         # so its utilisation is the baseline work's alone (module doc); the strong replicas;
         # the static shadow; the optional work on its quota
-        rho = _rho_cols(
-            lam,
-            (
-                mix.base_cpu, mix.base_acc, mix.strong_acc, bm.base_cpu, bm.base_acc,
-                mix.opt_cpu, mix.opt_acc,
-            ),
-            (
-                st.ded_cpu, st.ded_acc, q.sbm_acc, st.ded_cpu, st.ded_acc,
-                q.rma_cpu + q.sbm_cpu, q.rma_acc,
-            ),
-        )  # fmt: skip
+        rho = self._stages(mix, q).rho(lam)
         if ideal:
             rho[:, 2] = np.minimum(rho[:, 2], 1.0)
             rho[:, 5:] = 0.0
-            phi = np.ones((rho.shape[0], 3))
-        else:
-            # throughput share of the optional work (cpu, acc) and of the strong replicas
-            over = rho[:, _PHI_COLS]
-            phi = np.where(over > 1.0, 1.0 / np.maximum(over, 1.0), 1.0)
-        # the stage the optional parts queue in: its throughput is set by whichever kind of work
-        # is more loaded on its own capacity (sim/latency.py)
-        mcma = np.maximum(rho[:, 0:2], rho[:, 5:7])
-        # a block that is about to build a queue stops after that step (policies react to it)
+        over = rho > 1.0
+        over_any = cast("list[bool]", over.any(axis=0).tolist())
+        # a block that is about to build a queue stops after that step (policies react to it);
+        # the stage the optional parts queue in is as loaded as the more loaded of baseline
+        # and optional work (sim/latency.py), so it is over 1 when either is
         k = n = rho.shape[0]
         if n > 1:
-            hot = (mcma > 1.0).any(axis=1) | (rho[:, 2] > 1.0)
-            if hot.any():
+            if any(over_any[j] for j in _HOT_STAGES):
+                hot = over[:, _HOT_STAGES].any(axis=1)
                 k = int(np.argmax(hot)) + 1
             if self.policy.server_sheds:
                 # servers' token buckets act per request: a block whose traffic rises well
                 # above the rate its admission was decided for ends before that step, so the
                 # servers decide again for the new rate (a surge is not admitted at the old one)
-                jump = lam > lam[0] * _RATE_JUMP
-                if jump.any():
-                    k = min(k, max(1, int(np.argmax(jump))))
+                rates = cast("list[float]", lam.tolist())
+                top = rates[0] * _RATE_JUMP
+                for j, x in enumerate(rates):
+                    if x > top:
+                        k = min(k, max(1, j))
+                        break
             if k < n:
-                dt, a, lam, ends = dt[:k], a[:k], lam[:k], ends[:k]
-                rho, phi, mcma = rho[:k], phi[:k], mcma[:k]
+                dt, a, lam, ends, rho = dt[:k], a[:k], lam[:k], ends[:k], rho[:k]
+                over = over[:k]
+                over_any = cast("list[bool]", over.any(axis=0).tolist())
                 n = k
         block = np.zeros((n, len(_R)))
         block[:, _C_A] = a
         block[:, _C_LAM] = lam
         block[:, _C_DT] = dt
         block[:, _RHO_COLS] = rho
-        block[:, _MCMA_COLS] = mcma
+        block[:, _MCMA_COLS] = np.maximum(rho[:, 0:2], rho[:, 5:7])
         # fluid backlogs, per stage (the stages in rho's column order); a stage with no backlog
         # that no step overloads keeps zeros
-        over_any = cast("list[bool]", (rho > 1.0).any(axis=0).tolist())
         for j, (stage, c0, c1) in enumerate(
             (
                 (self.cpu, _C_C0, _C_C1),
@@ -697,12 +691,21 @@ class RegionRun:
         # capacity used by optional work (throughput, never above the quota) and offered
         win = self._win
         ldt = lam * dt
-        win[0] += float((ldt * phi[:, 0]).sum()) * mix.opt_cpu / 1000.0
-        win[1] += (
-            float((ldt * (mix.opt_acc * phi[:, 1] + mix.strong_acc * phi[:, 2])).sum()) / 1000.0
-        )
-        win[2] += float(ldt.sum()) * mix.opt_cpu / 1000.0
-        win[3] += float(ldt.sum()) * (mix.opt_acc + mix.strong_acc) / 1000.0
+        offered = float(ldt.sum())
+        opt_acc = mix.opt_acc + mix.strong_acc
+        if any(over_any[j] for j in _PHI_COLS):  # (never for the ideal packing)
+            # the throughput share of the optional work (cpu, acc) and of the strong replicas
+            over_q = rho[:, _PHI_COLS]
+            phi = np.where(over_q > 1.0, 1.0 / np.maximum(over_q, 1.0), 1.0)
+            win[0] += float((ldt * phi[:, 0]).sum()) * mix.opt_cpu / 1000.0
+            win[1] += (
+                float((ldt * (mix.opt_acc * phi[:, 1] + mix.strong_acc * phi[:, 2])).sum()) / 1000.0
+            )
+        else:  # every throughput share is 1
+            win[0] += offered * mix.opt_cpu / 1000.0
+            win[1] += float((ldt * opt_acc).sum()) / 1000.0
+        win[2] += offered * mix.opt_cpu / 1000.0
+        win[3] += offered * opt_acc / 1000.0
         t_end = float(ends[-1])
         self.arrival_rate = float(lam[-1])
         if getattr(self.policy, "wants_health", False):
@@ -710,6 +713,28 @@ class RegionRun:
             for kind, fields in self.policy.feedback(health, self):
                 self.emit(kind, t_end, fields)
         return t_end
+
+    def _stages(self, mix: Mix, q: Quotas) -> _Stages:
+        """The stages' loads and capacities under ``mix`` and ``q`` (kept while both hold)."""
+        got = self._stages_for
+        if got is not None and got.mix is mix and got.quotas is q:
+            return got
+        st = self.static
+        bm = self.base_mix
+        got = _Stages(
+            mix,
+            q,
+            (
+                mix.base_cpu, mix.base_acc, mix.strong_acc, bm.base_cpu, bm.base_acc,
+                mix.opt_cpu, mix.opt_acc,
+            ),
+            (
+                st.ded_cpu, st.ded_acc, q.sbm_acc, st.ded_cpu, st.ded_acc,
+                q.rma_cpu + q.sbm_cpu, q.rma_acc,
+            ),
+        )  # fmt: skip
+        self._stages_for = got
+        return got
 
     def _health(self, now: float, mix: Mix, row: FloatArray) -> Health:
         """Health after the step ``row``: standing queues (what CoDel judges: the fluid backlog
@@ -1214,6 +1239,7 @@ _C_SPEED, _C_NS = _R["speed"], _R["ns"]
 # the stages' utilisations as _advance computes them, in its column order
 _RHO_COLS = [_R[x] for x in ("rc", "ra", "rs", "src", "sra", "roc", "roa")]
 _PHI_COLS = [5, 6, 2]  # of those: the optional CPU, optional accelerator and strong stages
+_HOT_STAGES = [0, 1, 2, 5, 6]  # and the stages whose queue stops a block (mixed and strong)
 _MCMA_COLS = [_R["mc"], _R["ma"]]
 
 
@@ -1245,16 +1271,31 @@ def _same(a: FloatArray, b: FloatArray) -> bool:
     return a is b or np.array_equal(a, b)
 
 
-def _rho_cols(lam: FloatArray, loads: tuple[float, ...], units: tuple[float, ...]) -> FloatArray:
-    """:func:`_rho` of every step and stage at once: step ``i`` offers ``lam[i] × loads[j]``
-    ms/s of work to stage ``j``'s ``units[j]`` units (rows: steps, columns: stages)."""
-    off = lam[:, None] * np.asarray(loads, dtype=np.float64)
-    u = np.asarray(units, dtype=np.float64)
-    live = u > 0.0
-    if live.all():
-        return np.maximum(off, 0.0) / (1000.0 * u)
-    den = np.where(live, 1000.0 * u, 1.0)
-    return np.where(live, np.maximum(off, 0.0) / den, np.where(off > 0.0, RHO_FLUID_CAP, 0.0))
+class _Stages:
+    """The seven stages :meth:`RegionRun._advance` tracks (columns as ``_RHO_COLS``) under one
+    mix and one set of quotas: work offered per request (ms) and units serving it."""
+
+    __slots__ = ("den", "live", "loads", "mix", "quotas", "units")
+
+    def __init__(
+        self, mix: Mix, quotas: Quotas, loads: tuple[float, ...], units: tuple[float, ...]
+    ) -> None:
+        self.mix = mix
+        self.quotas = quotas
+        self.loads = np.asarray(loads, dtype=np.float64)
+        self.units = u = np.asarray(units, dtype=np.float64)
+        self.live = u > 0.0
+        self.den = 1000.0 * u if bool(self.live.all()) else None
+
+    def rho(self, lam: FloatArray) -> FloatArray:
+        """:func:`_rho` of every step and stage: step ``i`` offers ``lam[i] × loads[j]`` ms/s
+        of work to stage ``j``'s units (rows: steps, columns: stages; a fresh array)."""
+        off = lam[:, None] * self.loads
+        if self.den is not None:
+            return np.maximum(off, 0.0) / self.den
+        live = self.live
+        den = np.where(live, 1000.0 * self.units, 1.0)
+        return np.where(live, np.maximum(off, 0.0) / den, np.where(off > 0.0, RHO_FLUID_CAP, 0.0))
 
 
 def _fluid_into(
