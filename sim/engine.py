@@ -759,8 +759,9 @@ class RegionRun:
         lam = v[c["lam"]]
         servers = self.static.servers
         units = float((mix.frac * lat * mix.work_units).sum()) * lam / 1000.0 / servers
-        base_units = float(mix.frac @ lat) * lam / 1000.0 / servers * (self.ctx.n0 / 100.0)
-        return Health(now, m_q, s_q, units, min(base_units, units), float(mix.frac @ lat))
+        mean_lat = float(mix.frac @ lat)
+        base_units = mean_lat * lam / 1000.0 / servers * (self.ctx.n0 / 100.0)
+        return Health(now, m_q, s_q, units, min(base_units, units), mean_lat)
 
     def sample_step_latencies(self, rng: np.random.Generator, k: int) -> FloatArray:
         """``k`` response times of the newest step (peer limits' samples), capped at the timeout."""
