@@ -7,7 +7,7 @@ estimator reads, the per-window latency samples and sketches, and the precompute
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -249,27 +249,34 @@ def _estimator_strata(
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """The window line's ``strata``: the estimator's sums per (segment, value bin) stratum and
     arm (control and what the requests received), with the value signal's sums."""
-    s1, s2, x1, x2, xy, n_late, x_late, x2_late = sums
+    # plain numbers, once (the same values ``float(a[i])`` and ``int(a[i])`` give one by one)
+    s1, s2, x1, x2, xy, x_late, x2_late = (
+        cast("list[float]", np.asarray(a, dtype=np.float64).tolist())
+        for a in (sums[0], sums[1], sums[2], sums[3], sums[4], sums[6], sums[7])
+    )
+    n_late = cast("list[int]", np.asarray(sums[5]).astype(np.int64).tolist())
+    n_list = cast("list[int]", np.asarray(n_all).astype(np.int64).tolist())
     n_c = pop.n_cells
+    seg = cast("list[int]", pop.seg.tolist())
     strata: dict[str, dict[str, dict[str, Any]]] = {}
     for gi, name in enumerate(groups):
         if name.startswith("itt_"):
             continue
         for c in range(n_c):
             i = gi * n_c + c
-            if n_all[i] <= 0:
+            if n_list[i] <= 0:
                 continue
-            key = stratum_key(names[int(pop.seg[c])], c % pop.bins)
+            key = stratum_key(names[seg[c]], c % pop.bins)
             strata.setdefault(key, {})[name] = {
-                "n": int(n_all[i]),
-                "value_sum": float(s1[i]),
-                "value_sq_sum": float(s2[i]),
-                "signal_sum": float(x1[i]),
-                "signal_sq_sum": float(x2[i]),
-                "signal_value_sum": float(xy[i]),
-                "failed": int(n_late[i]),
-                "failed_signal_sum": float(x_late[i]),
-                "failed_signal_sq_sum": float(x2_late[i]),
+                "n": n_list[i],
+                "value_sum": s1[i],
+                "value_sq_sum": s2[i],
+                "signal_sum": x1[i],
+                "signal_sq_sum": x2[i],
+                "signal_value_sum": xy[i],
+                "failed": n_late[i],
+                "failed_signal_sum": x_late[i],
+                "failed_signal_sq_sum": x2_late[i],
             }
     return strata
 
