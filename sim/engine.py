@@ -1099,6 +1099,10 @@ class RegionRun:
         strata = _estimator_strata(
             groups, n_all, (s1, s2, x1, x2, xy, n_late, x_late, x2_late), pop, names
         )
+        # per cell, plain numbers once (the values ``float(a[i])``/``int(a[i])`` give)
+        n_l, s1_l, s2_l, cpu_l, acc_l, x1_l, x2_l, xy_l = (
+            a.tolist() for a in (n_all, s1, s2, cpu_per, acc_per, x1, x2, xy)
+        )
         for gi, name in enumerate(groups):
             lo = gi * n_c
             for si, seg in enumerate(names):
@@ -1117,18 +1121,18 @@ class RegionRun:
                 if name == "control":
                     arms.setdefault(seg, {})["control"] = sums
                 for c in cells:
-                    nc = int(n_all[lo + c])
+                    nc = int(n_l[lo + c])
                     if nc <= 0:
                         continue
                     st = ArmStats(
                         nc,
-                        float(s1[lo + c]),
-                        float(s2[lo + c]),
-                        nc * float(cpu_per[lo + c]),
-                        nc * float(acc_per[lo + c]),
-                        float(x1[lo + c]),
-                        float(x2[lo + c]),
-                        float(xy[lo + c]),
+                        float(s1_l[lo + c]),
+                        float(s2_l[lo + c]),
+                        nc * float(cpu_l[lo + c]),
+                        nc * float(acc_l[lo + c]),
+                        float(x1_l[lo + c]),
+                        float(x2_l[lo + c]),
+                        float(xy_l[lo + c]),
                     )
                     key = stratum_key(seg, c - cells.start)
                     if name == "control":
