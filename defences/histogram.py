@@ -103,14 +103,16 @@ class DecayedLogHistogram:
         if vals.size == 0:
             return
         wts = np.ones_like(vals) if weights is None else np.asarray(weights, dtype=np.float64)
-        ok = np.isfinite(vals) & (wts > 0.0)
-        if not ok.all():
+        # the smallest weight fails ``> 0`` when any does (NaN included), as in the mask
+        if not (np.isfinite(vals).all() and wts.min() > 0.0):
+            ok = np.isfinite(vals) & (wts > 0.0)
             vals, wts = vals[ok], wts[ok]
             if vals.size == 0:
                 return
         logs = np.log10(np.maximum(vals, 1e-300))
         bins = ((logs - self._lo) * self._scale).astype(np.int64)
-        np.clip(bins, 0, self.config.bins - 1, out=bins)
+        np.maximum(bins, 0, out=bins)  # as np.clip, without its wrapper's cost
+        np.minimum(bins, self.config.bins - 1, out=bins)
         np.add.at(self.counts, bins, wts * self._w)
         self.total += float(wts.sum()) * self._w
         # Past e^300 the older mass is gone anyway; the cap keeps the weight finite.

@@ -747,32 +747,50 @@ class ServerShedder:
         extra_i = np.asarray(extra, dtype=np.int64)
         strong_b = np.asarray(strong, dtype=np.bool_)
         has_extra = extra_i > 0
-        ec = np.where(has_extra, np.asarray(extra_cpu_ms, dtype=np.float64), 0.0)
-        ea = np.where(has_extra, np.asarray(extra_accelerator_ms, dtype=np.float64), 0.0)
-        sc = np.where(strong_b, np.asarray(strong_cpu_ms, dtype=np.float64), 0.0)
-        sa = np.where(strong_b, np.asarray(strong_accelerator_ms, dtype=np.float64), 0.0)
-        optional = has_extra | strong_b
-        out_extra = np.where(has_extra, extra_i, 0)
-        out_strong = strong_b.copy()
-        codes = np.zeros(m, dtype=np.int8)
-        n_opt = int(optional.sum())
+        # a batch of one kind (the simulator's servers decide extras and strong requests in
+        # batches of their own) skips the other kind's arrays: adding +0.0 changes nothing
+        any_strong = bool(strong_b.any())
+        optional = has_extra | strong_b if any_strong else has_extra
+        n_opt = int(np.count_nonzero(optional))
         self._n[0] += m - n_opt
         if n_opt == 0:
             if now > self._t:
                 self._advance(now)
-            return BatchVerdict(codes, out_extra, out_strong)
+            return BatchVerdict(
+                np.zeros(m, dtype=np.int8), np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.bool_)
+            )
         self._refill(now, span_s)
 
-        cpu = ec + sc
-        acc = ea + sa
+        any_extra = bool(has_extra.any())
+        zeros = np.zeros(m)
+        ec = (
+            np.where(has_extra, np.asarray(extra_cpu_ms, dtype=np.float64), 0.0)
+            if any_extra
+            else zeros
+        )
+        ea = (
+            np.where(has_extra, np.asarray(extra_accelerator_ms, dtype=np.float64), 0.0)
+            if any_extra
+            else zeros
+        )
+        if any_strong:
+            sc = np.where(strong_b, np.asarray(strong_cpu_ms, dtype=np.float64), 0.0)
+            sa = np.where(strong_b, np.asarray(strong_accelerator_ms, dtype=np.float64), 0.0)
+            cpu = ec + sc
+            acc = ea + sa
+        else:
+            sc = sa = zeros
+            cpu = ec + 0.0
+            acc = ea + 0.0
         cost = self._wc * cpu + self._wa * acc
+        priced = cost > 0.0
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            vpc = np.where(cost > 0.0, value / np.where(cost > 0.0, cost, 1.0), _INF)
+            vpc = np.where(priced, value / np.where(priced, cost, 1.0), _INF)
         self._dem_cpu += float(cpu[optional].sum())
         self._dem_acc += float(acc[optional].sum())
         self._since_refresh += n_opt
         theta = self._current_threshold()  # from the requests before this batch
-        priced = optional & (cost > 0.0)
+        priced &= optional
         self._hist.add_many(vpc[priced], cost[priced])
 
         idx = np.flatnonzero(optional & (vpc >= theta))
@@ -785,28 +803,34 @@ class ServerShedder:
         self._tok_cpu = min(self._depth(self._cap_cpu), self._tok_cpu - spent_cpu)
         self._tok_acc = min(self._depth(self._cap_acc), self._tok_acc - spent_acc)
 
-        lost_strong = strong_b & ~keep_strong
-        lost_extra = np.where(has_extra, extra_i - n, 0)
+        codes = np.zeros(m, dtype=np.int8)
         codes[optional] = Decision.ADMIT
-        trimmed = optional & ~lost_strong & (lost_extra > 0)
-        codes[trimmed] = np.where((n[trimmed] > 0) | keep_strong[trimmed], 1, 3)
-        codes[lost_strong] = np.where((n[lost_strong] > 0) | ~has_extra[lost_strong], 2, 3)
-        out_extra = np.where(has_extra, n, 0)
-        out_strong = keep_strong
-        counts = np.bincount(codes[optional], minlength=4)
+        lost_extra = np.where(has_extra, extra_i - n, 0)
+        if any_strong:
+            lost_strong = strong_b & ~keep_strong
+            trimmed = optional & ~lost_strong & (lost_extra > 0)
+            codes[trimmed] = np.where((n[trimmed] > 0) | keep_strong[trimmed], 1, 3)
+            codes[lost_strong] = np.where((n[lost_strong] > 0) | ~has_extra[lost_strong], 2, 3)
+            lost_s = int(np.count_nonzero(lost_strong))
+        else:
+            # no strong part: nothing lost on the strong side, a trimmed request keeps extras
+            # (TRIM) or none (SHED)
+            trimmed = lost_extra > 0  # only optional requests lose extras
+            codes[trimmed] = np.where(n[trimmed] > 0, 1, 3)
+            lost_s = 0
+        counts = np.bincount(codes[optional], minlength=4).tolist()
         for d in range(4):
-            self._n[d] += int(counts[d])
-        n_dropped = int(n_opt - counts[0])
+            self._n[d] += counts[d]
+        n_dropped = n_opt - counts[0]
         if n_dropped:
             lost_e = int(lost_extra.sum())
-            lost_s = int(lost_strong.sum())
             self._dropped_extra += lost_e
             self._dropped_strong += lost_s
             self._ep_dropped += n_dropped
             self._ep_extra += lost_e
             self._ep_strong += lost_s
             self._last_drop = now
-        return BatchVerdict(codes, out_extra, out_strong)
+        return BatchVerdict(codes, np.where(has_extra, n, 0), keep_strong)
 
     def _refill(self, now: float, span_s: float) -> None:
         """Bring the buckets to ``now``; a batch that stands for ``(now − span_s, now]`` also

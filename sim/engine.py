@@ -58,7 +58,7 @@ import heapq
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
@@ -245,6 +245,9 @@ class RegionRun:
             cache=ctx.plan_cache,
         )
         self.base_mix = build_mix(ctx, baseline_plan(ctx))
+        self._no_cells = np.zeros(ctx.pop.n_cells)  # shared by plans: never written to
+        self._stages_for: _Stages | None = None
+        self._steps_positive = bool((ctx.traces.step_len > 0).all())
         self.mix = self.base_mix
         self._mix_key: Any = ("base",)
         # the last per-stratum levels and their split into classes (levels, cell -> class)
@@ -509,15 +512,18 @@ class RegionRun:
             self._plan_for, self._plan_asked = (tg, m_rma, m_sbm), asked
         rma_req, sbm_req, extra = asked.rma, asked.sbm, asked.extra
         adm = pol.admit(now, span, rma_req, sbm_req, self) if sheds else None
+        # ``none``: one zero array shared by every plan of the run (plans are never written to)
+        none = self._no_cells
         if adm is None:
             rma_adm, sbm_adm = rma_req, sbm_req
-            down = np.zeros(pop.n_cells)
+            down = none
         else:
             rma_adm, sbm_adm = adm
-            down = np.clip(sbm_req - sbm_adm, 0.0, 1.0)
-        fail = np.zeros(pop.n_cells)
+            # nothing downgraded when the server kept the request as asked (x − x = 0)
+            down = none if sbm_adm is sbm_req else np.clip(sbm_req - sbm_adm, 0.0, 1.0)
+        fail = none
         if self.quotas.sbm_acc <= _EPS and sbm_adm.any():
-            fail, sbm_adm = sbm_adm, np.zeros(pop.n_cells)  # no replica: fail fast, retry
+            fail, sbm_adm = sbm_adm, none  # no replica: fail fast, retry
         self._mix_key = key
         old = self.mix.plan
         by_cell = asked.levels
@@ -536,10 +542,10 @@ class RegionRun:
             rma = rma_adm[None, :] if levels else np.zeros((0, pop.n_cells))
         if (
             old.levels == levels
-            and np.array_equal(old.sbm, sbm_adm)
-            and np.array_equal(old.down, down)
-            and np.array_equal(old.fail, fail)
-            and (not levels or np.array_equal(old.rma, rma))
+            and _same(old.sbm, sbm_adm)
+            and _same(old.down, down)
+            and _same(old.fail, fail)
+            and (not levels or _same(old.rma, rma))
         ):
             return self.mix
         if not levels:
@@ -617,88 +623,105 @@ class RegionRun:
         tr = self.ctx.traces
         rt = self.traces
         st = self.static
-        par = self.cfg.latency.cpu_parallelism
         q = self.quotas
         ideal = self.policy.ideal
-        bm = self.base_mix
         i0 = tr.step_of(t)
         i1 = tr.step_of(max(end - _EPS, t))
-        idx = np.arange(i0, i1 + 1)
-        starts = np.maximum(tr.step_edges[idx], t)
-        ends = np.minimum(tr.step_edges[idx + 1], end)
+        sl = slice(i0, i1 + 1)
+        starts = np.maximum(tr.step_edges[sl], t)
+        ends = np.minimum(tr.step_edges[i0 + 1 : i1 + 2], end)
         dt = ends - starts
-        length = tr.step_len[idx]
-        a = rt.arrivals[idx] * np.where(length > 0, dt / np.where(length > 0, length, 1.0), 0.0)
+        if self._steps_positive:
+            share = dt / tr.step_len[sl]  # of each step's arrivals inside the block
+        else:
+            length = tr.step_len[sl]
+            share = np.where(length > 0, dt / np.where(length > 0, length, 1.0), 0.0)
+        a = rt.arrivals[sl] * share
         # queues see the request *rate*: the Poisson noise of the counts is already in the
         # M/G/c wait; counting it again as fluid backlog would double it
-        lam = rt.rate[idx]
-        # baseline first: every request's baseline part queues on the dedicated capacity ahead
-        # of any optional part, so its utilisation is the baseline work's alone (module doc)
-        rc = _rho_arr(lam * mix.base_cpu, st.ded_cpu)
-        ra = _rho_arr(lam * mix.base_acc, st.ded_acc)
-        rs = _rho_arr(lam * mix.strong_acc, q.sbm_acc)
-        one = np.ones_like(lam)
+        lam = rt.rate[sl]
+        # utilisation of every stage at once, columns as _RHO_COLS: baseline first — every
+        # request's baseline part queues on the dedicated capacity ahead of any optional part,
+        # so its utilisation is the baseline work's alone (module doc); the strong replicas;
+        # the static shadow; the optional work on its quota
+        rho = self._stages(mix, q).rho(lam)
         if ideal:
-            rs = np.minimum(rs, 1.0)
-            phi_c = phi_a = phi_s = one
-            roc = roa = np.zeros_like(lam)
-        else:
-            roc = _rho_arr(lam * mix.opt_cpu, q.rma_cpu + q.sbm_cpu)
-            roa = _rho_arr(lam * mix.opt_acc, q.rma_acc)
-            phi_c = np.where(roc > 1.0, 1.0 / np.maximum(roc, 1.0), 1.0)
-            phi_a = np.where(roa > 1.0, 1.0 / np.maximum(roa, 1.0), 1.0)
-            phi_s = np.where(rs > 1.0, 1.0 / np.maximum(rs, 1.0), 1.0)
-        # the stage the optional parts queue in: its throughput is set by whichever kind of work
-        # is more loaded on its own capacity (sim/latency.py)
-        mc = np.maximum(rc, roc)
-        ma = np.maximum(ra, roa)
-        src = _rho_arr(lam * bm.base_cpu, st.ded_cpu)
-        sra = _rho_arr(lam * bm.base_acc, st.ded_acc)
-        # a block that is about to build a queue stops after that step (policies react to it)
-        hot = (mc > 1.0) | (ma > 1.0) | (rs > 1.0)
-        k = idx.size
-        if idx.size > 1 and hot.any():
-            k = int(np.argmax(hot)) + 1
-        if self.policy.server_sheds and idx.size > 1:
-            # servers' token buckets act per request: a block whose traffic rises well above
-            # the rate its admission was decided for ends before that step, so the servers
-            # decide again for the new rate (a surge is not admitted at the old one)
-            jump = lam > lam[0] * _RATE_JUMP
-            if jump.any():
-                k = min(k, max(1, int(np.argmax(jump))))
-        if k < idx.size:
-            idx, dt, a, lam = idx[:k], dt[:k], a[:k], lam[:k]
-            rc, ra, rs, src, sra = rc[:k], ra[:k], rs[:k], src[:k], sra[:k]
-            phi_c, phi_a, phi_s, one, ends = phi_c[:k], phi_a[:k], phi_s[:k], one[:k], ends[:k]
-            roc, roa, mc, ma = roc[:k], roa[:k], mc[:k], ma[:k]
-        c0, c1 = _fluid(self.cpu, rc, dt)
-        a0, a1 = _fluid(self.acc, ra, dt)
-        oc0, oc1 = _fluid(self.opt_cpu, roc, dt)
-        oa0, oa1 = _fluid(self.opt_acc, roa, dt)
-        s0, s1 = _fluid(self.strong, rs, dt)
-        sc0, sc1 = _fluid(self.shadow_cpu, src, dt)
-        sa0, sa1 = _fluid(self.shadow_acc, sra, dt)
-        n = idx.size
-        fail = np.zeros(n)
-        if self._lost_strong:
-            fail[0] = self._lost_strong
-            self._lost_strong = 0.0
-        sp = 1.0 if ideal else speed(q.sbm_acc)
-        block = np.column_stack(
+            rho[:, 2] = np.minimum(rho[:, 2], 1.0)
+            rho[:, 5:] = 0.0
+        over = rho > 1.0
+        over_any = cast("list[bool]", over.any(axis=0).tolist())
+        # a block that is about to build a queue stops after that step (policies react to it);
+        # the stage the optional parts queue in is as loaded as the more loaded of baseline
+        # and optional work (sim/latency.py), so it is over 1 when either is
+        k = n = rho.shape[0]
+        if n > 1:
+            if any(over_any[j] for j in _HOT_STAGES):
+                hot = over[:, _HOT_STAGES].any(axis=1)
+                k = int(np.argmax(hot)) + 1
+            if self.policy.server_sheds:
+                # servers' token buckets act per request: a block whose traffic rises well
+                # above the rate its admission was decided for ends before that step, so the
+                # servers decide again for the new rate (a surge is not admitted at the old one)
+                rates = cast("list[float]", lam.tolist())
+                top = rates[0] * _RATE_JUMP
+                for j, x in enumerate(rates):
+                    if x > top:
+                        k = min(k, max(1, j))
+                        break
+            if k < n:
+                dt, a, lam, ends, rho = dt[:k], a[:k], lam[:k], ends[:k], rho[:k]
+                over = over[:k]
+                over_any = cast("list[bool]", over.any(axis=0).tolist())
+                n = k
+        block = np.zeros((n, len(_R)))
+        block[:, _C_A] = a
+        block[:, _C_LAM] = lam
+        block[:, _C_DT] = dt
+        block[:, _RHO_COLS] = rho
+        block[:, _MCMA_COLS] = np.maximum(rho[:, 0:2], rho[:, 5:7])
+        # fluid backlogs, per stage (the stages in rho's column order); a stage with no backlog
+        # that no step overloads keeps zeros
+        for j, (stage, c0, c1) in enumerate(
             (
-                a, lam, dt, rc, ra, rs, c0, c1, a0, a1, s0, s1, src, sra, sc0, sc1, sa0, sa1,
-                fail, sp * one, ((st.ded_cpu + q.rma_cpu + q.sbm_cpu) / par) * one,
-                (st.ded_acc + q.rma_acc) * one, (0.0 if ideal else q.sbm_acc) * one,
-                mc, ma, oc0, oc1, oa0, oa1, roc, roa,
+                (self.cpu, _C_C0, _C_C1),
+                (self.acc, _C_A0, _C_A1),
+                (self.strong, _C_S0, _C_S1),
+                (self.shadow_cpu, _C_SC0, _C_SC1),
+                (self.shadow_acc, _C_SA0, _C_SA1),
+                (self.opt_cpu, _C_OC0, _C_OC1),
+                (self.opt_acc, _C_OA0, _C_OA1),
             )
-        )  # fmt: skip
+        ):
+            if stage.backlog_s > 0.0 or over_any[j]:
+                _fluid_into(stage, rho[:, j], dt, block, c0, c1)
+        if self._lost_strong:
+            block[0, _C_FAIL] = self._lost_strong
+            self._lost_strong = 0.0
+        block[:, _C_SPEED : _C_NS + 1] = (
+            1.0 if ideal else speed(q.sbm_acc),
+            (st.ded_cpu + q.rma_cpu + q.sbm_cpu) / self.cfg.latency.cpu_parallelism,
+            st.ded_acc + q.rma_acc,
+            0.0 if ideal else q.sbm_acc,
+        )
         self._blocks.append((mix, block))
         # capacity used by optional work (throughput, never above the quota) and offered
         win = self._win
-        win[0] += float((lam * dt * phi_c).sum()) * mix.opt_cpu / 1000.0
-        win[1] += float((lam * dt * (mix.opt_acc * phi_a + mix.strong_acc * phi_s)).sum()) / 1000.0
-        win[2] += float((lam * dt).sum()) * mix.opt_cpu / 1000.0
-        win[3] += float((lam * dt).sum()) * (mix.opt_acc + mix.strong_acc) / 1000.0
+        ldt = lam * dt
+        offered = float(ldt.sum())
+        opt_acc = mix.opt_acc + mix.strong_acc
+        if any(over_any[j] for j in _PHI_COLS):  # (never for the ideal packing)
+            # the throughput share of the optional work (cpu, acc) and of the strong replicas
+            over_q = rho[:, _PHI_COLS]
+            phi = np.where(over_q > 1.0, 1.0 / np.maximum(over_q, 1.0), 1.0)
+            win[0] += float((ldt * phi[:, 0]).sum()) * mix.opt_cpu / 1000.0
+            win[1] += (
+                float((ldt * (mix.opt_acc * phi[:, 1] + mix.strong_acc * phi[:, 2])).sum()) / 1000.0
+            )
+        else:  # every throughput share is 1
+            win[0] += offered * mix.opt_cpu / 1000.0
+            win[1] += float((ldt * opt_acc).sum()) / 1000.0
+        win[2] += offered * mix.opt_cpu / 1000.0
+        win[3] += offered * opt_acc / 1000.0
         t_end = float(ends[-1])
         self.arrival_rate = float(lam[-1])
         if getattr(self.policy, "wants_health", False):
@@ -707,29 +730,54 @@ class RegionRun:
                 self.emit(kind, t_end, fields)
         return t_end
 
+    def _stages(self, mix: Mix, q: Quotas) -> _Stages:
+        """The stages' loads and capacities under ``mix`` and ``q`` (kept while both hold)."""
+        got = self._stages_for
+        if got is not None and got.mix is mix and got.quotas is q:
+            return got
+        st = self.static
+        bm = self.base_mix
+        got = _Stages(
+            mix,
+            q,
+            (
+                mix.base_cpu, mix.base_acc, mix.strong_acc, bm.base_cpu, bm.base_acc,
+                mix.opt_cpu, mix.opt_acc,
+            ),
+            (
+                st.ded_cpu, st.ded_acc, q.sbm_acc, st.ded_cpu, st.ded_acc,
+                q.rma_cpu + q.sbm_cpu, q.rma_acc,
+            ),
+        )  # fmt: skip
+        self._stages_for = got
+        return got
+
     def _health(self, now: float, mix: Mix, row: FloatArray) -> Health:
         """Health after the step ``row``: standing queues (what CoDel judges: the fluid backlog
         plus the median stochastic wait, :func:`_standing`) and work in flight per server
         (Little's law)."""
         c = _R
+        v = row.tolist()  # plain floats: the scalar arithmetic below is the same, faster
         # the mixed replicas as a whole: the stage utilisation the optional parts queue in
-        wc = wait_params(row[c["mc"]], row[c["nc"]], mix.cpu_mean, mix.cpu_cs2)
-        wa = wait_params(row[c["ma"]], row[c["na"]], mix.acc_mean, mix.acc_cs2)
-        ws = wait_params(row[c["rs"]], row[c["ns"]], mix.strong_mean, mix.strong_cs2)
-        fc = max(row[c["c1"]], row[c["oc1"]])
-        fa = max(row[c["a1"]], row[c["oa1"]])
+        wc = wait_params(v[c["mc"]], v[c["nc"]], mix.cpu_mean, mix.cpu_cs2)
+        wa = wait_params(v[c["ma"]], v[c["na"]], mix.acc_mean, mix.acc_cs2)
+        ws = wait_params(v[c["rs"]], v[c["ns"]], mix.strong_mean, mix.strong_cs2)
+        fc = max(v[c["c1"]], v[c["oc1"]])
+        fa = max(v[c["a1"]], v[c["oa1"]])
+        s1 = v[c["s1"]]
         m_q = 1000.0 * max(fc, fa) + max(_standing(wc), _standing(wa))
-        s_q = 1000.0 * row[c["s1"]] + _standing(ws)
+        s_q = 1000.0 * s1 + _standing(ws)
         common = self.cfg.latency.overhead_ms + 1000.0 * fc + wc.mean_ms
         mixed_wait = 1000.0 * fa + wa.mean_ms
-        strong_wait = 1000.0 * row[c["s1"]] + ws.mean_ms
+        strong_wait = 1000.0 * s1 + ws.mean_ms
         lat = common + mix.service_ms + mix.penalty_ms
         lat = lat + np.where(mix.strong_stage, strong_wait, mixed_wait)
-        lam = float(row[c["lam"]])
+        lam = v[c["lam"]]
         servers = self.static.servers
         units = float((mix.frac * lat * mix.work_units).sum()) * lam / 1000.0 / servers
-        base_units = float(mix.frac @ lat) * lam / 1000.0 / servers * (self.ctx.n0 / 100.0)
-        return Health(now, m_q, s_q, units, min(base_units, units), float(mix.frac @ lat))
+        mean_lat = float(mix.frac @ lat)
+        base_units = mean_lat * lam / 1000.0 / servers * (self.ctx.n0 / 100.0)
+        return Health(now, m_q, s_q, units, min(base_units, units), mean_lat)
 
     def sample_step_latencies(self, rng: np.random.Generator, k: int) -> FloatArray:
         """``k`` response times of the newest step (peer limits' samples), capped at the timeout."""
@@ -925,11 +973,13 @@ class RegionRun:
         else:
             lat = weights = np.zeros(0)
             paths = sample_win = np.zeros(0, dtype=np.int64)
+        # the samples' sketch keys, once for the controllers' histograms and the window lines
+        keys = np.clip(keys_of(lat, SKETCH_ALPHA), 0, _KEY_SPAN - 1)
         if getattr(self.policy, "observes", True):
             self._fold_obs(
-                lat, weights, paths, int(n_req.sum()), n_seg.sum(axis=0), routed, value_obs
+                keys, weights, paths, int(n_req.sum()), n_seg.sum(axis=0), routed, value_obs
             )
-        sketches = _window_sketches(lat, weights, paths, sample_win, n_req)
+        sketches = _window_sketches(keys, weights, paths, sample_win, n_req)
         for w, rec in enumerate(recs):
             t0, t1 = rec["t0"], rec["t1"]
             win = rec["win"]
@@ -1065,6 +1115,10 @@ class RegionRun:
         strata = _estimator_strata(
             groups, n_all, (s1, s2, x1, x2, xy, n_late, x_late, x2_late), pop, names
         )
+        # per cell, plain numbers once (the values ``float(a[i])``/``int(a[i])`` give)
+        n_l, s1_l, s2_l, cpu_l, acc_l, x1_l, x2_l, xy_l = (
+            a.tolist() for a in (n_all, s1, s2, cpu_per, acc_per, x1, x2, xy)
+        )
         for gi, name in enumerate(groups):
             lo = gi * n_c
             for si, seg in enumerate(names):
@@ -1083,18 +1137,18 @@ class RegionRun:
                 if name == "control":
                     arms.setdefault(seg, {})["control"] = sums
                 for c in cells:
-                    nc = int(n_all[lo + c])
+                    nc = int(n_l[lo + c])
                     if nc <= 0:
                         continue
                     st = ArmStats(
                         nc,
-                        float(s1[lo + c]),
-                        float(s2[lo + c]),
-                        nc * float(cpu_per[lo + c]),
-                        nc * float(acc_per[lo + c]),
-                        float(x1[lo + c]),
-                        float(x2[lo + c]),
-                        float(xy[lo + c]),
+                        float(s1_l[lo + c]),
+                        float(s2_l[lo + c]),
+                        nc * float(cpu_l[lo + c]),
+                        nc * float(acc_l[lo + c]),
+                        float(x1_l[lo + c]),
+                        float(x2_l[lo + c]),
+                        float(xy_l[lo + c]),
                     )
                     key = stratum_key(seg, c - cells.start)
                     if name == "control":
@@ -1114,7 +1168,7 @@ class RegionRun:
 
     def _fold_obs(
         self,
-        lat: FloatArray,
+        keys: IntArray,
         weights: FloatArray,
         paths: IntArray,
         n_req: int,
@@ -1122,8 +1176,9 @@ class RegionRun:
         sbm_routed: float,
         value: Mapping[tuple[str, str, str], ArmStats],
     ) -> None:
-        if lat.size:
-            keys = np.clip(keys_of(lat, SKETCH_ALPHA), 0, _KEY_SPAN - 1)
+        """Fold one batch of windows into the controllers' accumulators: the samples' sketch
+        keys (clipped to ``_KEY_SPAN``) with their weights and paths, and the counts."""
+        if keys.size:
             self.obs_keys[0] += np.bincount(keys, weights=weights, minlength=_KEY_SPAN)
             for p in (PATH_BASE, PATH_RMA, PATH_SBM):
                 sel = paths == p
@@ -1196,6 +1251,17 @@ class RegionRun:
 
 
 _RATE_JUMP = 1.05  # traffic this much above a block's first step re-decides admission
+# columns of a block row (sim/context.py ``_ROW``) written by :meth:`RegionRun._advance`
+_C_A, _C_LAM, _C_DT, _C_FAIL = _R["a"], _R["lam"], _R["dt"], _R["fail"]
+_C_C0, _C_C1, _C_A0, _C_A1, _C_S0, _C_S1 = (_R[x] for x in ("c0", "c1", "a0", "a1", "s0", "s1"))
+_C_SC0, _C_SC1, _C_SA0, _C_SA1 = (_R[x] for x in ("sc0", "sc1", "sa0", "sa1"))
+_C_OC0, _C_OC1, _C_OA0, _C_OA1 = (_R[x] for x in ("oc0", "oc1", "oa0", "oa1"))
+_C_SPEED, _C_NS = _R["speed"], _R["ns"]
+# the stages' utilisations as _advance computes them, in its column order
+_RHO_COLS = [_R[x] for x in ("rc", "ra", "rs", "src", "sra", "roc", "roa")]
+_PHI_COLS = [5, 6, 2]  # of those: the optional CPU, optional accelerator and strong stages
+_HOT_STAGES = [0, 1, 2, 5, 6]  # and the stages whose queue stops a block (mixed and strong)
+_MCMA_COLS = [_R["mc"], _R["ma"]]
 
 
 def _rho(offered_ms_per_s: float, units: float) -> float:
@@ -1221,24 +1287,45 @@ def _itt_of(value_obs: Mapping[tuple[str, str, str], ArmStats]) -> dict[str, Any
     return out
 
 
-def _rho_arr(offered_ms_per_s: FloatArray, units: float) -> FloatArray:
-    """:func:`_rho` over an array of offered work."""
-    if units <= 0.0:
-        return np.where(offered_ms_per_s > 0.0, RHO_FLUID_CAP, 0.0)
-    return np.maximum(offered_ms_per_s, 0.0) / (1000.0 * units)
+def _same(a: FloatArray, b: FloatArray) -> bool:
+    """``np.array_equal``, at once when both are the same array (plans hold finite shares)."""
+    return a is b or np.array_equal(a, b)
 
 
-def _fluid(stage: StageState, rho: FloatArray, dt: FloatArray) -> tuple[FloatArray, FloatArray]:
-    """Advance a stage's fluid backlog over consecutive steps; backlog at each step's start/end."""
-    n = rho.size
-    if stage.backlog_s <= 0.0 and not (rho > 1.0).any():
-        z = np.zeros(n)
-        return z, z
-    b0 = np.empty(n)
-    b1 = np.empty(n)
-    for j in range(n):
-        b0[j], b1[j] = stage.advance(float(rho[j]), float(dt[j]))
-    return b0, b1
+class _Stages:
+    """The seven stages :meth:`RegionRun._advance` tracks (columns as ``_RHO_COLS``) under one
+    mix and one set of quotas: work offered per request (ms) and units serving it."""
+
+    __slots__ = ("den", "live", "loads", "mix", "quotas", "units")
+
+    def __init__(
+        self, mix: Mix, quotas: Quotas, loads: tuple[float, ...], units: tuple[float, ...]
+    ) -> None:
+        self.mix = mix
+        self.quotas = quotas
+        self.loads = np.asarray(loads, dtype=np.float64)
+        self.units = u = np.asarray(units, dtype=np.float64)
+        self.live = u > 0.0
+        self.den = 1000.0 * u if bool(self.live.all()) else None
+
+    def rho(self, lam: FloatArray) -> FloatArray:
+        """:func:`_rho` of every step and stage: step ``i`` offers ``lam[i] × loads[j]`` ms/s
+        of work to stage ``j``'s units (rows: steps, columns: stages; a fresh array)."""
+        off = lam[:, None] * self.loads
+        if self.den is not None:
+            return np.maximum(off, 0.0) / self.den
+        live = self.live
+        den = np.where(live, 1000.0 * self.units, 1.0)
+        return np.where(live, np.maximum(off, 0.0) / den, np.where(off > 0.0, RHO_FLUID_CAP, 0.0))
+
+
+def _fluid_into(
+    stage: StageState, rho: FloatArray, dt: FloatArray, block: FloatArray, c0: int, c1: int
+) -> None:
+    """Advance a stage's fluid backlog over consecutive steps, writing its backlog at each
+    step's start and end into columns ``c0`` and ``c1`` of ``block``."""
+    for j, (r, d) in enumerate(zip(rho.tolist(), dt.tolist(), strict=True)):
+        block[j, c0], block[j, c1] = stage.advance(r, d)
 
 
 def _standing(w: WaitParams) -> float:

@@ -329,28 +329,38 @@ def sample_window(
     uniforms: FloatArray,
     *,
     allocated: bool = False,
+    index: IntArray | None = None,
 ) -> tuple[FloatArray, FloatArray, IntArray]:
     """Latencies (ms, capped at the timeout), their weights, and their path, for one window.
 
     ``uniforms`` has shape (4, samples): the window's random numbers, drawn by the caller from
     a stream every policy shares (common random numbers). Samples are allocated to strata by
     count (largest remainder, at least one per non-empty stratum), so each sample stands for
-    ``count / samples`` requests of its stratum.
+    ``count / samples`` requests of its stratum. ``allocated``: one sample per stratum, the
+    caller allocated them; ``index``: one sample per entry, of the stratum it names (the same
+    as ``allocated`` on ``st.take_index(index)``, without copying every field first).
     """
-    counts = st.count
-    total = float(counts.sum()) if counts.size else 0.0
     m = uniforms.shape[1]
+    if index is not None:
+        idx = index
+        counts = st.count[idx]  # per sample: its stratum's count (one sample each)
+    else:
+        counts = st.count
+    total = float(counts.sum()) if counts.size else 0.0
     if total <= 0.0:
         empty = np.zeros(0)
         return empty, empty, np.zeros(0, dtype=np.int64)
-    # allocated: one sample per stratum entry, the caller allocated them
-    alloc = np.ones(counts.size, dtype=np.int64) if allocated else allocate_samples(counts, m)
-    idx = np.repeat(np.arange(counts.size), alloc)
+    if index is None:
+        # allocated: one sample per stratum entry, the caller allocated them
+        alloc = np.ones(counts.size, dtype=np.int64) if allocated else allocate_samples(counts, m)
+        idx = np.repeat(np.arange(counts.size), alloc)
     k = idx.size
     u_pos, u_w1, u_w2, u_j = uniforms[:, :k]
+    fc0 = st.fc0[idx]
+    fa0 = st.fa0[idx]
     fluid_ms = 1000.0 * (
-        st.fc0[idx] + (st.fc1[idx] - st.fc0[idx]) * u_pos
-        + st.fa0[idx] + (st.fa1[idx] - st.fa0[idx]) * u_pos
+        fc0 + (st.fc1[idx] - fc0) * u_pos
+        + fa0 + (st.fa1[idx] - fa0) * u_pos
     )  # fmt: skip
     w1 = _exp_wait(u_w1, st.p1[idx], st.r1[idx])
     w2 = _exp_wait(u_w2, st.p2[idx], st.r2[idx])
@@ -360,7 +370,7 @@ def sample_window(
     if st.droppable:
         lat += _optional_delay(st, idx, u_pos, np.mod(u_w1 + u_w2, 1.0), jitter)
     np.minimum(lat, timeout_ms, out=lat)
-    weights = counts[idx] / alloc[idx]
+    weights = counts / 1.0 if index is not None else counts[idx] / alloc[idx]
     return lat, weights, st.path[idx]
 
 

@@ -374,9 +374,10 @@ def _exact(
     ps = p[order]
     seg_sorted = part_seg[order]
     cum = np.zeros_like(ps)
-    for s in np.unique(seg_sorted):
-        sel = seg_sorted == s
-        cum[sel] = np.cumsum(ps[sel])
+    # the parts of one segment are contiguous once sorted: cumulate each run on its own
+    edges = np.flatnonzero(seg_sorted[1:] != seg_sorted[:-1]) + 1
+    for a, b in zip([0, *edges.tolist()], [*edges.tolist(), ps.size], strict=True):
+        cum[a:b] = np.cumsum(ps[a:b])
     key = seg_sorted + np.minimum(cum, 1.0)
     u = rng.random((4, total))
     pick = np.searchsorted(key, seg_of_req + u[0] * (1 - 1e-12), side="left")

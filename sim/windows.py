@@ -7,7 +7,7 @@ estimator reads, the per-window latency samples and sketches, and the precompute
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -32,7 +32,6 @@ from headroom.sim.latency import (
     Strata,
     allocate_samples,
     baseline_wait_params,
-    keys_of,
     low_priority_factor,
     sample_window,
     serial_waits,
@@ -219,8 +218,7 @@ def _sample_windows(
         return z, z, zi, zi
     idx = np.concatenate(take)
     col = np.concatenate(cols)
-    sub = st.take_index(idx)
-    lat, _, paths = sample_window(sub, cfg, timeout_ms, uniforms[:, col], allocated=True)
+    lat, _, paths = sample_window(st, cfg, timeout_ms, uniforms[:, col], index=idx)
     # each sample stands for count / (samples of its stratum in its window) requests
     n_alloc = np.bincount(idx, minlength=st.size)
     weights = st.count[idx] / n_alloc[idx]
@@ -251,27 +249,34 @@ def _estimator_strata(
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """The window line's ``strata``: the estimator's sums per (segment, value bin) stratum and
     arm (control and what the requests received), with the value signal's sums."""
-    s1, s2, x1, x2, xy, n_late, x_late, x2_late = sums
+    # plain numbers, once (the same values ``float(a[i])`` and ``int(a[i])`` give one by one)
+    s1, s2, x1, x2, xy, x_late, x2_late = (
+        cast("list[float]", np.asarray(a, dtype=np.float64).tolist())
+        for a in (sums[0], sums[1], sums[2], sums[3], sums[4], sums[6], sums[7])
+    )
+    n_late = cast("list[int]", np.asarray(sums[5]).astype(np.int64).tolist())
+    n_list = cast("list[int]", np.asarray(n_all).astype(np.int64).tolist())
     n_c = pop.n_cells
+    seg = cast("list[int]", pop.seg.tolist())
     strata: dict[str, dict[str, dict[str, Any]]] = {}
     for gi, name in enumerate(groups):
         if name.startswith("itt_"):
             continue
         for c in range(n_c):
             i = gi * n_c + c
-            if n_all[i] <= 0:
+            if n_list[i] <= 0:
                 continue
-            key = stratum_key(names[int(pop.seg[c])], c % pop.bins)
+            key = stratum_key(names[seg[c]], c % pop.bins)
             strata.setdefault(key, {})[name] = {
-                "n": int(n_all[i]),
-                "value_sum": float(s1[i]),
-                "value_sq_sum": float(s2[i]),
-                "signal_sum": float(x1[i]),
-                "signal_sq_sum": float(x2[i]),
-                "signal_value_sum": float(xy[i]),
-                "failed": int(n_late[i]),
-                "failed_signal_sum": float(x_late[i]),
-                "failed_signal_sq_sum": float(x2_late[i]),
+                "n": n_list[i],
+                "value_sum": s1[i],
+                "value_sq_sum": s2[i],
+                "signal_sum": x1[i],
+                "signal_sq_sum": x2[i],
+                "signal_value_sum": xy[i],
+                "failed": n_late[i],
+                "failed_signal_sum": x_late[i],
+                "failed_signal_sq_sum": x2_late[i],
             }
     return strata
 
@@ -304,22 +309,24 @@ def _add_precompute_arm(arms: dict[str, dict[str, dict[str, Any]]], pre: Precomp
 
 
 def _window_sketches(
-    lat: FloatArray, weights: FloatArray, paths: IntArray, win: IntArray, n_req: IntArray
+    keys: IntArray, weights: FloatArray, paths: IntArray, win: IntArray, n_req: IntArray
 ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """Per window, the sketch of every request and of the baseline-only ones (integer counts)."""
+    """Per window, the sketch of every request and of the baseline-only ones (integer counts);
+    ``keys``: the samples' sketch keys, clipped to ``[0, _KEY_SPAN)``."""
     n_w = n_req.size
     out: list[tuple[dict[str, Any], dict[str, Any]]] = []
-    if lat.size == 0:
+    if keys.size == 0:
         empty: dict[str, Any] = {"alpha": SKETCH_ALPHA, "bins": {}, "zeros": 0}
         return [(dict(empty), dict(empty)) for _ in range(n_w)]
-    keys = np.clip(keys_of(lat, SKETCH_ALPHA), 0, _KEY_SPAN - 1)
+    # (window, key) pairs on a dense grid: masses summed in sample order, as over the unique
+    # pairs, and the pairs present in increasing order
     combined = win * _KEY_SPAN + keys
-    uniq, inv = np.unique(combined, return_inverse=True)
-    mass = np.asarray(np.bincount(inv, weights=weights, minlength=uniq.size), dtype=np.float64)
+    span = n_w * _KEY_SPAN
+    uniq = np.flatnonzero(np.bincount(combined, minlength=span))
+    mass = np.asarray(np.bincount(combined, weights=weights, minlength=span), np.float64)[uniq]
     base = paths == PATH_BASE
-    mass_base = np.asarray(
-        np.bincount(inv[base], weights=weights[base], minlength=uniq.size), dtype=np.float64
-    )
+    dense_base = np.bincount(combined[base], weights=weights[base], minlength=span)
+    mass_base = np.asarray(dense_base, dtype=np.float64)[uniq]
     u_win = uniq // _KEY_SPAN
     u_key = uniq % _KEY_SPAN
     bounds = np.searchsorted(u_win, np.arange(n_w + 1))

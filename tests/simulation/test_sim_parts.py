@@ -337,6 +337,44 @@ def test_strata_without_optional_parts_are_unchanged_by_the_budget_rule() -> Non
     assert np.array_equal(a, b)
 
 
+@pytest.mark.parametrize("droppable", [False, True])
+def test_sampling_by_index_equals_sampling_the_taken_strata(droppable: bool) -> None:
+    """``sample_window(st, index=i)`` is ``sample_window(st.take_index(i), allocated=True)``
+    number for number (the window sampler skips copying every field first)."""
+    rng = np.random.default_rng(5)
+    n = 7
+    fields = {
+        "count": rng.integers(0, 50, n).astype(np.float64),
+        "service_ms": rng.uniform(5.0, 40.0, n),
+        "penalty_ms": rng.uniform(0.0, 5.0, n),
+        "fc0": rng.uniform(0.0, 0.1, n),
+        "fc1": rng.uniform(0.0, 0.1, n),
+        "fa0": rng.uniform(0.0, 0.1, n),
+        "fa1": rng.uniform(0.0, 0.1, n),
+        "p1": rng.uniform(0.0, 1.0, n),
+        "r1": rng.uniform(0.01, 0.5, n),
+        "p2": rng.uniform(0.0, 1.0, n),
+        "r2": rng.uniform(0.01, 0.5, n),
+        "path": rng.integers(0, 3, n),
+    }
+    if droppable:
+        fields |= {
+            "po": rng.uniform(0.0, 1.0, n),
+            "ro": rng.uniform(0.01, 0.5, n),
+            "fo0": rng.uniform(0.0, 0.2, n),
+            "fo1": rng.uniform(0.0, 0.2, n),
+            "opt_ms": rng.uniform(0.0, 5.0, n),
+            "budget_ms": np.where(rng.random(n) < 0.5, 100.0, np.inf),
+        }
+    st = Strata(**fields)
+    idx = np.repeat(np.flatnonzero(st.count > 0), 3)
+    u = rng.random((4, 64))
+    want = sample_window(st.take_index(idx), LatencyConfig(), 300.0, u, allocated=True)
+    got = sample_window(st, LatencyConfig(), 300.0, u, index=idx)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_wait_grows_with_utilisation_and_shrinks_with_servers() -> None:
     waits = [wait_params(r, 4.0, 10.0, 0.1).mean_ms for r in (0.3, 0.6, 0.9, 0.99)]
     assert waits == sorted(waits)
@@ -558,3 +596,38 @@ def test_both_engines_write_the_window_line_with_one_builder() -> None:
     assert doc["a"]["requests"]["total"] == sim["requests"]
     assert doc["b"]["requests"]["total"] == 4
     assert doc["b"]["value"]["incremental_rma"] == pytest.approx(client["inc"]["rma"])  # type: ignore[index]
+
+
+def test_the_block_keeps_the_stages_only_while_the_mix_and_quotas_hold() -> None:
+    """A region run keeps its stages' loads and units while the mix and the quotas in force are
+    the same objects, and computes them again otherwise; the stages' utilisations are
+    :func:`headroom.sim.engine._rho` of every step and stage, number for number (no units, no
+    work and negative work included)."""
+    from headroom.sim.context import Quotas, SimContext
+    from headroom.sim.engine import RegionRun, _rho, _Stages
+    from headroom.sim.policies import StaticRegion
+    from tests.simulation.test_sim_runs import curves_of
+
+    s = scenario()
+    ctx = SimContext(s, curves_of(s))
+    run = RegionRun(ctx, 0, StaticRegion(), lambda *_: None, 60.0)
+    q = Quotas(2.0, 0.0, 1.5, 3.0)
+    first = run._stages(run.base_mix, q)
+    assert run._stages(run.base_mix, q) is first
+    again = run._stages(run.base_mix, Quotas(2.0, 0.0, 1.5, 3.0))  # equal, another object
+    assert again is not first
+    np.testing.assert_array_equal(again.loads, first.loads)
+    np.testing.assert_array_equal(again.units, first.units)
+    other = run._stages(run.base_mix, Quotas(2.0, 1.0, 1.5, 3.0))
+    assert other.units.tolist() != first.units.tolist()
+    lam = np.random.default_rng(9).uniform(0.0, 500.0, 6)
+    odd = _Stages(
+        run.base_mix,
+        q,
+        (1.0, 0.0, 3.5, -1.0, 2.0, 0.5, 7.0),
+        (4.0, 0.0, 0.0, 2.0, 1.0, 3.0, 0.5),
+    )
+    for stages in (first, other, odd):
+        pairs = list(zip(stages.loads.tolist(), stages.units.tolist(), strict=True))
+        want = [[_rho(x * ld, u) for ld, u in pairs] for x in lam.tolist()]
+        np.testing.assert_array_equal(stages.rho(lam), np.array(want))

@@ -782,6 +782,23 @@ def test_histogram_quantiles_track_numpy_within_the_bin_resolution() -> None:
     assert h.quantile(1.0) == math.inf
 
 
+def test_histogram_add_many_drops_non_finite_values_and_bad_weights() -> None:
+    """Values that are not finite and weights that are not > 0 (NaN included) are left out, as
+    if the batch held only the rest (huge finite values stay)."""
+    good_v = np.array([1.0, 2.0, 1e308, 1e308])
+    good_w = np.array([1.0, 3.0, 2.0, 0.5])
+    ref = DecayedLogHistogram()
+    ref.add_many(good_v, good_w)
+    got = DecayedLogHistogram()
+    got.add_many(
+        np.array([1.0, math.nan, 2.0, math.inf, 1e308, 5.0, 1e308, 7.0, -math.inf]),
+        np.array([1.0, 1.0, 3.0, 1.0, 2.0, math.nan, 0.5, 0.0, 1.0]),
+    )
+    assert got.total > 0.0
+    np.testing.assert_array_equal(got.counts, ref.counts)
+    assert got.snapshot() == ref.snapshot()  # the decay counts only the samples kept
+
+
 def test_histogram_forgets_old_samples() -> None:
     h = DecayedLogHistogram()
     h.add_many(np.full(5000, 1.0))
