@@ -99,6 +99,8 @@ MIN_SESSION_TIMEOUT_S = 6.0
 MAX_SESSION_TIMEOUT_S = 10.0
 LIVENESS_EXIT = 3  # the exit status of a controller that found itself stalled
 LIVENESS_PROBE_S = 3.0  # before a liveness exit: does the broker answer a metadata request?
+# seqs below a producer's newest not seen yet, kept per producer (the oldest go first)
+MAX_VALUE_GAPS = 4096
 VALUE_COUNTS_EVERY_S = 1.0  # how often the value signals' counts are published (when changed)
 
 
@@ -142,8 +144,9 @@ class Controller:
         self.restored = False
         self.deadlettered = 0  # messages this worker sent to the dead-letter topic
         self.liveness = Liveness(config.interval_s)
-        # value signals per producer: [newest seq, counted, duplicates dropped, value counted]
-        self.value_seen: dict[str, list[float]] = {}
+        # value signals per producer: [newest seq, counted, duplicates dropped, value counted,
+        # gaps] (count_value)
+        self.value_seen: dict[str, list[Any]] = {}
         self.value_unattributed = 0  # signals without a producer id: counted, never de-duplicated
         self.value_changed = False
         self.value_partition: dict[str, int] = {}  # producer -> partition its signals came on
@@ -151,20 +154,33 @@ class Controller:
 
     def count_value(self, msg: messages.ValueSignal, stored: bytes | None) -> bool:
         """Count one value signal; False for a duplicate (its producer's ``seq`` already seen).
-        ``stored``: the ``value_seen`` table's record for the producer (after a restart)."""
+        ``stored``: the ``value_seen`` table's record for the producer (after a restart).
+
+        The record is ``[newest seq, counted, duplicates dropped, value counted, gaps]``:
+        ``gaps`` are the seqs below the newest not seen yet. A signal may be processed after a
+        later one of its producer (after a rebalance the app goes on with records it had
+        buffered while the partition is read again from the committed offset), so a seq below
+        the newest is a duplicate only if it is not a gap."""
         self.value_changed = True
         if msg.producer is None or msg.seq is None:
             self.value_unattributed += 1
             return True
         book = self.value_seen.get(msg.producer)
         if book is None:
-            book = list(loads(stored)) if stored else [-1, 0, 0, 0.0]
-            book += [0.0] * (4 - len(book))  # a record from before value sums were kept
+            book = list(loads(stored)) if stored else [-1, 0, 0, 0.0, []]
+            book += [0.0, []][len(book) - 3 :] if len(book) < 5 else []  # older records
             self.value_seen[msg.producer] = book
-        if msg.seq <= book[0]:
+        gaps: list[int] = book[4]
+        seq = msg.seq
+        if seq > book[0]:
+            gaps.extend(range(int(book[0]) + 1, seq))
+            del gaps[:-MAX_VALUE_GAPS]
+            book[0] = seq
+        elif seq in gaps:
+            gaps.remove(seq)
+        else:
             book[2] += 1
             return False
-        book[0] = msg.seq
         book[1] += 1
         book[3] += msg.value_sum
         return True
