@@ -129,7 +129,8 @@ def extras_within_budget(
         return max(0, int(extra))
     if not left_ms > 0.0:
         return 0
-    return max(0, min(int(extra), math.floor(left_ms / per_ms + 1e-9)))
+    fit = min(float(extra), left_ms / per_ms + 1e-9)  # capped first: per_ms may be tiny
+    return max(0, math.floor(fit))
 
 
 __all__ = [

@@ -124,13 +124,11 @@ async def commit_start(
     fresh = [tp for tp in tps if await consumer.committed(tp) is None]
     if not fresh:
         return {}
-    ends = await consumer.end_offsets(fresh)
     events = kafka.topic("events")
     events_partitions = sorted(await producer.partitions_for(events))
     mark = DefaultPartitioner()(region.encode(), events_partitions, events_partitions)
-    events_end = (await consumer.end_offsets([TopicPartition(events, mark)]))[
-        TopicPartition(events, mark)
-    ]
-    meta = commit_metadata(mark, int(events_end))
+    events_tp = TopicPartition(events, mark)
+    ends = await consumer.end_offsets([*fresh, events_tp])  # one request for both
+    meta = commit_metadata(mark, int(ends[events_tp]))
     await consumer.commit({tp: (int(ends[tp]), meta) for tp in fresh})
     return {tp.partition: int(ends[tp]) for tp in fresh}

@@ -901,11 +901,16 @@ class RankingServer(Service):
         finally:
             self._vacate(work)
 
+    def _optional_cpu_units(self, threads: int) -> float:
+        """The CPU units an optional phase of ``threads`` threads may run on: what they give,
+        but no more than is left of the opportunistic level."""
+        return min(threads * self.cpu.speed, self.level.cpu - self._occ_cpu)
+
     def _optional_cpu_slots(self) -> int:
         """CPU slots an optional phase waits for: its request's threads, but no more than the
         units left of the opportunistic level need (the phase would hand the others back at
         once, and waiting for all of them together can outlast its budget on a busy pool)."""
-        units = min(self._threads * self.cpu.speed, self.level.cpu - self._occ_cpu)
+        units = self._optional_cpu_units(self._threads)
         return max(1, min(self._threads, math.ceil(units / self.cpu.speed - _EPS)))
 
     def _extras_that_fit(self, n: int, j: float, base: int, budget_ms: float) -> int:
@@ -915,7 +920,6 @@ class RankingServer(Service):
         request's threads), then its accelerator work. Waits are not foreseen: an optional phase
         that cannot start before the deadline is still dropped there."""
         costs = self.costs
-        cap = self.level
         threads = max(1, min(self._threads, self.cpu.slots))
         base_ms = (
             j
@@ -926,10 +930,10 @@ class RankingServer(Service):
             )
         )
         phases = (
-            (j * costs.base_cpu_ms, min(threads * self.cpu.speed, cap.cpu - self._occ_cpu)),
+            (j * costs.base_cpu_ms, self._optional_cpu_units(threads)),
             (
                 j * costs.base_accelerator_ms,
-                min(self.accelerator.speed, cap.accelerator - self._occ_acc),
+                min(self.accelerator.speed, self.level.accelerator - self._occ_acc),
             ),
         )
         return extras_within_budget(n, budget_ms - base_ms, phases)
