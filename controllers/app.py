@@ -14,7 +14,9 @@ Data flow (topics of docs/messages.md, names with the configured prefix):
   that carries its ``producer`` and ``seq`` is counted once: the newest ``seq`` of each producer
   (a client's process start) is kept in the ``value_seen`` table (changelogged, so it survives a
   restart), and a signal at or below it — a re-delivery after a restart — is dropped and counted
-  as a duplicate. Every second the counts go out as a ``value.counted`` event.
+  as a duplicate. Every second the counts go out as a ``value.counted`` event. A worker that
+  loses a partition, even for a moment in a rebalance, sets its producers' books aside and
+  resumes from the newer of that book and the table's record (``Controller.resume_book``).
 * liveness (:mod:`headroom.controllers.liveness`) — a control step counts as live when the
   consumer delivered a latency or capacity message since the previous one; with no live step
   within 3 intervals (and 30 s) while the broker answers, the app logs
@@ -150,6 +152,9 @@ class Controller:
         self.value_unattributed = 0  # signals without a producer id: counted, never de-duplicated
         self.value_changed = False
         self.value_partition: dict[str, int] = {}  # producer -> partition its signals came on
+        # the books of producers whose partition was released: (partition, book), until the
+        # producer's next signal or the partition's return (resume_book); one per client process
+        self.value_released: dict[str, tuple[int, list[Any]]] = {}
         self.owned: set[str] = set()  # the regions this worker steps (adopted from the tables)
 
     def count_value(self, msg: messages.ValueSignal, stored: bytes | None) -> bool:
@@ -167,9 +172,7 @@ class Controller:
             return True
         book = self.value_seen.get(msg.producer)
         if book is None:
-            book = list(loads(stored)) if stored else [-1, 0, 0, 0.0, []]
-            book += [0.0, []][len(book) - 3 :] if len(book) < 5 else []  # older records
-            self.value_seen[msg.producer] = book
+            book = self.resume_book(msg.producer, stored)
         gaps: list[int] = book[4]
         seq = msg.seq
         if seq > book[0]:
@@ -184,6 +187,37 @@ class Controller:
         book[1] += 1
         book[3] += msg.value_sum
         return True
+
+    def resume_book(self, producer: str, stored: bytes | None) -> list[Any]:
+        """The value book of ``producer`` once more in :attr:`value_seen`: the newer of the one
+        this worker held when it released the producer's partition and the table's ``stored``
+        record. The table's record can trail what this worker counted: after a rebalance that
+        gave the partition straight back, the table is recovered from its changelog while the
+        agent goes on with buffered records, so the newest writes are overwritten by older ones
+        (a signal whose offset is committed would be neither counted nor re-delivered). Another
+        worker that held the partition meanwhile counted on from the table, so its record is
+        the newer then. A producer's count only grows, so the larger count is the newer book."""
+        held = self.value_released.pop(producer, None)
+        table = _value_book(stored)
+        book = table if held is None or _book_order(table) >= _book_order(held[1]) else held[1]
+        if held is not None:
+            log.info(
+                "controller.value.resumed",
+                producer=producer,
+                source="table" if book is table else "held",
+                counted=int(book[1]),
+                table_counted=int(table[1]),
+            )
+        self.value_seen[producer] = book
+        return book
+
+    def regain_values(self, partitions: set[int], table: Any) -> None:
+        """Take back the released value books whose partitions this worker holds again
+        (:meth:`resume_book` against the ``value_seen`` table)."""
+        for producer, (part, _book) in list(self.value_released.items()):
+            if part in partitions and producer not in self.value_seen:
+                self.resume_book(producer, table.get(producer))
+                self.value_partition[producer] = part
 
     def value_counts(self) -> dict[str, Any]:
         """The ``value.counted`` event's fields."""
@@ -218,9 +252,10 @@ class Controller:
         log.info("controller.region.adopted", region=region, restored=got is not None, epoch=epoch)
 
     def release(self, regions: set[str], partitions: set[int]) -> None:
-        """Drop ``regions`` (their partitions moved to another worker) and the value books of
-        the producers whose signals came on ``partitions``: the new owner continues from the
-        tables; were they regained later, they are adopted from the tables again."""
+        """Drop ``regions`` (their partitions moved to another worker) and set aside the value
+        books of the producers whose signals came on ``partitions``: the new owner continues
+        from the tables; were they regained later, they are adopted from the tables again (the
+        value books from the newer of the table and the book set aside: :meth:`resume_book`)."""
         if regions:
             snap = self.plane.snapshot()
             kept = {r: st for r, st in snap["regions"].items() if r not in regions}
@@ -230,7 +265,9 @@ class Controller:
         for producer, part in list(self.value_partition.items()):
             if part in partitions:
                 del self.value_partition[producer]
-                self.value_seen.pop(producer, None)
+                book = self.value_seen.pop(producer, None)
+                if book is not None:
+                    self.value_released[producer] = (part, book)
 
 
 def capacity_level(msg: messages.Capacity) -> CapacityLevel:
@@ -294,6 +331,18 @@ def group_timeouts(interval_s: float) -> tuple[float, float, float]:
     session (the survivors rejoin at their next heartbeat)."""
     session = min(MAX_SESSION_TIMEOUT_S, max(MIN_SESSION_TIMEOUT_S, interval_s / 2.0))
     return session, session / 6.0, session
+
+
+def _value_book(stored: bytes | None) -> list[Any]:
+    """A ``value_seen`` record as a book ``[newest seq, counted, duplicates dropped, value
+    counted, gaps]`` (records written before value sums and gaps were kept have 3 fields)."""
+    book = list(loads(stored)) if stored else [-1, 0, 0, 0.0, []]
+    return book + ([0.0, []][len(book) - 3 :] if len(book) < 5 else [])
+
+
+def _book_order(book: list[Any]) -> tuple[int, int]:
+    """Which of two books of one producer is the newer: the one that counted more."""
+    return int(book[1]), int(book[0])
 
 
 def owned_regions(regions: set[str], partitions: set[int], count: int) -> set[str]:
@@ -392,6 +441,7 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
             _take_value(ctl, msg, value_seen_table, event.message.partition)
 
     source_topics = {latency_topic.get_topic_name(), capacity_topic.get_topic_name()}
+    tables = (state_table, capacity_table, value_seen_table)
     _log_assignments(app, source_topics)
 
     async def prepare() -> bool:
@@ -399,11 +449,11 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
         # write their snapshots back (the producer then knows the state table's changelog
         # before the first step has sent anything else)
         ctl.restored = True
-        _take_ownership(app, ctl, source_topics, state_table, capacity_table)
+        _take_ownership(app, ctl, source_topics, tables)
         return await _save_snapshot(app, ctl, state_table)
 
     async def run_tick(now: float) -> None:
-        mine = _take_ownership(app, ctl, source_topics, state_table, capacity_table)
+        mine = _take_ownership(app, ctl, source_topics, tables)
         for region in sorted(mine.intersection(ctl.aggregator.regions)):
             await _publish_region(ctl, region, now, targets_topic, events_topic)
         await _save_snapshot(app, ctl, state_table)
@@ -443,10 +493,15 @@ def _liveness_step(ctl: Controller, mine: set[str], now: float) -> None:
 
 
 def _take_ownership(
-    app: faust.App, ctl: Controller, source_topics: set[str], state_table: Any, capacity_table: Any
+    app: faust.App,
+    ctl: Controller,
+    source_topics: set[str],
+    tables: tuple[Any, Any, Any],
 ) -> set[str]:
     """Release the regions whose partitions moved away, adopt those that came (module
-    docstring); the regions this worker steps now."""
+    docstring) and take back the value books of partitions held again; the regions this worker
+    steps now. ``tables``: the ``state``, ``capacity`` and ``value_seen`` tables."""
+    state_table, capacity_table, value_seen_table = tables
     count = ctl.settings.partitions
     assigned = app.assignor.assigned_actives()
     partitions = {tp.partition for tp in assigned if tp.topic in source_topics}
@@ -458,6 +513,8 @@ def _take_ownership(
         ctl.release(lost, set(range(count)) - partitions)
     for region in sorted(mine - ctl.owned):
         _adopt(ctl, region, state_table, capacity_table)
+    if ctl.value_released:
+        ctl.regain_values(partitions, value_seen_table)
     return mine
 
 

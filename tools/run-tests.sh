@@ -70,8 +70,9 @@ if [ "$whole_suite" -eq 0 ]; then
   tests=$!
   trap 'kill -TERM "$tests" 2>/dev/null; wait "$tests"; exit 130' INT
   trap 'kill -TERM "$tests" 2>/dev/null; wait "$tests"; exit 143' TERM
-  wait "$tests"
-  exit 0
+  status=0
+  wait "$tests" || status=$?
+  exit "$status"
 fi
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/headroom-tests.XXXXXX")"

@@ -357,6 +357,46 @@ def test_the_controller_counts_each_signal_once_across_a_restart() -> None:
     assert after.value_counts()["producers"]["p.2.b"]["counted"] == 5  # seqs 0-4, once each
 
 
+def test_a_released_value_book_resumes_from_the_newer_of_itself_and_the_table() -> None:
+    from headroom.controllers.app import Controller, ControllerSettings
+    from headroom.controllers.config import ControlConfig
+    from headroom.kernel.codec import dumps
+
+    sc = load(doc([]))
+    ctl = Controller(ControllerSettings(bootstrap="x:1", prefix="t.", scenario=sc),
+                     ControlConfig.from_scenario(sc))  # fmt: skip
+
+    def sig(seq: int) -> messages.ValueSignal:
+        return messages.ValueSignal(
+            ts=1.0, region="us-east", segment="casual", lever="rma", arm="treatment", n=1,
+            value_sum=1.0, value_sq_sum=1.0, window_s=1.0,
+            cost=messages.Cost(cpu_ms=0.0, accelerator_ms=0.0), producer="p.3.c", seq=seq,
+        )  # fmt: skip
+
+    for seq in range(4):
+        ctl.count_value(sig(seq), None)
+    trailing = dumps(ctl.value_seen["p.3.c"])  # the table's record, behind what was counted
+    for seq in (4, 5):
+        ctl.count_value(sig(seq), None)
+    ctl.value_partition["p.3.c"] = 1
+    # a rebalance gives partition 1 away for a moment: the book is set aside, not dropped; the
+    # next signal resumes it, not the trailing record (seqs 4 and 5 are committed: no re-delivery)
+    ctl.release(set(), {1})
+    assert "p.3.c" not in ctl.value_seen
+    assert ctl.count_value(sig(6), trailing) is True
+    assert ctl.value_counts()["producers"]["p.3.c"]["counted"] == 7  # seqs 0-6, once each
+    # another worker held the partition meanwhile and counted on: its record is the newer
+    ctl.value_partition["p.3.c"] = 1
+    ctl.release(set(), {1})
+    newer = {"p.3.c": dumps([9, 10, 0, 10.0, []])}
+    ctl.regain_values({0}, newer)
+    assert "p.3.c" not in ctl.value_seen  # partition 1 is not held yet
+    ctl.regain_values({0, 1}, newer)
+    assert ctl.count_value(sig(9), None) is False
+    assert ctl.count_value(sig(10), None) is True
+    assert ctl.value_counts()["producers"]["p.3.c"]["counted"] == 11
+
+
 # -- up's fault runner helpers ---------------------------------------------------------------------
 
 
