@@ -231,6 +231,7 @@ class Controller:
                     "counted": int(b[1]),
                     "duplicates_dropped": int(b[2]),
                     "value_sum": b[3],
+                    "missing": len(b[4]),
                 }
                 for p, b in sorted(self.value_seen.items())
             },

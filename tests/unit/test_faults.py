@@ -338,7 +338,7 @@ def test_the_controller_counts_each_signal_once_across_a_restart() -> None:
     assert again.count_value(sig(2), stored) is False
     assert again.count_value(sig(3), stored) is True
     assert again.value_counts()["producers"]["p.1.a"] == {
-        "seq": 3, "counted": 4, "duplicates_dropped": 3, "value_sum": 4.0,
+        "seq": 3, "counted": 4, "duplicates_dropped": 3, "value_sum": 4.0, "missing": 0,
     }  # fmt: skip
     # a record written before value sums were kept: [seq, counted, dropped]
     old = Controller(settings, ControlConfig.from_scenario(sc))
