@@ -70,9 +70,10 @@ bin, lever, arm); the control arm's sums are published under each lever, since e
 estimate needs its control). The value bin (``stratum``, :data:`VALUE_BINS` equal-probability
 bins of the request's value rank within its segment, known before the plan in either arm) lets
 the controller post-stratify on the value signal (docs/controllers.md); the window line stays
-per segment. It waits until the broker has
-acknowledged all of them, and only then commits, per partition, the end of the published prefix.
-So:
+per segment. The value signals go out once the broker has acknowledged the lines (each line
+carries its own signals, ``value_signals``, so the lines are the record of what was published),
+and once the broker has acknowledged the signals too, the client commits, per partition, the end
+of the published prefix. So:
 
 * a client that is killed loses only what it has not published (at most ``flush_s`` of
   requests), whose offsets are uncommitted: the member that takes the partitions over (the same
@@ -92,7 +93,10 @@ So:
   reading a request of them, the client reads the window lines written since its group's last
   commit (:func:`~headroom.workers.published.read_published_ends`) and drops every request at or
   below the highest offset they cover, as a duplicate (``duplicates_dropped``): none counted
-  twice;
+  twice. It also sends again the value signals those lines carry, under their first producer id
+  and seqs: a crash between the lines and their signals lost none, and the controller drops the
+  copies of those that had gone out (``(producer, seq)`` counted once): every request's value
+  reaches the controller's books exactly once;
 * on a rebalance (a client joins or leaves), the member losing partitions first waits for their
   requests in flight, publishes what it has (partial windows: several lines of one window add up)
   and commits, before the partitions move; a graceful stop does the same.
@@ -496,6 +500,9 @@ class RankingClient(Service):
     # the flush's lines and before the offset commit, so a test can stop a client exactly there
     # (the crash the published-prefix check covers).
     before_commit: Callable[[], Awaitable[None]] | None = None
+    # Test seam, never set in production: awaited by :meth:`flush` after the broker acknowledged
+    # the flush's lines and before their value signals are sent.
+    before_values: Callable[[], Awaitable[None]] | None = None
 
     def __init__(
         self,
@@ -751,7 +758,7 @@ class RankingClient(Service):
         if not partitions:
             return
         try:
-            ends = await asyncio.wait_for(
+            published = await asyncio.wait_for(
                 read_published_ends(
                     self.kafka,
                     self.config.group,
@@ -768,9 +775,19 @@ class RankingClient(Service):
                 partitions=partitions,
             )
             return
+        ends = published.ends
         if ends:
             self.log.warning("client.published.uncommitted", ends=ends)
         self._published_end.update(ends)
+        if published.value_signals:
+            # the value of those requests, as their lines carry it: the controller drops the
+            # signals that had gone out (same producer and seq) and counts the others
+            try:
+                await self._send_value_signals(published.value_signals, resent=True)
+            except Exception as exc:
+                self.log.warning("client.value.resend_failed", error=f"{type(exc).__name__}: {exc}")
+            else:
+                self.log.info("client.value.resent", signals=len(published.value_signals))
 
     async def commit_start(self, partitions: list[int]) -> None:
         """A first commit for the partitions the group never committed (:func:`commit_start`);
@@ -1157,7 +1174,7 @@ class RankingClient(Service):
             state = self.targets.state(now)
             targets = {"rma_candidates": state.rma_candidates, "sbm_coverage": state.sbm_coverage}
             self._collect_cache_counts(now)
-            futures = []
+            signals: list[messages.ValueSignal] = []  # sent once their lines are acknowledged
             lines: list[tuple[dict[str, Any], float]] = []  # this flush's window lines, ts
             line_futures = []
             for k in keys:
@@ -1166,18 +1183,18 @@ class RankingClient(Service):
                     continue
                 end_ts = self.config.t0 + (k + 1) * self.windows.window_s / self.config.speed
                 ts = min(now, end_ts)
+                fields = self.windows.event_fields(w, targets=targets, source=self.config.name)
+                own = []
                 for signal in self.windows.value_signals(w, ts):
-                    signal = msgspec.structs.replace(
-                        signal, producer=self.producer_id, seq=self._value_seq
-                    )
-                    self._value_seq += 1
-                    self._count_value(signal)
-                    futures.append(
-                        await self._producer.send(
-                            self.kafka.topic("value"), messages.encode(signal), key=signal.key()
+                    own.append(
+                        msgspec.structs.replace(
+                            signal, producer=self.producer_id, seq=self._value_seq
                         )
                     )
-                fields = self.windows.event_fields(w, targets=targets, source=self.config.name)
+                    self._value_seq += 1
+                if own:
+                    fields["value_signals"] = [msgspec.to_builtins(x) for x in own]
+                    signals.extend(own)
                 self._attach_cache_counts(fields)
                 self._attach_duplicates(fields)
                 lines.append((fields, ts))
@@ -1201,15 +1218,35 @@ class RankingClient(Service):
                     spans[str(p)] = [first, last] if span is None else [span[0], max(span[1], last)]
             for fields, ts in lines:
                 line_futures.append(await self._send_event("window", fields, ts))
-            if futures or line_futures:
-                # acknowledged by the broker: now commit
-                results = await asyncio.gather(*futures, *line_futures)
-                if line_futures:
-                    last = results[-1]
-                    self._events_mark = (int(last.partition), int(last.offset) + 1)
+            if line_futures:
+                results = await asyncio.gather(*line_futures)
+                last = results[-1]
+                self._events_mark = (int(last.partition), int(last.offset) + 1)
+            if self.before_values is not None:
+                await self.before_values()
+            # the lines are acknowledged: now their value signals (a crash in between is
+            # repaired from the lines by the restart, module docstring), then the commit
+            await self._send_value_signals(signals)
             if self.before_commit is not None:
                 await self.before_commit()
             await self._commit()
+
+    async def _send_value_signals(
+        self, signals: Sequence[messages.ValueSignal], *, resent: bool = False
+    ) -> None:
+        """Send ``signals`` and wait for the broker's acknowledgement of every one (``resent``:
+        another process's, sent again: not in this process's value counters)."""
+        futures = []
+        for signal in signals:
+            futures.append(
+                await self._producer.send(
+                    self.kafka.topic("value"), messages.encode(signal), key=signal.key()
+                )
+            )
+            if not resent:
+                self._count_value(signal)
+        if futures:
+            await asyncio.gather(*futures)
 
     def _count_value(self, signal: messages.ValueSignal) -> None:
         if self.metrics is not None:

@@ -8,6 +8,12 @@ them again. So every commit carries, in its metadata (:func:`commit_metadata`), 
 partition of the client's window lines ended when the commit was made; the next owner reads the
 window lines from there (:func:`published_ends`: the highest request offset each line covers,
 ``offsets``) and drops what they already cover instead of serving it again.
+
+The lines are also the record of the value those requests delivered: each carries its value
+signals (``value_signals``), which the client sends only once the lines are acknowledged. The
+next owner sends the signals of the lines it finds again (:func:`published_value_signals`): the
+controller counts each ``(producer, seq)`` once, so those that had gone out are dropped there and
+those that had not are counted — exactly once, without a transaction.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from __future__ import annotations
 import bisect
 import json
 from collections import deque
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -27,6 +33,7 @@ __all__ = [
     "commit_metadata",
     "parse_commit_metadata",
     "published_ends",
+    "published_value_signals",
 ]
 
 
@@ -51,17 +58,12 @@ def parse_commit_metadata(text: str | None) -> tuple[int, int] | None:
     return partition, offset
 
 
-def published_ends(
-    events: Iterable[Mapping[str, Any]],
-    partitions: Collection[int],
-    *,
-    region: str,
-    policy: str | None = None,
-) -> dict[int, int]:
-    """Per partition of ``partitions``, the highest request offset a client ``window`` line of
-    ``region`` (and ``policy``, when given) covers (its ``offsets``: ``{partition: [first,
-    last]}``). Event dicts as in the event log (fields flat); other lines are ignored."""
-    out: dict[int, int] = {}
+def _client_lines(
+    events: Iterable[Mapping[str, Any]], region: str, policy: str | None
+) -> Iterator[tuple[Mapping[str, Any], dict[int, int]]]:
+    """The client ``window`` lines of ``region`` (and ``policy``, when given), each with the
+    highest request offset it covers per partition (its ``offsets``: ``{partition: [first,
+    last]}``). Event dicts as in the event log (fields flat); other lines are skipped."""
     for e in events:
         if e.get("kind") != "window" or e.get("source") != "client" or e.get("region") != region:
             continue
@@ -70,13 +72,49 @@ def published_ends(
         spans = e.get("offsets")
         if not isinstance(spans, Mapping):
             continue
+        lasts: dict[int, int] = {}
         for key, span in spans.items():
             try:
-                partition, last = int(key), int(span[1])
+                lasts[int(key)] = int(span[1])
             except (ValueError, TypeError, IndexError, KeyError):
                 continue
+        yield e, lasts
+
+
+def published_ends(
+    events: Iterable[Mapping[str, Any]],
+    partitions: Collection[int],
+    *,
+    region: str,
+    policy: str | None = None,
+) -> dict[int, int]:
+    """Per partition of ``partitions``, the highest request offset a client ``window`` line of
+    ``region`` (and ``policy``, when given) covers."""
+    out: dict[int, int] = {}
+    for _line, lasts in _client_lines(events, region, policy):
+        for partition, last in lasts.items():
             if partition in partitions and last > out.get(partition, -1):
                 out[partition] = last
+    return out
+
+
+def published_value_signals(
+    events: Iterable[Mapping[str, Any]],
+    committed: Mapping[int, int],
+    *,
+    region: str,
+    policy: str | None = None,
+) -> list[Mapping[str, Any]]:
+    """The value signals carried by the client ``window`` lines that cover a request offset at
+    or past ``committed`` (``{partition: committed offset}``) — the lines of a flush whose
+    commit never came — in the lines' order (the signals as their lines hold them)."""
+    out: list[Mapping[str, Any]] = []
+    for line, lasts in _client_lines(events, region, policy):
+        if not any(last >= committed[p] for p, last in lasts.items() if p in committed):
+            continue
+        signals = line.get("value_signals")
+        if isinstance(signals, list):
+            out.extend(s for s in signals if isinstance(s, Mapping))
     return out
 
 

@@ -14,17 +14,23 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Collection
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 
-from headroom.kernel.codec import ValidationError
+from headroom.kernel.codec import ValidationError, dumps
 from headroom.streams import messages
 from headroom.streams.kafka import KafkaTarget, admin, make_consumer, started
-from headroom.workers.offsets import commit_metadata, parse_commit_metadata, published_ends
+from headroom.workers.offsets import (
+    commit_metadata,
+    parse_commit_metadata,
+    published_ends,
+    published_value_signals,
+)
 
-__all__ = ["commit_start", "committed_marks", "read_published_ends"]
+__all__ = ["Published", "commit_start", "committed_marks", "read_published_ends"]
 
 
 async def committed_marks(
@@ -46,6 +52,14 @@ async def committed_marks(
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Published:
+    """What a client's group published beyond its last commit (:func:`read_published_ends`)."""
+
+    ends: dict[int, int]
+    value_signals: list[messages.ValueSignal]
+
+
 async def read_published_ends(
     kafka: KafkaTarget,
     group: str,
@@ -54,19 +68,30 @@ async def read_published_ends(
     region: str,
     policy: str | None = None,
     timeout_s: float = 20.0,
-) -> dict[int, int]:
+) -> Published:
     """Per assigned partition, the highest request offset the group's window lines published
     after its last commit cover (only those at or past the committed offset: the rest were
-    committed). Empty when nothing was published beyond the commits (the usual case)."""
+    committed), and the value signals those lines carry (to be sent again: their flush may have
+    ended before it sent them). Empty when nothing was published beyond the commits (the usual
+    case). A carried signal that does not decode is skipped (it was validated when written)."""
     marks = await committed_marks(kafka, group, partitions)
     if not marks:
-        return {}
+        return Published({}, [])
     by_events: dict[int, int] = {}  # events partition -> the lowest mark to read from
     for _committed, events_partition, events_offset in marks.values():
         by_events[events_partition] = min(events_offset, by_events.get(events_partition, 1 << 62))
     lines = await _read_events(kafka, by_events, timeout_s)
     ends = published_ends(lines, set(marks), region=region, policy=policy)
-    return {p: end for p, end in ends.items() if end >= marks[p][0]}
+    committed = {p: mark[0] for p, mark in marks.items()}
+    signals = []
+    for raw in published_value_signals(lines, committed, region=region, policy=policy):
+        try:
+            signal = messages.decode("value", dumps(raw))
+        except ValidationError:
+            continue
+        if isinstance(signal, messages.ValueSignal):
+            signals.append(signal)
+    return Published({p: end for p, end in ends.items() if end >= marks[p][0]}, signals)
 
 
 async def _read_events(

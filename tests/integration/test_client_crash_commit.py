@@ -99,6 +99,26 @@ async def _client_windows(kafka: KafkaTarget) -> list[dict[str, Any]]:
     return [e for e in lines if e["kind"] == "window" and e["source"] == "client"]
 
 
+async def _value_signals(kafka: KafkaTarget) -> tuple[dict[tuple[str, int], Any], int]:
+    """The distinct value signals on the value topic by (producer, seq), each with its copies'
+    contents all equal (checked), and the number of messages."""
+    records = await read_topic(kafka, "value")
+    distinct: dict[tuple[str, int], Any] = {}
+    for r in records:
+        sig = messages.decode("value", r.value)
+        assert isinstance(sig, messages.ValueSignal)
+        assert sig.producer is not None
+        assert sig.seq is not None
+        key = (sig.producer, sig.seq)
+        assert distinct.setdefault(key, sig) == sig, key  # a copy is the same signal
+    return distinct, len(records)
+
+
+def _requests_valued(signals: dict[tuple[str, int], Any]) -> int:
+    """Requests the distinct signals account for: every request is in one arm of lever rma."""
+    return sum(s.n for s in signals.values() if s.lever == "rma")
+
+
 async def test_a_client_stopped_between_publish_and_commit_is_not_counted_twice(
     kafka_target: KafkaTarget,
 ) -> None:
@@ -151,6 +171,62 @@ async def test_a_client_stopped_between_publish_and_commit_is_not_counted_twice(
     assert sum(e.get("duplicates_dropped", 0) for e in windows) == second
     after = await _committed(kafka, group)
     assert sum(after.values()) == first + second + third, after
+    # A's signals of the second batch went out before the stop; B sent them again from the lines
+    signals, messages_on_topic = await _value_signals(kafka)
+    assert _requests_valued(signals) == first + second + third
+    assert messages_on_topic > len(signals)
+
+
+async def test_a_client_stopped_between_its_lines_and_their_value_signals_loses_no_value(
+    kafka_target: KafkaTarget,
+) -> None:
+    """A stopped after the broker acknowledged the second batch's window lines and before it
+    sent their value signals: B drops those requests as duplicates and sends the value signals
+    the lines carry, under A's producer id, so every request's value is counted once."""
+    kafka = kafka_target
+    group = f"values-{uuid.uuid4().hex[:8]}"
+    t0 = time.time()
+    first, second, third = BATCHES
+    producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap)
+    await producer.start()
+    a = _client(kafka, group, t0)
+    crashed = asyncio.Event()
+
+    async def stop_before_values() -> None:
+        if a.stats["published"] > first:  # the second batch's lines are acknowledged
+            crashed.set()
+            await asyncio.Event().wait()  # never sends their values
+
+    try:
+        await a.start()
+        await asyncio.wait_for(a.ready.wait(), 30.0)
+        await _feed(producer, kafka, 0, first)
+        await _until(lambda: a.stats["commits"] >= 1 and a.stats["published"] == first)
+        a.before_values = stop_before_values
+        await _feed(producer, kafka, first, second)
+        await asyncio.wait_for(crashed.wait(), 30.0)
+        await a.stop()  # a crash: no drain
+        lost, _n = await _value_signals(kafka)
+        assert _requests_valued(lost) == first  # the window is reproduced
+
+        b = _client(kafka, group, t0)
+        try:
+            await b.start()
+            await asyncio.wait_for(b.ready.wait(), 30.0)
+            await _feed(producer, kafka, first + second, third)
+            await _until(lambda: b.stats["duplicates"] + b.stats["published"] == second + third)
+            await b.drain()
+        finally:
+            await b.stop()
+    finally:
+        if not a.stop_requested:
+            await a.stop()
+        await producer.stop()
+
+    assert b.stats["duplicates"] == second
+    signals, _n = await _value_signals(kafka)
+    assert _requests_valued(signals) == first + second + third
+    assert {p for p, _seq in signals} == {a.producer_id, b.producer_id}
 
 
 async def test_a_client_stopped_before_its_groups_first_commit_loses_nothing(

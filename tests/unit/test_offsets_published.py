@@ -14,6 +14,7 @@ from headroom.workers.offsets import (
     commit_metadata,
     parse_commit_metadata,
     published_ends,
+    published_value_signals,
 )
 
 
@@ -49,6 +50,24 @@ def test_published_ends_take_the_highest_offset_covered_per_assigned_partition()
     assert published_ends(lines, {0, 1}, region="r1", policy="headroom") == {0: 19, 1: 3}
     assert published_ends(lines, {0, 1}, region="r1") == {0: 40, 1: 3}
     assert published_ends([], {0}, region="r1") == {}
+
+
+def test_the_value_signals_to_send_again_are_those_of_the_lines_past_the_commit() -> None:
+    def signals(*seqs: int) -> list[dict[str, Any]]:
+        return [{"producer": "c.1.a", "seq": s} for s in seqs]
+
+    lines = [
+        _line({"0": [10, 14]}, value_signals=signals(0, 1)),  # committed (commit at 15)
+        _line({"0": [15, 19], "1": [3, 3]}, value_signals=signals(2)),  # past the commit
+        _line({"1": [4, 6]}, value_signals=signals(3, 4)),  # partition 1: past its commit
+        _line({"0": [20, 21]}),  # no value (a line of duplicates only)
+        _line({"0": [22, 23]}, value_signals="bad"),
+        _line({"2": [0, 9]}, value_signals=signals(5)),  # a partition not held
+        _line({"0": [30, 31]}, value_signals=signals(6), region="r2"),
+    ]
+    got = published_value_signals(lines, {0: 15, 1: 3}, region="r1", policy="headroom")
+    assert [s["seq"] for s in got] == [2, 3, 4]
+    assert published_value_signals(lines, {0: 40, 1: 40}, region="r1") == []
 
 
 def test_a_release_reports_the_span_of_offsets_it_hands_out() -> None:
