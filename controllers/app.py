@@ -75,6 +75,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import faust
+from faust.exceptions import PartitionsMismatch
 
 from headroom.controllers.config import ControlConfig
 from headroom.controllers.levers import RmaCurve
@@ -429,7 +430,7 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
             level = capacity_level(msg)
             if ctl.aggregator.add_capacity(msg.region, level):
                 key = f"{msg.region}|{msg.resource}|{msg.hardware}|{msg.pool}|{int(msg.remote)}"
-                await _changelog_known(app, capacity_table)
+                await _changelog_known(app, capacity_table, event.message.topic)
                 capacity_table[key] = event.value
 
     @app.agent(value_topic)
@@ -438,7 +439,7 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
         # agent (a table write per signal) can lag its buffered records by minutes, which would
         # keep a stalled fetcher looking live (docs/streaming.md, *Faults*)
         async for event, msg in _decoded(stream, "value", deadletter):
-            await _changelog_known(app, value_seen_table)
+            await _changelog_known(app, value_seen_table, event.message.topic)
             _take_value(ctl, msg, value_seen_table, event.message.partition)
 
     source_topics = {latency_topic.get_topic_name(), capacity_topic.get_topic_name()}
@@ -666,17 +667,36 @@ async def _control_clock(
             log.exception("controller.tick.failed", step=k)
 
 
-async def _changelog_known(app: faust.App, table: Any) -> None:
+async def _changelog_known(app: faust.App, table: Any, source_topic: str | None = None) -> None:
     """Wait until the app's producer knows ``table``'s changelog topic, before a table write.
 
     Faust sends a table's changelog record without waiting for the producer to know the
     changelog topic (``send_soon`` partitions it at once: an unknown topic has "0 partitions" and
     the write raises ``PartitionsMismatch``, which crashes the agent), and aiokafka's producer
     forgets the topics it has not sent to at every metadata refresh.
-    ``AIOKafkaProducer.partitions_for`` waits for them (at once when they are known)."""
+    ``AIOKafkaProducer.partitions_for`` waits for them (at once when they are known).
+
+    ``source_topic``: the stream the write comes from (a table keyed by its event's partition).
+    Faust checks once per source topic that it has as many partitions as the changelog, from the
+    consumer's metadata snapshot; a snapshot taken before the app created the changelog topic
+    says 0 partitions until the next rebalance, and every write until then raises
+    ``PartitionsMismatch`` and crashes the agent, losing the signal it was counting (seen on a
+    fresh prefix: five value signals lost at start-up). So the check is made here, from the
+    producer's fresh metadata, and recorded as Faust records its own."""
     producer = getattr(app.producer, "_producer", None)
-    if producer is not None:
-        await producer.partitions_for(table.changelog_topic.get_topic_name())
+    if producer is None:
+        return
+    changelog = await producer.partitions_for(table.changelog_topic.get_topic_name())
+    verified = getattr(table, "_verified_source_topics_for_partitions", None)
+    if source_topic is None or verified is None or source_topic in verified:
+        return
+    source = await producer.partitions_for(source_topic)
+    if len(source) != len(changelog):
+        raise PartitionsMismatch(
+            f"the source topic {source_topic!r} of table {table.name!r} has {len(source)} "
+            f"partitions, its changelog {len(changelog)}"
+        )
+    verified.add(source_topic)
 
 
 async def _save_snapshot(app: faust.App, ctl: Controller, state_table: Any) -> bool:

@@ -4,6 +4,7 @@ and the value signals' counting."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from pathlib import Path
 from typing import Any
@@ -570,3 +571,37 @@ def test_a_stall_of_the_controller_is_a_fault_modelled_as_a_control_outage() -> 
     recovered = [line for _t, line in lines if line["kind"] == "fault.recovered"]
     assert recovered[0]["healthy"] == "target.issued"
     assert recovered[0]["recovery_s"] == pytest.approx(50.0)  # the step at 120 s
+
+
+def test_a_table_write_checks_its_source_partitions_from_the_producers_metadata() -> None:
+    """Faust's own check reads the consumer's metadata snapshot, which says 0 partitions for a
+    changelog topic created after it was taken: every write until the next rebalance crashed the
+    value agent. The check is made from the producer's fresh metadata instead, once."""
+    from types import SimpleNamespace
+
+    from faust.exceptions import PartitionsMismatch
+
+    from headroom.controllers.app import _changelog_known
+
+    partitions = {"t.value": {0, 1, 2, 3}, "t.value_seen-changelog": {0, 1, 2, 3}, "t.odd": {0}}
+    asked: list[str] = []
+
+    async def partitions_for(topic: str) -> set[int]:
+        asked.append(topic)
+        return partitions[topic]
+
+    producer = SimpleNamespace(partitions_for=partitions_for)
+    app = SimpleNamespace(producer=SimpleNamespace(_producer=producer))
+    table = SimpleNamespace(
+        name="value_seen",
+        changelog_topic=SimpleNamespace(get_topic_name=lambda: "t.value_seen-changelog"),
+        _verified_source_topics_for_partitions=set(),
+    )
+    asyncio.run(_changelog_known(app, table, "t.value"))  # type: ignore[arg-type]
+    assert table._verified_source_topics_for_partitions == {"t.value"}
+    asked.clear()
+    asyncio.run(_changelog_known(app, table, "t.value"))  # type: ignore[arg-type]
+    assert asked == ["t.value_seen-changelog"]  # checked once per source topic
+    with pytest.raises(PartitionsMismatch):
+        asyncio.run(_changelog_known(app, table, "t.odd"))  # type: ignore[arg-type]
+    assert "t.odd" not in table._verified_source_topics_for_partitions
