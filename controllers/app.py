@@ -439,8 +439,7 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
         # agent (a table write per signal) can lag its buffered records by minutes, which would
         # keep a stalled fetcher looking live (docs/streaming.md, *Faults*)
         async for event, msg in _decoded(stream, "value", deadletter):
-            await _changelog_known(app, value_seen_table, event.message.topic)
-            _take_value(ctl, msg, value_seen_table, event.message.partition)
+            await _value_step(app, ctl, value_seen_table, event, msg)
 
     source_topics = {latency_topic.get_topic_name(), capacity_topic.get_topic_name()}
     tables = (state_table, capacity_table, value_seen_table)
@@ -520,6 +519,19 @@ def _take_ownership(
     return mine
 
 
+async def _value_step(
+    app: faust.App, ctl: Controller, table: Any, event: Any, msg: messages.ValueSignal
+) -> None:
+    """One value signal of the value agent (:func:`_take_value`). An error is logged, never
+    raised: a crashed agent is restarted by Faust, but in a diagnostic run each crash cost a
+    signal that was then neither counted nor re-delivered (its offset committed)."""
+    try:
+        await _changelog_known(app, table, event.message.topic)
+        _take_value(ctl, msg, table, event.message.partition)
+    except Exception:
+        log.exception("controller.value.failed", producer=msg.producer, seq=msg.seq)
+
+
 def _take_value(
     ctl: Controller, msg: messages.ValueSignal, table: Any, partition: int | None = None
 ) -> None:
@@ -528,14 +540,16 @@ def _take_value(
     (segment, value bin) where it has one). ``partition``: the one the signal came on."""
     producer = msg.producer
     fresh = ctl.count_value(msg, table.get(producer) if producer else None)
-    if producer is not None:
-        table[producer] = dumps(ctl.value_seen[producer])
-        if partition is not None:
-            ctl.value_partition[producer] = partition
     if fresh:
         ctl.aggregator.add_value_signal(msg)
     else:
         log.info("controller.value.duplicate", producer=producer, seq=msg.seq)
+    if producer is not None:
+        if partition is not None:
+            ctl.value_partition[producer] = partition
+        # last: should the write fail, the signal is in the books and the producer's next
+        # write carries its count
+        table[producer] = dumps(ctl.value_seen[producer])
 
 
 async def _value_counts_loop(app: faust.App, ctl: Controller, events_topic: Any) -> None:
