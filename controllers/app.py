@@ -82,6 +82,7 @@ from headroom.controllers.levers import RmaCurve
 from headroom.controllers.liveness import Liveness
 from headroom.controllers.observe import RegionAggregator
 from headroom.controllers.plane import ControlPlane
+from headroom.controllers.read_marks import ReadMarks, mark_key
 from headroom.controllers.types import CapacityLevel, RegionTargets
 from headroom.kernel import seeds
 from headroom.kernel.codec import ValidationError, dumps, loads
@@ -156,6 +157,7 @@ class Controller:
         # the books of producers whose partition was released: (partition, book), until the
         # producer's next signal or the partition's return (resume_book); one per client process
         self.value_released: dict[str, tuple[int, list[Any]]] = {}
+        self.read_marks = ReadMarks()  # per value partition: every offset below was processed
         self.owned: set[str] = set()  # the regions this worker steps (adopted from the tables)
 
     def count_value(self, msg: messages.ValueSignal, stored: bytes | None) -> bool:
@@ -220,6 +222,21 @@ class Controller:
                 self.resume_book(producer, table.get(producer))
                 self.value_partition[producer] = part
 
+    def read_mark(self, partition: int, offset: int, table: Any) -> int | None:
+        """Before the first signal of ``partition`` this worker processes since it got the
+        partition: its mark from the ``value_seen`` table (:mod:`headroom.controllers.read_marks`);
+        the offset to read again from when the mark is below ``offset`` (signals below it that
+        no book has: counted when read again), else None."""
+        if self.read_marks.known(partition):
+            return None
+        raw = table.get(mark_key(partition))
+        low = int(loads(raw)) if raw else None
+        if low is None:  # nothing processed here before (or by a version without marks)
+            self.read_marks.start(partition, offset)
+            return None
+        self.read_marks.start(partition, low)
+        return low if low < offset else None
+
     def value_counts(self) -> dict[str, Any]:
         """The ``value.counted`` event's fields."""
         return {
@@ -264,6 +281,7 @@ class Controller:
             self.plane.restore({**snap, "regions": kept})
             self.owned.difference_update(regions)
             log.info("controller.region.released", regions=sorted(regions))
+        self.read_marks.forget(partitions)
         for producer, part in list(self.value_partition.items()):
             if part in partitions:
                 del self.value_partition[producer]
@@ -527,9 +545,24 @@ async def _value_step(
     signal that was then neither counted nor re-delivered (its offset committed)."""
     try:
         await _changelog_known(app, table, event.message.topic)
-        _take_value(ctl, msg, table, event.message.partition)
+        partition, offset = int(event.message.partition), int(event.message.offset)
+        resume = ctl.read_mark(partition, offset, table)
+        if resume is not None:
+            await _seek_value(app, event.message.tp, resume)
+        _take_value(ctl, msg, table, partition)
+        if ctl.read_marks.processed(partition, offset):
+            table[mark_key(partition)] = dumps(ctl.read_marks.low(partition))
     except Exception:
         log.exception("controller.value.failed", producer=msg.producer, seq=msg.seq)
+
+
+async def _seek_value(app: faust.App, tp: Any, offset: int) -> None:
+    """Read the value partition ``tp`` again from ``offset`` (its read mark; not below the
+    partition's earliest offset, where the consumer would reset to the latest)."""
+    earliest = (await app.consumer.earliest_offsets(tp)).get(tp, 0)
+    target = max(int(offset), int(earliest))
+    await app.consumer.seek(tp, target)
+    log.warning("controller.value.reread", partition=tp.partition, offset=target)
 
 
 def _take_value(

@@ -605,3 +605,27 @@ def test_a_table_write_checks_its_source_partitions_from_the_producers_metadata(
     with pytest.raises(PartitionsMismatch):
         asyncio.run(_changelog_known(app, table, "t.odd"))  # type: ignore[arg-type]
     assert "t.odd" not in table._verified_source_topics_for_partitions
+
+
+def test_a_worker_reads_a_value_partition_again_from_its_mark() -> None:
+    from headroom.controllers.app import Controller, ControllerSettings
+    from headroom.controllers.config import ControlConfig
+    from headroom.controllers.read_marks import mark_key
+    from headroom.kernel.codec import dumps
+
+    sc = load(doc([]))
+    settings = ControllerSettings(bootstrap="x:1", prefix="t.", scenario=sc)
+    # a predecessor processed every offset below 243 and died with Faust's commit at 398
+    table = {mark_key(1): dumps(243)}
+    ctl = Controller(settings, ControlConfig.from_scenario(sc))
+    assert ctl.read_mark(1, 398, table) == 243  # read again from there
+    assert ctl.read_mark(1, 399, table) is None  # once
+    assert ctl.read_marks.low(1) == 243
+    # a mark at or past the first offset read: nothing to read again
+    again = Controller(settings, ControlConfig.from_scenario(sc))
+    assert again.read_mark(1, 243, table) is None
+    assert again.read_mark(2, 17, table) is None  # no mark yet: starts where it reads
+    assert again.read_marks.low(2) == 17
+    # a partition released forgets its mark: it is read from the table when it comes back
+    again.release(set(), {1})
+    assert not again.read_marks.known(1)

@@ -1,0 +1,75 @@
+"""Where a controller resumes reading the value signals: the lowest offset not yet processed.
+
+Faust commits, per partition, the offsets its agents have acknowledged without a gap. After a
+rebalance that gives a worker its partition straight back, its agent goes on with the records it
+had buffered while the partition is read again from the committed offset, so the acknowledged
+offsets can run ahead of records the new read has not delivered yet, and the commit with them. A
+worker that dies then (a kill a few seconds after a pause) leaves a committed offset past signals
+it never processed: counted neither by it nor, since they are not read again, by its successor.
+
+So the controller keeps its own mark per value partition: every offset below it was processed
+(the value books in the ``value_seen`` table have them), whatever Faust committed. The mark is
+written to the same table, on the partition's own changelog partition, and a worker that takes the
+partition over reads it and seeks there once: what is read again is dropped as a duplicate by its
+producer and seq (:meth:`headroom.controllers.app.Controller.count_value`), and what was never
+processed is counted.
+
+Pure: no Kafka, no clock.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ReadMarks", "mark_key"]
+
+MARK_PREFIX = "@read-mark/"
+
+
+def mark_key(partition: int) -> str:
+    """The ``value_seen`` table key of a partition's mark (never a producer id: those are
+    ``<name>.<pid>.<hex>``)."""
+    return f"{MARK_PREFIX}{int(partition)}"
+
+
+class ReadMarks:
+    """Per partition, the lowest offset not processed yet, from the offsets processed (in any
+    order) since the partition's mark was set."""
+
+    def __init__(self) -> None:
+        self._low: dict[int, int] = {}
+        self._ahead: dict[int, set[int]] = {}  # processed offsets above the mark
+
+    def start(self, partition: int, low: int) -> None:
+        """Begin (again) at ``low``: every offset below it is processed."""
+        self._low[partition] = int(low)
+        self._ahead[partition] = set()
+
+    def known(self, partition: int) -> bool:
+        return partition in self._low
+
+    def low(self, partition: int) -> int | None:
+        return self._low.get(partition)
+
+    def processed(self, partition: int, offset: int) -> bool:
+        """Record ``offset`` as processed; True when the mark moved. An offset below the mark
+        (read again) changes nothing."""
+        low = self._low.get(partition)
+        if low is None:
+            self.start(partition, offset + 1)
+            return True
+        if offset < low:
+            return False
+        ahead = self._ahead[partition]
+        ahead.add(int(offset))
+        moved = False
+        while low in ahead:
+            ahead.discard(low)
+            low += 1
+            moved = True
+        self._low[partition] = low
+        return moved
+
+    def forget(self, partitions: set[int]) -> None:
+        """The partitions moved away: their marks are the table's from now on."""
+        for p in partitions:
+            self._low.pop(p, None)
+            self._ahead.pop(p, None)

@@ -1,0 +1,45 @@
+"""The controller's read mark per value partition (headroom.controllers.read_marks): every offset
+below it was processed, whatever order the offsets came in."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from headroom.controllers.read_marks import ReadMarks, mark_key
+
+
+def test_the_mark_waits_for_the_oldest_offset_not_processed() -> None:
+    marks = ReadMarks()
+    marks.start(1, 243)
+    # after a rebalance: records buffered before it (300-302) come before the read again
+    for offset in (300, 301, 302):
+        assert marks.processed(1, offset) is False
+    assert marks.low(1) == 243  # Faust's commit could already say 303
+    for offset in range(243, 300):
+        marks.processed(1, offset)
+    assert marks.low(1) == 303
+    assert marks.processed(1, 250) is False  # read again: below the mark, nothing changes
+    assert marks.low(1) == 303
+    marks.forget({1})
+    assert not marks.known(1)
+    assert marks.low(1) is None
+
+
+def test_mark_keys_are_never_producer_ids() -> None:
+    assert mark_key(3) == "@read-mark/3"
+    assert "." not in mark_key(12)  # producer ids are <name>.<pid>.<hex>
+
+
+@given(st.permutations(list(range(40))), st.integers(0, 39))
+def test_the_mark_is_the_lowest_offset_not_processed(order: list[int], cut: int) -> None:
+    marks = ReadMarks()
+    marks.start(0, 0)
+    done: set[int] = set()
+    for offset in order[:cut]:
+        marks.processed(0, offset)
+        done.add(offset)
+        low = marks.low(0)
+        assert low is not None
+        assert all(o in done for o in range(low))  # everything below it was processed
+        assert low not in done  # and it is the first that was not
