@@ -16,7 +16,10 @@ Data flow (topics of docs/messages.md, names with the configured prefix):
   restart), and a signal at or below it — a re-delivery after a restart — is dropped and counted
   as a duplicate. Every second the counts go out as a ``value.counted`` event. A worker that
   loses a partition, even for a moment in a rebalance, sets its producers' books aside and
-  resumes from the newer of that book and the table's record (``Controller.resume_book``).
+  resumes from the newer of that book and the table's record (``Controller.resume_book``). A
+  read mark per value partition in the same table (every offset below it processed:
+  :mod:`headroom.controllers.read_marks`) is where a worker that takes the partition reads
+  again from, since Faust's commit can run past signals not processed yet.
 * liveness (:mod:`headroom.controllers.liveness`) — a control step counts as live when the
   consumer delivered a latency or capacity message since the previous one; with no live step
   within 3 intervals (and 30 s) while the broker answers, the app logs
