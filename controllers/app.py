@@ -93,6 +93,7 @@ from headroom.kernel.logs import get_logger
 from headroom.kernel.scenario import Scenario
 from headroom.streams import messages
 from headroom.streams.broker import probe_async
+from headroom.streams.kafka import make_consumer, started
 from headroom.streams.security import PLAINTEXT, ClientSecurity
 from headroom.streams.topics import region_partition, spec_for, topic_name
 from headroom.world.curves import curves_for
@@ -108,6 +109,10 @@ LIVENESS_EXIT = 3  # the exit status of a controller that found itself stalled
 LIVENESS_PROBE_S = 3.0  # before a liveness exit: does the broker answer a metadata request?
 # seqs below a producer's newest not seen yet, kept per producer (the oldest go first)
 MAX_VALUE_GAPS = 4096
+# a value partition is read again when this many offsets above its read mark were processed
+# while the mark waited (and again each time as many more were), and for at most this long
+REREAD_LAG = 200
+REREAD_TIMEOUT_S = 30.0
 VALUE_COUNTS_EVERY_S = 1.0  # how often the value signals' counts are published (when changed)
 
 
@@ -161,6 +166,7 @@ class Controller:
         # producer's next signal or the partition's return (resume_book); one per client process
         self.value_released: dict[str, tuple[int, list[Any]]] = {}
         self.read_marks = ReadMarks()  # per value partition: every offset below was processed
+        self.reread_lag: dict[int, int] = {}  # per partition: the lag that reads it again
         self.owned: set[str] = set()  # the regions this worker steps (adopted from the tables)
 
     def count_value(self, msg: messages.ValueSignal, stored: bytes | None) -> bool:
@@ -285,6 +291,8 @@ class Controller:
             self.owned.difference_update(regions)
             log.info("controller.region.released", regions=sorted(regions))
         self.read_marks.forget(partitions)
+        for p in partitions:
+            self.reread_lag.pop(p, None)
         for producer, part in list(self.value_partition.items()):
             if part in partitions:
                 del self.value_partition[producer]
@@ -549,23 +557,57 @@ async def _value_step(
     try:
         await _changelog_known(app, table, event.message.topic)
         partition, offset = int(event.message.partition), int(event.message.offset)
+        marks = ctl.read_marks
         resume = ctl.read_mark(partition, offset, table)
-        if resume is not None:
-            await _seek_value(app, event.message.tp, resume)
-        _take_value(ctl, msg, table, partition)
-        if ctl.read_marks.processed(partition, offset):
-            table[mark_key(partition)] = dumps(ctl.read_marks.low(partition))
+        if resume is None and marks.lag(partition) >= ctl.reread_lag.get(partition, REREAD_LAG):
+            resume = marks.low(partition)
+        moved = False
+        if resume is not None and resume < offset:
+            await _read_again(ctl, table, event.message.tp, resume, offset)
+            ctl.reread_lag[partition] = marks.lag(partition) + REREAD_LAG
+            moved = True
+        _take_value(ctl, msg, table, partition)  # one read again is a duplicate there
+        moved = marks.processed(partition, offset) or moved
+        if moved:
+            table[mark_key(partition)] = dumps(marks.low(partition))
     except Exception:
         log.exception("controller.value.failed", producer=msg.producer, seq=msg.seq)
 
 
-async def _seek_value(app: faust.App, tp: Any, offset: int) -> None:
-    """Read the value partition ``tp`` again from ``offset`` (its read mark; not below the
-    partition's earliest offset, where the consumer would reset to the latest)."""
-    earliest = (await app.consumer.earliest_offsets(tp)).get(tp, 0)
-    target = max(int(offset), int(earliest))
-    await app.consumer.seek(tp, target)
-    log.warning("controller.value.reread", partition=tp.partition, offset=target)
+async def _read_again(ctl: Controller, table: Any, tp: Any, low: int, until: int) -> None:
+    """Process the value signals of ``tp`` from ``low`` to ``until`` (excluded) that this
+    worker has not processed, read with a consumer of its own: Faust drops what it reads again
+    below the newest offset it delivered, so its own seek cannot do this. Runs inside the value
+    agent's step of a record of ``tp``, so the table writes go to the partition's changelog."""
+    partition = int(tp.partition)
+    marks = ctl.read_marks
+    consumer = make_consumer(ctl.settings.bootstrap)
+    done = 0
+    async with started(consumer, ctl.settings.bootstrap):
+        consumer.assign([tp])
+        earliest = int((await consumer.beginning_offsets([tp]))[tp])
+        if earliest > low:  # gone from the topic (retention): nothing to read there
+            marks.raise_to(partition, earliest)
+        consumer.seek(tp, max(low, earliest))
+        deadline = time.monotonic() + REREAD_TIMEOUT_S
+        while await consumer.position(tp) < until:
+            if time.monotonic() > deadline:
+                log.warning("controller.value.reread_timeout", partition=partition, low=low)
+                break
+            for record in (await consumer.getmany(tp, timeout_ms=500)).get(tp, []):
+                if record.offset >= until or marks.has(partition, record.offset):
+                    continue
+                try:
+                    msg = messages.decode("value", record.value)
+                except ValidationError:  # dead-lettered when it was first read
+                    msg = None
+                if isinstance(msg, messages.ValueSignal):
+                    _take_value(ctl, msg, table, partition)
+                    done += 1
+                marks.processed(partition, record.offset)
+    log.warning(
+        "controller.value.reread", partition=partition, offset=low, until=until, processed=done
+    )
 
 
 def _take_value(

@@ -9,10 +9,12 @@ it never processed: counted neither by it nor, since they are not read again, by
 
 So the controller keeps its own mark per value partition: every offset below it was processed
 (the value books in the ``value_seen`` table have them), whatever Faust committed. The mark is
-written to the same table, on the partition's own changelog partition, and a worker that takes the
-partition over reads it and seeks there once: what is read again is dropped as a duplicate by its
-producer and seq (:meth:`headroom.controllers.app.Controller.count_value`), and what was never
-processed is counted.
+written to the same table, on the partition's own changelog partition. A worker that takes the
+partition over reads the partition again from the mark, and so does a worker whose mark lags far
+behind what it processes (Faust drops a record read again below the newest offset it delivered,
+so the read again after a rebalance can lose records for good): the signals read again are
+dropped as duplicates by their producer and seq
+(:meth:`headroom.controllers.app.Controller.count_value`), and those never processed are counted.
 
 Pure: no Kafka, no clock.
 """
@@ -49,6 +51,24 @@ class ReadMarks:
     def low(self, partition: int) -> int | None:
         return self._low.get(partition)
 
+    def has(self, partition: int, offset: int) -> bool:
+        """Whether ``offset`` of ``partition`` was processed (below the mark, or above it)."""
+        low = self._low.get(partition)
+        return low is not None and (offset < low or offset in self._ahead[partition])
+
+    def lag(self, partition: int) -> int:
+        """How many offsets above the mark were processed while it waits for a lower one."""
+        return len(self._ahead.get(partition, ()))
+
+    def raise_to(self, partition: int, offset: int) -> None:
+        """Nothing below ``offset`` can be processed any more (no longer on the topic)."""
+        low = self._low.get(partition)
+        if low is None or offset <= low:
+            return
+        self._ahead[partition] = {o for o in self._ahead[partition] if o >= offset}
+        self._low[partition] = offset
+        self._advance(partition)
+
     def processed(self, partition: int, offset: int) -> bool:
         """Record ``offset`` as processed; True when the mark moved. An offset below the mark
         (read again) changes nothing."""
@@ -58,8 +78,11 @@ class ReadMarks:
             return True
         if offset < low:
             return False
-        ahead = self._ahead[partition]
-        ahead.add(int(offset))
+        self._ahead[partition].add(int(offset))
+        return self._advance(partition)
+
+    def _advance(self, partition: int) -> bool:
+        low, ahead = self._low[partition], self._ahead[partition]
         moved = False
         while low in ahead:
             ahead.discard(low)

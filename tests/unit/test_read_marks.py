@@ -43,3 +43,21 @@ def test_the_mark_is_the_lowest_offset_not_processed(order: list[int], cut: int)
         assert low is not None
         assert all(o in done for o in range(low))  # everything below it was processed
         assert low not in done  # and it is the first that was not
+
+
+def test_what_was_processed_the_lag_and_a_mark_raised_past_what_is_gone() -> None:
+    marks = ReadMarks()
+    assert not marks.has(0, 3)
+    assert marks.lag(0) == 0
+    marks.start(0, 10)
+    for offset in (14, 15, 20):
+        marks.processed(0, offset)
+    assert marks.has(0, 9)  # below the mark
+    assert marks.has(0, 15)
+    assert not marks.has(0, 12)
+    assert marks.lag(0) == 3
+    marks.raise_to(0, 14)  # 10-13 are gone from the topic: the mark moves past 14 and 15
+    assert marks.low(0) == 16
+    assert marks.lag(0) == 1
+    marks.raise_to(0, 5)  # never back
+    assert marks.low(0) == 16
