@@ -426,6 +426,9 @@ class PrecomputeRegion:
         self.carry = 0.0
         self.evicted = 0
         self.pending: list[_Window] = []
+        # the open window: (t0, t1, hit share per segment) and its visits (:meth:`visit`)
+        self._opened: tuple[float, float, FloatArray] | None = None
+        self._visited: tuple[Any, ...] = ()
         self.totals = {"jobs": 0, "used": 0, "expired_unused": 0, "dropped_unused": 0}
         st = ctx.regions[r]
         self.pool_keys = st.pools
@@ -531,9 +534,16 @@ class PrecomputeRegion:
 
     # -- one window ----------------------------------------------------------------------------
 
-    def advance(self, t0: float, t1: float, run: RegionRun) -> tuple[float, float]:
-        """Simulate the window ``[t0, t1)``: visits, expiry, jobs. Returns the (cpu, accelerator)
-        unit-seconds the jobs used (counted in the window in which they end or stop)."""
+    def visit(self, t0: float, t1: float) -> FloatArray:
+        """The visits of the window ``[t0, t1)`` and the ones that hit; returns ``h`` (S,), per
+        segment the share of its treatment visits that hit. Called when the window opens: the
+        visits depend only on the store as the previous windows left it (results of this window's
+        jobs are visible from the next window on), and the engine takes the hits' share out of
+        the window's live plan (:func:`headroom.defences.plan.live_share`). :meth:`advance`
+        finishes the window."""
+        got = self._opened
+        if got is not None and got[0] == t0 and got[1] == t1:
+            return got[2]
         ctx = self.ctx
         s = self.s
         n_seg_all = ctx.pop.n_segments
@@ -567,6 +577,20 @@ class PrecomputeRegion:
                 first = np.unique(hs[~self.served[hs]])
                 used = int(first.size)
                 self.served[hs] = True
+        h = np.where(visits > 0, hits / np.maximum(visits, 1), 0.0).astype(np.float64)
+        self._visited = (visits, held, hits, held_out, q_sum, staleness, used)
+        self._opened = (t0, t1, h)
+        return h
+
+    def advance(self, t0: float, t1: float, run: RegionRun) -> tuple[float, float]:
+        """Finish the window ``[t0, t1)``: its visits (:meth:`visit`, if the engine did not ask
+        for them when the window opened), expiry, jobs. Returns the (cpu, accelerator)
+        unit-seconds the jobs used (counted in the window in which they end or stop)."""
+        ctx = self.ctx
+        self.visit(t0, t1)
+        visits, held, hits, held_out, q_sum, staleness, used = self._visited
+        self._opened = None
+        book = self.book
         # expiry: results that expired in the window end now
         nb = book.size
         ended = np.flatnonzero(~np.isnan(book.cov_at[:nb]) & (book.cov_until[:nb] < t1))
@@ -732,9 +756,10 @@ class PrecomputeRegion:
 
     # -- window lines --------------------------------------------------------------------------
 
-    def flush(self, arrivals: FloatArray, s_value: FloatArray, pi_ctl: float) -> PrecomputeWindows:
+    def flush(self, arrivals: FloatArray, hit_live: FloatArray, pi_ctl: float) -> PrecomputeWindows:
         """The precompute parts of the pending windows' lines: ``arrivals`` (W,) the windows'
-        fluid arrivals, ``s_value`` (W, S) the live path's delivered value (module docstring)."""
+        fluid arrivals, ``hit_live`` (W, S) the value the live path delivered for the hits
+        (their baseline, in time: module docstring)."""
         ctx = self.ctx
         s = self.s
         pop = ctx.pop
@@ -749,8 +774,7 @@ class PrecomputeRegion:
             with np.errstate(divide="ignore", invalid="ignore"):
                 h = np.where(rec.visits > 0, rec.hits / np.maximum(rec.visits, 1), 0.0)
                 q_bar = np.where(rec.hits > 0, rec.q_sum / np.maximum(rec.hits, 1), 0.0)
-                live = np.where(count > 0, s_value[w] / np.where(count > 0, count, 1.0), 0.0)
-            inc_seg[w] = count * ctx.treat * h * (s.v_mean * q_bar - live)
+            inc_seg[w] = count * ctx.treat * h * s.v_mean * q_bar - hit_live[w]
             f: dict[str, Any] = {
                 "jobs": rec.jobs,
                 "used": rec.used,
