@@ -60,21 +60,29 @@ the topic's delivery delay); their age counts from completion.
 
 Value (ground truth, against the live path)
 -------------------------------------------
+A window's visits are drawn when it opens (:meth:`PrecomputeRegion.visit`: they depend only on
+the store the earlier windows left), so the engine knows ``h_s``, the drawn share of segment
+``s``'s treatment visits that hit, before it runs the window's live path. A hit runs nothing of
+its plan live (the client plan's rule for a stored result, :func:`headroom.defences.plan.
+serves_from_store`, vectorised as :meth:`headroom.defences.plan.CellPlan.live`): the engine takes
+``h_s`` out of every live lever's share of the segment's cells, so RMA and SBM neither run nor
+charge work for the hits and no live treatment group counts them. The hits stay base-path
+requests of the engine's load and latency (conservative: in the stack a hit makes no server call,
+so it does not load the dedicated replicas either).
+
 A hit delivers ``v̄_s · Q_s(a)``: the segment's mean request value (a request's value does not
 depend on whether its user has a result) times the measured quality, at visit time, of a strong
 ranking ``a`` seconds old, ``Q_s(a) = Q_s^strong(n) · P_s(a) / P_s(0)``
 (:mod:`headroom.world.curves`, the same stale-ranking curves the core's expiry uses). Like the
 engine's ground truth, window sums are expectations over the window's arrivals: with ``N_s`` the
-fluid treatment requests of the segment in the window and ``h_s`` the drawn share of its treatment
-visits that hit, the precompute increment is
+fluid treatment requests of the segment in the window, the precompute increment is
 
-    inc_precompute = Σ_s N_s · h_s · (v̄_s · Q̄_s − live_s)
+    inc_precompute = Σ_s (N_s · h_s · v̄_s · Q̄_s − hit_live_s)
 
-with ``Q̄_s`` the mean quality over the window's hits and ``live_s`` what the live path delivered
-per request of the segment in that window (the engine's value, timeouts included): a hit
-replaces the live outcome of its request, so ``value_total`` rises by the same amount and
-``incremental = Σ inc`` still holds. The live path's load is left as it was (a hit would
-spare the live ranking: conservative).
+with ``Q̄_s`` the mean quality over the window's hits and ``hit_live_s`` what the live path
+delivered for them: their baseline value, in time (the engine's, timeouts included). A hit
+replaces that outcome of its request, so ``value_total`` rises by the same amount and
+``incremental = Σ inc`` still holds, each lever counting only the requests it served.
 
 Value signals. Per segment, treatment = hits (look-ups never time out), control = held-out visits
 that found a result, drawn like the engine's arms (:func:`headroom.sim.population.arm_sums`); they
