@@ -47,6 +47,13 @@ multipliers ``m_rma``, ``m_sbm`` (AIMD on the health of responses,
    base``] (:meth:`PlanRule.level`) — and keeps it if its value rank is ≥ ``1 − m_rma`` (the
    client shedder's rule, lowest values shed first). The levels spend the target's mean; with
    no RMA budget (``candidates ≤ base``) nothing is spent, levels or not.
+5. **Stored results.** Where the scenario enables precompute, the request's user is looked up in
+   the result store *after* the plan is drawn, with the plan's holdout draw: a treatment request
+   whose user has a servable stored result (unexpired, of its segment) is a *hit* and is served
+   from that result — nothing of its plan runs live: no server call, so neither the baseline
+   ranking nor RMA or SBM (:func:`serves_from_store`). A holdout request is ranked live whatever
+   the store holds. The plan was drawn before the look-up, so the rankers and the routed share
+   above count hits like any treatment request; a hit's planned optional work is simply not run.
 
 The two forms
 =============
@@ -69,7 +76,11 @@ multiplier cuts by value), and value-ranked RMA's ``θ`` solves ``Σ_c share_c �
 not-taken request when ``s`` exceeds them: ``min(1, s/left)`` again). With levels, a cell's
 not-taken requests above the multiplier's threshold get its level (:attr:`CellPlan.levels`; the
 engine makes one request class per level in use). That is the exact expectation of the
-per-request rule under the cell model.
+per-request rule under the cell model. Step 5 vectorised (:meth:`CellPlan.live`): a share
+``hit[c]`` of a cell's treatment requests served from the store is a random sample of the cell's
+treatment requests whatever their plan (the plan is drawn before the look-up; whether a user has
+a stored result does not depend on the request's value), so every lever's share of the cell keeps
+``1 − hit[c]`` (:func:`live_share`).
 
 Exploration is not the plan's: the controller's router keeps every segment's ``p_s`` at its
 exploration floor while SBM runs (controllers/router.py), and the plan spends ``p_s`` as given.
@@ -100,7 +111,9 @@ __all__ = [
     "RmaSpend",
     "RoutedShare",
     "ValueCells",
+    "live_share",
     "rma_among",
+    "serves_from_store",
     "value_stratum",
 ]
 
@@ -152,6 +165,23 @@ def rma_among(share: float, left: float) -> float:
     if share <= 0.0:
         return 0.0
     return 1.0 if left <= share else share / left
+
+
+def serves_from_store(*, control: bool, found: bool) -> bool:
+    """Step 5 of the rule (module docstring), per request: whether a request whose plan put it in
+    the holdout (``control``) and whose look-up ``found`` a servable stored result is served from
+    that result — then nothing of its plan runs live (no server call: no baseline ranking, no
+    RMA, no SBM). A holdout request never is."""
+    return found and not control
+
+
+def live_share(hit: npt.ArrayLike) -> FloatArray:
+    """Step 5 vectorised: of the treatment requests of a cell (or segment), the share that still
+    runs its plan live when a share ``hit`` of them is served from the store, ``1 − hit`` clipped
+    to [0, 1] (NaN: no hit). The same share of every class of the plan: the hits are a random
+    sample of the cell's treatment requests (:meth:`CellPlan.live`)."""
+    h = np.nan_to_num(np.asarray(hit, dtype=np.float64), nan=0.0)
+    return np.asarray(np.clip(1.0 - h, 0.0, 1.0), dtype=np.float64)
 
 
 class PlanTarget(Protocol):
@@ -442,6 +472,22 @@ class CellPlan:
     rma: FloatArray  # (C,) given ``extra`` extra candidates (``levels[c]`` with levels)
     extra: int  # extra candidates of an RMA request (0: no RMA; the largest level with levels)
     levels: npt.NDArray[np.int64] | None = None  # (C,) per-stratum levels (None: one ``extra``)
+
+    def live(self, hit: npt.ArrayLike) -> CellPlan:
+        """The plan as it runs live when a share ``hit`` (per cell, or one share for all) of each
+        cell's treatment requests is served from the store (module docstring, step 5): routed,
+        taken and RMA shares times :func:`live_share` (the hits leave the plan: they make no server
+        call). ``self`` when nothing hits."""
+        keep = live_share(hit)
+        if bool((keep >= 1.0).all()):
+            return self
+        return CellPlan(
+            routed=self.routed * keep,
+            sbm=self.sbm * keep,
+            rma=self.rma * keep,
+            extra=self.extra,
+            levels=self.levels,
+        )
 
 
 @dataclass

@@ -188,7 +188,11 @@ class Plan:
     ``rma[j, c]`` with ``levels[j]`` extra candidates; ``sbm`` on the strong model; ``down``
     routed to the strong model and downgraded by its server; ``fail`` routed to strong replicas
     that were not there. The rest of the treatment arm, and the whole control arm, take the
-    base path.
+    base path. ``hit`` (None: no precompute hit) is the share of the treatment requests served
+    from the precompute store, left out of every lever's share already
+    (:meth:`headroom.defences.plan.CellPlan.live`): they stay in the base path's load and
+    latency, but count in no live group and their value is the precompute lever's
+    (sim/precompute_sim.py).
     """
 
     levels: tuple[int, ...]
@@ -196,6 +200,7 @@ class Plan:
     sbm: FloatArray  # (C,)
     down: FloatArray  # (C,)
     fail: FloatArray  # (C,)
+    hit: FloatArray | None = None  # (C,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +246,9 @@ class Mix:
     count: FloatArray
     value: FloatArray
     base_value: FloatArray
+    # (S,) per arriving request, the base-path value of the precompute hits (in the base class;
+    # the precompute lever replaces it, sim/precompute_sim.py)
+    hit_value: FloatArray
     # holdout arms and value-signal groups: parts of (class, cell) with their quality
     arm_parts: dict[str, ArmParts]
 
@@ -323,6 +331,11 @@ def build_mix(ctx: SimContext, plan: Plan) -> Mix:
     count = w @ seg_onehot
     value = (w * pop.v_mean * qk) @ seg_onehot
     base_value = (w * pop.v_mean * ctx.q_base) @ seg_onehot
+    # the hits are base-class requests that run nothing of the plan live (Plan.hit): they count
+    # in no live group; their live value is the precompute lever's to replace
+    hit = np.zeros(pop.n_cells) if plan.hit is None else np.clip(plan.hit, 0.0, treat_base)
+    hit_value = (t * hit * sh * pop.v_mean * ctx.q_base) @ seg_onehot
+    live_base = treat_base - hit
     sd_all = np.vstack(sd_rows)
     cells = np.arange(pop.n_cells)
 
@@ -360,12 +373,12 @@ def build_mix(ctx: SimContext, plan: Plan) -> Mix:
         "sbm": group([srow], [t * plan.sbm * sh]),
         "none": group(
             [0, srow + 1, srow + 2],
-            [t * treat_base * sh, t * plan.down * sh, t * plan.fail * sh],
+            [t * live_base * sh, t * plan.down * sh, t * plan.fail * sh],
         ),
         # intent-to-treat groups the control plane learns from (docs/simulator.md §Value
         # signals): requests not routed to the strong model (RMA's), and routed ones (SBM's)
         "itt_rma": group(
-            [0, *rma_rows], [t * treat_base * sh] + [t * cell_frac[j] * sh for j in range(n_levels)]
+            [0, *rma_rows], [t * live_base * sh] + [t * cell_frac[j] * sh for j in range(n_levels)]
         ),
         "itt_sbm": group(
             [srow, srow + 1, srow + 2], [t * plan.sbm * sh, t * plan.down * sh, t * plan.fail * sh]
@@ -393,6 +406,7 @@ def build_mix(ctx: SimContext, plan: Plan) -> Mix:
         count=count,
         value=value,
         base_value=base_value,
+        hit_value=hit_value,
         arm_parts=arm_parts,
     )
 

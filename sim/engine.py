@@ -70,7 +70,7 @@ from headroom.controllers.types import (
     segment_of,
     stratum_key,
 )
-from headroom.defences.plan import CellPlanner
+from headroom.defences.plan import CellPlanner, live_share
 from headroom.kernel.sketch import bin_values
 from headroom.kernel.traces import CapacityChange
 from headroom.sim.context import (
@@ -254,9 +254,12 @@ class RegionRun:
         self._level_split: tuple[Any, Any, Any] | None = None
         # the client plan last computed: (target, m_rma, m_sbm) and its shares (a pure function
         # of those; a server deciding every block asks for the same plan again and again)
-        self._plan_for: tuple[Any, float, float] | None = None
+        self._plan_for: tuple[Any, float, float, Any] | None = None
         self._plan_asked: Any = None
-        self._direct_mixes: dict[int, Mix] = {}
+        self._direct_mixes: dict[int, tuple[Plan, Any, Mix]] = {}
+        # per cell, the share of the window's treatment requests served from the precompute
+        # store (None: no hit); taken out of the live plan (defences/plan.py, step 5)
+        self._hit: FloatArray | None = None
         self._blocks: list[tuple[Mix, FloatArray]] = []
         self.noticed_at: float | None = None  # a server has yet to react to a reclaim
         self.arrival_rate = 0.0  # rps of the current step
@@ -481,35 +484,47 @@ class RegionRun:
 
     # -- the plan in force ------------------------------------------------------------------
 
+    def _fixed_mix(self, plan: Plan | None) -> Mix:
+        """The mix of a plan that is not the client plan's (a direct policy's; None: the
+        baseline), with the window's precompute hits taken out of it (:func:`_live_plan`)."""
+        hit = self._hit
+        if plan is None:
+            if hit is None:
+                return self.base_mix
+            plan = self.base_mix.plan
+        got = self._direct_mixes.get(id(plan))
+        if got is not None and got[0] is plan and got[1] is hit:
+            return got[2]
+        mix = build_mix(self.ctx, _live_plan(plan, hit))
+        self._direct_mixes[id(plan)] = (plan, hit, mix)
+        return mix
+
     def _current_mix(self, now: float, span: float) -> Mix:
         pol = self.policy
         if pol.direct:
-            plan = pol.direct_plan(now, span, self)
-            if plan is None:
-                return self.base_mix
-            mix = self._direct_mixes.get(id(plan))
-            if mix is None or mix.plan is not plan:
-                mix = build_mix(self.ctx, plan)
-                self._direct_mixes[id(plan)] = mix
-            return mix
+            return self._fixed_mix(pol.direct_plan(now, span, self))
         tg = self.targets
+        hit = self._hit
         if tg is None or self.traces.in_baseline_only(now):  # no target, or the client is down
             self._mix_key = ("base",)
-            return self.base_mix
+            return self._fixed_mix(None)
         m_rma, m_sbm = pol.multipliers(now)
-        key = (tg.epoch, round(m_rma, 4), round(m_sbm, 4), self.quotas)
+        key = (tg.epoch, round(m_rma, 4), round(m_sbm, 4), self.quotas, id(hit))
         sheds = pol.server_sheds
         if key == self._mix_key and not sheds:
             return self.mix
         ctx = self.ctx
         pop = ctx.pop
         # what the clients ask for: the one client plan (defences/plan.py), over the cells
+        # a precompute hit runs nothing of its plan live (the same rule, step 5)
         pf = self._plan_for
-        if pf is not None and pf[0] is tg and pf[1] == m_rma and pf[2] == m_sbm:
+        if pf is not None and pf[0] is tg and pf[1] == m_rma and pf[2] == m_sbm and pf[3] is hit:
             asked = self._plan_asked
         else:
             asked = self.planner.plan(tg, m_rma, m_sbm)
-            self._plan_for, self._plan_asked = (tg, m_rma, m_sbm), asked
+            if hit is not None:
+                asked = asked.live(hit)
+            self._plan_for, self._plan_asked = (tg, m_rma, m_sbm, hit), asked
         rma_req, sbm_req, extra = asked.rma, asked.sbm, asked.extra
         adm = pol.admit(now, span, rma_req, sbm_req, self) if sheds else None
         # ``none``: one zero array shared by every plan of the run (plans are never written to)
@@ -546,11 +561,12 @@ class RegionRun:
             and _same(old.down, down)
             and _same(old.fail, fail)
             and (not levels or _same(old.rma, rma))
+            and old.hit is hit
         ):
             return self.mix
         if not levels:
             rma = np.zeros((0, pop.n_cells))
-        return build_mix(ctx, Plan(levels, rma, sbm_adm, down, fail))
+        return build_mix(ctx, Plan(levels, rma, sbm_adm, down, fail, hit))
 
     # -- the main loop ----------------------------------------------------------------------
 
@@ -559,6 +575,11 @@ class RegionRun:
         tr = ctx.traces
         t0 = w * ctx.window_s
         t1 = min(t0 + ctx.window_s, ctx.duration_s)
+        if self.precompute is not None:
+            # the window's visits are known when it opens: the hits' share leaves the live plan
+            h = self.precompute.visit(t0, t1)
+            self._hit = h[ctx.pop.seg] if bool((h > 0.0).any()) else None
+            self._mix_key = None
         t = t0
         while t < t1 - _EPS:
             while self.heap and self.heap[0][0] <= t + _EPS:
@@ -869,6 +890,7 @@ class RegionRun:
             grp[1].append(b)
             grp[2].append(np.full(b.shape[0], w, dtype=np.int64))
         s_value = np.zeros((n_w, n_s))
+        s_hit = np.zeros((n_w, n_s))  # the live path's value of the precompute hits
         s_base = np.zeros((n_w, n_s))
         s_count = np.zeros(n_s)
         seg_sbm = np.zeros((n_w, n_s))
@@ -906,6 +928,8 @@ class RegionRun:
             a_kept = a_pi_rows * keep
             _add_rows(s_value, widx, a_kept @ mix.value + (a_pi_rows - a_kept) @ mix.base_value)
             _add_rows(s_base, widx, np.outer(a_pis, mix.base_value.sum(axis=0)))
+            if mix.plan.hit is not None:
+                _add_rows(s_hit, widx, np.outer(a_pi_rows[:, 0], mix.hit_value))
             s_count += a_sum * mix.count.sum(axis=0)
             _add_rows(seg_sbm, widx, np.outer(a, mix.count[1 + n_levels]))
             # value by lever and lost value (module docstring, *Ground truth*): a class's
@@ -950,7 +974,7 @@ class RegionRun:
             # hits are drawn per segment only: the estimator then reads the segments' arms
             est_strata = {}
             # hits replace the live outcome of their requests (sim/precompute_sim.py)
-            pre = self.precompute.flush(a_win, s_value, pi_ctl)
+            pre = self.precompute.flush(a_win, s_hit, pi_ctl)
             s_value = s_value + pre.inc_seg
             value_obs.update(pre.value_obs)
             _add_precompute_arm(arms, pre)
@@ -1285,6 +1309,19 @@ def _itt_of(value_obs: Mapping[tuple[str, str, str], ArmStats]) -> dict[str, Any
             sums["value_sum"] += st.value_sum
             sums["value_sq_sum"] += st.value_sq_sum
     return out
+
+
+def _live_plan(plan: Plan, hit: FloatArray | None) -> Plan:
+    """``plan`` as it runs live when the share ``hit`` of each cell's treatment requests is served
+    from the precompute store: every class's share times :func:`live_share` (the client plan's
+    rule for a stored result, defences/plan.py step 5), the hits kept in ``Plan.hit``."""
+    if hit is None:
+        return plan
+    keep = live_share(hit)
+    return Plan(
+        plan.levels, plan.rma * keep[None, :], plan.sbm * keep, plan.down * keep,
+        plan.fail * keep, hit,
+    )  # fmt: skip
 
 
 def _same(a: FloatArray, b: FloatArray) -> bool:

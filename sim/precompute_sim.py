@@ -60,21 +60,29 @@ the topic's delivery delay); their age counts from completion.
 
 Value (ground truth, against the live path)
 -------------------------------------------
+A window's visits are drawn when it opens (:meth:`PrecomputeRegion.visit`: they depend only on
+the store the earlier windows left), so the engine knows ``h_s``, the drawn share of segment
+``s``'s treatment visits that hit, before it runs the window's live path. A hit runs nothing of
+its plan live (the client plan's rule for a stored result, :func:`headroom.defences.plan.
+serves_from_store`, vectorised as :meth:`headroom.defences.plan.CellPlan.live`): the engine takes
+``h_s`` out of every live lever's share of the segment's cells, so RMA and SBM neither run nor
+charge work for the hits and no live treatment group counts them. The hits stay base-path
+requests of the engine's load and latency (conservative: in the stack a hit makes no server call,
+so it does not load the dedicated replicas either).
+
 A hit delivers ``v̄_s · Q_s(a)``: the segment's mean request value (a request's value does not
 depend on whether its user has a result) times the measured quality, at visit time, of a strong
 ranking ``a`` seconds old, ``Q_s(a) = Q_s^strong(n) · P_s(a) / P_s(0)``
 (:mod:`headroom.world.curves`, the same stale-ranking curves the core's expiry uses). Like the
 engine's ground truth, window sums are expectations over the window's arrivals: with ``N_s`` the
-fluid treatment requests of the segment in the window and ``h_s`` the drawn share of its treatment
-visits that hit, the precompute increment is
+fluid treatment requests of the segment in the window, the precompute increment is
 
-    inc_precompute = Σ_s N_s · h_s · (v̄_s · Q̄_s − live_s)
+    inc_precompute = Σ_s (N_s · h_s · v̄_s · Q̄_s − hit_live_s)
 
-with ``Q̄_s`` the mean quality over the window's hits and ``live_s`` what the live path delivered
-per request of the segment in that window (the engine's value, timeouts included): a hit
-replaces the live outcome of its request, so ``value_total`` rises by the same amount and
-``incremental = Σ inc`` still holds. The live path's load is left as it was (a hit would
-spare the live ranking: conservative).
+with ``Q̄_s`` the mean quality over the window's hits and ``hit_live_s`` what the live path
+delivered for them: their baseline value, in time (the engine's, timeouts included). A hit
+replaces that outcome of its request, so ``value_total`` rises by the same amount and
+``incremental = Σ inc`` still holds, each lever counting only the requests it served.
 
 Value signals. Per segment, treatment = hits (look-ups never time out), control = held-out visits
 that found a result, drawn like the engine's arms (:func:`headroom.sim.population.arm_sums`); they
@@ -426,6 +434,9 @@ class PrecomputeRegion:
         self.carry = 0.0
         self.evicted = 0
         self.pending: list[_Window] = []
+        # the open window: (t0, t1, hit share per segment) and its visits (:meth:`visit`)
+        self._opened: tuple[float, float, FloatArray] | None = None
+        self._visited: tuple[Any, ...] = ()
         self.totals = {"jobs": 0, "used": 0, "expired_unused": 0, "dropped_unused": 0}
         st = ctx.regions[r]
         self.pool_keys = st.pools
@@ -531,9 +542,16 @@ class PrecomputeRegion:
 
     # -- one window ----------------------------------------------------------------------------
 
-    def advance(self, t0: float, t1: float, run: RegionRun) -> tuple[float, float]:
-        """Simulate the window ``[t0, t1)``: visits, expiry, jobs. Returns the (cpu, accelerator)
-        unit-seconds the jobs used (counted in the window in which they end or stop)."""
+    def visit(self, t0: float, t1: float) -> FloatArray:
+        """The visits of the window ``[t0, t1)`` and the ones that hit; returns ``h`` (S,), per
+        segment the share of its treatment visits that hit. Called when the window opens: the
+        visits depend only on the store as the previous windows left it (results of this window's
+        jobs are visible from the next window on), and the engine takes the hits' share out of
+        the window's live plan (:func:`headroom.defences.plan.live_share`). :meth:`advance`
+        finishes the window."""
+        got = self._opened
+        if got is not None and got[0] == t0 and got[1] == t1:
+            return got[2]
         ctx = self.ctx
         s = self.s
         n_seg_all = ctx.pop.n_segments
@@ -567,6 +585,20 @@ class PrecomputeRegion:
                 first = np.unique(hs[~self.served[hs]])
                 used = int(first.size)
                 self.served[hs] = True
+        h = np.where(visits > 0, hits / np.maximum(visits, 1), 0.0).astype(np.float64)
+        self._visited = (visits, held, hits, held_out, q_sum, staleness, used)
+        self._opened = (t0, t1, h)
+        return h
+
+    def advance(self, t0: float, t1: float, run: RegionRun) -> tuple[float, float]:
+        """Finish the window ``[t0, t1)``: its visits (:meth:`visit`, if the engine did not ask
+        for them when the window opened), expiry, jobs. Returns the (cpu, accelerator)
+        unit-seconds the jobs used (counted in the window in which they end or stop)."""
+        ctx = self.ctx
+        self.visit(t0, t1)
+        visits, held, hits, held_out, q_sum, staleness, used = self._visited
+        self._opened = None
+        book = self.book
         # expiry: results that expired in the window end now
         nb = book.size
         ended = np.flatnonzero(~np.isnan(book.cov_at[:nb]) & (book.cov_until[:nb] < t1))
@@ -732,9 +764,10 @@ class PrecomputeRegion:
 
     # -- window lines --------------------------------------------------------------------------
 
-    def flush(self, arrivals: FloatArray, s_value: FloatArray, pi_ctl: float) -> PrecomputeWindows:
+    def flush(self, arrivals: FloatArray, hit_live: FloatArray, pi_ctl: float) -> PrecomputeWindows:
         """The precompute parts of the pending windows' lines: ``arrivals`` (W,) the windows'
-        fluid arrivals, ``s_value`` (W, S) the live path's delivered value (module docstring)."""
+        fluid arrivals, ``hit_live`` (W, S) the value the live path delivered for the hits
+        (their baseline, in time: module docstring)."""
         ctx = self.ctx
         s = self.s
         pop = ctx.pop
@@ -749,8 +782,7 @@ class PrecomputeRegion:
             with np.errstate(divide="ignore", invalid="ignore"):
                 h = np.where(rec.visits > 0, rec.hits / np.maximum(rec.visits, 1), 0.0)
                 q_bar = np.where(rec.hits > 0, rec.q_sum / np.maximum(rec.hits, 1), 0.0)
-                live = np.where(count > 0, s_value[w] / np.where(count > 0, count, 1.0), 0.0)
-            inc_seg[w] = count * ctx.treat * h * (s.v_mean * q_bar - live)
+            inc_seg[w] = count * ctx.treat * h * s.v_mean * q_bar - hit_live[w]
             f: dict[str, Any] = {
                 "jobs": rec.jobs,
                 "used": rec.used,

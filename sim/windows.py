@@ -284,24 +284,14 @@ def _estimator_strata(
 def _add_precompute_arm(arms: dict[str, dict[str, dict[str, Any]]], pre: PrecomputeWindows) -> None:
     """Put the interval's hits in the window line's ``arms`` as their own group, ``precompute``
     (what the requests received, as the streaming client reports them), so the holdout estimate
-    counts precompute: a hit's request was served from the store, not by the live path, so each
-    live treatment group of the segment keeps ``1 − h_s`` of its requests (its sums scaled
-    alike: the same mean and spread), ``h_s`` the interval's share of treatment visits that hit."""
-    for seg, share in pre.hit_share.items():
+    counts precompute. The live groups already leave the hits out: a hit's request was served
+    from the store, and the engine's plan took it out of every live group
+    (:meth:`headroom.defences.plan.CellPlan.live`, ``Plan.hit``)."""
+    for seg in pre.hit_share:
         hits = pre.value_obs.get((seg, LEVER_PRECOMPUTE, "treatment"))
         if hits is None or hits.n <= 0:
             continue
-        by = arms.setdefault(seg, {})
-        for name, sums in by.items():
-            if name == "control":
-                continue
-            n = int(sums["n"])
-            kept = round(n * (1.0 - share))
-            k = kept / n if n > 0 else 0.0
-            sums["n"] = kept
-            sums["value_sum"] = float(sums["value_sum"]) * k
-            sums["value_sq_sum"] = float(sums["value_sq_sum"]) * k
-        by[LEVER_PRECOMPUTE] = {
+        arms.setdefault(seg, {})[LEVER_PRECOMPUTE] = {
             "n": hits.n,
             "value_sum": hits.value_sum,
             "value_sq_sum": hits.value_sq_sum,

@@ -121,7 +121,13 @@ from aiokafka import ConsumerRebalanceListener, TopicPartition
 from headroom.analysis.events import window_event
 from headroom.defences.client_shedding import ClientShedConfig, ClientShedder
 from headroom.defences.histogram import ValueRanker
-from headroom.defences.plan import VALUE_BINS, PlanRule, RequestPlanner, value_stratum
+from headroom.defences.plan import (
+    VALUE_BINS,
+    PlanRule,
+    RequestPlanner,
+    serves_from_store,
+    value_stratum,
+)
 from headroom.defences.shedding import OPTIONAL_BUDGET_SHARE, ShedTransition
 from headroom.kernel import seeds
 from headroom.kernel.checks import FieldChecker
@@ -946,7 +952,9 @@ class RankingClient(Service):
             visit = self.precompute.look(msg.user, msg.segment, wall, control=plan.control)
             lookup_ms = (time.perf_counter() - t_look) * 1000.0
             looked = visit.outcome.value
-            if visit.outcome is VisitOutcome.HIT:
+            # the plan's rule for a stored result (defences/plan.py, step 5): a hit runs nothing
+            # of its plan live
+            if serves_from_store(control=plan.control, found=visit.outcome is VisitOutcome.HIT):
                 return self._serve_hit(
                     msg, visit, wall, now_t, partition, offset, lookup_ms, stratum
                 )

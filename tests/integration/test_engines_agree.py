@@ -225,11 +225,11 @@ def test_incremental_value_agrees_within_25_percent(engines: Engines) -> None:
 # Known gaps, not hidden. With baseline first in both engines and the simulator given the servers'
 # exact service times, agree-live's windows agree (median window p99 79 ms in the stack, 82 ms in
 # the simulator) but its worst window can be one host spike (+22 % once, −17 % in the last run);
-# agree-precompute's worst windows are RMA requests whose extras run on what the opportunistic
-# level leaves their replica (0.75 of a core: ~130 ms in the stack, where the simulator runs them
-# at the request's threads) while elsewhere the simulator runs live strong-model work for
-# requests the stack serves from the store (+38 %). Both cases run and are reported xfail (XPASS
-# when they agree) (docs/streaming.md, *Known limits*).
+# agree-precompute's windows agree since both engines serve a precompute hit by one rule, but its
+# worst window is the one whose RMA requests run their extras on what the opportunistic level
+# leaves their replica (0.75 of a core: ~136 ms in the stack, where the simulator runs them at the
+# request's threads: ~69 ms). Both cases run and are reported xfail (XPASS when they agree)
+# (docs/streaming.md, *Known limits*).
 KNOWN_P99_GAP = {"agree-live", "agree-precompute"}
 
 

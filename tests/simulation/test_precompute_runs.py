@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,25 @@ def test_every_job_is_accounted_for(run: RunResult) -> None:
         m = run.metrics["policies"][policy]["precompute"]
         assert m["jobs"] == jobs
         assert m["expired_unused"] == sum(p["expired_unused"] for p in pre)
+
+
+def test_a_request_served_from_the_store_gets_no_live_optional_work(run: RunResult) -> None:
+    """A hit runs nothing of its plan live (the client plan's rule for a stored result): in
+    every window, the requests treated by RMA, by SBM and from the store are distinct treatment
+    requests, never more than the window's treatment arm (before the rule was shared, the
+    simulator ran the live levers on the hits too: up to 1.4× the arm)."""
+    holdout = short("precompute-remote").world.holdout
+    n_hit = 0
+    for policy in ("headroom", "oracle"):
+        for e in _events(run.events_path):
+            if e["kind"] != "window" or e["policy"] != policy or not e["requests"]:
+                continue
+            treated = e["eligible_treated"]
+            n_hit += int(treated.get("precompute", 0) > 0)
+            arm = e["requests"] * (1.0 - holdout)
+            # the holdout draw and the hits are counts, the live shares expectations
+            assert sum(treated.values()) <= arm + 4.0 * math.sqrt(e["requests"]) + 1.0, (policy, e)
+    assert n_hit > 10
 
 
 def test_value_adds_up_and_the_oracle_bounds_it(run: RunResult) -> None:

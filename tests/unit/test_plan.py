@@ -23,7 +23,9 @@ from headroom.defences.plan import (
     RequestPlan,
     RequestPlanner,
     RoutedShare,
+    live_share,
     rma_among,
+    serves_from_store,
     value_stratum,
 )
 from headroom.kernel.errors import ConfigError
@@ -632,3 +634,76 @@ def test_the_per_request_planner_treats_each_cell_as_the_vectorised_plan_says(
     share = POP.share / POP.share.sum()
     assert strong[live].mean() == pytest.approx(float(share @ want.sbm), abs=0.01)
     assert rma[live].mean() == pytest.approx(float(share @ want.rma), abs=0.015)
+
+
+# -- a stored result (step 5) ----------------------------------------------------------------------
+
+
+def test_a_stored_result_serves_a_treatment_request_only() -> None:
+    assert serves_from_store(control=False, found=True)
+    assert not serves_from_store(control=True, found=True)  # the holdout ranks live
+    assert not serves_from_store(control=False, found=False)
+    assert not serves_from_store(control=True, found=False)
+
+
+def test_the_live_share_is_what_the_hits_leave() -> None:
+    assert live_share([0.0, 0.25, 1.0, 1.5, -0.1, float("nan")]).tolist() == [
+        1.0, 0.75, 0.0, 0.0, 1.0, 1.0,
+    ]  # fmt: skip
+    plan = CellPlanner(_rule(holdout=0.05), POP).plan(_target(candidates=250, coverage=0.4))
+    assert plan.live(0.0) is plan
+    hit = np.linspace(0.0, 1.0, POP.n_cells)
+    live = plan.live(hit)
+    for got, was in ((live.routed, plan.routed), (live.sbm, plan.sbm), (live.rma, plan.rma)):
+        assert np.allclose(got, was * (1.0 - hit))
+    assert live.extra == plan.extra
+    nothing = plan.live(1.0)
+    assert not nothing.sbm.any()
+    assert not nothing.rma.any()
+    assert not nothing.routed.any()
+
+
+def test_the_requests_the_store_serves_leave_each_cells_plan_as_the_vectorised_rule_says() -> None:
+    """Requests drawn from the population, each planned by the per-request planner, then looked
+    up: a user's stored result does not depend on the request's value (a hit with the segment's
+    probability), and a hit runs nothing of its plan live (:func:`serves_from_store`). Per
+    segment, the share of treatment requests the strong model takes live and the share given RMA
+    extras live are :meth:`CellPlan.live`'s."""
+    rule = _rule(holdout=0.05)
+    target = TargetState(1, 240, 0.3, {"premium": 0.6, "casual": 0.2}, False)
+    h_seg = {"premium": 0.6, "casual": 0.25}
+    hit_cells = np.array([h_seg[POP.segments[POP.seg[c]]] for c in range(POP.n_cells)])
+    want = CellPlanner(rule, POP).plan(target).live(hit_cells)
+    rng = np.random.default_rng(31)
+    n = 60_000
+    cells = rng.choice(POP.n_cells, size=n, p=POP.share / POP.share.sum())
+    u = rng.random(n)
+    values = POP.sample_values(cells, u)
+    seg_rank = (cells % POP.bins + u) / POP.bins
+    found = rng.random(n) < hit_cells[cells]
+    planner = RequestPlanner(rule, np.random.default_rng(32))
+    strong = np.zeros(n, dtype=bool)
+    rma = np.zeros(n, dtype=bool)
+    control = np.zeros(n, dtype=bool)
+    for i in range(n):
+        plan = planner.plan(
+            segment=POP.segments[POP.seg[cells[i]]], eligible=True, target=target,
+            rma_multiplier=1.0, sbm_keeps=True, sbm_available=True,
+            value=float(values[i]), segment_rank=float(seg_rank[i]),
+        )  # fmt: skip
+        control[i] = plan.control
+        if serves_from_store(control=plan.control, found=bool(found[i])):
+            continue  # served from the store: nothing of the plan runs live
+        strong[i], rma[i] = plan.strong, plan.extra > 0
+    treat = ~control
+    treat[:WARM] = False
+    share = POP.share / POP.share.sum()
+    for si, seg in enumerate(POP.segments):
+        in_seg = POP.seg == si
+        w = share * in_seg / float(share[in_seg].sum())
+        sel = treat & (POP.seg[cells] == si)
+        m = int(sel.sum())
+        assert m > 5_000
+        for got, cell_share in ((strong[sel].mean(), want.sbm), (rma[sel].mean(), want.rma)):
+            x = float(w @ cell_share)
+            assert got == pytest.approx(x, abs=0.015 + 4.5 * math.sqrt(x * (1 - x) / m)), seg

@@ -332,3 +332,32 @@ def test_the_best_gain_is_never_negative_nor_below_a_fresh_result() -> None:
     up = UpliftModel.from_curves(fake_curves(st.config.segment_names), cfg)
     # the best gain is at least the core's uplift of a fresh result
     assert (st.best_gain >= up.delta[:, 0] - 1e-12).all()
+
+
+def test_the_hit_share_known_when_a_window_opens_is_the_windows_and_changes_nothing() -> None:
+    """The engine asks for the window's visits when it opens (to take the hits out of the live
+    plan): the share it gets is the window line's ``hits / visits`` of treatment visits, and
+    asking early draws nothing more — the run is the one of a model never asked."""
+    s = scenario(duration=900.0)
+    ctx = context(s)
+    asked = precompute_region(ctx, 0, "headroom")
+    plain = precompute_region(ctx, 0, "headroom")
+    assert asked is not None
+    assert plain is not None
+    run = stub_run(len(ctx.regions[0].pools))
+    run.epoch_in_force = 0  # no target yet: the worker's default rate
+    w = ctx.window_s
+    hit_windows = 0
+    for k in range(int(900.0 / w)):
+        t0, t1 = k * w, (k + 1) * w
+        h = asked.visit(t0, t1)
+        assert asked.visit(t0, t1) is h  # once per window
+        asked.advance(t0, t1, run)
+        plain.advance(t0, t1, run)
+        rec, ref = asked.pending[-1], plain.pending[-1]
+        assert rec.hits.tolist() == ref.hits.tolist()
+        assert rec.jobs == ref.jobs
+        want = np.where(rec.visits > 0, rec.hits / np.maximum(rec.visits, 1), 0.0)
+        assert h.tolist() == pytest.approx(want.tolist())
+        hit_windows += int(rec.hits.sum() > 0)
+    assert hit_windows > 10
