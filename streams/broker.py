@@ -971,6 +971,46 @@ class _NodeLaunch:
         return pid, formatted
 
 
+@dataclass(frozen=True)
+class NodeRestart:
+    """How to crash one node of the broker in a state directory and start it again (a scenario's
+    ``broker_restart``): its pid now, and the configuration whose ``start`` starts the nodes
+    that are down (just that one) on the same storage and ports."""
+
+    node_id: int
+    pid: int
+    config: BrokerConfig
+
+
+def node_restart(state_dir: Path, broker: int | None, start_timeout_s: float) -> NodeRestart:
+    """The running node ``broker`` (0-based; None: the first) of the broker or local cluster in
+    ``state_dir``; :class:`BrokerError` naming the problem when there is none such."""
+    paths = BrokerPaths(state_dir.expanduser().resolve())
+    info = _read_info(paths)
+    nodes = recorded_nodes(paths)
+    index = 0 if broker is None else int(broker)
+    if not 0 <= index < len(nodes):
+        raise BrokerError(
+            f"broker {index}: the broker in {paths.root} has {len(nodes)} node(s) (0-based)"
+        )
+    node = nodes[index]
+    pid = _read_pid(paths.node(node.node_id))
+    if pid is None or not _alive(pid) or not _our_broker(pid, paths.node(node.node_id).root):
+        raise BrokerError(f"broker {index}: node {node.node_id} in {paths.root} is not running")
+    first = nodes[0]
+    # a cluster's ports are in broker.json (its nodes'): only a single broker takes one
+    controller = info.get("controller_port") if len(nodes) == 1 else None
+    config = BrokerConfig(
+        state_dir=paths.root,
+        port=first.port,
+        controller_port=int(controller) if isinstance(controller, int) else None,
+        start_timeout_s=start_timeout_s,
+        brokers=len(nodes),
+        security=str(info.get("security", "plaintext")),
+    )
+    return NodeRestart(node.node_id, pid, config)
+
+
 def _start_cluster(cfg: BrokerConfig, say: Callable[..., None], began: float) -> StartResult:
     """Start every node of the cluster that is not running (all of them the first time; after a
     node was killed, just that one), then wait until each started node answers."""

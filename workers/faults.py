@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import time
@@ -163,10 +162,16 @@ class FaultRunner:
             if e.kind in ("kill", "pause", "stall") and not fault_targets(e, names):
                 raise HeadroomError(f"{where}: this stack runs no {e.process} there")
             if e.kind == "broker_restart":
-                if e.broker not in (None, 0):
-                    raise HeadroomError(f"{where}: broker {e.broker}: up restarts a single broker")
                 if self.broker_state_dir is None:
                     raise HeadroomError(f"{where}: needs the broker's state directory")
+                from headroom.streams import broker
+
+                nodes = broker.recorded_nodes(broker.BrokerPaths(self.broker_state_dir))
+                if e.broker is not None and not 0 <= e.broker < len(nodes):
+                    raise HeadroomError(
+                        f"{where}: broker {e.broker}: the broker in {self.broker_state_dir} has "
+                        f"{len(nodes)} node(s) (0-based)"
+                    )
 
     def start(self) -> None:
         for r in self.records:
@@ -178,6 +183,14 @@ class FaultRunner:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+    async def settle(self) -> None:
+        """Wait for the faults still running (a broker whose start outlasts the scenario, a
+        recovery not seen yet), at most until they time out on their own."""
+        pending = [t for t in self._tasks if not t.done()]
+        if pending:
+            log.info("up.faults.settling", pending=len(pending))
+            await asyncio.wait(pending, timeout=BROKER_START_TIMEOUT_S + RECOVERY_TIMEOUT_S)
 
     @property
     def pending(self) -> bool:
@@ -265,25 +278,24 @@ class FaultRunner:
         e = r.event
         assert self.broker_state_dir is not None
         state_dir = self.broker_state_dir.expanduser().resolve()
-        st = await asyncio.to_thread(broker.status, state_dir)
-        if st.pid is None or st.state is not broker.BrokerState.RUNNING:
-            raise HeadroomError(f"no running broker in {state_dir} ({st.state.value})")
-        ports = json.loads(broker.BrokerPaths(state_dir).info_file.read_text())
+        try:
+            node = await asyncio.to_thread(
+                broker.node_restart, state_dir, e.broker, BROKER_START_TIMEOUT_S
+            )
+        except broker.BrokerError as exc:
+            raise HeadroomError(str(exc)) from exc
         self.broker_down = True
         try:
-            os.kill(st.pid, signal.SIGKILL)
-            await _wait_gone(st.pid, 30.0)
-            log.info("up.broker.killed", pid=st.pid, state_dir=str(state_dir))
+            os.kill(node.pid, signal.SIGKILL)
+            await _wait_gone(node.pid, 30.0)
+            log.info("up.broker.killed", pid=node.pid, node=node.node_id, state_dir=str(state_dir))
             end_wall = stack.wall(e.at_s + e.fault_span_s)
             await asyncio.sleep(max(0.0, end_wall - time.time()))
-            cfg = broker.BrokerConfig(
-                state_dir=state_dir,
-                port=int(ports["port"]),
-                controller_port=int(ports["controller_port"]),
-                start_timeout_s=BROKER_START_TIMEOUT_S,
+            # a cluster's start starts the nodes that are down: just this one
+            result = await asyncio.to_thread(broker.start, node.config)
+            log.info(
+                "up.broker.started", node=node.node_id, pid=result.pid, bootstrap=result.bootstrap
             )
-            result = await asyncio.to_thread(broker.start, cfg)
-            log.info("up.broker.started", pid=result.pid, bootstrap=result.bootstrap)
         finally:
             self.broker_down = False
         return end_wall

@@ -597,13 +597,15 @@ class Stack:
 
     async def wait_finished(self) -> None:
         """Until the feed has played the whole scenario (a feed killed by a fault, or that
-        died and was restarted by the supervisor, is waited for again)."""
+        died and was restarted by the supervisor, is waited for again) and the faults under way
+        have ended (:meth:`FaultRunner.settle`)."""
         feed = self.procs["feed"]
         while True:
             process = feed.process
             assert process is not None
             code = await process.wait()
             if code == 0 and feed.process is process:
+                await self.faults.settle()
                 return
             # killed: wait for the fault runner or the supervisor to start it again
             deadline = time.monotonic() + READY_TIMEOUT_S + 600.0

@@ -1,6 +1,8 @@
 """The whole stack on a three-broker cluster: ``headroom kafka start --brokers 3``, topics with
 three replicas, and one broker killed (SIGKILL: a crash) during an ``up`` run and started again
-with ``headroom kafka start`` (~150 s on a busy machine).
+10 s later — by ``up`` itself, from the scenario's ``broker_restart`` event naming the cluster's
+second node (``broker: 1``), which ``headroom kafka start`` on the cluster's state directory
+brings back alone (~150 s on a busy machine).
 
 The cluster is this module's own (a temporary state directory). Checked on the run: every
 request the feed published is in exactly one client window line (none lost, none twice), the
@@ -17,11 +19,8 @@ so.
 from __future__ import annotations
 
 import math
-import os
-import signal
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,15 +33,15 @@ from headroom.kernel.scenario_load import load_scenario
 from headroom.streams import broker, messages
 from headroom.streams.kafka import KafkaTarget, admin, topic_configs, topic_replicas
 from headroom.streams.topics import topics
-from headroom.workers.up import Stack, StackConfig
+from headroom.workers.up import StackConfig
 from tests.conftest import run_async, start_private_broker
 from tests.integration.topic_reads import decode_topic
 
 pytestmark = pytest.mark.integration
 
-SCENARIO = Path(__file__).parent / "scenarios" / "secure-short.yaml"
-KILL_AT, RESTART_AT = 10.0, 20.0
-KILLED_NODE = 2
+SCENARIO = Path(__file__).parent / "scenarios" / "replicated-short.yaml"
+KILL_AT, RESTART_AT = 10.0, 20.0  # the scenario's broker_restart: at 10 s, down for 10 s
+KILLED_NODE = 2  # its `broker: 1` (0-based)
 
 
 @dataclass
@@ -90,44 +89,31 @@ def replicated_run(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -
     kafka = KafkaTarget(cluster.bootstrap, prefix)
     out_dir = tmp_path_factory.mktemp("up-replicated")
     scenario = load_scenario(SCENARIO)
-    config = StackConfig(scenario_path=SCENARIO, out_dir=out_dir, kafka=kafka)
-    pids: dict[str, int] = {}
-
-    async def kill_broker(_stack: Stack) -> None:
-        pids["killed"] = cluster.node_pid(KILLED_NODE)
-        os.kill(pids["killed"], signal.SIGKILL)
-
-    restarting: list[Future[broker.StartResult]] = []
-
-    async def restart_broker(_stack: Stack) -> None:
-        # `headroom kafka start` on a partly running cluster starts the nodes that are down; it
-        # returns once the node answers, which on a busy machine may be after the run's end
-        restarting.append(pool.submit(broker.start, cluster.config))
+    config = StackConfig(
+        scenario_path=SCENARIO,
+        out_dir=out_dir,
+        kafka=kafka,
+        broker_state_dir=cluster.config.state_dir,
+    )
+    killed = cluster.node_pid(KILLED_NODE)
 
     async def run() -> tuple[UpResult, list[messages.ValueSignal], dict[str, int], Any]:
-        result = await run_up(
-            config, scenario, actions=[(KILL_AT, kill_broker), (RESTART_AT, restart_broker)]
-        )
+        result = await run_up(config, scenario)
         names = [t.name for t in topics(prefix)]
         async with admin(cluster.bootstrap) as client:
             replicas = await topic_replicas(client, names)
             configs = await topic_configs(client, names)
         return result, await decode_topic(kafka, "value"), replicas, configs
 
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        result, signals, replicas, configs = run_async(run())
-        assert restarting, "the restart action did not run"
-        started = restarting[0].result(timeout=240)
-    assert not started.already_running
-    pids["restarted"] = cluster.node_pid(KILLED_NODE)
+    result, signals, replicas, configs = run_async(run())
     return ReplicatedRun(
         result,
         read_events(result.events_path),
         signals,
         replicas,
         {name: c.get("min.insync.replicas", "") for name, c in configs.items()},
-        pids["killed"],
-        pids["restarted"],
+        killed,
+        cluster.node_pid(KILLED_NODE),
     )
 
 
@@ -145,6 +131,10 @@ def test_the_broker_was_really_killed_and_restarted(
     found = broker.status(cluster.config.state_dir)
     assert found.state is broker.BrokerState.RUNNING
     assert found.nodes_running == 3
+    # up ran the fault and saw the stack recover from it
+    faults = replicated_run.result.metrics["policies"]["headroom"]["faults"]
+    assert (faults["injected"], faults["recovered"], faults["unrecovered"]) == (1, 1, 0), faults
+    assert faults["list"][0]["process"] == "broker"
 
 
 def test_nothing_lost_or_doubled_and_the_baseline_slo_held(replicated_run: ReplicatedRun) -> None:

@@ -140,3 +140,18 @@ def test_jars_go_to_the_user_cache_when_the_package_is_not_writable(
     )
     monkeypatch.setattr(broker.os, "access", lambda path, mode: True)
     assert broker.default_libs_dir("4.1.1") == broker.BROKER_DIR / "libs"
+
+
+def test_a_node_to_restart_must_exist_and_run(tmp_path: Path) -> None:
+    """``broker_restart``'s node: 0-based, within the cluster ``broker.json`` records, and
+    running (a pid file of a live broker process of that node) — else a BrokerError naming it."""
+    import json
+
+    paths = broker.BrokerPaths(tmp_path)
+    paths.info_file.write_text(
+        json.dumps({"nodes": [{"node_id": k, "port": 9000 + k} for k in (1, 2, 3)]})
+    )
+    with pytest.raises(broker.BrokerError, match=r"broker 3: .* has 3 node\(s\)"):
+        broker.node_restart(tmp_path, 3, 60.0)
+    with pytest.raises(broker.BrokerError, match=r"broker 1: node 2 .* is not running"):
+        broker.node_restart(tmp_path, 1, 60.0)
