@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,11 +120,14 @@ def _requests_valued(signals: dict[tuple[str, int], Any]) -> int:
     return sum(s.n for s in signals.values() if s.lever == "rma")
 
 
-async def test_a_client_stopped_between_publish_and_commit_is_not_counted_twice(
-    kafka_target: KafkaTarget,
-) -> None:
-    kafka = kafka_target
-    group = f"crash-{uuid.uuid4().hex[:8]}"
+async def _crash_in_the_second_batch(
+    kafka: KafkaTarget, seam: str, after_crash: Callable[[InstantClient], Awaitable[None]]
+) -> tuple[InstantClient, InstantClient]:
+    """Client A serves and commits the first batch, then is stopped at ``seam`` (an awaited
+    hook of its flush: ``before_values`` or ``before_commit``) in the flush that published the
+    second batch's lines, without a drain (a crash); ``after_crash`` checks the state it left.
+    Client B, the same static member, takes over, serves the third batch and drains."""
+    group = f"{seam}-{uuid.uuid4().hex[:8]}"
     t0 = time.time()
     first, second, third = BATCHES
     producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap)
@@ -131,24 +135,22 @@ async def test_a_client_stopped_between_publish_and_commit_is_not_counted_twice(
     a = _client(kafka, group, t0)
     crashed = asyncio.Event()
 
-    async def stop_before_commit() -> None:
+    async def stop_here() -> None:
         if a.stats["published"] > first:  # the second batch's lines are acknowledged
             crashed.set()
-            await asyncio.Event().wait()  # never commits: the test stops A here
+            await asyncio.Event().wait()  # goes no further: the test stops A here
 
     try:
         await a.start()
         await asyncio.wait_for(a.ready.wait(), 30.0)
         await _feed(producer, kafka, 0, first)
         await _until(lambda: a.stats["commits"] >= 1 and a.stats["published"] == first)
-        a.before_commit = stop_before_commit
+        setattr(a, seam, stop_here)
         await _feed(producer, kafka, first, second)
         await asyncio.wait_for(crashed.wait(), 30.0)
         assert a.stats["published"] == first + second
         await a.stop()  # no drain: no final flush, no commit (a crash)
-        committed = await _committed(kafka, group)
-        # the window is reproduced: the second batch is published but not committed
-        assert sum(committed.values()) == first, committed
+        await after_crash(a)
 
         b = _client(kafka, group, t0)
         try:
@@ -163,13 +165,27 @@ async def test_a_client_stopped_between_publish_and_commit_is_not_counted_twice(
         if not a.stop_requested:
             await a.stop()
         await producer.stop()
-
     assert b.stats["duplicates"] == second  # re-read, recognised, dropped
     assert b.stats["published"] == third
+    return a, b
+
+
+async def test_a_client_stopped_between_publish_and_commit_is_not_counted_twice(
+    kafka_target: KafkaTarget,
+) -> None:
+    kafka = kafka_target
+    first, second, third = BATCHES
+
+    async def published_not_committed(a: InstantClient) -> None:
+        # the window is reproduced: the second batch is published but not committed
+        committed = await _committed(kafka, a.config.group)
+        assert sum(committed.values()) == first, committed
+
+    a, _b = await _crash_in_the_second_batch(kafka, "before_commit", published_not_committed)
     windows = await _client_windows(kafka)
     assert sum(e.get("requests", 0) for e in windows) == first + second + third
     assert sum(e.get("duplicates_dropped", 0) for e in windows) == second
-    after = await _committed(kafka, group)
+    after = await _committed(kafka, a.config.group)
     assert sum(after.values()) == first + second + third, after
     # A's signals of the second batch went out before the stop; B sent them again from the lines
     signals, messages_on_topic = await _value_signals(kafka)
@@ -184,46 +200,13 @@ async def test_a_client_stopped_between_its_lines_and_their_value_signals_loses_
     sent their value signals: B drops those requests as duplicates and sends the value signals
     the lines carry, under A's producer id, so every request's value is counted once."""
     kafka = kafka_target
-    group = f"values-{uuid.uuid4().hex[:8]}"
-    t0 = time.time()
     first, second, third = BATCHES
-    producer = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap)
-    await producer.start()
-    a = _client(kafka, group, t0)
-    crashed = asyncio.Event()
 
-    async def stop_before_values() -> None:
-        if a.stats["published"] > first:  # the second batch's lines are acknowledged
-            crashed.set()
-            await asyncio.Event().wait()  # never sends their values
-
-    try:
-        await a.start()
-        await asyncio.wait_for(a.ready.wait(), 30.0)
-        await _feed(producer, kafka, 0, first)
-        await _until(lambda: a.stats["commits"] >= 1 and a.stats["published"] == first)
-        a.before_values = stop_before_values
-        await _feed(producer, kafka, first, second)
-        await asyncio.wait_for(crashed.wait(), 30.0)
-        await a.stop()  # a crash: no drain
+    async def values_not_sent(_a: InstantClient) -> None:
         lost, _n = await _value_signals(kafka)
         assert _requests_valued(lost) == first  # the window is reproduced
 
-        b = _client(kafka, group, t0)
-        try:
-            await b.start()
-            await asyncio.wait_for(b.ready.wait(), 30.0)
-            await _feed(producer, kafka, first + second, third)
-            await _until(lambda: b.stats["duplicates"] + b.stats["published"] == second + third)
-            await b.drain()
-        finally:
-            await b.stop()
-    finally:
-        if not a.stop_requested:
-            await a.stop()
-        await producer.stop()
-
-    assert b.stats["duplicates"] == second
+    a, b = await _crash_in_the_second_batch(kafka, "before_values", values_not_sent)
     signals, _n = await _value_signals(kafka)
     assert _requests_valued(signals) == first + second + third
     assert {p for p, _seq in signals} == {a.producer_id, b.producer_id}
