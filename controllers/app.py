@@ -39,7 +39,11 @@ Data flow (topics of docs/messages.md, names with the configured prefix):
 
 Restart: tables are changelogged to Kafka; on the first tick after a (re)start the plane is
 restored from the ``state`` table, so epochs keep increasing and the PID resumes from its last
-output (bumpless: the first new target is within one rate-limit step of the last one).
+output (bumpless: the first new target is within one rate-limit step of the last one). The
+snapshot also holds which value signals its books hold (their seqs and the read mark when the
+window was taken, ``value_folded``): the successor reads the value partition again from that
+mark and folds, once, what its predecessor folded after the snapshot
+(``Controller.fold_decision``).
 
 Several controllers (scaling out, docs/streaming.md): processes with the same app id form one
 consumer group; Kafka's group assignment (Faust's co-partitioning assignor) gives each the same
@@ -72,7 +76,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -85,7 +89,7 @@ from headroom.controllers.levers import RmaCurve
 from headroom.controllers.liveness import Liveness
 from headroom.controllers.observe import RegionAggregator
 from headroom.controllers.plane import ControlPlane
-from headroom.controllers.read_marks import ReadMarks, mark_key
+from headroom.controllers.read_marks import ReadMarks, covers, mark_key, merge_seqs, take_seq
 from headroom.controllers.types import CapacityLevel, RegionTargets
 from headroom.kernel import seeds
 from headroom.kernel.codec import ValidationError, dumps, loads
@@ -108,7 +112,6 @@ MAX_SESSION_TIMEOUT_S = 10.0
 LIVENESS_EXIT = 3  # the exit status of a controller that found itself stalled
 LIVENESS_PROBE_S = 3.0  # before a liveness exit: does the broker answer a metadata request?
 # seqs below a producer's newest not seen yet, kept per producer (the oldest go first)
-MAX_VALUE_GAPS = 4096
 # a value partition is read again when this many offsets above its read mark were processed
 # while the mark waited (and again each time as many more were), and for at most this long
 REREAD_LAG = 200
@@ -166,6 +169,14 @@ class Controller:
         # producer's next signal or the partition's return (resume_book); one per client process
         self.value_released: dict[str, tuple[int, list[Any]]] = {}
         self.read_marks = ReadMarks()  # per value partition: every offset below was processed
+        # the value signals folded into the books (fold_decision): per producer its seqs
+        # (newest, gaps) and region; per value partition the offset below which the snapshot
+        # adopted holds every signal, and the partitions to read again from there
+        self.folded: dict[str, tuple[int, list[int]]] = {}
+        self.folded_region: dict[str, str] = {}
+        self.fold_from: dict[int, int] = {}
+        self.fold_reread: dict[int, int] = {}
+        self.fold_capture: dict[str, dict[str, Any]] = {}  # region -> its next snapshot's part
         self.reread_lag: dict[int, int] = {}  # per partition: the lag that reads it again
         self.owned: set[str] = set()  # the regions this worker steps (adopted from the tables)
 
@@ -185,17 +196,11 @@ class Controller:
         book = self.value_seen.get(msg.producer)
         if book is None:
             book = self.resume_book(msg.producer, stored)
-        gaps: list[int] = book[4]
-        seq = msg.seq
-        if seq > book[0]:
-            gaps.extend(range(int(book[0]) + 1, seq))
-            del gaps[:-MAX_VALUE_GAPS]
-            book[0] = seq
-        elif seq in gaps:
-            gaps.remove(seq)
-        else:
+        newest = take_seq(int(book[0]), book[4], msg.seq)
+        if newest is None:
             book[2] += 1
             return False
+        book[0] = newest
         book[1] += 1
         book[3] += msg.value_sum
         return True
@@ -230,6 +235,62 @@ class Controller:
             if part in partitions and producer not in self.value_seen:
                 self.resume_book(producer, table.get(producer))
                 self.value_partition[producer] = part
+
+    def fold_decision(
+        self, msg: messages.ValueSignal, fresh: bool, partition: int | None, offset: int | None
+    ) -> bool:
+        """Whether to fold ``msg`` into the books: once per (producer, seq), like the count, but
+        kept apart from it. The books are the plane's snapshot plus what was folded since, so a
+        worker that adopted a snapshot folds a signal its predecessor counted after that
+        snapshot (its fold died with it) and nothing below the snapshot's mark
+        (``fold_from``). Without an adopted snapshot for the partition: a signal is folded when
+        it is counted (``fresh``). A signal without a producer id: when counted."""
+        producer, seq = msg.producer, msg.seq
+        if producer is None or seq is None:
+            return fresh
+        newest, gaps = self.folded.get(producer, (-1, []))
+        start = self.fold_from.get(partition) if partition is not None else None
+        if start is None:
+            fold = fresh
+        elif offset is not None and offset < start:
+            fold = False
+        else:
+            fold = not covers(newest, gaps, seq)
+        if fold:
+            taken = take_seq(newest, gaps, seq)
+            if taken is not None:
+                self.folded[producer] = (taken, gaps)
+                self.folded_region[producer] = msg.region
+        return fold
+
+    def capture_folds(self, region: str) -> None:
+        """At the moment ``region``'s window is taken into the plane: what the next snapshot
+        holds of the value signals (every one folded so far, and every offset below the read
+        mark of the region's value partition)."""
+        part = region_partition(region, self.settings.partitions)
+        self.fold_capture[region] = {
+            "books": {
+                p: [b[0], list(b[1])]
+                for p, b in sorted(self.folded.items())
+                if self.folded_region.get(p) == region
+            },
+            "mark": [part, self.read_marks.low(part)],
+        }
+
+    def adopt_folds(self, region: str, fold: Mapping[str, Any]) -> None:
+        """The value signals the adopted snapshot of ``region`` holds (:meth:`capture_folds`):
+        the books' seqs join those folded here, and the partition is read again from the
+        snapshot's mark, so what its predecessor folded after the snapshot is folded again."""
+        for producer, (newest, gaps) in dict(fold.get("books", {})).items():
+            got = (int(newest), [int(g) for g in gaps])
+            cur = self.folded.get(producer)
+            self.folded[producer] = got if cur is None else merge_seqs(cur, got)
+            self.folded_region[producer] = region
+        part, mark = fold.get("mark", [None, None])
+        if part is not None and mark is not None:
+            self.fold_from[int(part)] = int(mark)
+            self.fold_reread[int(part)] = int(mark)
+        self.fold_capture[region] = dict(fold)
 
     def read_mark(self, partition: int, offset: int, table: Any) -> int | None:
         """Before the first signal of ``partition`` this worker processes since it got the
@@ -276,6 +337,9 @@ class Controller:
             regions.pop(region, None)
         self.plane.restore({**snap, "regions": regions})
         self.owned.add(region)
+        fold = state.get("value_folded") if state else None
+        if isinstance(fold, Mapping):
+            self.adopt_folds(region, fold)
         epoch = None if got is None else got.get("epoch")
         log.info("controller.region.adopted", region=region, restored=got is not None, epoch=epoch)
 
@@ -293,6 +357,10 @@ class Controller:
         self.read_marks.forget(partitions)
         for p in partitions:
             self.reread_lag.pop(p, None)
+            self.fold_from.pop(p, None)
+            self.fold_reread.pop(p, None)
+        for region in regions:
+            self.fold_capture.pop(region, None)
         for producer, part in list(self.value_partition.items()):
             if part in partitions:
                 del self.value_partition[producer]
@@ -561,12 +629,15 @@ async def _value_step(
         resume = ctl.read_mark(partition, offset, table)
         if resume is None and marks.lag(partition) >= ctl.reread_lag.get(partition, REREAD_LAG):
             resume = marks.low(partition)
+        fold_low = ctl.fold_reread.pop(partition, None)  # an adopted snapshot's mark
+        if fold_low is not None:
+            resume = fold_low if resume is None else min(resume, fold_low)
         moved = False
         if resume is not None and resume < offset:
             await _read_again(ctl, table, event.message.tp, resume, offset)
             ctl.reread_lag[partition] = marks.lag(partition) + REREAD_LAG
             moved = True
-        _take_value(ctl, msg, table, partition)  # one read again is a duplicate there
+        _take_value(ctl, msg, table, partition, offset)  # one read again is a duplicate there
         moved = marks.processed(partition, offset) or moved
         if moved:
             table[mark_key(partition)] = dumps(marks.low(partition))
@@ -575,10 +646,12 @@ async def _value_step(
 
 
 async def _read_again(ctl: Controller, table: Any, tp: Any, low: int, until: int) -> None:
-    """Process the value signals of ``tp`` from ``low`` to ``until`` (excluded) that this
-    worker has not processed, read with a consumer of its own: Faust drops what it reads again
-    below the newest offset it delivered, so its own seek cannot do this. Runs inside the value
-    agent's step of a record of ``tp``, so the table writes go to the partition's changelog."""
+    """Process the value signals of ``tp`` from ``low`` to ``until`` (excluded) again, read
+    with a consumer of its own: Faust drops what it reads again below the newest offset it
+    delivered, so its own seek cannot do this. Each is counted and folded only if it was not
+    yet (:meth:`Controller.count_value`, :meth:`Controller.fold_decision`). Runs inside the
+    value agent's step of a record of ``tp``, so the table writes go to the partition's
+    changelog."""
     partition = int(tp.partition)
     marks = ctl.read_marks
     consumer = make_consumer(ctl.settings.bootstrap)
@@ -595,32 +668,38 @@ async def _read_again(ctl: Controller, table: Any, tp: Any, low: int, until: int
                 log.warning("controller.value.reread_timeout", partition=partition, low=low)
                 break
             for record in (await consumer.getmany(tp, timeout_ms=500)).get(tp, []):
-                if record.offset >= until or marks.has(partition, record.offset):
+                if record.offset >= until:
                     continue
                 try:
                     msg = messages.decode("value", record.value)
                 except ValidationError:  # dead-lettered when it was first read
                     msg = None
                 if isinstance(msg, messages.ValueSignal):
-                    _take_value(ctl, msg, table, partition)
-                    done += 1
+                    done += _take_value(ctl, msg, table, partition, record.offset, quiet=True)
                 marks.processed(partition, record.offset)
     log.warning(
-        "controller.value.reread", partition=partition, offset=low, until=until, processed=done
+        "controller.value.reread", partition=partition, offset=low, until=until, counted=done
     )
 
 
 def _take_value(
-    ctl: Controller, msg: messages.ValueSignal, table: Any, partition: int | None = None
-) -> None:
+    ctl: Controller,
+    msg: messages.ValueSignal,
+    table: Any,
+    partition: int | None = None,
+    offset: int | None = None,
+    *,
+    quiet: bool = False,
+) -> bool:
     """Count a value signal once (:meth:`Controller.count_value`, its producer's record in the
-    ``value_seen`` table) and, unless it is a duplicate, add it to the books (keyed by
-    (segment, value bin) where it has one). ``partition``: the one the signal came on."""
+    ``value_seen`` table) and fold it into the books once (:meth:`Controller.fold_decision`,
+    keyed by (segment, value bin) where it has one); True when it was counted. ``partition``,
+    ``offset``: where the signal came from; ``quiet``: no log line for a duplicate."""
     producer = msg.producer
     fresh = ctl.count_value(msg, table.get(producer) if producer else None)
-    if fresh:
+    if ctl.fold_decision(msg, fresh, partition, offset):
         ctl.aggregator.add_value_signal(msg)
-    else:
+    if not fresh and not quiet:
         log.info("controller.value.duplicate", producer=producer, seq=msg.seq)
     if producer is not None:
         if partition is not None:
@@ -628,6 +707,7 @@ def _take_value(
         # last: should the write fail, the signal is in the books and the producer's next
         # write carries its count
         table[producer] = dumps(ctl.value_seen[producer])
+    return fresh
 
 
 async def _value_counts_loop(app: faust.App, ctl: Controller, events_topic: Any) -> None:
@@ -800,7 +880,10 @@ async def _save_snapshot(app: faust.App, ctl: Controller, state_table: Any) -> b
         snap = ctl.plane.snapshot()
         for region, st in snap["regions"].items():
             if region in ctl.owned:
-                state_table[region] = dumps({**snap, "regions": {region: st}})
+                record = {**snap, "regions": {region: st}}
+                if region in ctl.fold_capture:
+                    record["value_folded"] = ctl.fold_capture[region]
+                state_table[region] = dumps(record)
     except Exception as exc:  # the next step writes it again
         log.warning("controller.snapshot.failed", error=f"{type(exc).__name__}: {exc}")
         return False
@@ -927,6 +1010,7 @@ async def _publish_region(
 ) -> None:
     """One control step of a region: its targets message, its events and the log line."""
     obs = ctl.aggregator.observe(region, now)
+    ctl.capture_folds(region)  # what the plane's books hold from now on
     t = ctl.plane.step(obs)
     decision = ctl.plane.decision(region)
     assert decision is not None  # step() just made it

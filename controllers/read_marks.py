@@ -21,9 +21,38 @@ Pure: no Kafka, no clock.
 
 from __future__ import annotations
 
-__all__ = ["ReadMarks", "mark_key"]
+__all__ = ["MAX_SEQ_GAPS", "ReadMarks", "covers", "mark_key", "merge_seqs", "take_seq"]
 
 MARK_PREFIX = "@read-mark/"
+MAX_SEQ_GAPS = 4096  # seqs below the newest not seen yet, kept per producer (the oldest dropped)
+
+
+def take_seq(newest: int, gaps: list[int], seq: int) -> int | None:
+    """One producer's seqs seen so far are those up to ``newest`` except ``gaps``: take ``seq``
+    once. Returns the new newest when ``seq`` was not seen yet (``gaps`` updated in place), None
+    for one seen before. A seq may come after a later one (a partition read again): below the
+    newest it is new only if it is one of the gaps."""
+    if seq > newest:
+        gaps.extend(range(newest + 1, seq))
+        del gaps[:-MAX_SEQ_GAPS]
+        return seq
+    if seq in gaps:
+        gaps.remove(seq)
+        return newest
+    return None
+
+
+def covers(newest: int, gaps: list[int], seq: int) -> bool:
+    """Whether ``seq`` was seen (:func:`take_seq`'s sets)."""
+    return seq <= newest and seq not in gaps
+
+
+def merge_seqs(a: tuple[int, list[int]], b: tuple[int, list[int]]) -> tuple[int, list[int]]:
+    """The seqs seen in either of two sets ``(newest, gaps)``."""
+    low, newest = min(a[0], b[0]), max(a[0], b[0])
+    above = [g for g in range(low + 1, newest + 1) if not covers(*a, g) and not covers(*b, g)]
+    below = sorted(g for g in set(a[1]) & set(b[1]) if g <= low)
+    return newest, (below + above)[-MAX_SEQ_GAPS:]
 
 
 def mark_key(partition: int) -> str:

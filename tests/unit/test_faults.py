@@ -629,3 +629,46 @@ def test_a_worker_reads_a_value_partition_again_from_its_mark() -> None:
     # a partition released forgets its mark: it is read from the table when it comes back
     again.release(set(), {1})
     assert not again.read_marks.known(1)
+
+
+def test_signals_folded_after_the_last_snapshot_are_folded_again_by_the_successor() -> None:
+    """A controller killed between folding value signals into its window and its next snapshot
+    took those sums with it; its successor adopts the snapshot (the books, and the seqs and the
+    read mark they hold), reads the partition again from that mark, and folds each signal the
+    snapshot lacks — once — though each was counted already."""
+    from headroom.controllers.app import Controller, ControllerSettings, _take_value
+    from headroom.controllers.config import ControlConfig
+    from headroom.streams.topics import region_partition
+
+    sc = load(doc([]))
+    settings = ControllerSettings(bootstrap="x:1", prefix="t.", scenario=sc)
+    part = region_partition("us-east", settings.partitions)
+
+    def sig(seq: int) -> messages.ValueSignal:
+        return messages.ValueSignal(
+            ts=1.0, region="us-east", segment="casual", lever="rma", arm="treatment", n=1,
+            value_sum=1.0, value_sq_sum=1.0, window_s=1.0,
+            cost=messages.Cost(cpu_ms=0.0, accelerator_ms=0.0), producer="p.4.d", seq=seq,
+        )  # fmt: skip
+
+    folded: list[int] = []
+    table: dict[str, bytes] = {}
+    old = Controller(settings, ControlConfig.from_scenario(sc))
+    old.read_marks.start(part, 100)
+    for offset in range(5):  # signals 0-4 at offsets 100-104, then the tick's snapshot
+        _take_value(old, sig(offset), table, part, 100 + offset)
+        old.read_marks.processed(part, 100 + offset)
+    old.capture_folds("us-east")
+    snapshot = {"regions": {}, "value_folded": old.fold_capture["us-east"]}
+    assert snapshot["value_folded"]["mark"] == [part, 105]
+    for offset in range(5, 8):  # 5-7 counted and folded; the kill comes before the next tick
+        _take_value(old, sig(offset), table, part, 100 + offset)
+
+    new = Controller(settings, ControlConfig.from_scenario(sc))
+    new.aggregator.add_value_signal = lambda msg: folded.append(msg.seq)  # type: ignore[method-assign]
+    new.adopt("us-east", snapshot)
+    assert new.fold_reread == {part: 105}
+    for offset in (103, 104, 105, 106, 107, 107):  # read again from below the mark, one twice
+        _take_value(new, sig(offset - 100), table, part, offset, quiet=True)
+    assert folded == [5, 6, 7]  # each signal the snapshot lacked, once
+    assert new.value_counts()["producers"]["p.4.d"]["counted"] == 8  # counted once, by `old`

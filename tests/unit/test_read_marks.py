@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from headroom.controllers.read_marks import ReadMarks, mark_key
+from headroom.controllers.read_marks import ReadMarks, covers, mark_key, merge_seqs, take_seq
 
 
 def test_the_mark_waits_for_the_oldest_offset_not_processed() -> None:
@@ -61,3 +61,19 @@ def test_what_was_processed_the_lag_and_a_mark_raised_past_what_is_gone() -> Non
     assert marks.lag(0) == 1
     marks.raise_to(0, 5)  # never back
     assert marks.low(0) == 16
+
+
+@given(st.sets(st.integers(0, 60)), st.sets(st.integers(0, 60)))
+def test_merged_seq_sets_cover_what_either_covered(a: set[int], b: set[int]) -> None:
+    def seen(seqs: set[int]) -> tuple[int, list[int]]:
+        newest, gaps = -1, []
+        for s in sorted(seqs, reverse=True):  # out of order: the gaps are filled later
+            got = take_seq(newest, gaps, s)
+            assert got is not None
+            newest = got
+        return newest, gaps
+
+    sa, sb = seen(a), seen(b)
+    assert all(covers(*sa, s) == (s in a) for s in range(62))
+    merged = merge_seqs(sa, sb)
+    assert all(covers(*merged, s) == (s in a or s in b) for s in range(62))
