@@ -68,10 +68,20 @@ The same LP, stretch by stretch, with the capacities a policy can actually fill
   strong request's accelerator time and the coverage controller's budget
   (``coverage.wait_budget_share × setpoint``; a replica on less than one device is one slower
   server). No safety-margin ceiling: that is a policy's choice, not the engine's rule.
-* **whole devices, loaded.** On the pools both models may use, the strong model takes a whole
-  number ``m`` of the devices loaded there (present for the whole ``load_s`` before), the rest
-  serve RMA; each stretch takes the best ``m`` (its own LP per option; the bound is the max of
-  their duals). Pools only the strong model may use give it their loaded units.
+* **at least one whole device, loaded.** On the pools both models may use, the strong model
+  takes ``m`` of the devices loaded there (present for the whole ``load_s`` before), the rest
+  serve RMA. The engine's rule (``RegionRun._set_assignment``) is the one a replica needs: at
+  least one whole device, and above that device equivalents (slices) of any size, so ``m`` is
+  0 or any amount in ``[m_lo, L]`` (``L`` the loaded shared devices, ``m_lo`` = 1, or less
+  where a shared pool holds less than one device). ``m`` takes a continuum of values, so the
+  bound covers ``[m_lo, L]`` with intervals :data:`SPLIT_STEP` wide and gives each interval
+  ``[m_i, m_{i+1}]`` its *optimistic corner*: RMA the devices it has at ``m_i``, the strong model
+  those it has at ``m_{i+1}`` (each budget monotone in ``m``, so every split inside the interval
+  fits that option's budgets and the LP is monotone in its budgets); each stretch takes the
+  best option (its own LP per option; the bound is the max of their duals). Pools only the
+  strong model may use give it their loaded units. (Only whole numbers ``m``, as before, left
+  out the fractional splits the engine allows: a policy holding 1.8 of 2 shared devices for
+  the strong model passed the bound on quickstart seed 9, 1.007 of it.)
 * **the fail-safe.** While a control outage has left central targets expired — from the expiry
   (``ttl_s``) of the last targets issued before it to the first ones issued after it reaching
   clients (``propagation_s``) — no optional work: those stretches have no budget.
@@ -81,12 +91,14 @@ The same LP, stretch by stretch, with the capacities a policy can actually fill
 
 The relief term and the precompute option are the loose bound's. What it leaves loose: the
 split ``m`` may change from one stretch to the next for free (a policy pays a reload when
-devices move to the strong model), and the precompute option still costs no live capacity
-(the oracle policy runs its jobs on the remote pools only).
+devices move to the strong model), each split interval's corner (under :data:`SPLIT_STEP` of a
+device on either lever), and the precompute option still costs no live capacity (the oracle
+policy runs its jobs on the remote pools only).
 
 *The oracle policy* (:meth:`Oracle.plan` with the run) assigns the pools itself every step: CPU
-and base-model devices to RMA; on the shared pools the strong model gets the largest ``m`` the
-best option wants now or within the next load time, so the devices are loaded when the plan
+and base-model devices to RMA; on the shared pools the strong model gets the ``m`` (0 or a
+point of the :data:`SPLIT_STEP` grid on ``[m_lo, L]``, exact budgets) the best option wants now
+or within the next load time, so the devices are loaded when the plan
 needs them; strong-only pools to the strong model. It then solves the LP on the quotas that
 assignment really holds (loaded devices only) scaled by the admission rule, at the busiest
 step's request rate, and the engine runs that plan through its real queues like any policy's.
@@ -124,6 +136,7 @@ on a coarser grid (:data:`RHO_GRID`).
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -138,7 +151,7 @@ from headroom.sim.context import Plan, SimContext, baseline_plan, build_mix
 from headroom.sim.latency import StageState, Strata, in_time_probability, wait_params_array
 from headroom.sim.precompute_sim import precompute_capable, precompute_static, returning_share
 
-__all__ = ["GRID_RATIO", "Oracle", "OracleBound", "oracle_for"]
+__all__ = ["GRID_RATIO", "SPLIT_STEP", "Oracle", "OracleBound", "oracle_for"]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -154,6 +167,10 @@ RMA_LEVELS = 8
 # (about 10 % apart). On precompute-remote this costs 0.02 % of the bound and saves 5/6 of the
 # solves (235 instead of 1,593).
 RHO_GRID = 10
+# The strong model's share of the shared pools (devices above its first whole one) in steps of
+# this many devices: the bound's options cover every split between two steps (module docstring,
+# *at least one whole device*), the oracle policy picks among the steps themselves.
+SPLIT_STEP = 0.125
 _PRE_KEY_STEPS = 20
 _ZERO_KEY = -(10**9)
 
@@ -241,19 +258,46 @@ class FeasibleRules:
         return np.array([c, ra, sa, ra + sa], dtype=np.float64)
 
     def options_at(self, r: int, t: float) -> FloatArray:
-        """The capacity options at ``t`` (options, 4): one per whole number of loaded devices
-        the strong model takes on the pools both models may use (the rest serve RMA)."""
-        return self.split_options(r, t)[1]
+        """The bound's capacity options at ``t`` (options, 4): no strong model on the pools both
+        models may use, then one per interval of the strong model's share of them (module
+        docstring, *at least one whole device*: each interval's optimistic corner, so every
+        split the engine allows fits one option)."""
+        pools = self._pools_at(r, t)
+        if pools is None:
+            return np.zeros((1, 4))
+        cpu, base_only, shared, strong_only, grid = pools
+        rows = [self.caps_for(r, cpu, base_only + shared, strong_only)]
+        if len(grid) == 1:
+            rows.append(self.caps_for(r, cpu, base_only + shared - grid[0], strong_only + grid[0]))
+        for lo, hi in itertools.pairwise(grid):
+            rows.append(self.caps_for(r, cpu, base_only + shared - lo, strong_only + hi))
+        return np.stack(rows)
 
     def split_options(self, r: int, t: float) -> tuple[list[float], FloatArray]:
-        """:meth:`options_at` with the devices of the shared pools each option gives the strong
-        model."""
+        """Exact capacity options at ``t`` and the devices of the shared pools each gives the
+        strong model: none, or a point of the :data:`SPLIT_STEP` grid on ``[m_lo, L]`` (what
+        the oracle policy may hold; :meth:`options_at` covers the splits between them)."""
+        pools = self._pools_at(r, t)
+        if pools is None:
+            return [0.0], np.zeros((1, 4))
+        cpu, base_only, shared, strong_only, grid = pools
+        ms = [0.0, *grid]
+        return ms, np.stack(
+            [self.caps_for(r, cpu, base_only + shared - m, strong_only + m) for m in ms]
+        )
+
+    def _pools_at(self, r: int, t: float) -> tuple[float, float, float, float, list[float]] | None:
+        """``(cpu, base-only devices, shared devices, loaded strong-only devices, grid)`` at
+        ``t``, with ``grid`` the strong model's possible shares of the loaded shared devices
+        above 0 (``m_lo``, the :data:`SPLIT_STEP` points after it, ``L``); None while targets
+        are expired."""
         ctx = self.ctx
         st = ctx.regions[r]
         rt = ctx.traces.regions[r]
         if self.is_expired(r, t):
-            return [0.0], np.zeros((1, 4))
+            return None
         cpu = base_only = shared = shared_loaded = strong_only = 0.0
+        smallest = math.inf  # the smallest loaded shared pool (a replica may hold all of it)
         for i, p in enumerate(rt.pools):
             key = p.key
             if key.remote:
@@ -266,16 +310,20 @@ class FeasibleRules:
             if st.base_ok[i] and st.strong_ok[i]:
                 shared += level
                 shared_loaded += loaded
+                if loaded > 1e-9:
+                    smallest = min(smallest, loaded)
             elif st.base_ok[i]:
                 base_only += level
             elif st.strong_ok[i]:
                 strong_only += loaded
-        ms = [0.0] + [float(m) for m in range(1, math.floor(shared_loaded + 1e-9) + 1)]
-        if 0.0 < shared_loaded < 1.0:
-            ms.append(shared_loaded)  # a pool of less than one device: all of it or none
-        return ms, np.stack(
-            [self.caps_for(r, cpu, base_only + shared - m, strong_only + m) for m in ms]
-        )
+        grid: list[float] = []
+        if shared_loaded > 1e-9:
+            lo = min(1.0, smallest)
+            n = math.floor((shared_loaded - lo) / SPLIT_STEP + 1e-9)
+            grid = [lo + k * SPLIT_STEP for k in range(n + 1)]
+            if shared_loaded - grid[-1] > 1e-9:
+                grid.append(shared_loaded)
+        return cpu, base_only, shared, strong_only, grid
 
     def shared_split(self, r: int, t: float, lam: float, oracle: Oracle) -> float:
         """Devices of the shared pools the best option at ``t`` gives the strong model, for
