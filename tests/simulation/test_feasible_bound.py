@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from headroom.defences.admission import admitted_share
-from headroom.sim.oracle import SPLIT_STEP, Oracle
+from headroom.sim.oracle import BOUND_STEP, PRICE_STEP, SPLIT_STEP, Oracle
 from headroom.sim.run import build_context, run_simulation
 from tests.simulation.test_sim_runs import curves_of, short
 
@@ -65,21 +65,22 @@ def test_strong_devices_are_whole_and_loaded(oracle: Oracle) -> None:
 
 
 def test_the_bound_covers_every_split_the_engine_allows(oracle: Oracle) -> None:
-    # the bound's options: none for the strong model, then per grid interval [m_i, m_i+1] its
-    # optimistic corner (RMA's devices at m_i, the strong model's at m_i+1)
+    # the bound's options: none for the strong model, then per BOUND_STEP interval [m_i, m_i+1]
+    # its optimistic corner (RMA's devices at m_i, the strong model's at m_i+1)
     rules = oracle.rules
-    ms, exact = rules.split_options(0, 600.0)
-    bound = rules.options_at(0, 600.0)
-    assert bound.shape[0] == len(ms) - 1  # the point 0, then one option per interval
-    np.testing.assert_allclose(bound[0], exact[0])
-    for i in range(1, len(ms) - 1):
-        assert bound[i, 1] == pytest.approx(exact[i, 1])
-        assert bound[i, 2] == pytest.approx(exact[i + 1, 2])
-    # any split the engine allows (one whole device or more, slices above it) fits an option:
+    price, corners = rules.bound_options(0, 600.0)
+    assert price.shape[0] == 1 + round(1.0 / PRICE_STEP) + 1  # 0, then 1 .. 2
+    assert corners.shape[0] == round(1.0 / BOUND_STEP)
+    np.testing.assert_allclose(rules.options_at(0, 600.0)[0], price[0])
+    for i in range(corners.shape[0]):
+        lo, hi = 1.0 + i * BOUND_STEP, 1.0 + (i + 1) * BOUND_STEP
+        assert corners[i, 1] == pytest.approx(rules.caps_for(0, 0.0, 2.0 - lo, lo)[1])
+        assert corners[i, 2] == pytest.approx(rules.caps_for(0, 0.0, 2.0 - hi, hi)[2])
+    # any split the engine allows (one whole device or more, slices above it) fits a corner:
     # a policy holding 1.8 of the 2 devices for the strong model passed the whole-device bound
     for m in np.linspace(1.0, 2.0, 37).tolist():
         caps = rules.caps_for(0, 0.0, 2.0 - m, m)  # (the CPU column is not compared)
-        assert any(np.all(bound[o, 1:3] >= caps[1:3] - 1e-9) for o in range(bound.shape[0])), m
+        assert any(np.all(c[1:3] >= caps[1:3] - 1e-9) for c in corners), m
 
 
 def test_the_oracle_policy_attains_the_feasible_bound_within_the_slo(tmp_path: Path) -> None:
