@@ -195,6 +195,8 @@ BOUND_STEP = 1.0 / 32.0
 _CORNER_BLOCK = 512  # stretches per block of the corners' duals (memory: block × S × P)
 _PRE_KEY_STEPS = 20
 _ZERO_KEY = -(10**9)
+# the oracle policy compares its strong-model splits on a grid this many points apart (2.5 %)
+_CHOICE_KEY_STEPS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -389,7 +391,7 @@ class FeasibleRules:
         cands: set[float] = set()
         for t, rate in samples:
             ms, opts = self.split_options(r, t)
-            vals = [oracle.solution(oracle.budgets(opts[o], rate)).value for o in range(len(ms))]
+            vals = [oracle.choice_value(oracle.budgets(opts[o], rate)) for o in range(len(ms))]
             tables.append((ms, vals))
             cands.update(ms)
         best, best_v = 0.0, -1.0
@@ -644,6 +646,16 @@ class Oracle:
     def solution(self, b: FloatArray) -> _Solution:
         """The LP's solution at the budgets ``b`` rounded down onto the grid."""
         return self._solve(self._key(b))
+
+    def choice_value(self, b: FloatArray) -> float:
+        """The LP's value at the budgets ``b`` rounded down onto every
+        :data:`_CHOICE_KEY_STEPS`-th grid point: cheap (few distinct LPs), for comparing the
+        oracle policy's splits only; its plan is solved at the fine grid."""
+        key = tuple(
+            k if k == _ZERO_KEY else k // _CHOICE_KEY_STEPS * _CHOICE_KEY_STEPS
+            for k in self._key(b)
+        )
+        return self._solve(key).value
 
     def _plan_of(self, key: tuple[int, ...]) -> Plan:
         plan = self._plans.get(key)
