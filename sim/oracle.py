@@ -68,10 +68,24 @@ The same LP, stretch by stretch, with the capacities a policy can actually fill
   strong request's accelerator time and the coverage controller's budget
   (``coverage.wait_budget_share × setpoint``; a replica on less than one device is one slower
   server). No safety-margin ceiling: that is a policy's choice, not the engine's rule.
-* **whole devices, loaded.** On the pools both models may use, the strong model takes a whole
-  number ``m`` of the devices loaded there (present for the whole ``load_s`` before), the rest
-  serve RMA; each stretch takes the best ``m`` (its own LP per option; the bound is the max of
-  their duals). Pools only the strong model may use give it their loaded units.
+* **at least one whole device, loaded.** On the pools both models may use, the strong model
+  takes ``m`` of the devices loaded there (present for the whole ``load_s`` before), the rest
+  serve RMA. The engine's rule (``RegionRun._set_assignment``) is the one a replica needs: at
+  least one whole device, and above that device equivalents (slices) of any size, so ``m`` is
+  0 or any amount in ``[m_lo, L]`` (``L`` the loaded shared devices, ``m_lo`` = 1, or less
+  where a shared pool holds less than one device). ``m`` takes a continuum of values, so the
+  bound covers ``[m_lo, L]`` with intervals :data:`BOUND_STEP` wide and gives each interval
+  ``[m_i, m_{i+1}]`` its *optimistic corner*: RMA the devices it has at ``m_i``, the strong model
+  those it has at ``m_{i+1}`` (each budget monotone in ``m``, so every split inside the interval
+  fits that option's budgets and the LP is monotone in its budgets); each stretch takes the
+  best option. LPs are solved only at ``m`` = 0 and the :data:`PRICE_STEP` grid; a corner's
+  bound is the smallest of its duals at those LPs' prices (weak duality: any prices give a
+  bound). The corners' slack shrinks with the steps: on quickstart seed 9 the bound is 37.4k
+  with whole-device corners, 34.5k with prices every 0.5 device, 32.3k every 0.25 (the oracle
+  policy reaches 31.1k through the real queues). Pools only the
+  strong model may use give it their loaded units. (Only whole numbers ``m``, as before, left
+  out the fractional splits the engine allows: a policy holding 1.8 of 2 shared devices for
+  the strong model passed the bound on quickstart seed 9, 1.007 of it.)
 * **the fail-safe.** While a control outage has left central targets expired — from the expiry
   (``ttl_s``) of the last targets issued before it to the first ones issued after it reaching
   clients (``propagation_s``) — no optional work: those stretches have no budget.
@@ -81,12 +95,14 @@ The same LP, stretch by stretch, with the capacities a policy can actually fill
 
 The relief term and the precompute option are the loose bound's. What it leaves loose: the
 split ``m`` may change from one stretch to the next for free (a policy pays a reload when
-devices move to the strong model), and the precompute option still costs no live capacity
-(the oracle policy runs its jobs on the remote pools only).
+devices move to the strong model), each split interval's corner (under :data:`SPLIT_STEP` of a
+device on either lever), and the precompute option still costs no live capacity (the oracle
+policy runs its jobs on the remote pools only).
 
 *The oracle policy* (:meth:`Oracle.plan` with the run) assigns the pools itself every step: CPU
-and base-model devices to RMA; on the shared pools the strong model gets the largest ``m`` the
-best option wants now or within the next load time, so the devices are loaded when the plan
+and base-model devices to RMA; on the shared pools the strong model gets the ``m`` (0 or a
+point of the :data:`SPLIT_STEP` grid on ``[m_lo, L]``, exact budgets) the best option wants now
+or within the next load time, so the devices are loaded when the plan
 needs them; strong-only pools to the strong model. It then solves the LP on the quotas that
 assignment really holds (loaded devices only) scaled by the admission rule, at the busiest
 step's request rate, and the engine runs that plan through its real queues like any policy's.
@@ -124,6 +140,7 @@ on a coarser grid (:data:`RHO_GRID`).
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -138,9 +155,19 @@ from headroom.sim.context import Plan, SimContext, baseline_plan, build_mix
 from headroom.sim.latency import StageState, Strata, in_time_probability, wait_params_array
 from headroom.sim.precompute_sim import precompute_capable, precompute_static, returning_share
 
-__all__ = ["GRID_RATIO", "Oracle", "OracleBound", "oracle_for"]
+__all__ = [
+    "BOUND_STEP",
+    "GRID_RATIO",
+    "PRICE_STEP",
+    "SPLIT_STEP",
+    "Oracle",
+    "OracleBound",
+    "oracle_for",
+]
 
 FloatArray = npt.NDArray[np.float64]
+# per breakpoint, the bound's corner options (n, S, 4): duals at the price options' prices
+Corners = FloatArray
 
 # Budgets are rounded down to powers of this ratio: 0.5 % apart, so the oracle policy gives up at
 # most ~0.5 % of a budget and the number of LPs per run stays in the hundreds.
@@ -154,8 +181,22 @@ RMA_LEVELS = 8
 # (about 10 % apart). On precompute-remote this costs 0.02 % of the bound and saves 5/6 of the
 # solves (235 instead of 1,593).
 RHO_GRID = 10
+# The strong model's share of the shared pools (devices above its first whole one) in steps of
+# this many devices: the bound's options cover every split between two steps (module docstring,
+# *at least one whole device*), the oracle policy picks among the steps themselves.
+SPLIT_STEP = 0.125
+# The bound's LPs (their prices) are solved at the strong model's shares PRICE_STEP apart; the
+# dual is then evaluated, with the prices of the two solved shares around it (the smaller of the
+# two duals: each is a bound), on every BOUND_STEP-wide interval's optimistic corner. Budgets
+# cost nothing to evaluate, LPs do: this keeps the LPs near the whole-device count and the
+# corners' slack small.
+PRICE_STEP = 0.25
+BOUND_STEP = 1.0 / 32.0
+_CORNER_BLOCK = 512  # stretches per block of the corners' duals (memory: block × S × P)
 _PRE_KEY_STEPS = 20
 _ZERO_KEY = -(10**9)
+# the oracle policy compares its strong-model splits on a grid this many points apart (2.5 %)
+_CHOICE_KEY_STEPS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,19 +282,61 @@ class FeasibleRules:
         return np.array([c, ra, sa, ra + sa], dtype=np.float64)
 
     def options_at(self, r: int, t: float) -> FloatArray:
-        """The capacity options at ``t`` (options, 4): one per whole number of loaded devices
-        the strong model takes on the pools both models may use (the rest serve RMA)."""
-        return self.split_options(r, t)[1]
+        """The bound's capacity options at ``t`` (options, 4): no strong model on the pools both
+        models may use, then one per :data:`BOUND_STEP` interval of the strong model's share of
+        them (module docstring, *at least one whole device*: each interval's optimistic corner,
+        so every split the engine allows fits one option)."""
+        price, corners = self.bound_options(r, t)
+        return np.vstack([price[:1], corners])
+
+    def bound_options(self, r: int, t: float) -> tuple[FloatArray, FloatArray]:
+        """The bound's options at ``t``: ``price`` (P, 4), the exact options at the strong
+        model's shares 0 and the :data:`PRICE_STEP` grid (their LPs give the prices), and
+        ``corners`` (S, 4), the optimistic corner of every :data:`BOUND_STEP` interval (its dual
+        is evaluated with those prices)."""
+        pools = self._pools_at(r, t, PRICE_STEP)
+        if pools is None:
+            return np.zeros((1, 4)), np.zeros((0, 4))
+        cpu, base_only, shared, strong_only, pgrid = pools
+        fine = self._pools_at(r, t, BOUND_STEP)
+        assert fine is not None
+        grid = fine[4]
+        price = np.stack(
+            [self.caps_for(r, cpu, base_only + shared - m, strong_only + m) for m in [0.0, *pgrid]]
+        )
+        spans = [(grid[0], grid[0])] if len(grid) == 1 else list(itertools.pairwise(grid))
+        corners = np.zeros((len(spans), 4))
+        for k, (lo, hi) in enumerate(spans):
+            corners[k] = self.caps_for(r, cpu, base_only + shared - lo, strong_only + hi)
+        return price, corners
 
     def split_options(self, r: int, t: float) -> tuple[list[float], FloatArray]:
-        """:meth:`options_at` with the devices of the shared pools each option gives the strong
-        model."""
+        """Exact capacity options at ``t`` and the devices of the shared pools each gives the
+        strong model: none, or a point of the :data:`SPLIT_STEP` grid on ``[m_lo, L]`` (what
+        the oracle policy may hold; :meth:`options_at` covers the splits between them)."""
+        pools = self._pools_at(r, t, SPLIT_STEP)
+        if pools is None:
+            return [0.0], np.zeros((1, 4))
+        cpu, base_only, shared, strong_only, grid = pools
+        ms = [0.0, *grid]
+        return ms, np.stack(
+            [self.caps_for(r, cpu, base_only + shared - m, strong_only + m) for m in ms]
+        )
+
+    def _pools_at(
+        self, r: int, t: float, step: float
+    ) -> tuple[float, float, float, float, list[float]] | None:
+        """``(cpu, base-only devices, shared devices, loaded strong-only devices, grid)`` at
+        ``t``, with ``grid`` the strong model's possible shares of the loaded shared devices
+        above 0 (``m_lo``, the points ``step`` apart after it, ``L``); None while targets are
+        expired."""
         ctx = self.ctx
         st = ctx.regions[r]
         rt = ctx.traces.regions[r]
         if self.is_expired(r, t):
-            return [0.0], np.zeros((1, 4))
+            return None
         cpu = base_only = shared = shared_loaded = strong_only = 0.0
+        smallest = math.inf  # the smallest loaded shared pool (a replica may hold all of it)
         for i, p in enumerate(rt.pools):
             key = p.key
             if key.remote:
@@ -266,16 +349,20 @@ class FeasibleRules:
             if st.base_ok[i] and st.strong_ok[i]:
                 shared += level
                 shared_loaded += loaded
+                if loaded > 1e-9:
+                    smallest = min(smallest, loaded)
             elif st.base_ok[i]:
                 base_only += level
             elif st.strong_ok[i]:
                 strong_only += loaded
-        ms = [0.0] + [float(m) for m in range(1, math.floor(shared_loaded + 1e-9) + 1)]
-        if 0.0 < shared_loaded < 1.0:
-            ms.append(shared_loaded)  # a pool of less than one device: all of it or none
-        return ms, np.stack(
-            [self.caps_for(r, cpu, base_only + shared - m, strong_only + m) for m in ms]
-        )
+        grid: list[float] = []
+        if shared_loaded > 1e-9:
+            lo = min(1.0, smallest)
+            n = math.floor((shared_loaded - lo) / step + 1e-9)
+            grid = [lo + k * step for k in range(n + 1)]
+            if shared_loaded - grid[-1] > 1e-9:
+                grid.append(shared_loaded)
+        return cpu, base_only, shared, strong_only, grid
 
     def shared_split(self, r: int, t: float, lam: float, oracle: Oracle) -> float:
         """Devices of the shared pools the best option at ``t`` gives the strong model, for
@@ -304,7 +391,7 @@ class FeasibleRules:
         cands: set[float] = set()
         for t, rate in samples:
             ms, opts = self.split_options(r, t)
-            vals = [oracle.solution(oracle.budgets(opts[o], rate)).value for o in range(len(ms))]
+            vals = [oracle.choice_value(oracle.budgets(opts[o], rate)) for o in range(len(ms))]
             tables.append((ms, vals))
             cands.update(ms)
         best, best_v = 0.0, -1.0
@@ -317,9 +404,10 @@ class FeasibleRules:
                 best, best_v = m, total
         return best
 
-    def series(self, r: int) -> tuple[FloatArray, FloatArray]:
-        """Breakpoints and the capacity options in force from each (n, options, 4; a
-        breakpoint with fewer options repeats its first, which never raises the max)."""
+    def series(self, r: int) -> tuple[FloatArray, FloatArray, Corners]:
+        """Breakpoints, the price options in force from each (n, P, 4) and the corners (n, S,
+        4) (:meth:`bound_options`; a breakpoint with fewer options repeats its first price
+        option, which never raises the max)."""
         ctx = self.ctx
         rt = ctx.traces.regions[r]
         pts = {0.0}
@@ -332,13 +420,17 @@ class FeasibleRules:
             if rr is None or rr == r:
                 pts.update((a, b))
         times = np.array(sorted(x for x in pts if 0.0 <= x < ctx.duration_s))
-        opts = [self.options_at(r, float(t)) for t in times.tolist()]
-        n_opt = max(o.shape[0] for o in opts)
+        opts = [self.bound_options(r, float(t)) for t in times.tolist()]
+        n_opt = max(o[0].shape[0] for o in opts)
+        n_sub = max(o[1].shape[0] for o in opts)
         caps = np.zeros((times.size, n_opt, 4))
-        for j, o in enumerate(opts):
-            caps[j, : o.shape[0]] = o
-            caps[j, o.shape[0] :] = o[0]
-        return times, caps
+        corners = np.zeros((times.size, n_sub, 4))
+        for j, (price, cor) in enumerate(opts):
+            caps[j, : price.shape[0]] = price
+            caps[j, price.shape[0] :] = price[0]
+            corners[j, : cor.shape[0]] = cor
+            corners[j, cor.shape[0] :] = price[0]
+        return times, caps, corners
 
 
 class Oracle:
@@ -555,6 +647,16 @@ class Oracle:
         """The LP's solution at the budgets ``b`` rounded down onto the grid."""
         return self._solve(self._key(b))
 
+    def choice_value(self, b: FloatArray) -> float:
+        """The LP's value at the budgets ``b`` rounded down onto every
+        :data:`_CHOICE_KEY_STEPS`-th grid point: cheap (few distinct LPs), for comparing the
+        oracle policy's splits only; its plan is solved at the fine grid."""
+        key = tuple(
+            k if k == _ZERO_KEY else k // _CHOICE_KEY_STEPS * _CHOICE_KEY_STEPS
+            for k in self._key(b)
+        )
+        return self._solve(key).value
+
     def _plan_of(self, key: tuple[int, ...]) -> Plan:
         plan = self._plans.get(key)
         if plan is None:
@@ -637,6 +739,7 @@ class Oracle:
         extra_edges: FloatArray | None = None,
         by_rate: bool = False,
         coarse: bool = False,
+        corners: Corners | None = None,
     ) -> tuple[FloatArray, FloatArray, FloatArray]:
         """Per stretch of region ``r`` (the steps cut at every capacity breakpoint ``times``,
         the window edges with precompute and ``extra_edges``) and per capacity option (``caps``:
@@ -646,7 +749,10 @@ class Oracle:
         budgets divide the capacity by the step's request *rate* (what the engine's queues are
         loaded with), while the value still counts its arrivals. ``coarse``: prices from every
         :data:`_PRE_KEY_STEPS`-th grid point (the dual at the real budgets stays a valid bound,
-        a little looser; far fewer LPs to solve)."""
+        a little looser; far fewer LPs to solve). ``corners`` (:meth:`FeasibleRules.series`):
+        more options, each evaluated at the prices of every option of ``caps`` in its stretch
+        (the smallest of those duals; no LP of their own); they follow ``caps``'s options in
+        the result."""
         ctx = self.ctx
         tr = ctx.traces
         rho_w = returning_share(ctx, r) if precompute_capable(ctx, r) else None
@@ -670,6 +776,8 @@ class Oracle:
         n_opt = caps.shape[1]
         duals = np.zeros((dt.size, n_opt))
         shares = np.zeros((dt.size, n_opt, 3))
+        prices = np.zeros((dt.size, n_opt, 4))  # each stretch's prices y and h per option
+        h_of = np.zeros((dt.size, n_opt))
         rho = None
         if rho_w is not None:
             win = np.minimum((mid // ctx.window_s).astype(np.int64), rho_w.shape[0] - 1)
@@ -716,14 +824,36 @@ class Oracle:
                 # dual bound at the real budgets (and returning shares): Σ N (y·b + h)
                 if rho is None:
                     sol = self._solve(key)
-                    duals[ii, o] = nr * (bud[ii] @ sol.y + sol.h)
+                    h_of[ii, o] = sol.h
                 else:
                     sol = self._solve(key, tuple(int(k) for k in uniq[g, 4:]))
-                    duals[ii, o] = nr * (bud[ii] @ sol.y + self._h_pre(sol.y, rho[ii]))
+                    h_of[ii, o] = self._h_pre(sol.y, rho[ii])
+                prices[ii, o] = sol.y
+                duals[ii, o] = nr * (bud[ii] @ sol.y + h_of[ii, o])
                 if sol.value > 0:
                     shares[ii, o] = (
                         np.array([sol.value_rma, sol.value_sbm, sol.value_pre]) / sol.value
                     )
+        if corners is not None and corners.shape[1]:
+            # one more column: the best corner of each stretch, its dual the smallest over every
+            # option's prices (each is a bound), in blocks of stretches
+            best = np.zeros(dt.size)
+            best_sh = np.zeros((dt.size, 3))
+            live = (n_req > 0) & (n_load > 0)
+            scale = np.where(live, 1000.0 * dt / np.where(live, n_load, 1.0), 0.0)
+            segs = np.maximum(seg, 0)
+            for i0 in range(0, dt.size, _CORNER_BLOCK):
+                sl = slice(i0, min(i0 + _CORNER_BLOCK, dt.size))
+                bud = corners[segs[sl]] * scale[sl, None, None]  # (n, S, 4)
+                d = np.einsum("nsj,npj->nsp", bud, prices[sl]) + h_of[sl, None, :]
+                pick = np.argmin(d, axis=2)  # (n, S)
+                dmin = np.take_along_axis(d, pick[:, :, None], axis=2)[:, :, 0]
+                k = np.argmax(dmin, axis=1)
+                rows = np.arange(k.size)
+                best[sl] = n_req[sl] * dmin[rows, k]
+                best_sh[sl] = shares[sl][rows, pick[rows, k]]
+            duals = np.hstack([duals, best[:, None]])
+            shares = np.concatenate([shares, best_sh[:, None, :]], axis=1)
         return duals, shares, n_req
 
     def bound(self) -> OracleBound:
@@ -731,12 +861,14 @@ class Oracle:
         ``oracle_incremental``."""
         if self._bound is not None:
             return self._bound
-        self._bound = self._total([(times, caps[:, None, :], None) for times, caps in self._caps])
+        self._bound = self._total(
+            [(times, caps[:, None, :], None, None) for times, caps in self._caps]
+        )
         return self._bound
 
     def _total(
         self,
-        series: list[tuple[FloatArray, FloatArray, FloatArray | None]],
+        series: list[tuple[FloatArray, FloatArray, FloatArray | None, Corners | None]],
         by_rate: bool = False,
         coarse: bool = False,
     ) -> OracleBound:
@@ -745,8 +877,8 @@ class Oracle:
         totals = np.zeros(3)
         relief_total = 0.0
         per_region = []
-        for r, (times, caps, extra) in enumerate(series):
-            duals, shares, _ = self._stretch_duals(r, times, caps, extra, by_rate, coarse)
+        for r, (times, caps, extra, corners) in enumerate(series):
+            duals, shares, _ = self._stretch_duals(r, times, caps, extra, by_rate, coarse, corners)
             best = np.argmax(duals, axis=1) if duals.size else np.zeros(0, dtype=np.int64)
             rows = np.arange(duals.shape[0])
             d = duals[rows, best]
@@ -771,8 +903,10 @@ class Oracle:
         if self._feasible is None:
             self._feasible = self._total(
                 [
-                    (*self.rules.series(r), self.rules.expired_edges())
-                    for r in range(len(self.ctx.regions))
+                    (times, caps, self.rules.expired_edges(), corners)
+                    for times, caps, corners in (
+                        self.rules.series(r) for r in range(len(self.ctx.regions))
+                    )
                 ],
                 by_rate=True,
                 coarse=True,

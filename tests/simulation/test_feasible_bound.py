@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from headroom.defences.admission import admitted_share
-from headroom.sim.oracle import Oracle
+from headroom.sim.oracle import BOUND_STEP, PRICE_STEP, SPLIT_STEP, Oracle
 from headroom.sim.run import build_context, run_simulation
 from tests.simulation.test_sim_runs import curves_of, short
 
@@ -42,15 +42,17 @@ def test_no_optional_work_while_targets_are_expired(oracle: Oracle) -> None:
 
 def test_strong_devices_are_whole_and_loaded(oracle: Oracle) -> None:
     rules = oracle.rules
+    grid = [1.0 + k * SPLIT_STEP for k in range(round(1.0 / SPLIT_STEP) + 1)]  # 1 .. 2
     # gpu-b (2 devices, both models) is present from 0: nothing loaded before load_s (120 s)
     ms, _ = rules.split_options(0, 60.0)
     assert ms == [0.0]
     ms, opts = rules.split_options(0, 600.0)
-    assert ms == [0.0, 1.0, 2.0]
+    # a replica needs one whole device; above it, slices (the engine's rule)
+    assert ms == pytest.approx([0.0, *grid])
     # preempted at 1800, granted back at 2000: loaded again only from 2120
     assert rules.split_options(0, 1900.0)[0] == [0.0]
     assert rules.split_options(0, 2100.0)[0] == [0.0]
-    assert rules.split_options(0, 2130.0)[0] == [0.0, 1.0, 2.0]
+    assert rules.split_options(0, 2130.0)[0] == pytest.approx([0.0, *grid])
     # each option is the admission rule's share of its units: the strong stage of m devices
     s_units = opts[:, 2]
     strong_ms = oracle.ctx.n0 * oracle.ctx.costs.strong_accelerator_ms
@@ -60,6 +62,25 @@ def test_strong_devices_are_whole_and_loaded(oracle: Oracle) -> None:
         assert s < m or m == 0  # never 100 % busy
     # and RMA's devices shrink as the strong model takes them
     assert np.all(np.diff(opts[:, 1]) < 0)
+
+
+def test_the_bound_covers_every_split_the_engine_allows(oracle: Oracle) -> None:
+    # the bound's options: none for the strong model, then per BOUND_STEP interval [m_i, m_i+1]
+    # its optimistic corner (RMA's devices at m_i, the strong model's at m_i+1)
+    rules = oracle.rules
+    price, corners = rules.bound_options(0, 600.0)
+    assert price.shape[0] == 1 + round(1.0 / PRICE_STEP) + 1  # 0, then 1 .. 2
+    assert corners.shape[0] == round(1.0 / BOUND_STEP)
+    np.testing.assert_allclose(rules.options_at(0, 600.0)[0], price[0])
+    for i in range(corners.shape[0]):
+        lo, hi = 1.0 + i * BOUND_STEP, 1.0 + (i + 1) * BOUND_STEP
+        assert corners[i, 1] == pytest.approx(rules.caps_for(0, 0.0, 2.0 - lo, lo)[1])
+        assert corners[i, 2] == pytest.approx(rules.caps_for(0, 0.0, 2.0 - hi, hi)[2])
+    # any split the engine allows (one whole device or more, slices above it) fits a corner:
+    # a policy holding 1.8 of the 2 devices for the strong model passed the whole-device bound
+    for m in np.linspace(1.0, 2.0, 37).tolist():
+        caps = rules.caps_for(0, 0.0, 2.0 - m, m)  # (the CPU column is not compared)
+        assert any(np.all(c[1:3] >= caps[1:3] - 1e-9) for c in corners), m
 
 
 def test_the_oracle_policy_attains_the_feasible_bound_within_the_slo(tmp_path: Path) -> None:
