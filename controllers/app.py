@@ -674,7 +674,8 @@ async def _read_again(ctl: Controller, table: Any, tp: Any, low: int, until: int
                     msg = messages.decode("value", record.value)
                 except ValidationError:  # dead-lettered when it was first read
                     msg = None
-                if isinstance(msg, messages.ValueSignal):
+                # one without a producer id cannot be told from its first reading: skipped
+                if isinstance(msg, messages.ValueSignal) and msg.producer and msg.seq is not None:
                     done += _take_value(ctl, msg, table, partition, record.offset, quiet=True)
                 marks.processed(partition, record.offset)
     log.warning(
