@@ -311,6 +311,15 @@ def test_value_signals_carry_producer_and_sequence_only_when_set() -> None:
         messages.decode("value", messages.encode(tagged).replace(b'"seq":7', b'"seq":-1'))
 
 
+def _signal(seq: int | None, producer: str | None) -> messages.ValueSignal:
+    """A value signal of one request of region us-east, numbered ``seq`` by ``producer``."""
+    return messages.ValueSignal(
+        ts=1.0, region="us-east", segment="casual", lever="rma", arm="treatment", n=1,
+        value_sum=1.0, value_sq_sum=1.0, window_s=1.0,
+        cost=messages.Cost(cpu_ms=0.0, accelerator_ms=0.0), producer=producer, seq=seq,
+    )  # fmt: skip
+
+
 def test_the_controller_counts_each_signal_once_across_a_restart() -> None:
     from headroom.controllers.app import Controller, ControllerSettings
     from headroom.controllers.config import ControlConfig
@@ -321,11 +330,7 @@ def test_the_controller_counts_each_signal_once_across_a_restart() -> None:
     ctl = Controller(settings, ControlConfig.from_scenario(sc))
 
     def sig(seq: int | None, producer: str | None = "p.1.a") -> messages.ValueSignal:
-        return messages.ValueSignal(
-            ts=1.0, region="us-east", segment="casual", lever="rma", arm="treatment", n=1,
-            value_sum=1.0, value_sq_sum=1.0, window_s=1.0,
-            cost=messages.Cost(cpu_ms=0.0, accelerator_ms=0.0), producer=producer, seq=seq,
-        )  # fmt: skip
+        return _signal(seq, producer)
 
     assert [ctl.count_value(sig(s), None) for s in (0, 1, 1, 2, 0)] == [
         True, True, False, True, False,
@@ -368,11 +373,7 @@ def test_a_released_value_book_resumes_from_the_newer_of_itself_and_the_table() 
                      ControlConfig.from_scenario(sc))  # fmt: skip
 
     def sig(seq: int) -> messages.ValueSignal:
-        return messages.ValueSignal(
-            ts=1.0, region="us-east", segment="casual", lever="rma", arm="treatment", n=1,
-            value_sum=1.0, value_sq_sum=1.0, window_s=1.0,
-            cost=messages.Cost(cpu_ms=0.0, accelerator_ms=0.0), producer="p.3.c", seq=seq,
-        )  # fmt: skip
+        return _signal(seq, "p.3.c")
 
     for seq in range(4):
         ctl.count_value(sig(seq), None)
@@ -645,11 +646,7 @@ def test_signals_folded_after_the_last_snapshot_are_folded_again_by_the_successo
     part = region_partition("us-east", settings.partitions)
 
     def sig(seq: int) -> messages.ValueSignal:
-        return messages.ValueSignal(
-            ts=1.0, region="us-east", segment="casual", lever="rma", arm="treatment", n=1,
-            value_sum=1.0, value_sq_sum=1.0, window_s=1.0,
-            cost=messages.Cost(cpu_ms=0.0, accelerator_ms=0.0), producer="p.4.d", seq=seq,
-        )  # fmt: skip
+        return _signal(seq, "p.4.d")
 
     folded: list[int] = []
     table: dict[str, bytes] = {}
