@@ -787,8 +787,14 @@ class ServerShedder:
         priced = cost > 0.0
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             vpc = np.where(priced, value / np.where(priced, cost, 1.0), _INF)
-        self._dem_cpu += float(cpu[optional].sum())
-        self._dem_acc += float(acc[optional].sum())
+        # the demand estimate is a time-decayed sum: a batch that stands for the arrivals of a
+        # span enters it as those arrivals would have, spread over the span and decayed to
+        # ``now``, not as if all had arrived at ``now`` (which overstated a steady rate by
+        # 1 / (1 − e^(−span/window)): 1.58× for a 1 s span and a 1 s window, so τ shed a third
+        # of the offered work on a level that could hold all of it)
+        spread = self._spread(span_s)
+        self._dem_cpu += float(cpu[optional].sum()) * spread
+        self._dem_acc += float(acc[optional].sum()) * spread
         self._since_refresh += n_opt
         theta = self._current_threshold()  # from the requests before this batch
         priced &= optional
@@ -832,6 +838,16 @@ class ServerShedder:
             self._ep_strong += lost_s
             self._last_drop = now
         return BatchVerdict(codes, np.where(has_extra, n, 0), keep_strong)
+
+    def _spread(self, span_s: float) -> float:
+        """The weight in the decayed demand sum of work offered evenly over the last
+        ``span_s`` seconds: ``(w/s)·(1 − e^(−s/w))`` for the demand window ``w`` (1 for a
+        single arrival, ``span_s`` 0)."""
+        span_ms = span_s * 1000.0
+        if not span_ms > 0.0:
+            return 1.0
+        x = span_ms / self._window
+        return -math.expm1(-x) / x
 
     def _refill(self, now: float, span_s: float) -> None:
         """Bring the buckets to ``now``; a batch that stands for ``(now − span_s, now]`` also
