@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from headroom.defences.replicas import DEDICATED_REPLICAS
 from headroom.kernel.checks import FieldChecker
 from headroom.kernel.errors import ConfigError
 from headroom.sim.latency import LatencyConfig
@@ -53,6 +54,11 @@ class SimConfig:
     # same limit (Netflix/Envoy limits are per server); the limit sees this many samples a step.
     cores_per_server: float = 8.0
     peer_samples_per_step: int = 16
+    # Mixed (RMA) replicas per region, each with an even share of the opportunistic levels: an
+    # RMA request's extras run on its threads within its replica's quota, and what would not
+    # finish within the optional budget there is trimmed (headroom.defences.replicas, the rule
+    # `headroom up` starts its replicas by: 2, its --dedicated-replicas default).
+    mixed_replicas: int = DEDICATED_REPLICAS
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -82,6 +88,7 @@ class SimConfig:
         c.positive("server_turns_per_request", self.server_turns_per_request)
         c.positive("cores_per_server", self.cores_per_server)
         c.integer("peer_samples_per_step", self.peer_samples_per_step, 1)
+        c.integer("mixed_replicas", self.mixed_replicas, 1)
         return c.problems
 
     def with_overrides(self, **overrides: Any) -> SimConfig:

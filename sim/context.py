@@ -17,6 +17,7 @@ import numpy.typing as npt
 
 from headroom.controllers.levers import CostModel
 from headroom.defences.plan import PlanRule
+from headroom.defences.replicas import MixedReplicas
 from headroom.defences.shedding import optional_budget_ms
 from headroom.kernel import seeds
 from headroom.kernel.scenario import Scenario
@@ -98,6 +99,9 @@ class SimContext:
         # how long a request's extras may wait for capacity before they are dropped (the rule
         # of both engines, headroom.defences.shedding.optional_budget_ms)
         self.optional_budget_ms = optional_budget_ms(float(scenario.slo.p99_ms))
+        # a region's mixed replicas (the rule `headroom up` starts them by): what one request's
+        # extras run on
+        self.replicas = MixedReplicas(cfg.mixed_replicas)
         self.segment_names = tuple(s.name for s in scenario.segments)
         seg = self.pop.seg
         self.q_base = np.asarray(curves.mean_quality(seg, 0, self.n0), dtype=np.float64)
@@ -190,8 +194,9 @@ class Plan:
     that were not there. The rest of the treatment arm, and the whole control arm, take the
     base path. ``hit`` (None: no precompute hit) is the share of the treatment requests served
     from the precompute store, left out of every lever's share already
-    (:meth:`headroom.defences.plan.CellPlan.live`): they stay in the base path's load and
-    latency, but count in no live group and their value is the precompute lever's
+    (:meth:`headroom.defences.plan.CellPlan.live`): they make no server call, so they load no
+    stage (:func:`build_mix`), but they stay base-path requests of the window's latency sample;
+    they count in no live group and their value is the precompute lever's
     (sim/precompute_sim.py).
     """
 
@@ -251,6 +256,10 @@ class Mix:
     hit_value: FloatArray
     # holdout arms and value-signal groups: parts of (class, cell) with their quality
     arm_parts: dict[str, ArmParts]
+    # the CPU and accelerator units an RMA request's extras ran on (None: its threads and a
+    # whole device, untrimmed) and the extras each RMA class ran after trimming
+    extras_units: tuple[float, float] | None = None
+    run_levels: tuple[int, ...] = ()
 
 
 def baseline_plan(ctx: SimContext) -> Plan:
@@ -259,7 +268,31 @@ def baseline_plan(ctx: SimContext) -> Plan:
     return Plan((), np.zeros((0, c)), z, z, z)
 
 
-def build_mix(ctx: SimContext, plan: Plan) -> Mix:
+def run_levels(
+    ctx: SimContext, levels: tuple[int, ...], units: tuple[float, float] | None
+) -> tuple[int, ...]:
+    """The extras each RMA level runs on a mixed replica whose quota leaves ``units`` (CPU,
+    accelerator) to one request's extras: those that finish within the optional budget after
+    the request's baseline parts, the streaming server's trimming rule
+    (:meth:`headroom.defences.replicas.MixedReplicas.extras_that_fit`; None: all of them)."""
+    if units is None or not levels:
+        return levels
+    costs = ctx.costs
+    par = ctx.config.latency.cpu_parallelism
+    base_ms = ctx.n0 * (costs.base_cpu_ms / par + costs.base_accelerator_ms)
+    left = ctx.optional_budget_ms - base_ms
+    rule = ctx.replicas
+    return tuple(
+        rule.extras_that_fit(e, left, costs.base_cpu_ms, costs.base_accelerator_ms, units)
+        for e in levels
+    )
+
+
+def build_mix(ctx: SimContext, plan: Plan, extras: tuple[float, float] | None = None) -> Mix:
+    """The request mix of ``plan``. ``extras``: the CPU and accelerator units an RMA request's
+    extras run on (:meth:`headroom.defences.replicas.MixedReplicas.extras_units`; they are
+    trimmed to the optional budget at those units, :func:`run_levels`); None: at the request's
+    threads and a whole device, untrimmed."""
     pop = ctx.pop
     cfg = ctx.config
     costs = ctx.costs
@@ -277,12 +310,28 @@ def build_mix(ctx: SimContext, plan: Plan) -> Mix:
     cell_frac_all = np.vstack([base_cells, t * cell_frac])  # (K, C), share of a cell's arrivals
     frac = cell_frac_all @ sh
     k = frac.size
-    ncls = np.array([n0] + [n0 + e for e in plan.levels] + [n0, n0, n0], dtype=np.float64)
+    # the extras each RMA class runs (trimmed to the optional budget on its replica's quota)
+    ran = run_levels(ctx, plan.levels, extras)
+    ncls = np.array([n0] + [n0 + e for e in ran] + [n0, n0, n0], dtype=np.float64)
     cpu_work = ncls * costs.base_cpu_ms
     cpu_work[1 + n_levels] += n0 * costs.strong_cpu_ms
     acc_work = ncls * costs.base_accelerator_ms
     acc_work[1 + n_levels] = n0 * costs.strong_accelerator_ms
     service = cpu_work / par + acc_work
+    path = np.array([PATH_BASE] + [PATH_RMA] * n_levels + [PATH_SBM, PATH_BASE, PATH_BASE])
+    if extras is not None and n_levels:
+        # an RMA request's extras run on what its replica's quota leaves them (at most its
+        # threads, one device), not on its threads: a quota enforced at every instant
+        n_x = np.array(ran, dtype=np.float64)
+        u_c, u_a = extras
+        with np.errstate(divide="ignore", invalid="ignore"):
+            x_cpu = np.where(n_x > 0, n_x * costs.base_cpu_ms / u_c, 0.0)
+            x_acc = np.where(n_x > 0, n_x * costs.base_accelerator_ms / u_a, 0.0)
+        service[1 : 1 + n_levels] = n0 * (costs.base_cpu_ms / par + costs.base_accelerator_ms) + (
+            np.nan_to_num(x_cpu) + np.nan_to_num(x_acc)
+        )
+        # a class whose extras were all trimmed is served the baseline (the server's rule)
+        path[1 : 1 + n_levels] = np.where(n_x > 0, PATH_RMA, PATH_BASE)
     # a strong request weighs its accelerator work in base-model candidates
     units = ncls / 100.0
     if costs.base_accelerator_ms > 0:
@@ -290,15 +339,18 @@ def build_mix(ctx: SimContext, plan: Plan) -> Mix:
     penalty = np.zeros(k)
     penalty[2 + n_levels] = cfg.downgrade_ms
     penalty[3 + n_levels] = cfg.failover_ms
-    path = np.array([PATH_BASE] + [PATH_RMA] * n_levels + [PATH_SBM, PATH_BASE, PATH_BASE])
     strong_stage = np.zeros(k, dtype=np.bool_)
     strong_stage[1 + n_levels] = True
     f_rma = frac[1 : 1 + n_levels]
     f_sbm = float(frac[1 + n_levels])
-    levels = np.array(plan.levels, dtype=np.float64)
-    base_cpu = n0 * costs.base_cpu_ms
+    levels = np.array(ran, dtype=np.float64)
+    # the hits are base-class requests that run nothing of the plan live (Plan.hit) and make no
+    # server call at all (the stack serves them from the store): they load no stage
+    hit = np.zeros(pop.n_cells) if plan.hit is None else np.clip(plan.hit, 0.0, treat_base)
+    f_hit = float((t * hit) @ sh)
+    base_cpu = (1.0 - f_hit) * n0 * costs.base_cpu_ms
     opt_cpu = float((f_rma * levels).sum()) * costs.base_cpu_ms + f_sbm * n0 * costs.strong_cpu_ms
-    base_acc = (1.0 - f_sbm) * n0 * costs.base_accelerator_ms
+    base_acc = max(1.0 - f_sbm - f_hit, 0.0) * n0 * costs.base_accelerator_ms
     opt_acc = float((f_rma * levels).sum()) * costs.base_accelerator_ms
     strong_acc = f_sbm * n0 * costs.strong_accelerator_ms
 
@@ -310,15 +362,17 @@ def build_mix(ctx: SimContext, plan: Plan) -> Mix:
         m2 = float((weights * svc * svc).sum()) / tot
         return m1, ((1.0 + cv2) * m2 / (m1 * m1) - 1.0) if m1 > 0 else cv2
 
-    cpu_mean, cpu_cs2 = stats(frac, cpu_work / par)
+    served = frac.copy()  # the requests the stages serve: not the hits
+    served[0] = max(float(served[0]) - f_hit, 0.0)
+    cpu_mean, cpu_cs2 = stats(served, cpu_work / par)
     mixed = ~strong_stage
-    acc_mean, acc_cs2 = stats(frac * mixed, acc_work)
-    strong_mean, strong_cs2 = stats(frac * strong_stage, acc_work)
+    acc_mean, acc_cs2 = stats(served * mixed, acc_work)
+    strong_mean, strong_cs2 = stats(served * strong_stage, acc_work)
 
     # truth: quality per class and cell
     q_rows = [ctx.q_base]
     sd_rows = [ctx.sd_base]
-    for e in plan.levels:
+    for e in ran:
         q, sd = ctx.rma_quality(e)
         q_rows.append(q)
         sd_rows.append(sd)
@@ -331,9 +385,7 @@ def build_mix(ctx: SimContext, plan: Plan) -> Mix:
     count = w @ seg_onehot
     value = (w * pop.v_mean * qk) @ seg_onehot
     base_value = (w * pop.v_mean * ctx.q_base) @ seg_onehot
-    # the hits are base-class requests that run nothing of the plan live (Plan.hit): they count
-    # in no live group; their live value is the precompute lever's to replace
-    hit = np.zeros(pop.n_cells) if plan.hit is None else np.clip(plan.hit, 0.0, treat_base)
+    # the hits count in no live group; their live value is the precompute lever's to replace
     hit_value = (t * hit * sh * pop.v_mean * ctx.q_base) @ seg_onehot
     live_base = treat_base - hit
     sd_all = np.vstack(sd_rows)
@@ -408,6 +460,8 @@ def build_mix(ctx: SimContext, plan: Plan) -> Mix:
         base_value=base_value,
         hit_value=hit_value,
         arm_parts=arm_parts,
+        extras_units=extras,
+        run_levels=ran,
     )
 
 

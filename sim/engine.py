@@ -207,6 +207,15 @@ class RegionRun:
         self.asg_rma = [0.0] * n_pools
         self.asg_sbm = [0.0] * n_pools
         self.tranches: list[list[tuple[float, float]]] = [[] for _ in range(n_pools)]
+        # the CPU and accelerator units one RMA request's extras run on: its threads and one
+        # device, within its mixed replica's quota of the local levels the base model may use
+        # (headroom.defences.replicas, the rule of the streaming servers); kept with the levels
+        self._extras_pools = tuple(
+            (i, key.resource == "cpu")
+            for i, key in enumerate(self.static.pools)
+            if not key.remote and (key.resource == "cpu" or self.static.base_ok[i])
+        )
+        self.extras_units = self._extras_now()
         self.targets: Targets | None = None
         self.epoch_in_force = 0
         self.heap: list[tuple[float, int, int, Any]] = []
@@ -380,10 +389,21 @@ class RegionRun:
                 # beyond it is cut: the release is complete now
                 self._release_all(t)
 
+    def _extras_now(self) -> tuple[float, float]:
+        """The units an RMA request's extras run on at the levels in force (``extras_units``)."""
+        cpu = acc = 0.0
+        for i, is_cpu in self._extras_pools:
+            if is_cpu:
+                cpu += self.level[i]
+            else:
+                acc += self.level[i]
+        return self.ctx.replicas.extras_units(cpu, acc, self.cfg.latency.cpu_parallelism)
+
     def _on_capacity(self, t: float, ch: CapacityChange) -> None:
         i = ch.pool
         key = self.static.pools[i]
         self.level[i] = ch.after
+        self.extras_units = self._extras_now()
         self._mix_key = None
         # one draw per change whatever the policy, so the stream stays aligned across policies
         notice_u = float(self.notice_rng.random())
@@ -492,10 +512,11 @@ class RegionRun:
             if hit is None:
                 return self.base_mix
             plan = self.base_mix.plan
+        units = self.extras_units
         got = self._direct_mixes.get(id(plan))
-        if got is not None and got[0] is plan and got[1] is hit:
+        if got is not None and got[0] is plan and got[1] is hit and got[2].extras_units == units:
             return got[2]
-        mix = build_mix(self.ctx, _live_plan(plan, hit))
+        mix = build_mix(self.ctx, _live_plan(plan, hit), units)
         self._direct_mixes[id(plan)] = (plan, hit, mix)
         return mix
 
@@ -509,7 +530,7 @@ class RegionRun:
             self._mix_key = ("base",)
             return self._fixed_mix(None)
         m_rma, m_sbm = pol.multipliers(now)
-        key = (tg.epoch, round(m_rma, 4), round(m_sbm, 4), self.quotas, id(hit))
+        key = (tg.epoch, round(m_rma, 4), round(m_sbm, 4), self.quotas, id(hit), self.extras_units)
         sheds = pol.server_sheds
         if key == self._mix_key and not sheds:
             return self.mix
@@ -562,11 +583,12 @@ class RegionRun:
             and _same(old.fail, fail)
             and (not levels or _same(old.rma, rma))
             and old.hit is hit
+            and self.mix.extras_units == self.extras_units
         ):
             return self.mix
         if not levels:
             rma = np.zeros((0, pop.n_cells))
-        return build_mix(ctx, Plan(levels, rma, sbm_adm, down, fail, hit))
+        return build_mix(ctx, Plan(levels, rma, sbm_adm, down, fail, hit), self.extras_units)
 
     # -- the main loop ----------------------------------------------------------------------
 

@@ -8,8 +8,11 @@ A request's latency (ms)::
 
 * ``S`` is the request's own service time: its CPU work divided by the threads that score its
   candidates in parallel (:attr:`LatencyConfig.cpu_parallelism`), plus its accelerator work (one
-  device scores one request's batch). ``J`` is a log-normal jitter with mean 1 and coefficient of
-  variation :attr:`LatencyConfig.service_cv` (real forward passes and feature look-ups vary).
+  device scores one request's batch); an RMA request's extras run on what its mixed replica's
+  quota of the opportunistic level leaves them, trimmed to the optional budget
+  (:func:`headroom.sim.context.build_mix`, the rule of :mod:`headroom.defences.replicas`).
+  ``J`` is a log-normal jitter with mean 1 and coefficient of variation
+  :attr:`LatencyConfig.service_cv` (real forward passes and feature look-ups vary).
 * ``F`` is the *fluid* backlog of its stage: while a stage is offered more work than it can do,
   the delay of a new arrival grows by ``ρ − 1`` seconds per second (``ρ`` = offered / capacity of
   the binding resource, capped at :data:`RHO_FLUID_CAP`) and drains at ``1 − ρ`` afterwards. It

@@ -66,9 +66,10 @@ the store the earlier windows left), so the engine knows ``h_s``, the drawn shar
 its plan live (the client plan's rule for a stored result, :func:`headroom.defences.plan.
 serves_from_store`, vectorised as :meth:`headroom.defences.plan.CellPlan.live`): the engine takes
 ``h_s`` out of every live lever's share of the segment's cells, so RMA and SBM neither run nor
-charge work for the hits and no live treatment group counts them. The hits stay base-path
-requests of the engine's load and latency (conservative: in the stack a hit makes no server call,
-so it does not load the dedicated replicas either).
+charge work for the hits and no live treatment group counts them. A hit makes no server
+call, as in the stack: it loads no stage (:func:`headroom.sim.context.build_mix`); it stays a
+base-path request of the window's latency sample (the stack's records its store look-up, well
+under a millisecond).
 
 A hit delivers ``v̄_s · Q_s(a)``: the segment's mean request value (a request's value does not
 depend on whether its user has a result) times the measured quality, at visit time, of a strong

@@ -105,6 +105,7 @@ from headroom.controllers.config import ControlConfig
 from headroom.controllers.levers import CostModel
 from headroom.defences.admission import admitted_share
 from headroom.defences.capacity import CapacityBook, CapacityLevel
+from headroom.defences.replicas import optional_units
 from headroom.defences.shedding import (
     Decision,
     InflightWork,
@@ -884,10 +885,10 @@ class RankingServer(Service):
         pool = grant.pool
         cap = self.level
         if resource == "cpu":
-            units = min(grant.n * pool.speed, cap.cpu - self._occ_cpu)
+            units = optional_units(grant.n * pool.speed, cap.cpu, self._occ_cpu)
             work = _Optional(work_id, value, units, 0.0, extra, strong)
         else:
-            units = min(grant.n * pool.speed, cap.accelerator - self._occ_acc)
+            units = optional_units(grant.n * pool.speed, cap.accelerator, self._occ_acc)
             work = _Optional(work_id, value, 0.0, units, extra, strong)
         if units <= _EPS:
             return False
@@ -904,7 +905,7 @@ class RankingServer(Service):
     def _optional_cpu_units(self, threads: int) -> float:
         """The CPU units an optional phase of ``threads`` threads may run on: what they give,
         but no more than is left of the opportunistic level."""
-        return min(threads * self.cpu.speed, self.level.cpu - self._occ_cpu)
+        return optional_units(threads * self.cpu.speed, self.level.cpu, self._occ_cpu)
 
     def _optional_cpu_slots(self) -> int:
         """CPU slots an optional phase waits for: its request's threads, but no more than the
@@ -933,7 +934,7 @@ class RankingServer(Service):
             (j * costs.base_cpu_ms, self._optional_cpu_units(threads)),
             (
                 j * costs.base_accelerator_ms,
-                min(self.accelerator.speed, self.level.accelerator - self._occ_acc),
+                optional_units(self.accelerator.speed, self.level.accelerator, self._occ_acc),
             ),
         )
         return extras_within_budget(n, budget_ms - base_ms, phases)

@@ -13,8 +13,10 @@ a user would run them on several machines, and wires them together:
    directory) that split the regions by Kafka's group assignment (docs/streaming.md, *Scaling
    out*);
 3. per region, **servers**: ``dedicated_replicas`` mixed RMA replicas sharing the dedicated
-   capacity (``--share 1/n``) and one strong-model replica on the opportunistic pool; each prints
-   the port it listens on;
+   capacity and the opportunistic levels evenly (``--share 1/n``:
+   :class:`headroom.defences.replicas.MixedReplicas`, the rule the simulator runs an RMA
+   request's extras by) and one strong-model replica on the opportunistic pool; each prints the
+   port it listens on;
 4. per region, ``--clients-per-region M`` **clients** (default 1: ``client-R``; then
    ``client-R-1``, …) with every server of its region (``--server POOL=HOST:PORT``), sharing a
    consumer group of the region for this run (each its own static member id), so the region's
@@ -64,6 +66,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from headroom.analysis.events import EventWriter
+from headroom.defences.replicas import DEDICATED_REPLICAS, MixedReplicas
 from headroom.kernel.checks import FieldChecker
 from headroom.kernel.errors import HeadroomError
 from headroom.kernel.logs import get_logger
@@ -104,7 +107,7 @@ class StackConfig:
     # the scenario's control section
     interval_s: float | None = None
     ttl_s: float | None = None
-    dedicated_replicas: int = 2
+    dedicated_replicas: int = DEDICATED_REPLICAS
     startup_margin_s: float = 20.0  # t0 is this far after the processes are launched
     drain_s: float = 15.0  # grace for SIGTERM before SIGKILL
     quiet_s: float = 3.0  # the collector stops after this long without an event, at the end
@@ -363,8 +366,8 @@ class Stack:
         servers: list[Proc] = []
         meta: list[tuple[str, str]] = []
         for region in self.scenario.regions:
-            n = cfg.dedicated_replicas
-            for i in range(n):
+            replicas = MixedReplicas(cfg.dedicated_replicas)
+            for i in range(replicas.count):
                 name = f"server-{region.name}-dedicated-{i}"
                 servers.append(
                     self._proc(
@@ -378,7 +381,7 @@ class Stack:
                             "--replica",
                             name,
                             "--share",
-                            repr(1.0 / n),
+                            repr(replicas.share),
                             "--port",
                             "0",  # pinned to the port it announces (pin_port) once it is up
                             *metrics,

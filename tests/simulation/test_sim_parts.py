@@ -631,3 +631,61 @@ def test_the_block_keeps_the_stages_only_while_the_mix_and_quotas_hold() -> None
         pairs = list(zip(stages.loads.tolist(), stages.units.tolist(), strict=True))
         want = [[_rho(x * ld, u) for ld, u in pairs] for x in lam.tolist()]
         np.testing.assert_array_equal(stages.rho(lam), np.array(want))
+
+
+def test_an_rma_requests_extras_run_on_its_replicas_quota_within_its_budget() -> None:
+    """The mixed replicas' rule (headroom.defences.replicas) in the simulator: an RMA class's
+    extras run on the units one replica's quota leaves a request (its threads at most, one
+    device), and what would not finish within the optional budget there is trimmed — less work,
+    the quality of fewer extras; a class with nothing left is served the baseline. Without the
+    rule (None) they run at the request's threads, untrimmed. A precompute hit loads no stage."""
+    from headroom.sim.context import PATH_BASE, PATH_RMA, Plan, SimContext, build_mix
+    from headroom.sim.engine import RegionRun, _live_plan
+    from headroom.sim.policies import StaticRegion
+    from tests.simulation.test_sim_runs import curves_of
+
+    s = scenario()  # 400 base candidates, 0.1 CPU ms and 0.02 device ms each; SLO 200 ms
+    ctx = SimContext(s, curves_of(s))
+    assert ctx.optional_budget_ms == 100.0
+    c = ctx.pop.n_cells
+    z = np.zeros(c)
+    plan = Plan((100, 800), np.full((2, c), 0.1), z, z, z)
+    base_ms = 400 * (0.1 / 4 + 0.02)
+    free = build_mix(ctx, plan)
+    assert free.run_levels == (100, 800)
+    np.testing.assert_allclose(free.service_ms[1:3], [500 * 0.045, 1200 * 0.045])
+
+    units = ctx.replicas.extras_units(1.5, 2.0, 4.0)
+    assert units == (0.75, 1.0)
+    capped = build_mix(ctx, plan, units)
+    per = 0.1 / 0.75 + 0.02 / 1.0
+    fit = math.floor((100.0 - base_ms) / per)
+    assert capped.run_levels == (100, fit)
+    assert fit < 800
+    np.testing.assert_allclose(capped.service_ms[1:3], [base_ms + 100 * per, base_ms + fit * per])
+    assert capped.service_ms[2] <= 100.0 + 1e-9  # the trimmed extras end within the budget
+    assert capped.path[1:3].tolist() == [PATH_RMA, PATH_RMA]
+    assert capped.opt_cpu < free.opt_cpu
+    assert float(capped.value.sum()) < float(free.value.sum())
+
+    starved = build_mix(ctx, plan, (0.0, 1.0))  # no CPU left of the quota
+    assert starved.run_levels == (0, 0)
+    assert starved.path[1:3].tolist() == [PATH_BASE, PATH_BASE]
+    np.testing.assert_allclose(starved.service_ms[1:3], [base_ms, base_ms])
+    assert starved.opt_cpu == 0.0
+
+    # a hit makes no server call: half of every cell's treatment requests served from the store
+    hit = np.full(c, 0.5)
+    with_hits = build_mix(ctx, _live_plan(plan, hit), units)
+    f_hit = ctx.treat * 0.5
+    assert with_hits.base_cpu == pytest.approx((1.0 - f_hit) * 400 * 0.1)
+    assert with_hits.base_acc == pytest.approx((1.0 - f_hit) * 400 * 0.02)
+    assert capped.base_cpu == pytest.approx(400 * 0.1)
+
+    # the region run keeps the units with the levels in force
+    run = RegionRun(ctx, 0, StaticRegion(), lambda *_: None, 60.0)
+    assert run.extras_units == (0.0, 0.0)  # nothing announced yet
+    run.level = [8.0, 2.0]  # the scenario's pools: CPU (any), gpu-b devices
+    assert run._extras_now() == (4.0, 1.0)  # 4 cores and 1 device each: the threads bind
+    run.level = [3.0, 1.0]
+    assert run._extras_now() == (1.5, 0.5)
