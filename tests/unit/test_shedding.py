@@ -173,6 +173,16 @@ def test_admitted_optional_work_never_exceeds_burst_plus_level_times_time(
     assert used_acc <= max(acc * cfg.burst_ms, min_depth) + acc * t * 1000.0 + 1e-6
 
 
+def _extras_batch(s: ServerShedder, now: float, values: Any, extra: Any, span: float) -> Any:
+    """One batch of requests asking only extra candidates that cost accelerator time."""
+    m = len(extra)
+    zeros = np.zeros(m)
+    return s.decide_batch(
+        now, values, extra, zeros, extra * ACC_PER, np.zeros(m, np.bool_), zeros, zeros,
+        span_s=span,
+    )  # fmt: skip
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     st.floats(0.5, 8.0),
@@ -186,17 +196,7 @@ def test_a_batch_with_a_span_spends_at_most_what_the_level_does_in_it(
     s = ServerShedder(cfg, OptionalCapacity(1e9, acc))  # accelerator is the bottleneck
     m = len(values)
     extra = np.full(m, 200, np.int64)
-    out = s.decide_batch(
-        span,
-        np.array(values),
-        extra,
-        np.zeros(m),
-        extra * ACC_PER,
-        np.zeros(m, np.bool_),
-        np.zeros(m),
-        np.zeros(m),
-        span_s=span,
-    )
+    out = _extras_batch(s, span, np.array(values), extra, span)
     used = float((out.extra * ACC_PER).sum())
     assert used <= acc * (cfg.burst_ms + span * 1000.0) + 1e-6
     if float((extra * ACC_PER).sum()) > acc * (cfg.burst_ms + span * 1000.0) * 1.01:
@@ -223,17 +223,7 @@ def test_batches_standing_for_spans_admit_what_the_level_holds(
     per = int(ratio * acc * span * 1000.0 / m / ACC_PER)
     for k in range(1, 121):
         extra = np.full(m, per, np.int64)
-        out = s.decide_batch(
-            k * span,
-            rng.lognormal(0.0, 0.7, m),
-            extra,
-            np.zeros(m),
-            extra * ACC_PER,
-            np.zeros(m, np.bool_),
-            np.zeros(m),
-            np.zeros(m),
-            span_s=span,
-        )
+        out = _extras_batch(s, k * span, rng.lognormal(0.0, 0.7, m), extra, span)
         if k > 40:  # past the estimates' warm-up
             offered += float(extra.sum())
             admitted += float(out.extra.sum())
