@@ -458,13 +458,17 @@ class ValueBook:
 
         The value signals' ``cost`` says how much work the treatment requests of a stratum
         received. A stratum where the lever did nothing (no cost) differs from its control by
-        noise only — with value-ranked levers that is most strata — so it is left out::
+        noise only — with value-ranked levers that is most strata — so it is left out. Each
+        stratum ``s`` with work gives ``r_s = n_t,s · d_s / u_s`` with variance
+        ``w_s⁻¹ = n_t,s² · v_s / u_s²``, and the strata are combined by inverse variance::
 
-            value per unit = Σ_s n_t,s · d_s / Σ_s u_s,   se² = Σ_s n_t,s² · v_s / (Σ_s u_s)²
+            value per unit = Σ_s w_s · r_s / Σ_s w_s,   se² = 1 / Σ_s w_s
 
-        over strata ``s`` with work, ``u_s`` = the stratum's work in units (its cost on the
-        lever's dominant resource over that resource's cost per unit). ``n_treatment`` of the
-        result is the treated requests of those strata.
+        where ``u_s`` is the stratum's work in units (its cost on the lever's dominant resource
+        over that resource's cost per unit). ``n_treatment`` of the result is the treated
+        requests of those strata. Where value per unit differs across strata (it rises with the
+        value bin) this reads below the work-weighted mean ``Σ n_t,s·d_s / Σ u_s``, since the
+        quiet low-value strata weigh most (BENCHMARKS.md, *Simulator outcome targets*).
         """
         if unit.cpu_s >= unit.accelerator_s and unit.cpu_s > 0.0:
             col, per_unit_ms = 3, unit.cpu_s * 1000.0
