@@ -136,7 +136,9 @@ class ControllerSettings:
     partitions: int = (
         4  # must match the region-keyed topics (headroom.streams.topics.DEFAULT_PARTITIONS)
     )
-    eligible_share: float = 1.0  # share of requests eligible for the strong model, if unreported
+    # share of requests eligible for the strong model; None: the scenario's ``eligible_share``
+    # (1.0 when it gives none), as the simulator reads it
+    eligible_share: float | None = None
     # the cluster's credentials (``--kafka-config``) and the replication of the app's own
     # changelog topics (the cluster's topics' replication factor)
     security: ClientSecurity = PLAINTEXT
@@ -153,7 +155,13 @@ class Controller:
     def __init__(self, settings: ControllerSettings, config: ControlConfig) -> None:
         self.settings = settings
         self.config = config
-        self.aggregator = RegionAggregator(eligible_share=settings.eligible_share)
+        scenario = settings.scenario
+        eligible = settings.eligible_share
+        if eligible is None:
+            eligible = 1.0 if scenario.eligible_share is None else scenario.eligible_share
+        self.aggregator = RegionAggregator(
+            eligible_share=eligible, treat_share=1.0 - scenario.world.holdout
+        )
         self.rng = seeds.process_rng(settings.seed)
         self.plane = ControlPlane(config, self.rng, rma_curve=rma_curve(settings.scenario))
         self.restored = False

@@ -53,7 +53,29 @@ from headroom.controllers.levers import CostModel
 from headroom.defences.admission import admissible_utilization
 from headroom.kernel.jsonstate import Snapshotting
 
-__all__ = ["CoverageController", "CoverageLimit", "CoverageResult", "strong_admissible"]
+__all__ = [
+    "CoverageController",
+    "CoverageLimit",
+    "CoverageResult",
+    "observed_coverage",
+    "strong_admissible",
+]
+
+
+def observed_coverage(
+    requests: float, strong_requests: float, eligible_share: float, treat_share: float
+) -> float | None:
+    """The coverage a window shows, in the units of the command the router turns into
+    probabilities: the strong model's requests over the window's eligible *treatment* requests
+    (``requests`` × ``eligible_share`` × ``treat_share``, ``treat_share`` = 1 − holdout: the
+    holdout's requests are never routed, so counting them would read every coverage
+    ``treat_share`` times too low and the calibration would wind the command up to make up a
+    gap that is not there). At most 1; None without eligible treatment requests. Both engines'
+    observations use it."""
+    eligible = float(requests) * float(eligible_share) * float(treat_share)
+    if not eligible > 0.0:
+        return None
+    return min(1.0, max(0.0, float(strong_requests)) / eligible)
 
 
 class CoverageLimit(Enum):

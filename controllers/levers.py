@@ -112,6 +112,7 @@ __all__ = [
     "Uplift",
     "ValueBook",
     "ValueEstimate",
+    "bin_means",
     "concave_tranches",
 ]
 
@@ -868,13 +869,13 @@ class RmaLever(Lever):
         for seg, rps in sorted(ctx.segment_rps.items()):
             if not (math.isfinite(rps) and rps > 0.0) or seg not in curve.gains:
                 continue
-            for k in range(VALUE_BINS):
-                v = means.get(stratum_key(seg, k))
-                if v is None:
-                    return super().tranches(book, ctx, z, min_samples)
-                if v > 0.0:
+            bins = bin_means(means, seg)
+            if bins is None:
+                return super().tranches(book, ctx, z, min_samples)
+            for mean in bins:
+                if mean > 0.0:
                     rows += [
-                        (v * rise, rps / VALUE_BINS * (b - a)) for a, b, rise in curve.hull(seg)
+                        (mean * rise, rps / VALUE_BINS * (b - a)) for a, b, rise in curve.hull(seg)
                     ]
         predicted = num = 0.0
         units = 0.0
@@ -1041,3 +1042,26 @@ class LeverRegistry:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(self._levers)
+
+
+def bin_means(means: Mapping[str, float], segment: str) -> list[float] | None:
+    """A segment's mean value signal per value bin (``means``: :meth:`ValueBook.signal_means`),
+    a bin without a mean of its own (too few requests so far) taking the mean of the nearest
+    bins below and above it that have one (the one side at an edge): the bins are value
+    quantiles, so a neighbour is the best guess of a sparse bin's value, and one sparse bin does
+    not cancel the per-stratum view. None when no bin of the segment has a mean. RMA's tranches
+    and the control plane's per-stratum levels both read the bins through it."""
+    row = [means.get(stratum_key(segment, k)) for k in range(VALUE_BINS)]
+    known = [k for k, v in enumerate(row) if v is not None]
+    if not known:
+        return None
+    out: list[float] = []
+    for k, v in enumerate(row):
+        if v is not None:
+            out.append(v)
+            continue
+        below = max((j for j in known if j < k), default=None)
+        above = min((j for j in known if j > k), default=None)
+        sides = [float(row[j] or 0.0) for j in (below, above) if j is not None]
+        out.append(sum(sides) / len(sides))
+    return out

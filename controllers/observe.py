@@ -11,13 +11,17 @@ Rules:
 * **Latency**: sketches of one window are *merged* per path ("base", "rma", "sbm") and over all
   paths ("all"); p99 comes from the merged sketch, never from averaged percentiles. A message
   that carries raw ``samples_ms`` but no sketch is folded into the sketch sample by sample.
-* **Request rate**: the sum of latency ``count`` over the window ÷ the *event-time* span the
-  messages cover (newest ``ts`` − oldest ``ts`` + one message window), not the wall-clock time
-  between ticks: after a restart the backlog of a whole outage arrives in one tick, and dividing
-  it by the tick length would inflate the rate (and shrink the RMA budget cap) for no reason.
-* **Coverage observed**: requests on the ``sbm`` path ÷ eligible requests, where eligible
-  requests = request count × the eligible share (from value signals that carry it, else the
-  configured default).
+* **Request rate**: the requests of the window — the servers' (the sum of latency ``count``)
+  plus the precompute hits, which call no server (the ``n`` of the value signals of lever
+  ``precompute``, arm ``treatment``) — ÷ the *event-time* span the latency messages cover
+  (newest ``ts`` − oldest ``ts`` + one message window), not the wall-clock time between ticks:
+  after a restart the backlog of a whole outage arrives in one tick, and dividing it by the tick
+  length would inflate the rate (and shrink the RMA budget cap) for no reason. Every request,
+  as the simulator counts them: the precompute lever's demand is a share of the visits, and a
+  rate without the hits would shrink it as the hits grow.
+* **Coverage observed**: :func:`headroom.controllers.coverage.observed_coverage` — requests on
+  the ``sbm`` path ÷ the eligible treatment requests (requests × the eligible share × ``1 −
+  holdout``), the rule the simulator's observation uses.
 * **Capacity**: one :class:`headroom.defences.capacity.CapacityBook` per region (its rules: the
   newest ``ts`` per (resource, hardware, pool, remote) wins, a tie goes to the lower level, an
   opportunistic level lapses ``expires_in_s`` after its ``ts`` and then counts as zero). The
@@ -35,7 +39,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from headroom.controllers.coverage import observed_coverage
 from headroom.controllers.types import (
+    LEVER_PRECOMPUTE,
     ArmStats,
     CapacityLevel,
     RegionObservation,
@@ -78,11 +84,16 @@ def arm_stats(msg: ValueSignal) -> ArmStats:
 class RegionAggregator:
     """Per-region state between control ticks. One instance serves every region."""
 
-    def __init__(self, *, alpha: float = 0.01, eligible_share: float = 1.0) -> None:
+    def __init__(
+        self, *, alpha: float = 0.01, eligible_share: float = 1.0, treat_share: float = 1.0
+    ) -> None:
         if not 0.0 <= eligible_share <= 1.0:
             raise ValueError(f"eligible_share: must be in [0, 1], got {eligible_share!r}")
+        if not 0.0 <= treat_share <= 1.0:
+            raise ValueError(f"treat_share: must be in [0, 1], got {treat_share!r}")
         self.alpha = alpha
         self.eligible_share = eligible_share
+        self.treat_share = treat_share  # 1 − the holdout: the requests the router may route
         self._windows: dict[str, _Window] = {}
         self._window_start: dict[str, float] = {}
         self._capacity: dict[str, CapacityBook] = {}
@@ -95,10 +106,10 @@ class RegionAggregator:
         return sorted(seen)
 
     def _window(self, region: str, ts: float) -> _Window:
-        if region not in self._windows:
-            self._windows[region] = _Window()
-            self._window_start.setdefault(region, ts)
-        return self._windows[region]
+        # the first latency or value message starts the region's first window, even when a
+        # capacity level (whose ts may be old: a level read back at start-up) made the window
+        self._window_start.setdefault(region, ts)
+        return self._windows.setdefault(region, _Window())
 
     def add_latency(
         self,
@@ -163,7 +174,14 @@ class RegionAggregator:
         span = window_s
         if w.first_ts is not None and w.last_ts is not None:
             span = max(min_window_s, w.last_ts - w.first_ts + w.msg_window_s)
-        request_rps = w.requests / span
+        # a precompute hit calls no server: its request is counted from its value signal
+        hits = sum(
+            stats.n
+            for (_key, lever, arm), stats in w.value.items()
+            if lever == LEVER_PRECOMPUTE and arm == "treatment"
+        )
+        requests = w.requests + hits
+        request_rps = requests / span
         seg_counts: dict[str, int] = {}
         for (key, _lever, _arm), stats in w.value.items():
             segment = segment_of(key)  # a stratum's requests count for its segment
@@ -171,8 +189,9 @@ class RegionAggregator:
         total = sum(seg_counts.values())
         segment_rps = {s: request_rps * n / total for s, n in seg_counts.items()} if total else {}
         eligible_rps = request_rps * self.eligible_share
-        eligible = w.requests * self.eligible_share
-        coverage = (w.sbm_requests / eligible) if eligible > 0 else None
+        coverage = observed_coverage(
+            requests, w.sbm_requests, self.eligible_share, self.treat_share
+        )
         last_value = self._last_value_ts.get(region)
         return RegionObservation(
             region=region,
@@ -184,6 +203,6 @@ class RegionAggregator:
             segment_rps=segment_rps,
             capacity=self.capacity(region, now),
             value=dict(w.value),
-            observed_coverage=None if coverage is None else min(1.0, coverage),
+            observed_coverage=coverage,
             value_age_s=None if last_value is None else max(0.0, now - last_value),
         )

@@ -46,7 +46,7 @@ import numpy as np
 from headroom.controllers.allocator import Allocation, Allocator, RmaCurve, fill_levels
 from headroom.controllers.config import ControlConfig
 from headroom.controllers.coverage import CoverageController, CoverageResult
-from headroom.controllers.levers import LeverContext, LeverRegistry, ValueBook
+from headroom.controllers.levers import LeverContext, LeverRegistry, ValueBook, bin_means
 from headroom.controllers.pid import RmaController, RmaResult
 from headroom.controllers.router import RouteResult, SbmRouter
 from headroom.controllers.types import (
@@ -56,7 +56,6 @@ from headroom.controllers.types import (
     CapacityLevel,
     RegionObservation,
     RegionTargets,
-    stratum_key,
 )
 from headroom.defences.plan import VALUE_BINS, PlanRule
 from headroom.kernel.errors import HeadroomError
@@ -395,7 +394,10 @@ class ControlPlane:
         stratum is worth its mean value signal (the value book) times the curve's quality gain,
         and RMA serves the part of it the strong model is not routed (the plan's routing rule
         at the target's probabilities). Empty — the plan's one block — without a curve, without
-        a budget, or while a stratum of a segment with traffic has no value signal yet."""
+        a budget, or while a segment with traffic has no stratum with a value signal yet; a
+        stratum without one of its own (too few requests so far) is valued at its nearest bins'
+        (:func:`headroom.controllers.levers.bin_means`), so one sparse bin does not send the
+        whole budget to the top requests in one block."""
         curve = self.rma_curve
         if curve is None or not budget > 0.0:
             return {}
@@ -407,11 +409,10 @@ class ControlPlane:
         k_bins = VALUE_BINS
         value = np.empty((len(segs), k_bins))
         for i, seg in enumerate(segs):
-            for k in range(k_bins):
-                v = means.get(stratum_key(seg, k))
-                if v is None:
-                    return {}
-                value[i, k] = v
+            row = bin_means(means, seg)
+            if row is None:
+                return {}
+            value[i] = row
         share = np.repeat([weights[s] / total / k_bins for s in segs], k_bins)
         p = np.array([probabilities.get(s, 0.0) for s in segs], dtype=np.float64)
         free = 1.0 - min(max(eligible, 0.0), 1.0) * self._rule.sbm_shares(p, explore).ravel()

@@ -63,6 +63,7 @@ from typing import Any, Protocol, cast
 import numpy as np
 
 from headroom.analysis.events import WindowTraffic, window_event
+from headroom.controllers.coverage import observed_coverage
 from headroom.controllers.types import (
     ArmStats,
     CapacityLevel,
@@ -1259,7 +1260,6 @@ class RegionRun:
             p99[name] = float(bin_values([k], SKETCH_ALPHA)[0])
         rps = self.obs_requests / span
         seg_rps = {s: float(self.obs_seg[i]) / span for i, s in enumerate(ctx.segment_names)}
-        eligible = self.obs_requests * ctx.treat * ctx.eligible
         st = self.static
         capacity = [
             CapacityLevel("cpu", "any", "dedicated", st.ded_cpu, ts=now),
@@ -1289,7 +1289,9 @@ class RegionRun:
             segment_rps=seg_rps,
             capacity=tuple(capacity),
             value=dict(self.obs_value),
-            observed_coverage=self.obs_sbm / eligible if eligible > 0 else None,
+            observed_coverage=observed_coverage(
+                self.obs_requests, self.obs_sbm, ctx.eligible, ctx.treat
+            ),
             value_age_s=0.0 if self.obs_value else None,
         )
         self._obs_reset()

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from headroom.controllers.coverage import observed_coverage
 from headroom.controllers.observe import RegionAggregator
 from headroom.controllers.types import ArmStats, CapacityLevel
 from headroom.kernel.sketch import LatencySketch
@@ -107,3 +109,59 @@ def test_a_level_read_again_after_a_restart_gets_no_second_lifetime() -> None:
     assert (level.units, level.expires_in_s) == (0.0, 0.0)
     (level,) = restarted.capacity("r", now=110.0)
     assert (level.units, level.expires_in_s, level.ts) == (4.0, 20.0, 110.0)
+
+
+def test_observed_coverage_counts_only_the_requests_the_router_may_route() -> None:
+    """The holdout's requests are never routed to the strong model: a window where the strong
+    model took every eligible treatment request reads coverage 1.0, not 1 − holdout (which the
+    coverage loop's calibration would answer by raising the command to its limit)."""
+    agg = RegionAggregator(eligible_share=0.5, treat_share=0.8)
+    # 1,000 requests: 500 eligible, 400 of them in the treatment arm, 300 of those on sbm
+    agg.add_latency("r", 0.0, "base", 700, _sketch(np.full(700, 5.0)), None)
+    agg.add_latency("r", 0.0, "sbm", 300, _sketch(np.full(300, 9.0)), None)
+    obs = agg.observe("r", 1.0)
+    assert obs.observed_coverage == 300 / 400
+    assert obs.eligible_rps == 0.5 * obs.request_rps  # the rate stays that of all eligible
+
+
+@given(
+    requests=st.integers(0, 10_000),
+    strong=st.integers(0, 10_000),
+    eligible=st.floats(0.0, 1.0),
+    treat=st.floats(0.0, 1.0),
+)
+def test_observed_coverage_is_a_share_or_none(
+    requests: int, strong: int, eligible: float, treat: float
+) -> None:
+    c = observed_coverage(requests, strong, eligible, treat)
+    if requests * eligible * treat > 0.0:
+        assert c is not None
+        assert 0.0 <= c <= 1.0
+        if strong <= requests * eligible * treat:
+            assert c == pytest.approx(strong / (requests * eligible * treat))
+    else:
+        assert c is None
+
+
+def test_a_capacity_level_does_not_hide_when_the_first_window_began() -> None:
+    """A level read first (as at start-up) leaves the window's start to the first latency or
+    value message, so the first observation spans the data it holds, not 1 ms."""
+    agg = RegionAggregator()
+    agg.add_capacity("r", CapacityLevel("cpu", "any", "opportunistic", 8.0, None, ts=0.5))
+    agg.add_latency("r", 2.0, "base", 10, _sketch(np.full(10, 5.0)), None)
+    obs = agg.observe("r", 10.0)
+    assert obs.window_s == 8.0
+
+
+def test_precompute_hits_count_as_requests() -> None:
+    """A hit calls no server, so no latency message counts it; its value signal does. The rate
+    the controllers see is every request's, as in the simulator (the precompute lever's demand is
+    a share of the visits: without the hits it would shrink as they grow)."""
+    agg = RegionAggregator(treat_share=0.8)
+    agg.add_latency("r", 0.0, "base", 540, _sketch(np.full(540, 5.0)), None)
+    agg.add_latency("r", 9.0, "sbm", 60, _sketch(np.full(60, 9.0)), None)
+    agg.add_value("r", 5.0, ("casual", "precompute", "treatment"), ArmStats(400, 40.0, 4.0))
+    agg.add_value("r", 5.0, ("casual", "precompute", "control"), ArmStats(100, 9.0, 1.0))
+    obs = agg.observe("r", 10.0)
+    assert obs.request_rps == 1000 / 10.0
+    assert obs.observed_coverage == 60 / (1000 * 0.8)

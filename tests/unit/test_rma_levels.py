@@ -19,6 +19,7 @@ from headroom.controllers.levers import (
     RmaCurve,
     RmaLever,
     ValueBook,
+    bin_means,
     concave_tranches,
 )
 from headroom.controllers.plane import ControlPlane
@@ -414,3 +415,39 @@ def test_the_floor_travels_in_the_target() -> None:
     assert t.sbm_coverage > 0.0
     assert t.sbm_explore == pytest.approx(route.floor)
     assert t.sbm_explore > 0.0
+
+
+def test_a_stratum_without_a_value_signal_yet_does_not_cost_the_levels() -> None:
+    """One sparse bin (no request of it seen yet) takes its neighbours' value: the target still
+    carries per-stratum levels instead of the plan's one block of maximal extras to the top
+    requests."""
+    curve = RmaCurve((0, 200, 400, 800), {"premium": (0.0, 0.03, 0.045, 0.06),
+                                          "casual": (0.0, 0.08, 0.12, 0.15)})  # fmt: skip
+    plane = ControlPlane(CFG, np.random.default_rng(1), rma_curve=curve)
+    rng = np.random.default_rng(3)
+    sparse = stratum_key("premium", 3)
+    for i in range(12):
+        value = {k: v for k, v in _value(rng).items() if k[0] != sparse}
+        t = plane.step(
+            observation(
+                60.0 * (i + 1), p99_ms=60.0, capacity=capacity(16, 2), value=value,
+                segment_rps={"premium": 45.0, "casual": 255.0}, value_age_s=5.0,
+            )
+        )  # fmt: skip
+    assert t.rma_candidates > BASE
+    assert set(t.rma_levels) == {"premium", "casual"}
+    row = t.rma_levels["premium"]
+    assert list(row) == sorted(row)
+    assert row[2] <= row[3] <= row[4]
+
+
+def test_a_sparse_bin_takes_its_nearest_known_bins() -> None:
+    k = VALUE_BINS
+    known = {stratum_key("s", 1): 1.0, stratum_key("s", 4): 4.0}
+    row = bin_means(known, "s")
+    assert row is not None
+    assert row[:6] == [1.0, 1.0, 2.5, 2.5, 4.0, 4.0]
+    assert row[6:] == [4.0] * (k - 6)
+    full = {stratum_key("s", i): float(i) for i in range(k)}
+    assert bin_means(full, "s") == [float(i) for i in range(k)]
+    assert bin_means(known, "other") is None
