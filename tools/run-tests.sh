@@ -10,12 +10,12 @@
 # `--whole-suite` (what `make test` passes when no PYTEST_ARGS are given) runs the suite in the
 # lanes of tests/conftest.py (`pytest --lane`), each a pytest process: `compute` (tests/unit,
 # tests/simulation and the integration modules that only compute) under `nice`, so that the
-# real-time stacks of the integration tests come first on the CPU; beside it `stacks` and `kafka`,
-# the integration tests that mostly wait on real time, in two processes; then, once those two have
-# ended, `last` (the engines' comparison). Each measures branch coverage into its own data file;
-# they are combined and reported once, against the floor of pyproject.toml. Each lane's output is
-# printed when it ends (`last` as it runs), then the summaries of the lanes that failed again, the
-# coverage and one line with the verdicts.
+# real-time stacks of the integration tests come first on the CPU; beside it `stacks-1`,
+# `stacks-2` and `kafka`, the integration tests that mostly wait on real time, in three processes;
+# then, once those three have ended, `last` (the engines' comparison). Each measures branch
+# coverage into its own data file; they are combined and reported once, against the floor of
+# pyproject.toml. Each lane's output is printed when it ends (`last` as it runs), then the
+# summaries of the lanes that failed again, the coverage and one line with the verdicts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -96,17 +96,17 @@ started=$SECONDS
 niceness=19 lane compute tests "$@"
 compute=$lane_pid
 pids+=("$compute")
-niceness=0 lane stacks tests/integration "$@"
-stacks=$lane_pid
-pids+=("$stacks")
-niceness=0 lane kafka tests/integration "$@"
-kafka=$lane_pid
-pids+=("$kafka")
-echo "lanes compute, stacks and kafka started; their output follows as each ends" >&2
-for name in stacks kafka; do
-  pid=${!name}
+integration_lanes=(stacks-1 stacks-2 kafka)
+declare -A lane_pids
+for name in "${integration_lanes[@]}"; do
+  niceness=0 lane "$name" tests/integration "$@"
+  lane_pids[$name]=$lane_pid
+  pids+=("$lane_pid")
+done
+echo "lanes compute, ${integration_lanes[*]} started; their output follows as each ends" >&2
+for name in "${integration_lanes[@]}"; do
   status[$name]=0
-  wait "$pid" || status[$name]=$?
+  wait "${lane_pids[$name]}" || status[$name]=$?
   echo
   echo "=== lane $name: tests/integration (exit ${status[$name]}, $((SECONDS - started)) s in) ==="
   cat "$work/$name.log"
@@ -128,14 +128,13 @@ cat "$work/compute.log"
 echo
 echo "=== branch coverage of the whole suite ==="
 coverage_status=0
-COVERAGE_FILE="$work/coverage" coverage combine --quiet \
-  "$work/coverage.compute" "$work/coverage.stacks" "$work/coverage.kafka" \
-  "$work/coverage.last" || coverage_status=$?
+COVERAGE_FILE="$work/coverage" coverage combine --quiet "$work/coverage.compute" \
+  "${integration_lanes[@]/#/$work/coverage.}" "$work/coverage.last" || coverage_status=$?
 if [ "$coverage_status" -eq 0 ]; then
   COVERAGE_FILE="$work/coverage" coverage report --skip-covered || coverage_status=$?
 fi
 failed=0
-for name in stacks kafka last compute; do
+for name in "${integration_lanes[@]}" last compute; do
   if [ "${status[$name]}" -ne 0 ]; then
     failed=1
     echo
@@ -143,8 +142,11 @@ for name in stacks kafka last compute; do
     sed -n '/short test summary info/,$p' "$work/$name.log"
   fi
 done
-echo "lanes (exit statuses): stacks ${status[stacks]}, kafka ${status[kafka]}, last" \
-  "${status[last]}, compute ${status[compute]}; coverage floor: exit $coverage_status;" \
+verdicts=""
+for name in "${integration_lanes[@]}" last compute; do
+  verdicts+="$name ${status[$name]}, "
+done
+echo "lanes (exit statuses): ${verdicts}coverage floor $coverage_status;" \
   "$((SECONDS - started)) s" >&2
 if [ "$failed" -ne 0 ] || [ "$coverage_status" -ne 0 ]; then
   echo "test logs and temporary files kept in $work" >&2
