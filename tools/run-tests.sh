@@ -10,9 +10,9 @@
 # `--whole-suite` (what `make test` passes when no PYTEST_ARGS are given) runs the suite in the
 # lanes of tests/conftest.py (`pytest --lane`), each a pytest process: `compute` (tests/unit,
 # tests/simulation and the integration modules that only compute) under `nice`, so that the
-# real-time stacks of the integration tests come first on the CPU; beside it `stacks-1`,
-# `stacks-2` and `kafka`, the integration tests that mostly wait on real time, in three processes;
-# then, once those three have ended, `last` (the engines' comparison). Each measures branch
+# real-time stacks of the integration tests come first on the CPU; beside it `stacks` and `kafka`,
+# the integration tests that mostly wait on real time, in two processes; then, once those two have
+# ended, `last` (the engines' comparison). Each measures branch
 # coverage into its own data file; they are combined and reported once, against the floor of
 # pyproject.toml. Each lane's output is printed when it ends (`last` as it runs), then the
 # summaries of the lanes that failed again, the coverage and one line with the verdicts.
@@ -96,7 +96,7 @@ started=$SECONDS
 niceness=19 lane compute tests "$@"
 compute=$lane_pid
 pids+=("$compute")
-integration_lanes=(stacks-1 stacks-2 kafka)
+integration_lanes=(stacks kafka)
 declare -A lane_pids
 for name in "${integration_lanes[@]}"; do
   niceness=0 lane "$name" tests/integration "$@"
