@@ -11,6 +11,7 @@ of the last one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import signal
@@ -34,6 +35,7 @@ pytestmark = pytest.mark.integration
 
 REGION = "it-east"
 SLO_MS = 200.0  # the quickstart scenario's slo.p99_ms
+START_S = 60.0  # the longest the controller may take to issue its first target
 
 
 def _capacity(ts: float, resource: str, hardware: str, units: float, n: int) -> bytes:
@@ -263,12 +265,18 @@ async def test_malformed_samples_are_deadlettered_while_the_app_runs_on(
     await targets.start()
     await dead.start()
     try:
-        # First make sure the app consumes (it starts at the latest offset), then send bad input:
-        # kcat's non-JSON bytes and, between good samples, structurally invalid ones.
-        _, ready = await asyncio.gather(
-            _feed(producer, topic_prefix, value_ms=0.3 * SLO_MS, seconds=8.0),
-            _collect_targets(targets, 1, timeout_s=8.0),
+        # First make sure the app consumes (it starts at the latest offset): fed until its first
+        # target (a loaded host can take long to start the app), then send bad input: kcat's
+        # non-JSON bytes and, between good samples, structurally invalid ones.
+        feeding = asyncio.create_task(
+            _feed(producer, topic_prefix, value_ms=0.3 * SLO_MS, seconds=START_S)
         )
+        try:
+            ready = await _collect_targets(targets, 1, timeout_s=START_S)
+        finally:
+            feeding.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await feeding
         assert ready, "the controller published no target"
         _kcat_produce(kafka_bootstrap, f"{topic_prefix}latency", REGION, b"not json at all")
         await _feed(producer, topic_prefix, value_ms=0.3 * SLO_MS, seconds=6.0, bad=True)
