@@ -92,6 +92,17 @@ The same LP, stretch by stretch, with the capacities a policy can actually fill
 * **the queues' load.** Per-request budgets divide the capacity by the step's request *rate*,
   which is what the engine's queues are loaded with (the arrivals' Poisson noise is already in
   the queue's stochastic wait); the value still counts the stretch's arrivals.
+* **the mixed replicas' quota.** An RMA request's extras run on one mixed replica's quota of
+  the region's local levels — its threads, or one device, within ``level ÷ count``
+  (:meth:`headroom.defences.replicas.MixedReplicas.extras_units`, :meth:`FeasibleRules.
+  extras_units`) — and the extras that could not finish within the optional budget at those
+  units are trimmed before any work starts (:func:`headroom.sim.context.run_levels`, the
+  engine's own call). The quota follows the pools' levels, not any policy's assignment, so in
+  each stretch the bound's RMA options are the grid levels trimmed that way, without repeats
+  (:meth:`Oracle.menu_levels`): every policy's RMA request runs, costs and earns one of them
+  (or nothing, trimmed to the baseline). On precompute-remote, once the local accelerator
+  level halves, a replica's quarter device fits 630 of the 800 extras: the bound falls from
+  70.1k to 69.4k.
 
 The relief term and the precompute option are the loose bound's. What it leaves loose: the
 split ``m`` may change from one stretch to the next for free (a policy pays a reload when
@@ -103,9 +114,17 @@ policy runs its jobs on the remote pools only).
 and base-model devices to RMA; on the shared pools the strong model gets the ``m`` (0 or a
 point of the :data:`SPLIT_STEP` grid on ``[m_lo, L]``, exact budgets) the best option wants now
 or within the next load time, so the devices are loaded when the plan
-needs them; strong-only pools to the strong model. It then solves the LP on the quotas that
-assignment really holds (loaded devices only) scaled by the admission rule, at the busiest
-step's request rate, and the engine runs that plan through its real queues like any policy's.
+needs them; strong-only pools to the strong model. A count above the replicas it holds
+reloads the rest for ``load_s`` (those devices serve neither lever meanwhile), so it is worth
+the change only if the next two load times gain by it (:meth:`FeasibleRules.steady_split`;
+chasing each step's best count left a slice reloading for ever when it flipped between two
+neighbours: quickstart seed 4's oracle reached 0.928 of the bound, 0.956 with the reload
+counted). It then solves the LP on the quotas that assignment really holds (loaded devices
+only) scaled by the admission rule, at the busiest step's request rate, with RMA's options
+trimmed by the replicas' quota in force and over the requests the precompute store does not
+serve in the window (the engine runs a cell's plan on its other ``1 − h`` only; planned over
+every request, the plan left most of RMA's budget idle once 80 % of the visits were hits),
+and the engine runs that plan through its real queues like any policy's.
 So where the oracle reaches the bound, the bound is attainable; the gap is what the reloads and
 the queues' noise cost.
 
