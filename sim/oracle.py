@@ -631,13 +631,14 @@ class Oracle:
             return self.levels
         return tuple(sorted(set(run_levels(self.ctx, self.levels, units)) - {0}))
 
-    def _build_lp(self, pre: bool, levels: tuple[int, ...]) -> tuple[Any, ...]:
+    def _build_lp(self, pre: bool, levels: tuple[int, ...] | None = None) -> tuple[Any, ...]:
         """Objective and constraint matrix; variables cell-major, per cell ``[rma_0 ..
         rma_{J-1}, sbm]`` and, with ``pre``, the stored-result option last (gain Δ*, no live
-        cost; its bound, the returning share, is set per solve)."""
-        menu = self._menu(levels)
+        cost; its bound, the returning share, is set per solve). ``levels``: the RMA options
+        (None: the full grid)."""
+        menu = self._menu(self.levels if levels is None else levels)
         c_n = self.share.size
-        j_n = len(levels)
+        j_n = len(menu.levels)
         w = j_n + (2 if pre else 1)
         obj = np.zeros(c_n * w)
         a_ub = np.zeros((c_n + 4, c_n * w))
@@ -653,10 +654,12 @@ class Oracle:
             a_ub[c_n:, base + j_n] = self.share[c] * self.c_sbm
         return obj, a_ub
 
-    def _bounds(self, rho: FloatArray | None, j_n: int) -> list[tuple[float, float]]:
+    def _bounds(self, rho: FloatArray | None, j_n: int | None = None) -> list[tuple[float, float]]:
         """Variable bounds (the layout of :meth:`_build_lp`); ``rho``: the returning share of
-        each segment (the stored-result option's cap), None for the live LP."""
+        each segment (the stored-result option's cap), None for the live LP; ``j_n``: the
+        number of RMA options (None: the full grid's)."""
         seg = self.ctx.pop.seg
+        j_n = len(self.levels) if j_n is None else j_n
         out: list[tuple[float, float]] = []
         for c in range(self.share.size):
             out += [(0.0, 1.0)] * j_n + [(0.0, self.elig)]
