@@ -92,6 +92,17 @@ The same LP, stretch by stretch, with the capacities a policy can actually fill
 * **the queues' load.** Per-request budgets divide the capacity by the step's request *rate*,
   which is what the engine's queues are loaded with (the arrivals' Poisson noise is already in
   the queue's stochastic wait); the value still counts the stretch's arrivals.
+* **the mixed replicas' quota.** An RMA request's extras run on one mixed replica's quota of
+  the region's local levels — its threads, or one device, within ``level ÷ count``
+  (:meth:`headroom.defences.replicas.MixedReplicas.extras_units`, :meth:`FeasibleRules.
+  extras_units`) — and the extras that could not finish within the optional budget at those
+  units are trimmed before any work starts (:func:`headroom.sim.context.run_levels`, the
+  engine's own call). The quota follows the pools' levels, not any policy's assignment, so in
+  each stretch the bound's RMA options are the grid levels trimmed that way, without repeats
+  (:meth:`Oracle.menu_levels`): every policy's RMA request runs, costs and earns one of them
+  (or nothing, trimmed to the baseline). On precompute-remote, once the local accelerator
+  level halves, a replica's quarter device fits 630 of the 800 extras: the bound falls from
+  70.1k to 69.4k.
 
 The relief term and the precompute option are the loose bound's. What it leaves loose: the
 split ``m`` may change from one stretch to the next for free (a policy pays a reload when
@@ -103,9 +114,17 @@ policy runs its jobs on the remote pools only).
 and base-model devices to RMA; on the shared pools the strong model gets the ``m`` (0 or a
 point of the :data:`SPLIT_STEP` grid on ``[m_lo, L]``, exact budgets) the best option wants now
 or within the next load time, so the devices are loaded when the plan
-needs them; strong-only pools to the strong model. It then solves the LP on the quotas that
-assignment really holds (loaded devices only) scaled by the admission rule, at the busiest
-step's request rate, and the engine runs that plan through its real queues like any policy's.
+needs them; strong-only pools to the strong model. A count above the replicas it holds
+reloads the rest for ``load_s`` (those devices serve neither lever meanwhile), so it is worth
+the change only if the next two load times gain by it (:meth:`FeasibleRules.steady_split`;
+chasing each step's best count left a slice reloading for ever when it flipped between two
+neighbours: quickstart seed 4's oracle reached 0.928 of the bound, 0.956 with the reload
+counted). It then solves the LP on the quotas that assignment really holds (loaded devices
+only) scaled by the admission rule, at the busiest step's request rate, with RMA's options
+trimmed by the replicas' quota in force and over the requests the precompute store does not
+serve in the window (the engine runs a cell's plan on its other ``1 − h`` only; planned over
+every request, the plan left most of RMA's budget idle once 80 % of the visits were hits),
+and the engine runs that plan through its real queues like any policy's.
 So where the oracle reaches the bound, the bound is attainable; the gap is what the reloads and
 the queues' noise cost.
 
@@ -151,7 +170,7 @@ from scipy.optimize import linprog
 
 from headroom.controllers.config import ControlConfig
 from headroom.defences.admission import admitted_share
-from headroom.sim.context import Plan, SimContext, baseline_plan, build_mix
+from headroom.sim.context import Plan, SimContext, baseline_plan, build_mix, run_levels
 from headroom.sim.latency import StageState, Strata, in_time_probability, wait_params_array
 from headroom.sim.precompute_sim import precompute_capable, precompute_static, returning_share
 
@@ -195,6 +214,9 @@ BOUND_STEP = 1.0 / 32.0
 _CORNER_BLOCK = 512  # stretches per block of the corners' duals (memory: block × S × P)
 _PRE_KEY_STEPS = 20
 _ZERO_KEY = -(10**9)
+# the oracle policy plans its live path for the window's precompute hits rounded down to a
+# multiple of 1/_HIT_GRID of each segment's treatment requests
+_HIT_GRID = 40
 # the oracle policy compares its strong-model splits on a grid this many points apart (2.5 %)
 _CHOICE_KEY_STEPS = 5
 
@@ -217,6 +239,18 @@ class _Solution:
     value_rma: float
     value_sbm: float
     value_pre: float = 0.0
+
+
+@dataclass(slots=True)
+class _Menu:
+    """One set of RMA options (extra candidates) with their per-cell gains and per-request
+    costs, and its LPs (built at the first solve)."""
+
+    levels: tuple[int, ...]
+    g_rma: FloatArray  # (J, C)
+    c_rma: FloatArray  # (4, J): ms of cpu, R, S, RS per request
+    lp: tuple[Any, ...] | None = None
+    lp_pre: tuple[Any, ...] | None = None
 
 
 class FeasibleRules:
@@ -268,6 +302,26 @@ class FeasibleRules:
 
     def is_expired(self, r: int, t: float) -> bool:
         return any(a <= t < b and (rr is None or rr == r) for a, b, rr in self.expired)
+
+    # -- the mixed replicas' quota -------------------------------------------------------------
+
+    def extras_units(self, r: int, t: float) -> tuple[float, float]:
+        """The CPU and accelerator units one RMA request's extras run on at ``t``: its threads
+        and one device within its mixed replica's quota of the region's local CPU level and of
+        the local accelerator levels the base model may use
+        (:meth:`headroom.defences.replicas.MixedReplicas.extras_units`, with the levels the
+        engine gives it, whatever the pools' assignment)."""
+        st = self.ctx.regions[r]
+        cpu = acc = 0.0
+        for i, p in enumerate(self.ctx.traces.regions[r].pools):
+            key = p.key
+            if key.remote:
+                continue
+            if key.resource == "cpu":
+                cpu += p.level_at(t)
+            elif st.base_ok[i]:
+                acc += p.level_at(t)
+        return self.ctx.replicas.extras_units(cpu, acc, self.par)
 
     # -- admission --------------------------------------------------------------------------
 
@@ -368,46 +422,69 @@ class FeasibleRules:
         """Devices of the shared pools the best option at ``t`` gives the strong model, for
         ``lam`` requests per second."""
         ms, opts = self.split_options(r, t)
+        lv = oracle.menu_levels(self.extras_units(r, t))
         best, best_v = 0, -1.0
         for o in range(opts.shape[0]):
-            v = oracle.solution(oracle.budgets(opts[o], lam)).value
+            v = oracle.solution(oracle.budgets(opts[o], lam), lv).value
             if v > best_v + 1e-12:
                 best, best_v = o, v
         return ms[best]
 
-    def steady_split(self, r: int, now: float, lam: float, oracle: Oracle) -> float:
+    def steady_split(
+        self,
+        r: int,
+        now: float,
+        lam: float,
+        oracle: Oracle,
+        held: tuple[tuple[float, float], ...] = (),
+    ) -> float:
         """Devices of the shared pools to give the strong model at ``now``: the count whose
-        plans are worth most over the next load time (``now`` and four instants up to
-        ``now + load_s``, each at its own rate; a count not yet loaded at an instant is worth
-        the largest one that is). Holding one count over a load time, instead of chasing the
-        best count of every step, is what the reload after each change asks for."""
+        plans are worth most over the next two load times (``now`` and seven instants
+        ``load_s / 4`` apart, each at its own rate; a count not yet loaded at an instant is
+        worth the largest one that is). ``held``: the strong model's replicas on the shared
+        pools now, ``(units, loaded_at)`` (the engine's ``RegionRun.tranches``): a count above
+        them loads the rest for ``load_s`` — those devices serve neither lever meanwhile — and
+        one below keeps the oldest. Counting that reload, instead of chasing the best count of
+        every step (which left a slice reloading for ever when the best count flipped between
+        two neighbours), is what holds a count."""
         samples = [(now, lam)]
         if self.load_s > 0:
-            for frac in (0.25, 0.5, 0.75, 1.0):
-                t = now + frac * self.load_s
+            for k in range(1, 8):
+                t = now + 0.25 * k * self.load_s
                 if t < self.ctx.duration_s:
                     samples.append((t, oracle.rate_at(r, t)))
-        tables = []
-        cands: set[float] = set()
-        for t, rate in samples:
-            ms, opts = self.split_options(r, t)
-            vals = [oracle.choice_value(oracle.budgets(opts[o], rate)) for o in range(len(ms))]
-            tables.append((ms, vals))
-            cands.update(ms)
+        resident = sum(u for u, _ in held)
+        cands: set[float] = {0.0}
+        pools_at = [self._pools_at(r, t, SPLIT_STEP) for t, _ in samples]
+        for pools in pools_at:
+            if pools is not None:
+                cands.update(pools[4])
+        totals = dict.fromkeys(cands, 0.0)
+        for (t, rate), pools in zip(samples, pools_at, strict=True):
+            if pools is None:
+                continue
+            cpu, base_only, shared, strong_only, grid = pools
+            lv = oracle.menu_levels(self.extras_units(r, t))
+            ready = sum(u for u, at in held if at <= t + 1e-9)
+            for m in cands:
+                m_t = max([0.0, *(g for g in grid if g <= m + 1e-9)])
+                if m_t > resident + 1e-9:
+                    s = ready + (m_t - resident if t >= now + self.load_s - 1e-9 else 0.0)
+                else:
+                    s = min(m_t, ready)
+                caps = self.caps_for(r, cpu, base_only + shared - m_t, strong_only + min(s, m_t))
+                totals[m] += oracle.choice_value(oracle.budgets(caps, rate), lv)
         best, best_v = 0.0, -1.0
         for m in sorted(cands):
-            total = 0.0
-            for ms, vals in tables:
-                avail = [(mm, v) for mm, v in zip(ms, vals, strict=True) if mm <= m + 1e-9]
-                total += max(avail)[1] if avail else 0.0
-            if total > best_v + 1e-12:
-                best, best_v = m, total
+            if totals[m] > best_v + 1e-12:
+                best, best_v = m, totals[m]
         return best
 
-    def series(self, r: int) -> tuple[FloatArray, FloatArray, Corners]:
-        """Breakpoints, the price options in force from each (n, P, 4) and the corners (n, S,
+    def series(self, r: int) -> tuple[FloatArray, FloatArray, Corners, list[tuple[float, float]]]:
+        """Breakpoints, the price options in force from each (n, P, 4), the corners (n, S,
         4) (:meth:`bound_options`; a breakpoint with fewer options repeats its first price
-        option, which never raises the max)."""
+        option, which never raises the max) and the units an RMA request's extras run on from
+        each (:meth:`extras_units`: they change only with the pools' levels)."""
         ctx = self.ctx
         rt = ctx.traces.regions[r]
         pts = {0.0}
@@ -430,7 +507,7 @@ class FeasibleRules:
             caps[j, price.shape[0] :] = price[0]
             corners[j, : cor.shape[0]] = cor
             corners[j, cor.shape[0] :] = price[0]
-        return times, caps, corners
+        return times, caps, corners, [self.extras_units(r, float(t)) for t in times.tolist()]
 
 
 class Oracle:
@@ -444,22 +521,8 @@ class Oracle:
         span = ctx.nmax - n0
         levels = sorted({round(span * (k + 1) / RMA_LEVELS) for k in range(RMA_LEVELS)} - {0})
         self.levels = tuple(int(e) for e in levels)
-        g = []
-        for e in self.levels:
-            q, _ = ctx.rma_quality(e)
-            g.append(pop.v_mean * (q - ctx.q_base))
-        self.g_rma = np.array(g) if g else np.zeros((0, pop.n_cells))  # (J, C)
         self.g_sbm = pop.v_mean * (ctx.q_strong - ctx.q_base)  # (C,)
-        ex = np.array(self.levels, dtype=np.float64)
         # per-request costs (ms) of each option on the four constrained resources
-        self.c_rma = np.stack(
-            [
-                ex * costs.base_cpu_ms,
-                ex * costs.base_accelerator_ms,
-                0 * ex,
-                ex * costs.base_accelerator_ms,
-            ]
-        )  # (4, J)
         self.c_sbm = np.array(
             [
                 n0 * costs.strong_cpu_ms,
@@ -470,13 +533,17 @@ class Oracle:
         )
         self.share = pop.share / pop.share.sum()
         self.elig = ctx.eligible
-        self._solutions: dict[tuple[tuple[int, ...], tuple[int, ...] | None], _Solution] = {}
-        self._plans: dict[tuple[int, ...], Plan] = {}
+        self._solutions: dict[
+            tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...] | None], _Solution
+        ] = {}
+        self._plans: dict[
+            tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...] | None], Plan
+        ] = {}
         static = precompute_static(ctx)
         # Δ*_s per cell: the most a stored result adds to one visit (0 without precompute)
         self.pre_gain = None if static is None else np.asarray(static.best_gain[pop.seg])
-        self._lp: tuple[Any, ...] = self._build_lp(pre=False)
-        self._lp_pre: tuple[Any, ...] | None = None  # built at the first joint solve
+        self._menus: dict[tuple[int, ...], _Menu] = {}
+        self._menu(self.levels)  # the full grid: the loose bound's (no replica's quota)
         self._bound: OracleBound | None = None
         self._feasible: OracleBound | None = None
         self._losses: dict[int, float] = {}
@@ -526,83 +593,141 @@ class Oracle:
 
     # -- the LP ------------------------------------------------------------------------------
 
-    def _build_lp(self, pre: bool) -> tuple[Any, ...]:
+    def _menu(self, levels: tuple[int, ...]) -> _Menu:
+        """The RMA options ``levels`` (extra candidates) with their gains and costs, built
+        once per distinct set."""
+        got = self._menus.get(levels)
+        if got is not None:
+            return got
+        ctx = self.ctx
+        costs = ctx.costs
+        g = []
+        for e in levels:
+            q, _ = ctx.rma_quality(e)
+            g.append(ctx.pop.v_mean * (q - ctx.q_base))
+        ex = np.array(levels, dtype=np.float64)
+        menu = _Menu(
+            levels=levels,
+            g_rma=np.array(g) if g else np.zeros((0, ctx.pop.n_cells)),
+            c_rma=np.stack(
+                [
+                    ex * costs.base_cpu_ms,
+                    ex * costs.base_accelerator_ms,
+                    0 * ex,
+                    ex * costs.base_accelerator_ms,
+                ]
+            ),
+        )
+        self._menus[levels] = menu
+        return menu
+
+    def menu_levels(self, units: tuple[float, float] | None) -> tuple[int, ...]:
+        """The RMA options left when a request's extras run on ``units`` (CPU, accelerator;
+        :meth:`headroom.defences.replicas.MixedReplicas.extras_units`): each grid level trimmed
+        to the extras that finish within the optional budget on them (:func:`run_levels`, the
+        engine's rule), without repeats or 0 (a fully trimmed request is a baseline one).
+        None: the full grid."""
+        if units is None:
+            return self.levels
+        return tuple(sorted(set(run_levels(self.ctx, self.levels, units)) - {0}))
+
+    def _build_lp(self, pre: bool, levels: tuple[int, ...] | None = None) -> tuple[Any, ...]:
         """Objective and constraint matrix; variables cell-major, per cell ``[rma_0 ..
         rma_{J-1}, sbm]`` and, with ``pre``, the stored-result option last (gain Δ*, no live
-        cost; its bound, the returning share, is set per solve)."""
+        cost; its bound, the returning share, is set per solve). ``levels``: the RMA options
+        (None: the full grid)."""
+        menu = self._menu(self.levels if levels is None else levels)
         c_n = self.share.size
-        j_n = len(self.levels)
+        j_n = len(menu.levels)
         w = j_n + (2 if pre else 1)
         obj = np.zeros(c_n * w)
         a_ub = np.zeros((c_n + 4, c_n * w))
         for c in range(c_n):
             base = c * w
-            obj[base : base + j_n] = -self.share[c] * self.g_rma[:, c]
+            obj[base : base + j_n] = -self.share[c] * menu.g_rma[:, c]
             obj[base + j_n] = -self.share[c] * self.g_sbm[c]
             if pre:
                 assert self.pre_gain is not None
                 obj[base + j_n + 1] = -self.share[c] * self.pre_gain[c]
             a_ub[c, base : base + w] = 1.0
-            a_ub[c_n:, base : base + j_n] = self.share[c] * self.c_rma
+            a_ub[c_n:, base : base + j_n] = self.share[c] * menu.c_rma
             a_ub[c_n:, base + j_n] = self.share[c] * self.c_sbm
         return obj, a_ub
 
-    def _bounds(self, rho: FloatArray | None) -> list[tuple[float, float]]:
+    def _bounds(self, rho: FloatArray | None, j_n: int | None = None) -> list[tuple[float, float]]:
         """Variable bounds (the layout of :meth:`_build_lp`); ``rho``: the returning share of
-        each segment (the stored-result option's cap), None for the live LP."""
+        each segment (the stored-result option's cap), None for the live LP; ``j_n``: the
+        number of RMA options (None: the full grid's)."""
         seg = self.ctx.pop.seg
+        j_n = len(self.levels) if j_n is None else j_n
         out: list[tuple[float, float]] = []
         for c in range(self.share.size):
-            out += [(0.0, 1.0)] * len(self.levels) + [(0.0, self.elig)]
+            out += [(0.0, 1.0)] * j_n + [(0.0, self.elig)]
             if rho is not None:
                 out.append((0.0, min(float(rho[int(seg[c])]), 1.0)))
         return out
 
-    def _solve(self, key: tuple[int, ...], rho_key: tuple[int, ...] | None = None) -> _Solution:
-        """The LP at a budget grid point; with ``rho_key``, the joint LP with the stored-result
-        option open to ``rho_key / RHO_GRID`` of each segment's requests (its ``h`` then
-        depends on the real returning shares: :meth:`_h_pre`)."""
-        got = self._solutions.get((key, rho_key))
+    def _solve(
+        self,
+        key: tuple[int, ...],
+        rho_key: tuple[int, ...] | None = None,
+        levels: tuple[int, ...] | None = None,
+    ) -> _Solution:
+        """The LP at a budget grid point with the RMA options ``levels`` (None: the full
+        grid); with ``rho_key``, the joint LP with the stored-result option open to ``rho_key
+        / RHO_GRID`` of each segment's requests (its ``h`` then depends on the real returning
+        shares: :meth:`_h_pre`)."""
+        lv = self.levels if levels is None else levels
+        got = self._solutions.get((lv, key, rho_key))
         if got is not None:
             return got
         pre = rho_key is not None
-        lp = self._lp_pre if pre else self._lp
+        menu = self._menu(lv)
+        lp = menu.lp_pre if pre else menu.lp
         if lp is None:
-            lp = self._lp_pre = self._build_lp(pre=True)
+            lp = self._build_lp(pre, lv)
+            if pre:
+                menu.lp_pre = lp
+            else:
+                menu.lp = lp
         obj, a_ub = lp
         b = np.array([0.0 if k == _ZERO_KEY else GRID_RATIO**k for k in key])
         c_n = self.share.size
-        j_n = len(self.levels)
+        j_n = len(lv)
         b_ub = np.concatenate([np.ones(c_n), b])
-        bounds = self._bounds(None if rho_key is None else np.array(rho_key) / RHO_GRID)
+        bounds = self._bounds(None if rho_key is None else np.array(rho_key) / RHO_GRID, j_n)
         res = linprog(obj, A_ub=a_ub, b_ub=b_ub, bounds=bounds, method="highs")
         if res.status != 0:  # pragma: no cover - the origin is always feasible
             raise RuntimeError(f"oracle LP failed: {res.message}")
         x = np.clip(res.x.reshape(c_n, j_n + (2 if pre else 1)), 0.0, None)
         y = np.clip(-np.asarray(res.ineqlin.marginals[c_n:]), 0.0, None)
-        v_rma = float((self.share[:, None] * x[:, :j_n] * self.g_rma.T).sum())
+        v_rma = float((self.share[:, None] * x[:, :j_n] * menu.g_rma.T).sum())
         v_sbm = float((self.share * x[:, j_n] * self.g_sbm).sum())
         v_pre = float((self.share * x[:, j_n + 1] * self.pre_gain).sum()) if pre else 0.0
         sol = _Solution(
             x_rma=x[:, :j_n].T.copy(),
             x_sbm=x[:, j_n].copy(),
             y=y,
-            h=0.0 if pre else self._h(y),
+            h=0.0 if pre else self._h(y, lv),
             value=v_rma + v_sbm + v_pre,
             value_rma=v_rma,
             value_sbm=v_sbm,
             value_pre=v_pre,
         )
-        self._solutions[(key, rho_key)] = sol
+        self._solutions[(lv, key, rho_key)] = sol
         return sol
 
-    def _h_pre(self, y: FloatArray, rho: FloatArray) -> FloatArray:
+    def _h_pre(
+        self, y: FloatArray, rho: FloatArray, levels: tuple[int, ...] | None = None
+    ) -> FloatArray:
         """``Σ_c sh_c φ_c(y)`` for each row of returning shares ``rho`` (n, S): per cell the
         best use of one request at prices ``y`` — the options by reduced value, each up to its
         cap (RMA 1, strong the eligible share, precompute the returning share), until the
         request is used up (a fractional knapsack of size one: exact). Without precompute
-        (no stored-result gain, or ``rho`` 0) it is the live LP's ``h``."""
-        r_rma = self.g_rma - (y @ self.c_rma)[:, None]
+        (no stored-result gain, or ``rho`` 0) it is the live LP's ``h``. ``levels``: the RMA
+        options (None: the full grid)."""
+        menu = self._menu(self.levels if levels is None else levels)
+        r_rma = menu.g_rma - (y @ menu.c_rma)[:, None]
         r_best = r_rma.max(axis=0) if r_rma.size else np.zeros(self.share.size)
         pre = self.pre_gain if self.pre_gain is not None else np.zeros(self.share.size)
         vals = np.maximum(
@@ -630,9 +755,9 @@ class Oracle:
             out.append(_ZERO_KEY if v <= 0 else math.floor(math.log(v) / _LOG_RATIO + 1e-12))
         return tuple(out)
 
-    def _h(self, y: FloatArray) -> float:
+    def _h(self, y: FloatArray, levels: tuple[int, ...] | None = None) -> float:
         """The live LP's ``h``: :meth:`_h_pre` with no stored result."""
-        return float(self._h_pre(y, np.zeros((1, len(self.ctx.segment_names))))[0])
+        return float(self._h_pre(y, np.zeros((1, len(self.ctx.segment_names))), levels)[0])
 
     def budgets(self, caps: FloatArray, arrivals_per_s: float) -> FloatArray:
         """Per treatment request: ms of work each resource affords at this arrival rate."""
@@ -643,11 +768,11 @@ class Oracle:
 
     # -- the oracle as a policy -----------------------------------------------------------
 
-    def solution(self, b: FloatArray) -> _Solution:
+    def solution(self, b: FloatArray, levels: tuple[int, ...] | None = None) -> _Solution:
         """The LP's solution at the budgets ``b`` rounded down onto the grid."""
-        return self._solve(self._key(b))
+        return self._solve(self._key(b), levels=levels)
 
-    def choice_value(self, b: FloatArray) -> float:
+    def choice_value(self, b: FloatArray, levels: tuple[int, ...] | None = None) -> float:
         """The LP's value at the budgets ``b`` rounded down onto every
         :data:`_CHOICE_KEY_STEPS`-th grid point: cheap (few distinct LPs), for comparing the
         oracle policy's splits only; its plan is solved at the fine grid."""
@@ -655,19 +780,59 @@ class Oracle:
             k if k == _ZERO_KEY else k // _CHOICE_KEY_STEPS * _CHOICE_KEY_STEPS
             for k in self._key(b)
         )
-        return self._solve(key).value
+        return self._solve(key, levels=levels).value
 
-    def _plan_of(self, key: tuple[int, ...]) -> Plan:
-        plan = self._plans.get(key)
+    def _plan_of(
+        self,
+        key: tuple[int, ...],
+        levels: tuple[int, ...] | None = None,
+        hit_key: tuple[int, ...] | None = None,
+    ) -> Plan:
+        """The plan of the LP at the budget grid point ``key`` with the RMA options ``levels``;
+        ``hit_key``: the share of each segment's treatment requests the precompute store
+        serves, in steps of 1/:data:`_HIT_GRID` (:meth:`_live_x`)."""
+        lv = self.levels if levels is None else levels
+        plan = self._plans.get((lv, key, hit_key))
         if plan is None:
-            sol = self._solve(key)
-            used = [j for j in range(len(self.levels)) if sol.x_rma[j].sum() > 1e-12]
+            if hit_key is None:
+                sol = self._solve(key, levels=lv)
+                x_rma, x_sbm = sol.x_rma, sol.x_sbm
+            else:
+                x_rma, x_sbm = self._live_x(key, lv, hit_key)
+            used = [j for j in range(len(lv)) if x_rma[j].sum() > 1e-12]
             pop_c = self.share.size
-            rma = sol.x_rma[used] if used else np.zeros((0, pop_c))
+            rma = x_rma[used] if used else np.zeros((0, pop_c))
             z = np.zeros(pop_c)
-            plan = Plan(tuple(self.levels[j] for j in used), rma, sol.x_sbm, z, z)
-            self._plans[key] = plan
+            plan = Plan(tuple(lv[j] for j in used), rma, x_sbm, z, z)
+            self._plans[(lv, key, hit_key)] = plan
         return plan
+
+    def _live_x(
+        self, key: tuple[int, ...], levels: tuple[int, ...], hit_key: tuple[int, ...]
+    ) -> tuple[FloatArray, FloatArray]:
+        """The live LP's plan when a share ``h_s = hit_key_s / _HIT_GRID`` of segment ``s``'s
+        treatment requests is served from the precompute store: the engine runs a cell's plan
+        on its other ``1 − h`` only (:func:`headroom.defences.plan.live_share`), so the LP
+        allocates the budgets (per treatment request) over those — each cell's options sum to
+        at most ``1 − h``, the strong model's to ``eligible × (1 − h)`` — and the plan is that
+        allocation over ``1 − h`` (what the engine scales back by it). ``h`` is rounded down:
+        the engine then runs at most the LP's allocation."""
+        obj, a_ub = self._menu(levels).lp or self._build_lp(False, levels)
+        seg = self.ctx.pop.seg
+        keep = 1.0 - np.array(hit_key, dtype=np.float64)[seg] / _HIT_GRID  # (C,)
+        b = np.array([0.0 if k == _ZERO_KEY else GRID_RATIO**k for k in key])
+        c_n = self.share.size
+        j_n = len(levels)
+        bounds: list[tuple[float, float]] = []
+        for c in range(c_n):
+            bounds += [(0.0, float(keep[c]))] * j_n + [(0.0, self.elig * float(keep[c]))]
+        res = linprog(obj, A_ub=a_ub, b_ub=np.concatenate([keep, b]), bounds=bounds, method="highs")
+        if res.status != 0:  # pragma: no cover - the origin is always feasible
+            raise RuntimeError(f"oracle LP failed: {res.message}")
+        x = np.clip(res.x.reshape(c_n, j_n + 1), 0.0, None)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            x = np.where(keep[:, None] > 0, x / keep[:, None], 0.0)
+        return np.clip(x[:, :j_n].T, 0.0, 1.0), np.clip(x[:, j_n], 0.0, self.elig)
 
     def rate_at(self, r: int, t: float) -> float:
         """The request rate of the step holding ``t``."""
@@ -703,11 +868,36 @@ class Oracle:
         rules = self.rules
         if rules.is_expired(r, now):
             return None
-        m = rules.steady_split(r, now, lam, self)
+        m = rules.steady_split(r, now, lam, self, self._held(run))
         self._assign(run, now, m)
         q = run.quotas
         caps = rules.caps_for(r, q.rma_cpu + q.sbm_cpu, q.rma_acc, q.sbm_acc)
-        return self._plan_of(self._key(self.budgets(caps, lam)))
+        # RMA's options trimmed as the engine trims a request's extras on its replica's quota
+        lv = self.menu_levels(run.extras_units)
+        return self._plan_of(self._key(self.budgets(caps, lam)), lv, self._hit_key(run))
+
+    @staticmethod
+    def _held(run: Any) -> tuple[tuple[float, float], ...]:
+        """The strong model's replicas on ``run``'s shared pools, ``(units, loaded_at)``."""
+        st = run.static
+        out: list[tuple[float, float]] = []
+        for i, key in enumerate(st.pools):
+            if not key.remote and key.resource != "cpu" and st.base_ok[i] and st.strong_ok[i]:
+                out += [(float(u), float(at)) for u, at in run.tranches[i]]
+        return tuple(out)
+
+    def _hit_key(self, run: Any) -> tuple[int, ...] | None:
+        """The share of each segment's treatment requests the precompute store serves in the
+        window ``run`` is in (the engine draws a window's visits when it opens), rounded down
+        to a multiple of 1/:data:`_HIT_GRID`; None without hits."""
+        hit = getattr(run, "_hit", None)
+        if hit is None:
+            return None
+        seg = self.ctx.pop.seg
+        h = np.zeros(self.ctx.pop.n_segments)
+        np.maximum.at(h, seg, np.asarray(hit, dtype=np.float64))
+        key = tuple(int(k) for k in np.floor(np.clip(h, 0.0, 1.0) * _HIT_GRID + 1e-9).tolist())
+        return key if any(key) else None
 
     @staticmethod
     def _assign(run: Any, now: float, strong_shared: float) -> None:
@@ -731,6 +921,19 @@ class Oracle:
 
     # -- the bound ----------------------------------------------------------------------------
 
+    def _menus_of(
+        self, units: list[tuple[float, float]] | None, seg: npt.NDArray[np.int64]
+    ) -> tuple[list[tuple[int, ...]], npt.NDArray[np.int64]]:
+        """The distinct RMA menus of the breakpoints' ``units`` (:meth:`menu_levels`) and, per
+        stretch (its breakpoint ``seg``), the index of its menu; one full-grid menu without
+        ``units``."""
+        if units is None:
+            return [self.levels], np.zeros(seg.size, dtype=np.int64)
+        per_bp = [self.menu_levels(u) for u in units]
+        menus = sorted(set(per_bp))
+        idx = np.array([menus.index(m) for m in per_bp], dtype=np.int64)
+        return menus, idx[seg]
+
     def _stretch_duals(
         self,
         r: int,
@@ -740,6 +943,7 @@ class Oracle:
         by_rate: bool = False,
         coarse: bool = False,
         corners: Corners | None = None,
+        units: list[tuple[float, float]] | None = None,
     ) -> tuple[FloatArray, FloatArray, FloatArray]:
         """Per stretch of region ``r`` (the steps cut at every capacity breakpoint ``times``,
         the window edges with precompute and ``extra_edges``) and per capacity option (``caps``:
@@ -752,7 +956,9 @@ class Oracle:
         a little looser; far fewer LPs to solve). ``corners`` (:meth:`FeasibleRules.series`):
         more options, each evaluated at the prices of every option of ``caps`` in its stretch
         (the smallest of those duals; no LP of their own); they follow ``caps``'s options in
-        the result."""
+        the result. ``units`` (:meth:`FeasibleRules.series`): per breakpoint, the units an RMA
+        request's extras run on, which trim the RMA options (:meth:`menu_levels`); None: the
+        full grid."""
         ctx = self.ctx
         tr = ctx.traces
         rho_w = returning_share(ctx, r) if precompute_capable(ctx, r) else None
@@ -769,6 +975,7 @@ class Oracle:
         mid = a + 0.5 * dt
         step = np.minimum(np.searchsorted(tr.step_edges, mid, side="right") - 1, tr.n_steps - 1)
         seg = np.searchsorted(times, mid, side="right") - 1
+        menus, menu_of = self._menus_of(units, np.maximum(seg, 0))
         length = tr.step_len[step]
         arr = tr.regions[r].arrivals[step].astype(np.float64)
         n_req = arr * dt / length * ctx.treat  # treatment requests in the stretch
@@ -797,9 +1004,9 @@ class Oracle:
             if rho is not None or coarse:
                 # prices only: every _PRE_KEY_STEPS-th grid point (the dual stays valid)
                 kf = np.where(kf == _ZERO_KEY, kf, kf // _PRE_KEY_STEPS * _PRE_KEY_STEPS)
-            cols = kf
+            cols = np.hstack([kf, menu_of[:, None]])
             if rho is not None:
-                cols = np.hstack([kf, np.ceil(rho * RHO_GRID - 1e-9).astype(np.int64)])
+                cols = np.hstack([cols, np.ceil(rho * RHO_GRID - 1e-9).astype(np.int64)])
             rows = np.flatnonzero(live)
             if rows.size == 0:
                 continue
@@ -810,6 +1017,7 @@ class Oracle:
                 for j in range(4):
                     col = np.where(kf[rows, j] == _ZERO_KEY, -8191, kf[rows, j])
                     packed = (packed << 14) | (np.clip(col, -8191, 8191) + 8192)
+                packed |= menu_of[rows] << 56  # and the menu (7 bits: fewer than 128 menus)
                 _, first, inv = np.unique(packed, return_index=True, return_inverse=True)
                 uniq = cols[rows[first]]
             else:
@@ -820,14 +1028,15 @@ class Oracle:
             for g in range(uniq.shape[0]):
                 ii = rows[order[bounds_[g] : bounds_[g + 1]]]
                 key = tuple(int(k) for k in uniq[g, :4])
+                lv = menus[int(uniq[g, 4])]
                 nr = n_req[ii]
                 # dual bound at the real budgets (and returning shares): Σ N (y·b + h)
                 if rho is None:
-                    sol = self._solve(key)
+                    sol = self._solve(key, levels=lv)
                     h_of[ii, o] = sol.h
                 else:
-                    sol = self._solve(key, tuple(int(k) for k in uniq[g, 4:]))
-                    h_of[ii, o] = self._h_pre(sol.y, rho[ii])
+                    sol = self._solve(key, tuple(int(k) for k in uniq[g, 5:]), lv)
+                    h_of[ii, o] = self._h_pre(sol.y, rho[ii], lv)
                 prices[ii, o] = sol.y
                 duals[ii, o] = nr * (bud[ii] @ sol.y + h_of[ii, o])
                 if sol.value > 0:
@@ -862,13 +1071,21 @@ class Oracle:
         if self._bound is not None:
             return self._bound
         self._bound = self._total(
-            [(times, caps[:, None, :], None, None) for times, caps in self._caps]
+            [(times, caps[:, None, :], None, None, None) for times, caps in self._caps]
         )
         return self._bound
 
     def _total(
         self,
-        series: list[tuple[FloatArray, FloatArray, FloatArray | None, Corners | None]],
+        series: list[
+            tuple[
+                FloatArray,
+                FloatArray,
+                FloatArray | None,
+                Corners | None,
+                list[tuple[float, float]] | None,
+            ]
+        ],
         by_rate: bool = False,
         coarse: bool = False,
     ) -> OracleBound:
@@ -877,8 +1094,10 @@ class Oracle:
         totals = np.zeros(3)
         relief_total = 0.0
         per_region = []
-        for r, (times, caps, extra, corners) in enumerate(series):
-            duals, shares, _ = self._stretch_duals(r, times, caps, extra, by_rate, coarse, corners)
+        for r, (times, caps, extra, corners, units) in enumerate(series):
+            duals, shares, _ = self._stretch_duals(
+                r, times, caps, extra, by_rate, coarse, corners, units
+            )
             best = np.argmax(duals, axis=1) if duals.size else np.zeros(0, dtype=np.int64)
             rows = np.arange(duals.shape[0])
             d = duals[rows, best]
@@ -903,8 +1122,8 @@ class Oracle:
         if self._feasible is None:
             self._feasible = self._total(
                 [
-                    (times, caps, self.rules.expired_edges(), corners)
-                    for times, caps, corners in (
+                    (times, caps, self.rules.expired_edges(), corners, units)
+                    for times, caps, corners, units in (
                         self.rules.series(r) for r in range(len(self.ctx.regions))
                     )
                 ],

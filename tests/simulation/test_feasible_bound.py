@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from headroom.defences.admission import admitted_share
-from headroom.sim.oracle import BOUND_STEP, PRICE_STEP, SPLIT_STEP, Oracle
+from headroom.sim.config import SimConfig
+from headroom.sim.context import run_levels
+from headroom.sim.oracle import _HIT_GRID, BOUND_STEP, PRICE_STEP, SPLIT_STEP, Oracle
 from headroom.sim.run import build_context, run_simulation
 from tests.simulation.test_sim_runs import curves_of, short
 
@@ -112,3 +114,61 @@ def test_envoy_and_sre_throttle_run(tmp_path: Path) -> None:
         assert m[p]["complete"] is True
         assert m[p]["value"]["feasible_bound"] == m["static"]["value"]["feasible_bound"]
         assert m[p]["requests"]["total"] == m["static"]["requests"]["total"]
+
+
+# eight mixed replicas: one replica's quota of quickstart's levels (4–16 cores, 2 devices) is
+# 0.5–2 cores and a quarter device, too little for 800 extra candidates within the optional
+# budget (the engine trims them: headroom.defences.replicas)
+EIGHT = SimConfig().with_overrides(mixed_replicas=8)
+
+
+def test_the_mixed_replicas_quota_trims_the_bounds_rma_options(tmp_path: Path) -> None:
+    s = dataclasses.replace(short("quickstart"), duration_s=700.0)
+    curves = curves_of(s)
+    oracle = Oracle(build_context(s, config=EIGHT, curves=curves))
+    rules = oracle.rules
+    units = rules.extras_units(0, 600.0)  # 8 cores, 2 devices: 1 core, 0.25 device each
+    assert units == pytest.approx((1.0, 0.25))
+    menu = oracle.menu_levels(units)
+    # the engine's trimming of every grid level, without repeats
+    assert menu == tuple(sorted(set(run_levels(oracle.ctx, oracle.levels, units)) - {0}))
+    assert max(menu) < max(oracle.levels)
+    assert oracle.menu_levels(None) == oracle.levels
+    trimmed = oracle.feasible().total
+    # the same bound offering the whole grid whatever the quota (the bound before the rule)
+    loose = Oracle(build_context(s, config=EIGHT, curves=curves))
+    loose.menu_levels = lambda units: loose.levels  # type: ignore[method-assign]
+    untrimmed = loose.feasible().total
+    assert trimmed < untrimmed
+    # it still bounds what the policies reach under the rule
+    run = run_simulation(
+        s, ["static", "headroom", "oracle"], tmp_path, config=EIGHT, curves=curves, plots=False
+    )
+    m = run.metrics["policies"]
+    assert m["oracle"]["value"]["feasible_bound"] == pytest.approx(trimmed)
+    assert 0 < m["oracle"]["value"]["incremental"] <= trimmed
+    assert m["headroom"]["value"]["incremental"] <= trimmed
+
+
+def test_the_oracle_plans_its_live_path_over_the_requests_the_store_does_not_serve(
+    oracle: Oracle,
+) -> None:
+    # a share h of a cell's treatment requests served from the store leaves the plan's classes
+    # on the other 1 − h (the engine's rule): the plan fills the budgets on those, no more
+    budgets = oracle.budgets(oracle.rules.options_at(0, 600.0)[0], 1000.0)  # binding
+    key = oracle._key(budgets)
+    n_seg = oracle.ctx.pop.n_segments
+    hit_key = tuple([_HIT_GRID // 2] * n_seg)  # half of every segment's requests hit
+    keep = 0.5
+    blind = oracle._plan_of(key, oracle.levels)
+    live = oracle._plan_of(key, oracle.levels, hit_key)
+    cost = oracle.ctx.costs.base_accelerator_ms
+
+    def acc_ms(plan: object) -> float:  # RMA's accelerator work per treatment request, run live
+        lv = np.array(plan.levels, dtype=np.float64)  # type: ignore[attr-defined]
+        x = plan.rma  # type: ignore[attr-defined]
+        return float(keep * (oracle.share * (lv[:, None] * x).sum(axis=0)).sum() * cost)
+
+    assert acc_ms(live) <= budgets[1] * (1 + 1e-6)
+    assert acc_ms(live) > acc_ms(blind)
+    assert np.all(live.rma.sum(axis=0) <= 1.0 + 1e-9)
