@@ -214,14 +214,16 @@ class Plan:
 
 @dataclass(frozen=True, slots=True)
 class ArmParts:
-    """A group of requests as (class row, cell) parts: share of all arrivals, quality."""
+    """A value-signal group's requests over a batch of steps, as (mix, class, cell) parts: each
+    part's requests (its share of all arrivals times its mix's arrivals), cell, the quality they
+    received (mean and spread), their share in time and the optional work one of them received
+    (ms): the value signals' ``cost``."""
 
     weights: FloatArray
     cell: IntArray
-    row: IntArray
     q: FloatArray
     sd: FloatArray
-    # optional work one request of the part received (ms): the value signals' ``cost``
+    pi: FloatArray
     cpu_ms: FloatArray
     acc_ms: FloatArray
 
@@ -258,8 +260,14 @@ class Mix:
     # (S,) per arriving request, the base-path value of the precompute hits (in the base class;
     # the precompute lever replaces it, sim/precompute_sim.py)
     hit_value: FloatArray
-    # holdout arms and value-signal groups: parts of (class, cell) with their quality
-    arm_parts: dict[str, ArmParts]
+    # holdout arms and value-signal groups (sim/windows.py ``ARM_CLASSES``): per class and
+    # cell, the treatment requests' share of all arrivals (K, C), the quality they receive
+    # (mean and spread, (K, C)) and the optional work one of them receives (ms, (K,))
+    arm_weights: FloatArray
+    quality: FloatArray
+    quality_sd: FloatArray
+    opt_cpu_ms: FloatArray
+    opt_acc_ms: FloatArray
     # the CPU and accelerator units an RMA request's extras ran on (None: its threads and a
     # whole device, untrimmed) and the extras each RMA class ran after trimming
     extras_units: tuple[float, float] | None = None
@@ -308,9 +316,11 @@ class _MixShape:
     penalty: FloatArray  # (K,)
     strong_stage: npt.NDArray[np.bool_]  # (K,)
     qk: FloatArray  # (K, C) mean quality per class and cell
-    # per value-signal group: its class rows, cells, quality and optional work (ArmParts but
-    # the weights)
-    groups: dict[str, tuple[IntArray, IntArray, FloatArray, FloatArray, FloatArray, FloatArray]]
+    sd_all: FloatArray  # (K, C) its spread
+    # (K,) optional work one request of the class receives (ms): RMA's extra candidates, the
+    # strong ranking
+    opt_cpu_row: FloatArray
+    opt_acc_row: FloatArray
 
 
 def _mix_shape(
@@ -320,7 +330,6 @@ def _mix_shape(
     got = ctx.mix_shapes.get(key)
     if got is not None:
         return got
-    pop = ctx.pop
     costs = ctx.costs
     n0 = ctx.n0
     par = ctx.config.latency.cpu_parallelism
@@ -369,7 +378,6 @@ def _mix_shape(
     sd_rows += [ctx.sd_strong, ctx.sd_base, ctx.sd_base]
     qk = np.vstack(q_rows)
     sd_all = np.vstack(sd_rows)
-    cells = np.arange(pop.n_cells)
     # optional work per request of each class: RMA's extra candidates, the strong ranking
     opt_cpu_row = np.zeros(k)
     opt_acc_row = np.zeros(k)
@@ -377,32 +385,6 @@ def _mix_shape(
     opt_acc_row[1 : 1 + n_levels] = lv * costs.base_accelerator_ms
     opt_cpu_row[1 + n_levels] = n0 * costs.strong_cpu_ms
     opt_acc_row[1 + n_levels] = n0 * costs.strong_accelerator_ms
-    srow = 1 + n_levels
-    rma_rows = list(range(1, 1 + n_levels))
-    groups: dict[
-        str, tuple[IntArray, IntArray, FloatArray, FloatArray, FloatArray, FloatArray]
-    ] = {}
-    for name, rows in (
-        ("rma", rma_rows),
-        ("sbm", [srow]),
-        ("none", [0, srow + 1, srow + 2]),
-        ("itt_rma", [0, *rma_rows]),
-        ("itt_sbm", [srow, srow + 1, srow + 2]),
-    ):
-        if not rows:
-            z = np.zeros(0)
-            none = np.zeros(0, dtype=np.int64)
-            groups[name] = (none, none, z, z, z, z)
-            continue
-        row = np.repeat(np.array(rows, dtype=np.int64), pop.n_cells)
-        groups[name] = (
-            row,
-            np.tile(cells, len(rows)).astype(np.int64),
-            np.concatenate([qk[r] for r in rows]),
-            np.concatenate([sd_all[r] for r in rows]),
-            opt_cpu_row[row],
-            opt_acc_row[row],
-        )
     got = _MixShape(
         ran=ran,
         levels=lv,
@@ -414,7 +396,9 @@ def _mix_shape(
         penalty=penalty,
         strong_stage=strong_stage,
         qk=qk,
-        groups=groups,
+        sd_all=sd_all,
+        opt_cpu_row=opt_cpu_row,
+        opt_acc_row=opt_acc_row,
     )
     ctx.mix_shapes[key] = got
     return got
@@ -479,35 +463,17 @@ def build_mix(ctx: SimContext, plan: Plan, extras: tuple[float, float] | None = 
     hit_value = (t * hit * sh * pop.v_mean * ctx.q_base) @ seg_onehot
     live_base = treat_base - hit
 
-    def group(name: str, weights: list[FloatArray]) -> ArmParts:
-        row, cell, q, sd, cpu_ms, acc_ms = shape.groups[name]
-        return ArmParts(
-            weights=np.concatenate(weights) if weights else np.zeros(0),
-            cell=cell,
-            row=row,
-            q=q,
-            sd=sd,
-            cpu_ms=cpu_ms,
-            acc_ms=acc_ms,
-        )
-
-    rma_w = [t * cell_frac[j] * sh for j in range(n_levels)]
-    base_w = t * live_base * sh
-    sbm_w = t * plan.sbm * sh
-    down_w = t * plan.down * sh
-    fail_w = t * plan.fail * sh
-    arm_parts: dict[str, ArmParts] = {
-        # what each request received (the log's arms: docs/events.md), plus "none": treatment
-        # requests that got no optional work, so a value-aware selection of the treated cannot
-        # bias the holdout estimate (docs/simulator.md §Holdout estimate)
-        "rma": group("rma", rma_w),
-        "sbm": group("sbm", [sbm_w]),
-        "none": group("none", [base_w, down_w, fail_w]),
-        # intent-to-treat groups the control plane learns from (docs/simulator.md §Value
-        # signals): requests not routed to the strong model (RMA's), and routed ones (SBM's)
-        "itt_rma": group("itt_rma", [base_w, *rma_w]),
-        "itt_sbm": group("itt_sbm", [sbm_w, down_w, fail_w]),
-    }
+    # per class and cell, the treatment requests' share of all arrivals: the holdout arms' and
+    # value-signal groups' weights; the precompute hits count in none of them
+    arm_weights = np.vstack(
+        [
+            t * live_base * sh,
+            *(t * cell_frac[j] * sh for j in range(n_levels)),
+            t * plan.sbm * sh,
+            t * plan.down * sh,
+            t * plan.fail * sh,
+        ]
+    )
     return Mix(
         plan=plan,
         base_cpu=base_cpu,
@@ -531,7 +497,11 @@ def build_mix(ctx: SimContext, plan: Plan, extras: tuple[float, float] | None = 
         value=value,
         base_value=base_value,
         hit_value=hit_value,
-        arm_parts=arm_parts,
+        arm_weights=arm_weights,
+        quality=shape.qk,
+        quality_sd=shape.sd_all,
+        opt_cpu_ms=shape.opt_cpu_row,
+        opt_acc_ms=shape.opt_acc_row,
         extras_units=extras,
         run_levels=shape.ran,
     )

@@ -61,6 +61,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from headroom.analysis.events import WindowTraffic, window_event
 from headroom.controllers.types import (
@@ -1091,7 +1092,7 @@ class RegionRun:
         n_trt: IntArray,
         s_count: FloatArray,
         pi_ctl: float,
-        arm_acc: Mapping[str, list[tuple[ArmParts, FloatArray, float]]],
+        arm_acc: Mapping[str, ArmParts],
     ) -> tuple[
         dict[str, dict[str, dict[str, Any]]],
         dict[tuple[str, str, str], ArmStats],
@@ -1110,7 +1111,7 @@ class RegionRun:
         n_c = pop.n_cells
         k_bins = pop.bins
         names = ctx.segment_names
-        groups = ["control"] + [g for g in _ARM_GROUPS if arm_acc.get(g)]
+        groups = ["control"] + [g for g in _ARM_GROUPS if g in arm_acc]
         n_all = np.zeros(len(groups) * n_c, dtype=np.int64)
         # the control arm's requests fall in a segment's value bins with equal probability
         for si in range(n_s):
@@ -1130,12 +1131,11 @@ class RegionRun:
         acc_per = np.zeros(len(groups) * n_c)
         for gi, name in enumerate(groups[1:], start=1):
             got = arm_acc[name]
-            w = np.concatenate([p.weights * a for p, _, a in got])
-            cell = np.concatenate([p.cell for p, _, _ in got])
+            w = got.weights
+            cell = got.cell
             fluid = np.bincount(cell, weights=w, minlength=n_c)
             with np.errstate(divide="ignore", invalid="ignore"):
-                for per, attr in ((cpu_per, "cpu_ms"), (acc_per, "acc_ms")):
-                    work = np.concatenate([getattr(p, attr) for p, _, _ in got])
+                for per, work in ((cpu_per, got.cpu_ms), (acc_per, got.acc_ms)):
                     tot = np.bincount(cell, weights=w * work, minlength=n_c)
                     per[gi * n_c : (gi + 1) * n_c] = np.where(fluid > 0, tot / fluid, 0.0)
             seg_fluid = trt_fluid[pop.seg]
@@ -1144,9 +1144,9 @@ class RegionRun:
             n_all[gi * n_c : (gi + 1) * n_c] = np.minimum(n_arm, n_trt[pop.seg]).astype(np.int64)
             w_l.append(w)
             cell_l.append(cell)
-            q_l.append(np.concatenate([p.q for p, _, _ in got]))
-            sd_l.append(np.concatenate([p.sd for p, _, _ in got]))
-            pi_l.append(np.concatenate([pi for _, pi, _ in got]))
+            q_l.append(got.q)
+            sd_l.append(got.sd)
+            pi_l.append(got.pi)
             vgrp_l.append(gi * n_c + cell)
         s1, s2, x1, x2, xy, n_late, x_late, x2_late = arm_signal_sums(
             self.arm_rng,
@@ -1466,29 +1466,28 @@ def _per_mix(
     n_w: int,
     q_base: FloatArray,
     sd_base: FloatArray,
-) -> tuple[
-    dict[str, list[tuple[ArmParts, FloatArray, float]]], FloatArray, FloatArray, float, float, float
-]:
+) -> tuple[dict[str, ArmParts], FloatArray, FloatArray, float, float, float]:
     """The sums of a batch of windows the control plane learns from, mix by mix: steps ``mi``
     (grouped by mix, in time order within each) of windows ``widx`` under the mixes of
     ``table``, their arrivals ``a`` and per class those in time and those that kept their
-    extras. Returns, per value-signal group, every mix's parts as its requests received them
-    (the extras dropped at the optional budget taken out, :func:`_dropped_extras`) with each
-    part's share of requests in time and the mix's arrivals; the arrivals per segment; per
-    window and segment the live value of the precompute hits; the requests routed to the
-    strong model; the baseline class's requests in time; all arrivals."""
+    extras. Returns, per value-signal group, its parts over every mix
+    (:func:`_value_groups`); the arrivals per segment; per window and segment the live value
+    of the precompute hits; the requests routed to the strong model; the baseline class's
+    requests in time; all arrivals. Each sum adds up the mixes' own sums in the order the mixes
+    first ran (the same numbers, bit for bit, as summing one mix at a time)."""
     n_m = len(table.mixes)
     bounds = cast("list[int]", np.searchsorted(mi, np.arange(n_m + 1)).tolist())
-    arm_acc: dict[str, list[tuple[ArmParts, FloatArray, float]]] = {}
     s_count = np.zeros(table.count.shape[2])
     s_hit = np.zeros((n_w, table.hit_value.shape[1]))
     routed = base_pi_num = total_a = 0.0
+    a_mix = np.zeros(n_m)
+    a_pi_mix = np.zeros((n_m, table.k))
+    a_kept_mix = np.zeros((n_m, table.k))
     for m, mix in enumerate(table.mixes):
         lo, hi = bounds[m], bounds[m + 1]
         if hi <= lo:
             continue
         n_levels = len(mix.plan.levels)
-        cols = table.cols[m]
         a_sum = float(a[lo:hi].sum())
         s_count += a_sum * mix.count.sum(axis=0)
         routed += a_sum * float(mix.frac[1 + n_levels : 4 + n_levels].sum())
@@ -1496,31 +1495,72 @@ def _per_mix(
         total_a += a_sum
         if mix.plan.hit is not None:
             _add_rows(s_hit, widx[lo:hi], np.outer(a_pi_rows[lo:hi, 0], mix.hit_value))
-        if a_sum <= 0:
+        a_mix[m] = a_sum
+        a_pi_mix[m] = a_pi_rows[lo:hi].sum(axis=0)
+        a_kept_mix[m] = a_kept[lo:hi].sum(axis=0)
+    arms = _value_groups(table, a_mix, a_pi_mix, a_kept_mix, q_base, sd_base)
+    return arms, s_count, s_hit, routed, base_pi_num, total_a
+
+
+def _value_groups(
+    table: MixTable,
+    a_mix: FloatArray,
+    a_pi_mix: FloatArray,
+    a_kept_mix: FloatArray,
+    q_base: FloatArray,
+    sd_base: FloatArray,
+) -> dict[str, ArmParts]:
+    """Per value-signal group, its (mix, class, cell) parts over the mixes of ``table`` (in
+    that order, classes in the mix's order) as their requests received them: per mix its
+    arrivals ``a_mix`` and per class those in time and those that kept their extras. A mix's
+    part of a group is left out when it has no arrivals or the group no requests in it. Where
+    some in-time requests of the group's classes dropped their extras at the optional budget
+    (and got the baseline), the quality and the optional work per request are the mixtures: the
+    within-part variances plus the spread of the two means."""
+    out: dict[str, ArmParts] = {}
+    n_c = table.arm_weights.shape[2]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        safe = np.where(a_pi_mix > 0, a_pi_mix, 1)
+        kept_share = np.where(a_pi_mix > 0, a_kept_mix / safe, 1)
+    has = table.real & (table.arm_weights > 0).any(axis=2)  # (M, K) a class with requests
+    live = a_mix > 0
+    for name in _ARM_GROUPS:
+        cls = table.real & table.arm_classes(name)[None, :]
+        take = live & (has & cls).any(axis=1)
+        if not take.any():
             continue
-        a_pi = a_pi_rows[lo:hi].sum(axis=0)[cols]
-        a_kp = a_kept[lo:hi].sum(axis=0)[cols]
-        kept_share = np.where(a_pi > 0, a_kp / np.where(a_pi > 0, a_pi, 1), 1)
-        for name, parts in mix.arm_parts.items():
-            if parts.weights.sum() > 0:
-                arm = _dropped_extras(parts, kept_share[parts.row], q_base, sd_base)
-                arm_acc.setdefault(name, []).append((arm, a_pi[parts.row] / a_sum, a_sum))
-    return arm_acc, s_count, s_hit, routed, base_pi_num, total_a
-
-
-def _dropped_extras(
-    parts: ArmParts, kept: FloatArray, q_base: FloatArray, sd_base: FloatArray
-) -> ArmParts:
-    """``parts`` as its requests received them when only ``kept`` of each part's in-time
-    requests got their extras (the rest dropped them at the optional budget and got the
-    baseline): the quality and the optional work per request are the mixtures."""
-    if bool(np.all(kept >= 1.0)):
-        return parts
-    qb = q_base[parts.cell]
-    sb = sd_base[parts.cell]
-    q = kept * parts.q + (1.0 - kept) * qb
-    # the mixture's spread: within-part variances plus the spread of the two means
-    var = kept * parts.sd**2 + (1.0 - kept) * sb**2 + kept * (1.0 - kept) * (parts.q - qb) ** 2
-    return replace(
-        parts, q=q, sd=np.sqrt(var), cpu_ms=parts.cpu_ms * kept, acc_ms=parts.acc_ms * kept
-    )
+        sel = cls & take[:, None]
+        mm, kk = np.nonzero(sel)
+        # a mix whose requests of the group all kept their extras: its parts as they are
+        short: npt.NDArray[np.bool_] = np.asarray(np.where(cls, kept_share, 1.0) < 1.0)
+        drops = np.asarray(short.any(axis=1))[mm]
+        kept = kept_share[mm, kk]
+        q = table.quality[mm, kk]
+        sd = table.quality_sd[mm, kk]
+        cpu = np.repeat(table.opt_cpu_ms[mm, kk], n_c)
+        acc = np.repeat(table.opt_acc_ms[mm, kk], n_c)
+        if drops.any():
+            d = drops
+            kd = kept[d][:, None]
+            qd = q[d]
+            qb = q_base[None, :]
+            sb = sd_base[None, :]
+            var = kd * sd[d] ** 2 + (1.0 - kd) * sb**2 + kd * (1.0 - kd) * (qd - qb) ** 2
+            q = q.copy()
+            sd = sd.copy()
+            q[d] = kd * qd + (1.0 - kd) * qb
+            sd[d] = np.sqrt(var)
+            dk = np.repeat(d, n_c)
+            kc = np.repeat(kept, n_c)
+            cpu = np.where(dk, cpu * kc, cpu)
+            acc = np.where(dk, acc * kc, acc)
+        out[name] = ArmParts(
+            weights=(table.arm_weights[mm, kk] * a_mix[mm][:, None]).ravel(),
+            cell=np.tile(np.arange(n_c), mm.size),
+            q=q.ravel(),
+            sd=sd.ravel(),
+            pi=np.repeat(a_pi_mix[mm, kk] / a_mix[mm], n_c),
+            cpu_ms=cpu,
+            acc_ms=acc,
+        )
+    return out

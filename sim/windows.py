@@ -76,6 +76,32 @@ class MixTable:
     value: FloatArray
     base_value: FloatArray
     hit_value: FloatArray
+    # (M, K, C) per class and cell the treatment requests' share of all arrivals and the
+    # quality they receive (mean, spread); (M, K) the optional work one of them receives (ms)
+    arm_weights: FloatArray
+    quality: FloatArray
+    quality_sd: FloatArray
+    opt_cpu_ms: FloatArray
+    opt_acc_ms: FloatArray
+
+    def arm_classes(self, name: str) -> npt.NDArray[np.bool_]:
+        """The layout's columns of the value-signal group ``name``: what each request received
+        (the log's arms: docs/events.md), plus ``none``, treatment requests that got no
+        optional work, so a value-aware selection of the treated cannot bias the holdout
+        estimate (docs/simulator.md §Holdout estimate); and the intent-to-treat groups the
+        control plane learns from (docs/simulator.md §Value signals): requests not routed to
+        the strong model (RMA's) and routed ones (SBM's)."""
+        j = self.jmax
+        cols = {
+            "rma": range(1, 1 + j),
+            "sbm": range(1 + j, 2 + j),
+            "none": (0, 2 + j, 3 + j),
+            "itt_rma": range(0, 1 + j),
+            "itt_sbm": range(1 + j, 4 + j),
+        }[name]
+        out = np.zeros(self.k, dtype=np.bool_)
+        out[list(cols)] = True
+        return out
 
 
 def mix_table(mixes: list[Mix]) -> MixTable:
@@ -84,19 +110,32 @@ def mix_table(mixes: list[Mix]) -> MixTable:
     k = jmax + 4
     n_m = len(mixes)
     n_s = mixes[0].count.shape[1]
-    per = np.zeros((n_m, 5, k))
+    n_c = mixes[0].arm_weights.shape[1]
+    per = np.zeros((n_m, 7, k))
     truth = np.zeros((n_m, 3, k, n_s))
+    cells = np.zeros((n_m, 3, k, n_c))
     cols: list[IntArray] = []
     for i, m in enumerate(mixes):
         j = len(m.plan.levels)
+        row = (
+            m.frac,
+            m.service_ms,
+            m.penalty_ms,
+            m.path,
+            m.strong_stage,
+            m.opt_cpu_ms,
+            m.opt_acc_ms,
+        )
         if j == jmax:
             c = np.arange(k)
-            per[i] = (m.frac, m.service_ms, m.penalty_ms, m.path, m.strong_stage)
+            per[i] = row
             truth[i] = (m.count, m.value, m.base_value)
+            cells[i] = (m.arm_weights, m.quality, m.quality_sd)
         else:
             c = np.concatenate([np.arange(j + 1), np.arange(jmax + 1, k)])
-            per[i][:, c] = (m.frac, m.service_ms, m.penalty_ms, m.path, m.strong_stage)
+            per[i][:, c] = row
             truth[i][:, c] = (m.count, m.value, m.base_value)
+            cells[i][:, c] = (m.arm_weights, m.quality, m.quality_sd)
         cols.append(c)
     real = np.zeros((n_m, k), dtype=np.bool_)
     for i, c in enumerate(cols):
@@ -129,6 +168,11 @@ def mix_table(mixes: list[Mix]) -> MixTable:
         value=truth[:, 1],
         base_value=truth[:, 2],
         hit_value=np.vstack([m.hit_value for m in mixes]),
+        arm_weights=cells[:, 0],
+        quality=cells[:, 1],
+        quality_sd=cells[:, 2],
+        opt_cpu_ms=per[:, 5],
+        opt_acc_ms=per[:, 6],
     )
 
 
