@@ -464,16 +464,10 @@ def build_mix(ctx: SimContext, plan: Plan, extras: tuple[float, float] | None = 
     live_base = treat_base - hit
 
     # per class and cell, the treatment requests' share of all arrivals: the holdout arms' and
-    # value-signal groups' weights; the precompute hits count in none of them
-    arm_weights = np.vstack(
-        [
-            t * live_base * sh,
-            *(t * cell_frac[j] * sh for j in range(n_levels)),
-            t * plan.sbm * sh,
-            t * plan.down * sh,
-            t * plan.fail * sh,
-        ]
-    )
+    # value-signal groups' weights (the base class's: its live requests; the precompute hits
+    # count in none of them)
+    arm_weights = w.copy()
+    arm_weights[0] = t * live_base * sh
     return Mix(
         plan=plan,
         base_cpu=base_cpu,
