@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -317,6 +317,10 @@ class _MixShape:
     strong_stage: npt.NDArray[np.bool_]  # (K,)
     qk: FloatArray  # (K, C) mean quality per class and cell
     sd_all: FloatArray  # (K, C) its spread
+    # (3, K) which classes each stage serves (CPU, the mixed replicas' accelerators, the strong
+    # replicas') and one request's service time there
+    stage_of: FloatArray
+    stage_svc: FloatArray
     # (K,) optional work one request of the class receives (ms): RMA's extra candidates, the
     # strong ranking
     opt_cpu_row: FloatArray
@@ -397,6 +401,8 @@ def _mix_shape(
         strong_stage=strong_stage,
         qk=qk,
         sd_all=sd_all,
+        stage_of=np.vstack([np.ones(k), ~strong_stage, strong_stage]).astype(np.float64),
+        stage_svc=np.vstack([cpu_work / par, acc_work, acc_work]),
         opt_cpu_row=opt_cpu_row,
         opt_acc_row=opt_acc_row,
     )
@@ -439,20 +445,24 @@ def build_mix(ctx: SimContext, plan: Plan, extras: tuple[float, float] | None = 
     opt_acc = float((f_rma * levels).sum()) * costs.base_accelerator_ms
     strong_acc = f_sbm * n0 * costs.strong_accelerator_ms
 
-    def stats(weights: FloatArray, svc: FloatArray) -> tuple[float, float]:
-        tot = float(weights.sum())
-        if tot <= 0:
-            return 0.0, cv2
-        m1 = float((weights * svc).sum()) / tot
-        m2 = float((weights * svc * svc).sum()) / tot
-        return m1, ((1.0 + cv2) * m2 / (m1 * m1) - 1.0) if m1 > 0 else cv2
-
     served = frac.copy()  # the requests the stages serve: not the hits
     served[0] = max(float(served[0]) - f_hit, 0.0)
-    cpu_mean, cpu_cs2 = stats(served, shape.cpu_svc)
-    mixed = ~strong_stage
-    acc_mean, acc_cs2 = stats(served * mixed, shape.acc_work)
-    strong_mean, strong_cs2 = stats(served * strong_stage, shape.acc_work)
+    # the stages' service statistics (CPU; the mixed replicas' and the strong replicas'
+    # accelerators): mean and squared variation over the requests each serves, in one pass
+    weights = served * shape.stage_of
+    ws = weights * shape.stage_svc
+    tots = cast("list[float]", weights.sum(axis=1).tolist())
+    m1s = cast("list[float]", ws.sum(axis=1).tolist())
+    m2s = cast("list[float]", (ws * shape.stage_svc).sum(axis=1).tolist())
+    stats = []
+    for tot, s1, s2 in zip(tots, m1s, m2s, strict=True):
+        if tot <= 0:
+            stats.append((0.0, cv2))
+            continue
+        m1 = s1 / tot
+        m2 = s2 / tot
+        stats.append((m1, ((1.0 + cv2) * m2 / (m1 * m1) - 1.0) if m1 > 0 else cv2))
+    (cpu_mean, cpu_cs2), (acc_mean, acc_cs2), (strong_mean, strong_cs2) = stats
 
     seg_onehot = ctx.seg_onehot
     w = cell_frac_all * sh  # (K, C) share of all arrivals in (class, cell)
