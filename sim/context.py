@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -134,6 +134,10 @@ class SimContext:
             )
         self.regions: tuple[RegionStatic, ...] = tuple(regions)
         self.oracle_cache: dict[str, Any] = {}
+        # what a request mix takes from its levels alone, per (levels, extras' units)
+        self.mix_shapes: dict[tuple[tuple[int, ...], tuple[float, float] | None], _MixShape] = {}
+        self.seg_onehot = np.zeros((self.pop.n_cells, self.pop.n_segments))
+        self.seg_onehot[np.arange(self.pop.n_cells), seg] = 1.0
         # scenario time 0 on the event log's clock (a replayed run uses its recording's)
         self.t0 = SIM_EPOCH
 
@@ -210,14 +214,16 @@ class Plan:
 
 @dataclass(frozen=True, slots=True)
 class ArmParts:
-    """A group of requests as (class row, cell) parts: share of all arrivals, quality."""
+    """A value-signal group's requests over a batch of steps, as (mix, class, cell) parts: each
+    part's requests (its share of all arrivals times its mix's arrivals), cell, the quality they
+    received (mean and spread), their share in time and the optional work one of them received
+    (ms): the value signals' ``cost``."""
 
     weights: FloatArray
     cell: IntArray
-    row: IntArray
     q: FloatArray
     sd: FloatArray
-    # optional work one request of the part received (ms): the value signals' ``cost``
+    pi: FloatArray
     cpu_ms: FloatArray
     acc_ms: FloatArray
 
@@ -254,8 +260,14 @@ class Mix:
     # (S,) per arriving request, the base-path value of the precompute hits (in the base class;
     # the precompute lever replaces it, sim/precompute_sim.py)
     hit_value: FloatArray
-    # holdout arms and value-signal groups: parts of (class, cell) with their quality
-    arm_parts: dict[str, ArmParts]
+    # holdout arms and value-signal groups (sim/windows.py ``ARM_CLASSES``): per class and
+    # cell, the treatment requests' share of all arrivals (K, C), the quality they receive
+    # (mean and spread, (K, C)) and the optional work one of them receives (ms, (K,))
+    arm_weights: FloatArray
+    quality: FloatArray
+    quality_sd: FloatArray
+    opt_cpu_ms: FloatArray
+    opt_acc_ms: FloatArray
     # the CPU and accelerator units an RMA request's extras ran on (None: its threads and a
     # whole device, untrimmed) and the extras each RMA class ran after trimming
     extras_units: tuple[float, float] | None = None
@@ -288,31 +300,48 @@ def run_levels(
     )
 
 
-def build_mix(ctx: SimContext, plan: Plan, extras: tuple[float, float] | None = None) -> Mix:
-    """The request mix of ``plan``. ``extras``: the CPU and accelerator units an RMA request's
-    extras run on (:meth:`headroom.defences.replicas.MixedReplicas.extras_units`; they are
-    trimmed to the optional budget at those units, :func:`run_levels`); None: at the request's
-    threads and a whole device, untrimmed."""
-    pop = ctx.pop
-    cfg = ctx.config
+@dataclass(frozen=True, slots=True)
+class _MixShape:
+    """What a request mix takes from its RMA levels and the units its extras run on alone, the
+    same for every plan of those (kept per run context: a server admitting part of the offered
+    work gives a new plan at almost every step, of a few shapes)."""
+
+    ran: tuple[int, ...]
+    levels: FloatArray  # (J,) the extras each RMA class runs
+    cpu_svc: FloatArray  # (K,) CPU work of one request / parallelism
+    acc_work: FloatArray  # (K,)
+    service: FloatArray  # (K,)
+    path: IntArray  # (K,)
+    units: FloatArray  # (K,)
+    penalty: FloatArray  # (K,)
+    strong_stage: npt.NDArray[np.bool_]  # (K,)
+    qk: FloatArray  # (K, C) mean quality per class and cell
+    sd_all: FloatArray  # (K, C) its spread
+    # (3, K) which classes each stage serves (CPU, the mixed replicas' accelerators, the strong
+    # replicas') and one request's service time there
+    stage_of: FloatArray
+    stage_svc: FloatArray
+    # (K,) optional work one request of the class receives (ms): RMA's extra candidates, the
+    # strong ranking
+    opt_cpu_row: FloatArray
+    opt_acc_row: FloatArray
+
+
+def _mix_shape(
+    ctx: SimContext, levels: tuple[int, ...], extras: tuple[float, float] | None
+) -> _MixShape:
+    key = (levels, extras)
+    got = ctx.mix_shapes.get(key)
+    if got is not None:
+        return got
     costs = ctx.costs
     n0 = ctx.n0
-    par = cfg.latency.cpu_parallelism
-    cv2 = cfg.latency.service_cv**2
-    sh = pop.share
-    t = ctx.treat
-    n_levels = len(plan.levels)
-    # class shares per cell (of treatment requests), then per arriving request
-    parts = [plan.rma[j] for j in range(n_levels)] + [plan.sbm, plan.down, plan.fail]
-    cell_frac = np.vstack(parts) if parts else np.zeros((0, pop.n_cells))
-    treat_base = np.clip(1.0 - cell_frac.sum(axis=0), 0.0, 1.0)
-    base_cells = t * treat_base + ctx.holdout  # control arm: always base
-    cell_frac_all = np.vstack([base_cells, t * cell_frac])  # (K, C), share of a cell's arrivals
-    frac = cell_frac_all @ sh
-    k = frac.size
+    par = ctx.config.latency.cpu_parallelism
+    n_levels = len(levels)
     # the extras each RMA class runs (trimmed to the optional budget on its replica's quota)
-    ran = run_levels(ctx, plan.levels, extras)
+    ran = run_levels(ctx, levels, extras)
     ncls = np.array([n0] + [n0 + e for e in ran] + [n0, n0, n0], dtype=np.float64)
+    k = ncls.size
     cpu_work = ncls * costs.base_cpu_ms
     cpu_work[1 + n_levels] += n0 * costs.strong_cpu_ms
     acc_work = ncls * costs.base_accelerator_ms
@@ -337,38 +366,11 @@ def build_mix(ctx: SimContext, plan: Plan, extras: tuple[float, float] | None = 
     if costs.base_accelerator_ms > 0:
         units[1 + n_levels] = n0 * costs.strong_accelerator_ms / costs.base_accelerator_ms / 100.0
     penalty = np.zeros(k)
-    penalty[2 + n_levels] = cfg.downgrade_ms
-    penalty[3 + n_levels] = cfg.failover_ms
+    penalty[2 + n_levels] = ctx.config.downgrade_ms
+    penalty[3 + n_levels] = ctx.config.failover_ms
     strong_stage = np.zeros(k, dtype=np.bool_)
     strong_stage[1 + n_levels] = True
-    f_rma = frac[1 : 1 + n_levels]
-    f_sbm = float(frac[1 + n_levels])
-    levels = np.array(ran, dtype=np.float64)
-    # the hits are base-class requests that run nothing of the plan live (Plan.hit) and make no
-    # server call at all (the stack serves them from the store): they load no stage
-    hit = np.zeros(pop.n_cells) if plan.hit is None else np.clip(plan.hit, 0.0, treat_base)
-    f_hit = float((t * hit) @ sh)
-    base_cpu = (1.0 - f_hit) * n0 * costs.base_cpu_ms
-    opt_cpu = float((f_rma * levels).sum()) * costs.base_cpu_ms + f_sbm * n0 * costs.strong_cpu_ms
-    base_acc = max(1.0 - f_sbm - f_hit, 0.0) * n0 * costs.base_accelerator_ms
-    opt_acc = float((f_rma * levels).sum()) * costs.base_accelerator_ms
-    strong_acc = f_sbm * n0 * costs.strong_accelerator_ms
-
-    def stats(weights: FloatArray, svc: FloatArray) -> tuple[float, float]:
-        tot = float(weights.sum())
-        if tot <= 0:
-            return 0.0, cv2
-        m1 = float((weights * svc).sum()) / tot
-        m2 = float((weights * svc * svc).sum()) / tot
-        return m1, ((1.0 + cv2) * m2 / (m1 * m1) - 1.0) if m1 > 0 else cv2
-
-    served = frac.copy()  # the requests the stages serve: not the hits
-    served[0] = max(float(served[0]) - f_hit, 0.0)
-    cpu_mean, cpu_cs2 = stats(served, cpu_work / par)
-    mixed = ~strong_stage
-    acc_mean, acc_cs2 = stats(served * mixed, acc_work)
-    strong_mean, strong_cs2 = stats(served * strong_stage, acc_work)
-
+    lv = np.array(ran, dtype=np.float64)
     # truth: quality per class and cell
     q_rows = [ctx.q_base]
     sd_rows = [ctx.sd_base]
@@ -379,63 +381,103 @@ def build_mix(ctx: SimContext, plan: Plan, extras: tuple[float, float] | None = 
     q_rows += [ctx.q_strong, ctx.q_base, ctx.q_base]
     sd_rows += [ctx.sd_strong, ctx.sd_base, ctx.sd_base]
     qk = np.vstack(q_rows)
-    seg_onehot = np.zeros((pop.n_cells, pop.n_segments))
-    seg_onehot[np.arange(pop.n_cells), pop.seg] = 1.0
+    sd_all = np.vstack(sd_rows)
+    # optional work per request of each class: RMA's extra candidates, the strong ranking
+    opt_cpu_row = np.zeros(k)
+    opt_acc_row = np.zeros(k)
+    opt_cpu_row[1 : 1 + n_levels] = lv * costs.base_cpu_ms
+    opt_acc_row[1 : 1 + n_levels] = lv * costs.base_accelerator_ms
+    opt_cpu_row[1 + n_levels] = n0 * costs.strong_cpu_ms
+    opt_acc_row[1 + n_levels] = n0 * costs.strong_accelerator_ms
+    got = _MixShape(
+        ran=ran,
+        levels=lv,
+        cpu_svc=cpu_work / par,
+        acc_work=acc_work,
+        service=service,
+        path=path,
+        units=units,
+        penalty=penalty,
+        strong_stage=strong_stage,
+        qk=qk,
+        sd_all=sd_all,
+        stage_of=np.vstack([np.ones(k), ~strong_stage, strong_stage]).astype(np.float64),
+        stage_svc=np.vstack([cpu_work / par, acc_work, acc_work]),
+        opt_cpu_row=opt_cpu_row,
+        opt_acc_row=opt_acc_row,
+    )
+    ctx.mix_shapes[key] = got
+    return got
+
+
+def build_mix(ctx: SimContext, plan: Plan, extras: tuple[float, float] | None = None) -> Mix:
+    """The request mix of ``plan``. ``extras``: the CPU and accelerator units an RMA request's
+    extras run on (:meth:`headroom.defences.replicas.MixedReplicas.extras_units`; they are
+    trimmed to the optional budget at those units, :func:`run_levels`); None: at the request's
+    threads and a whole device, untrimmed. What depends on the levels and ``extras`` alone is
+    computed once per run context (:class:`_MixShape`)."""
+    pop = ctx.pop
+    cfg = ctx.config
+    costs = ctx.costs
+    n0 = ctx.n0
+    cv2 = cfg.latency.service_cv**2
+    sh = pop.share
+    t = ctx.treat
+    n_levels = len(plan.levels)
+    shape = _mix_shape(ctx, plan.levels, extras)
+    # class shares per cell (of treatment requests), then per arriving request
+    cell_frac = np.vstack([*(plan.rma[j] for j in range(n_levels)), plan.sbm, plan.down, plan.fail])
+    treat_base = np.clip(1.0 - cell_frac.sum(axis=0), 0.0, 1.0)
+    base_cells = t * treat_base + ctx.holdout  # control arm: always base
+    cell_frac_all = np.vstack([base_cells, t * cell_frac])  # (K, C), share of a cell's arrivals
+    frac = cell_frac_all @ sh
+    strong_stage = shape.strong_stage
+    f_rma = frac[1 : 1 + n_levels]
+    f_sbm = float(frac[1 + n_levels])
+    levels = shape.levels
+    # the hits are base-class requests that run nothing of the plan live (Plan.hit) and make no
+    # server call at all (the stack serves them from the store): they load no stage
+    hit = np.zeros(pop.n_cells) if plan.hit is None else np.clip(plan.hit, 0.0, treat_base)
+    f_hit = float((t * hit) @ sh)
+    base_cpu = (1.0 - f_hit) * n0 * costs.base_cpu_ms
+    opt_cpu = float((f_rma * levels).sum()) * costs.base_cpu_ms + f_sbm * n0 * costs.strong_cpu_ms
+    base_acc = max(1.0 - f_sbm - f_hit, 0.0) * n0 * costs.base_accelerator_ms
+    opt_acc = float((f_rma * levels).sum()) * costs.base_accelerator_ms
+    strong_acc = f_sbm * n0 * costs.strong_accelerator_ms
+
+    served = frac.copy()  # the requests the stages serve: not the hits
+    served[0] = max(float(served[0]) - f_hit, 0.0)
+    # the stages' service statistics (CPU; the mixed replicas' and the strong replicas'
+    # accelerators): mean and squared variation over the requests each serves, in one pass
+    weights = served * shape.stage_of
+    ws = weights * shape.stage_svc
+    tots = cast("list[float]", weights.sum(axis=1).tolist())
+    m1s = cast("list[float]", ws.sum(axis=1).tolist())
+    m2s = cast("list[float]", (ws * shape.stage_svc).sum(axis=1).tolist())
+    stats = []
+    for tot, s1, s2 in zip(tots, m1s, m2s, strict=True):
+        if tot <= 0:
+            stats.append((0.0, cv2))
+            continue
+        m1 = s1 / tot
+        m2 = s2 / tot
+        stats.append((m1, ((1.0 + cv2) * m2 / (m1 * m1) - 1.0) if m1 > 0 else cv2))
+    (cpu_mean, cpu_cs2), (acc_mean, acc_cs2), (strong_mean, strong_cs2) = stats
+
+    seg_onehot = ctx.seg_onehot
     w = cell_frac_all * sh  # (K, C) share of all arrivals in (class, cell)
     count = w @ seg_onehot
-    value = (w * pop.v_mean * qk) @ seg_onehot
+    value = (w * pop.v_mean * shape.qk) @ seg_onehot
     base_value = (w * pop.v_mean * ctx.q_base) @ seg_onehot
     # the hits count in no live group; their live value is the precompute lever's to replace
     hit_value = (t * hit * sh * pop.v_mean * ctx.q_base) @ seg_onehot
     live_base = treat_base - hit
-    sd_all = np.vstack(sd_rows)
-    cells = np.arange(pop.n_cells)
 
-    # optional work per request of each class: RMA's extra candidates, the strong ranking
-    opt_cpu_row = np.zeros(k)
-    opt_acc_row = np.zeros(k)
-    opt_cpu_row[1 : 1 + n_levels] = levels * costs.base_cpu_ms
-    opt_acc_row[1 : 1 + n_levels] = levels * costs.base_accelerator_ms
-    opt_cpu_row[1 + n_levels] = n0 * costs.strong_cpu_ms
-    opt_acc_row[1 + n_levels] = n0 * costs.strong_accelerator_ms
-
-    def group(rows: list[int], weights: list[FloatArray]) -> ArmParts:
-        if not rows:
-            z = np.zeros(0)
-            e = np.zeros(0, dtype=np.int64)
-            return ArmParts(z, e, e, z, z, z, z)
-        row = np.repeat(np.array(rows, dtype=np.int64), pop.n_cells)
-        return ArmParts(
-            weights=np.concatenate(weights),
-            cell=np.tile(cells, len(rows)),
-            row=row,
-            q=np.concatenate([qk[r] for r in rows]),
-            sd=np.concatenate([sd_all[r] for r in rows]),
-            cpu_ms=opt_cpu_row[row],
-            acc_ms=opt_acc_row[row],
-        )
-
-    srow = 1 + n_levels
-    rma_rows = list(range(1, 1 + n_levels))
-    arm_parts: dict[str, ArmParts] = {
-        # what each request received (the log's arms: docs/events.md), plus "none": treatment
-        # requests that got no optional work, so a value-aware selection of the treated cannot
-        # bias the holdout estimate (docs/simulator.md §Holdout estimate)
-        "rma": group(rma_rows, [t * cell_frac[j] * sh for j in range(n_levels)]),
-        "sbm": group([srow], [t * plan.sbm * sh]),
-        "none": group(
-            [0, srow + 1, srow + 2],
-            [t * live_base * sh, t * plan.down * sh, t * plan.fail * sh],
-        ),
-        # intent-to-treat groups the control plane learns from (docs/simulator.md §Value
-        # signals): requests not routed to the strong model (RMA's), and routed ones (SBM's)
-        "itt_rma": group(
-            [0, *rma_rows], [t * live_base * sh] + [t * cell_frac[j] * sh for j in range(n_levels)]
-        ),
-        "itt_sbm": group(
-            [srow, srow + 1, srow + 2], [t * plan.sbm * sh, t * plan.down * sh, t * plan.fail * sh]
-        ),
-    }
+    # per class and cell, the treatment requests' share of all arrivals: the holdout arms' and
+    # value-signal groups' weights (the base class's: its live requests; the precompute hits
+    # count in none of them)
+    arm_weights = w.copy()
+    arm_weights[0] = t * live_base * sh
     return Mix(
         plan=plan,
         base_cpu=base_cpu,
@@ -444,10 +486,10 @@ def build_mix(ctx: SimContext, plan: Plan, extras: tuple[float, float] | None = 
         opt_acc=opt_acc,
         strong_acc=strong_acc,
         frac=frac,
-        service_ms=service,
-        penalty_ms=penalty,
-        work_units=units,
-        path=path,
+        service_ms=shape.service,
+        penalty_ms=shape.penalty,
+        work_units=shape.units,
+        path=shape.path,
         strong_stage=strong_stage,
         cpu_mean=cpu_mean,
         cpu_cs2=cpu_cs2,
@@ -459,9 +501,13 @@ def build_mix(ctx: SimContext, plan: Plan, extras: tuple[float, float] | None = 
         value=value,
         base_value=base_value,
         hit_value=hit_value,
-        arm_parts=arm_parts,
+        arm_weights=arm_weights,
+        quality=shape.qk,
+        quality_sd=shape.sd_all,
+        opt_cpu_ms=shape.opt_cpu_row,
+        opt_acc_ms=shape.opt_acc_row,
         extras_units=extras,
-        run_levels=ran,
+        run_levels=shape.ran,
     )
 
 

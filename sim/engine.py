@@ -61,6 +61,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from headroom.analysis.events import WindowTraffic, window_event
 from headroom.controllers.coverage import observed_coverage
@@ -100,7 +101,6 @@ from headroom.sim.faults import fault_lines
 from headroom.sim.latency import (
     RHO_FLUID_CAP,
     StageState,
-    Strata,
     WaitParams,
     in_time_probability,
     keys_of,
@@ -112,15 +112,17 @@ from headroom.sim.latency import (
 from headroom.sim.population import arm_signal_sums
 from headroom.sim.precompute_sim import PrecomputeRegion, precompute_region
 from headroom.sim.windows import (
+    MixTable,
     _add_precompute_arm,
     _add_rows,
     _add_strata,
-    _concat_strata,
     _estimator_strata,
     _sample_windows,
     _shadow_strata,
     _strata,
+    _strata_rows,
     _window_sketches,
+    mix_table,
 )
 
 __all__ = [
@@ -906,86 +908,90 @@ class RegionRun:
             n_ctl[w] = self.count_rng.binomial(n_seg[w], ctx.holdout)
             uniforms[:, w * m_samples : (w + 1) * m_samples] = self.lat_rng.random((4, m_samples))
             blocks.extend((mix, b, w) for mix, b in rec["blocks"])
-        # group every step of the batch by the mix in force
-        groups: dict[int, tuple[Mix, list[FloatArray], list[IntArray]]] = {}
+        # every step of the batch, grouped by the mix in force (mixes in the order they first
+        # ran, each one's steps in time order), computed in one pass (sim/windows.MixTable)
+        if not blocks:  # (no step ran: nothing but the windows' draws)
+            blocks.append((self.base_mix, np.zeros((0, len(_R))), 0))
+        index: dict[int, int] = {}
+        mixes: list[Mix] = []
+        rows: list[FloatArray] = []
+        row_mix: list[int] = []
+        row_win: list[int] = []
         for mix, b, w in blocks:
-            grp = groups.setdefault(id(mix), (mix, [], []))
-            grp[1].append(b)
-            grp[2].append(np.full(b.shape[0], w, dtype=np.int64))
-        s_value = np.zeros((n_w, n_s))
-        s_hit = np.zeros((n_w, n_s))  # the live path's value of the precompute hits
-        s_base = np.zeros((n_w, n_s))
-        s_count = np.zeros(n_s)
-        seg_sbm = np.zeros((n_w, n_s))
-        inc_rma = np.zeros(n_w)
-        inc_sbm = np.zeros(n_w)
-        inc_lost = np.zeros(n_w)
-        treated_rma = np.zeros(n_w)
-        treated_sbm = np.zeros(n_w)
-        routed = 0.0
-        timeouts = np.zeros(n_w)
-        base_pi_num = 0.0
-        total_a = 0.0
-        arm_acc: dict[str, list[tuple[ArmParts, FloatArray, float]]] = {}
-        strata_parts: list[Strata] = []
-        strata_win: list[IntArray] = []
-        for mix, bl, wl in groups.values():
-            g = np.vstack(bl)
-            widx: IntArray = np.concatenate(wl)
-            a = g[:, _R["a"]]
-            a_sum = float(a.sum())
-            strata, k = _strata(self, g, mix)
-            pi_flat, keep_flat = optional_outcome(strata, cfg, ctx.timeout_ms)
+            m = index.get(id(mix))
+            if m is None:
+                m = index[id(mix)] = len(mixes)
+                mixes.append(mix)
+            rows.append(b)
+            row_mix.append(m)
+            row_win.append(w)
+        sizes = np.array([b.shape[0] for b in rows], dtype=np.int64)
+        mi_all = np.repeat(np.array(row_mix, dtype=np.int64), sizes)
+        order = np.argsort(mi_all, kind="stable")
+        g = np.vstack(rows)[order]
+        widx: IntArray = np.repeat(np.array(row_win, dtype=np.int64), sizes)[order]
+        mi: IntArray = mi_all[order]
+        table = mix_table(mixes)
+        k = table.k
+        jmax = table.jmax
+        r_rma = slice(1, 1 + jmax)
+        r_sbm = slice(1 + jmax, 4 + jmax)
+        a = g[:, _R["a"]]
+        strata, real = _strata_rows(self, g, table, mi)
+        pi_flat, keep_flat = optional_outcome(strata, cfg, ctx.timeout_ms)
+        if strata.size == real.size:
             pi = pi_flat.reshape(-1, k)
-            # of the requests in time, the share whose extras started within the optional budget
-            # (the rest dropped them and delivered the baseline value)
+            # of the requests in time, the share whose extras started within the optional
+            # budget (the rest dropped them and delivered the baseline value)
             keep = keep_flat.reshape(-1, k)
-            pi_s = in_time_probability(_shadow_strata(self, g), cfg, ctx.timeout_ms)
-            strata_parts.append(strata)
-            strata_win.append(np.repeat(widx, k))
-            a_pi_rows = a[:, None] * pi  # (rows, K)
-            a_pis = a * pi_s
-            n_levels = len(mix.plan.levels)
-            r_rma = slice(1, 1 + n_levels)
-            r_sbm = slice(1 + n_levels, 4 + n_levels)
-            a_kept = a_pi_rows * keep
-            _add_rows(s_value, widx, a_kept @ mix.value + (a_pi_rows - a_kept) @ mix.base_value)
-            _add_rows(s_base, widx, np.outer(a_pis, mix.base_value.sum(axis=0)))
-            if mix.plan.hit is not None:
-                _add_rows(s_hit, widx, np.outer(a_pi_rows[:, 0], mix.hit_value))
-            s_count += a_sum * mix.count.sum(axis=0)
-            _add_rows(seg_sbm, widx, np.outer(a, mix.count[1 + n_levels]))
-            # value by lever and lost value (module docstring, *Ground truth*): a class's
-            # requests that finished in time credit their lever with value − baseline value;
-            # the baseline value of requests that missed the timeout while the shadow's made it
-            # (in-time probability pi_k against pi_s) is lost. The parts add up to
-            # value_total − value_baseline exactly.
-            cls_value = mix.value.sum(axis=1)  # (K,)
-            cls_base = mix.base_value.sum(axis=1)
-            gain = a_kept * (cls_value - cls_base)[None, :]
-            inc_rma += np.bincount(widx, weights=gain[:, r_rma].sum(axis=1), minlength=n_w)
-            inc_sbm += np.bincount(widx, weights=gain[:, r_sbm].sum(axis=1), minlength=n_w)
-            inc_lost += np.bincount(
-                widx, weights=(a_pi_rows - a_pis[:, None]) @ cls_base, minlength=n_w
-            )
-            treated_rma += np.bincount(widx, weights=a, minlength=n_w) * float(
-                mix.frac[r_rma].sum()
-            )
-            treated_sbm += np.bincount(widx, weights=a, minlength=n_w) * float(
-                mix.frac[1 + n_levels]
-            )
-            routed += a_sum * float(mix.frac[r_sbm].sum())
-            lost = g[:, _R["fail"]] * (1.0 - pi[:, -1])
-            timeouts += np.bincount(widx, weights=a * ((1.0 - pi) @ mix.frac) + lost, minlength=n_w)
-            base_pi_num += float(a_pi_rows[:, 0].sum())
-            total_a += a_sum
-            if a_sum > 0:
-                a_pi = a_pi_rows.sum(axis=0)
-                kept_share = np.where(a_pi > 0, a_kept.sum(axis=0) / np.where(a_pi > 0, a_pi, 1), 1)
-                for name, parts in mix.arm_parts.items():
-                    if parts.weights.sum() > 0:
-                        arm = _dropped_extras(parts, kept_share[parts.row], ctx.q_base, ctx.sd_base)
-                        arm_acc.setdefault(name, []).append((arm, a_pi[parts.row] / a_sum, a_sum))
+        else:  # the layout's padding: no requests
+            pi = np.zeros(real.shape)
+            keep = np.ones(real.shape)
+            pi[real] = pi_flat
+            keep[real] = keep_flat
+        pi_s = in_time_probability(_shadow_strata(self, g), cfg, ctx.timeout_ms)
+        swin = np.repeat(widx, k)
+        if strata.size != real.size:
+            swin = swin[real.ravel()]
+        a_pi_rows = a[:, None] * pi  # (rows, K)
+        a_pis = a * pi_s
+        a_kept = a_pi_rows * keep
+        value = table.value[mi]  # (rows, K, S)
+        base_value = table.base_value[mi]
+        s_rows = (a_kept[:, :, None] * value).sum(axis=1) + (
+            (a_pi_rows - a_kept)[:, :, None] * base_value
+        ).sum(axis=1)
+        s_value = np.zeros((n_w, n_s))
+        _add_rows(s_value, widx, s_rows)
+        s_base = np.zeros((n_w, n_s))
+        _add_rows(s_base, widx, a_pis[:, None] * table.base_value.sum(axis=1)[mi])
+        seg_sbm = np.zeros((n_w, n_s))
+        _add_rows(seg_sbm, widx, a[:, None] * table.count[:, 1 + jmax][mi])
+        # value by lever and lost value (module docstring, *Ground truth*): a class's requests
+        # that finished in time credit their lever with value − baseline value; the baseline
+        # value of requests that missed the timeout while the shadow's made it (in-time
+        # probability pi_k against pi_s) is lost. The parts add up to value_total −
+        # value_baseline exactly.
+        cls_value = table.value.sum(axis=2)  # (M, K)
+        cls_base = table.base_value.sum(axis=2)
+        gain = a_kept * (cls_value - cls_base)[mi]
+        inc_rma = np.bincount(widx, weights=gain[:, r_rma].sum(axis=1), minlength=n_w)
+        inc_sbm = np.bincount(widx, weights=gain[:, r_sbm].sum(axis=1), minlength=n_w)
+        inc_lost = np.bincount(
+            widx, weights=((a_pi_rows - a_pis[:, None]) * cls_base[mi]).sum(axis=1), minlength=n_w
+        )
+        frac = table.frac
+        treated_rma = np.bincount(widx, weights=a * frac[:, r_rma].sum(axis=1)[mi], minlength=n_w)
+        treated_sbm = np.bincount(widx, weights=a * frac[:, 1 + jmax][mi], minlength=n_w)
+        lost = g[:, _R["fail"]] * (1.0 - pi[:, -1])
+        timeouts = np.bincount(
+            widx, weights=a * ((1.0 - pi) * frac[mi]).sum(axis=1) + lost, minlength=n_w
+        )
+        # what the control plane learns from (the value signals, the holdout's in-time share,
+        # the requests routed to the strong model, the precompute hits' live value), summed mix
+        # by mix in the order the mixes first ran, each over its steps in time order
+        per = _per_mix(table, mi, widx, a, a_pi_rows, a_kept, n_w, ctx.q_base, ctx.sd_base)
+        arm_acc, s_count, s_hit, routed, base_pi_num, total_a = per
         # holdout sums and value signals, once per control interval (the estimate is the same
         # as with one draw per window: the sums add up); they ride on the interval's last window
         pi_ctl = base_pi_num / total_a if total_a > 0 else 1.0
@@ -1011,11 +1017,9 @@ class RegionRun:
         else:
             est_strata = {}
         # latency: a stratified sample per window, computed in one pass
-        strata_all = _concat_strata(strata_parts) if strata_parts else None
-        if strata_all is not None and strata_all.size:
-            swin = np.concatenate(strata_win)
+        if strata.size:
             lat, weights, paths, sample_win = _sample_windows(
-                strata_all, swin, n_w, cfg, ctx.timeout_ms, uniforms, m_samples
+                strata, swin, n_w, cfg, ctx.timeout_ms, uniforms, m_samples
             )
         else:
             lat = weights = np.zeros(0)
@@ -1089,7 +1093,7 @@ class RegionRun:
         n_trt: IntArray,
         s_count: FloatArray,
         pi_ctl: float,
-        arm_acc: Mapping[str, list[tuple[ArmParts, FloatArray, float]]],
+        arm_acc: Mapping[str, ArmParts],
     ) -> tuple[
         dict[str, dict[str, dict[str, Any]]],
         dict[tuple[str, str, str], ArmStats],
@@ -1108,7 +1112,7 @@ class RegionRun:
         n_c = pop.n_cells
         k_bins = pop.bins
         names = ctx.segment_names
-        groups = ["control"] + [g for g in _ARM_GROUPS if arm_acc.get(g)]
+        groups = ["control"] + [g for g in _ARM_GROUPS if g in arm_acc]
         n_all = np.zeros(len(groups) * n_c, dtype=np.int64)
         # the control arm's requests fall in a segment's value bins with equal probability
         for si in range(n_s):
@@ -1128,12 +1132,11 @@ class RegionRun:
         acc_per = np.zeros(len(groups) * n_c)
         for gi, name in enumerate(groups[1:], start=1):
             got = arm_acc[name]
-            w = np.concatenate([p.weights * a for p, _, a in got])
-            cell = np.concatenate([p.cell for p, _, _ in got])
+            w = got.weights
+            cell = got.cell
             fluid = np.bincount(cell, weights=w, minlength=n_c)
             with np.errstate(divide="ignore", invalid="ignore"):
-                for per, attr in ((cpu_per, "cpu_ms"), (acc_per, "acc_ms")):
-                    work = np.concatenate([getattr(p, attr) for p, _, _ in got])
+                for per, work in ((cpu_per, got.cpu_ms), (acc_per, got.acc_ms)):
                     tot = np.bincount(cell, weights=w * work, minlength=n_c)
                     per[gi * n_c : (gi + 1) * n_c] = np.where(fluid > 0, tot / fluid, 0.0)
             seg_fluid = trt_fluid[pop.seg]
@@ -1142,9 +1145,9 @@ class RegionRun:
             n_all[gi * n_c : (gi + 1) * n_c] = np.minimum(n_arm, n_trt[pop.seg]).astype(np.int64)
             w_l.append(w)
             cell_l.append(cell)
-            q_l.append(np.concatenate([p.q for p, _, _ in got]))
-            sd_l.append(np.concatenate([p.sd for p, _, _ in got]))
-            pi_l.append(np.concatenate([pi for _, pi, _ in got]))
+            q_l.append(got.q)
+            sd_l.append(got.sd)
+            pi_l.append(got.pi)
             vgrp_l.append(gi * n_c + cell)
         s1, s2, x1, x2, xy, n_late, x_late, x2_late = arm_signal_sums(
             self.arm_rng,
@@ -1455,19 +1458,111 @@ def run_policy(
         write(line)
 
 
-def _dropped_extras(
-    parts: ArmParts, kept: FloatArray, q_base: FloatArray, sd_base: FloatArray
-) -> ArmParts:
-    """``parts`` as its requests received them when only ``kept`` of each part's in-time
-    requests got their extras (the rest dropped them at the optional budget and got the
-    baseline): the quality and the optional work per request are the mixtures."""
-    if bool(np.all(kept >= 1.0)):
-        return parts
-    qb = q_base[parts.cell]
-    sb = sd_base[parts.cell]
-    q = kept * parts.q + (1.0 - kept) * qb
-    # the mixture's spread: within-part variances plus the spread of the two means
-    var = kept * parts.sd**2 + (1.0 - kept) * sb**2 + kept * (1.0 - kept) * (parts.q - qb) ** 2
-    return replace(
-        parts, q=q, sd=np.sqrt(var), cpu_ms=parts.cpu_ms * kept, acc_ms=parts.acc_ms * kept
-    )
+def _per_mix(
+    table: MixTable,
+    mi: IntArray,
+    widx: IntArray,
+    a: FloatArray,
+    a_pi_rows: FloatArray,
+    a_kept: FloatArray,
+    n_w: int,
+    q_base: FloatArray,
+    sd_base: FloatArray,
+) -> tuple[dict[str, ArmParts], FloatArray, FloatArray, float, float, float]:
+    """The sums of a batch of windows the control plane learns from, mix by mix: steps ``mi``
+    (grouped by mix, in time order within each) of windows ``widx`` under the mixes of
+    ``table``, their arrivals ``a`` and per class those in time and those that kept their
+    extras. Returns, per value-signal group, its parts over every mix
+    (:func:`_value_groups`); the arrivals per segment; per window and segment the live value
+    of the precompute hits; the requests routed to the strong model; the baseline class's
+    requests in time; all arrivals. Each sum adds up the mixes' own sums in the order the mixes
+    first ran (the same numbers, bit for bit, as summing one mix at a time)."""
+    n_m = len(table.mixes)
+    bounds = cast("list[int]", np.searchsorted(mi, np.arange(n_m + 1)).tolist())
+    s_count = np.zeros(table.count.shape[2])
+    s_hit = np.zeros((n_w, table.hit_value.shape[1]))
+    routed = base_pi_num = total_a = 0.0
+    a_mix = np.zeros(n_m)
+    a_pi_mix = np.zeros((n_m, table.k))
+    a_kept_mix = np.zeros((n_m, table.k))
+    for m, mix in enumerate(table.mixes):
+        lo, hi = bounds[m], bounds[m + 1]
+        if hi <= lo:
+            continue
+        n_levels = len(mix.plan.levels)
+        a_sum = float(a[lo:hi].sum())
+        s_count += a_sum * mix.count.sum(axis=0)
+        routed += a_sum * float(mix.frac[1 + n_levels : 4 + n_levels].sum())
+        base_pi_num += float(a_pi_rows[lo:hi, 0].sum())
+        total_a += a_sum
+        if mix.plan.hit is not None:
+            _add_rows(s_hit, widx[lo:hi], np.outer(a_pi_rows[lo:hi, 0], mix.hit_value))
+        a_mix[m] = a_sum
+        a_pi_mix[m] = a_pi_rows[lo:hi].sum(axis=0)
+        a_kept_mix[m] = a_kept[lo:hi].sum(axis=0)
+    arms = _value_groups(table, a_mix, a_pi_mix, a_kept_mix, q_base, sd_base)
+    return arms, s_count, s_hit, routed, base_pi_num, total_a
+
+
+def _value_groups(
+    table: MixTable,
+    a_mix: FloatArray,
+    a_pi_mix: FloatArray,
+    a_kept_mix: FloatArray,
+    q_base: FloatArray,
+    sd_base: FloatArray,
+) -> dict[str, ArmParts]:
+    """Per value-signal group, its (mix, class, cell) parts over the mixes of ``table`` (in
+    that order, classes in the mix's order) as their requests received them: per mix its
+    arrivals ``a_mix`` and per class those in time and those that kept their extras. A mix's
+    part of a group is left out when it has no arrivals or the group no requests in it. Where
+    some in-time requests of the group's classes dropped their extras at the optional budget
+    (and got the baseline), the quality and the optional work per request are the mixtures: the
+    within-part variances plus the spread of the two means."""
+    out: dict[str, ArmParts] = {}
+    n_c = table.arm_weights.shape[2]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        safe = np.where(a_pi_mix > 0, a_pi_mix, 1)
+        kept_share = np.where(a_pi_mix > 0, a_kept_mix / safe, 1)
+    has = table.real & (table.arm_weights > 0).any(axis=2)  # (M, K) a class with requests
+    live = a_mix > 0
+    for name in _ARM_GROUPS:
+        cls = table.real & table.arm_classes(name)[None, :]
+        take = live & (has & cls).any(axis=1)
+        if not take.any():
+            continue
+        sel = cls & take[:, None]
+        mm, kk = np.nonzero(sel)
+        # a mix whose requests of the group all kept their extras: its parts as they are
+        short: npt.NDArray[np.bool_] = np.asarray(np.where(cls, kept_share, 1.0) < 1.0)
+        drops = np.asarray(short.any(axis=1))[mm]
+        kept = kept_share[mm, kk]
+        q = table.quality[mm, kk]
+        sd = table.quality_sd[mm, kk]
+        cpu = np.repeat(table.opt_cpu_ms[mm, kk], n_c)
+        acc = np.repeat(table.opt_acc_ms[mm, kk], n_c)
+        if drops.any():
+            d = drops
+            kd = kept[d][:, None]
+            qd = q[d]
+            qb = q_base[None, :]
+            sb = sd_base[None, :]
+            var = kd * sd[d] ** 2 + (1.0 - kd) * sb**2 + kd * (1.0 - kd) * (qd - qb) ** 2
+            q = q.copy()
+            sd = sd.copy()
+            q[d] = kd * qd + (1.0 - kd) * qb
+            sd[d] = np.sqrt(var)
+            dk = np.repeat(d, n_c)
+            kc = np.repeat(kept, n_c)
+            cpu = np.where(dk, cpu * kc, cpu)
+            acc = np.where(dk, acc * kc, acc)
+        out[name] = ArmParts(
+            weights=(table.arm_weights[mm, kk] * a_mix[mm][:, None]).ravel(),
+            cell=np.tile(np.arange(n_c), mm.size),
+            q=q.ravel(),
+            sd=sd.ravel(),
+            pi=np.repeat(a_pi_mix[mm, kk] / a_mix[mm], n_c),
+            cpu_ms=cpu,
+            acc_ms=acc,
+        )
+    return out

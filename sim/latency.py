@@ -170,17 +170,23 @@ def wait_params(rho: float, servers: float, mean_service_ms: float, cs2: float) 
 
 
 def wait_params_array(
-    rho: FloatArray, servers: FloatArray, mean_service_ms: float, cs2: float
+    rho: FloatArray,
+    servers: FloatArray,
+    mean_service_ms: float | FloatArray,
+    cs2: float | FloatArray,
 ) -> tuple[FloatArray, FloatArray]:
-    """:func:`wait_params` over arrays of utilisations and server counts: ``(p, rate)``."""
+    """:func:`wait_params` over arrays of utilisations and server counts: ``(p, rate)``. The
+    mean service time and its squared variation may be arrays too (one per entry)."""
     rho = np.asarray(rho, dtype=np.float64)
     servers = np.broadcast_to(np.asarray(servers, dtype=np.float64), rho.shape)
-    if mean_service_ms <= 0.0:
+    live = (rho > 0.0) & (servers > 0.0)
+    if isinstance(mean_service_ms, np.ndarray):
+        live &= mean_service_ms > 0.0
+    elif mean_service_ms <= 0.0:
         return np.zeros(rho.shape), np.ones(rho.shape)
     r = np.minimum(rho, RHO_QUEUE_CAP)
     c = np.maximum(servers, 1.0)
     mean = mean_service_ms / np.where(servers > 0, np.minimum(servers, 1.0), 1.0)
-    live = (rho > 0.0) & (servers > 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         p = np.where(live, np.minimum(r ** (np.sqrt(2.0 * (c + 1.0)) - 1.0), 1.0), 0.0)
         rate = np.where(live, 2.0 * c * (1.0 - r) / (mean * (1.0 + cs2)), 1.0)

@@ -7,6 +7,7 @@ estimator reads, the per-window latency samples and sketches, and the precompute
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -45,21 +46,162 @@ if TYPE_CHECKING:
     from headroom.sim.engine import RegionRun
 
 
+@dataclass(frozen=True, slots=True)
+class MixTable:
+    """Several request mixes side by side, their classes in one layout: base, the RMA levels
+    (padded with empty classes up to the most levels any of them has), sbm, down, fail. Lets the
+    strata of every step of a batch of windows be computed in one pass, whatever mix each step
+    ran under (a server admitting part of the offered work gives a new mix at almost every
+    step)."""
+
+    mixes: list[Mix]
+    k: int  # classes in the layout
+    jmax: int  # RMA classes in the layout
+    cols: list[IntArray]  # per mix, its classes' columns in the layout
+    real: npt.NDArray[np.bool_]  # (M, K) the column is one of the mix's classes
+    frac: FloatArray  # (M, K)
+    service: FloatArray  # (M, K)
+    penalty: FloatArray  # (M, K)
+    path: IntArray  # (M, K)
+    strong: npt.NDArray[np.bool_]  # (M, K)
+    # (M,) stage service statistics
+    strong_mean: FloatArray
+    strong_cs2: FloatArray
+    cpu_mean: FloatArray
+    cpu_cs2: FloatArray
+    acc_mean: FloatArray
+    acc_cs2: FloatArray
+    # (M, K, S) truth per class and segment: count, value, base value; (M, S) the hits' value
+    count: FloatArray
+    value: FloatArray
+    base_value: FloatArray
+    hit_value: FloatArray
+    # (M, K, C) per class and cell the treatment requests' share of all arrivals and the
+    # quality they receive (mean, spread); (M, K) the optional work one of them receives (ms)
+    arm_weights: FloatArray
+    quality: FloatArray
+    quality_sd: FloatArray
+    opt_cpu_ms: FloatArray
+    opt_acc_ms: FloatArray
+
+    def arm_classes(self, name: str) -> npt.NDArray[np.bool_]:
+        """The layout's columns of the value-signal group ``name``: what each request received
+        (the log's arms: docs/events.md), plus ``none``, treatment requests that got no
+        optional work, so a value-aware selection of the treated cannot bias the holdout
+        estimate (docs/simulator.md §Holdout estimate); and the intent-to-treat groups the
+        control plane learns from (docs/simulator.md §Value signals): requests not routed to
+        the strong model (RMA's) and routed ones (SBM's)."""
+        j = self.jmax
+        cols = {
+            "rma": range(1, 1 + j),
+            "sbm": range(1 + j, 2 + j),
+            "none": (0, 2 + j, 3 + j),
+            "itt_rma": range(0, 1 + j),
+            "itt_sbm": range(1 + j, 4 + j),
+        }[name]
+        out = np.zeros(self.k, dtype=np.bool_)
+        out[list(cols)] = True
+        return out
+
+
+def mix_table(mixes: list[Mix]) -> MixTable:
+    """The :class:`MixTable` of ``mixes`` (in that order)."""
+    jmax = max(len(m.plan.levels) for m in mixes)
+    k = jmax + 4
+    n_m = len(mixes)
+    n_s = mixes[0].count.shape[1]
+    n_c = mixes[0].arm_weights.shape[1]
+    per = np.zeros((n_m, 7, k))
+    truth = np.zeros((n_m, 3, k, n_s))
+    cells = np.zeros((n_m, 3, k, n_c))
+    cols: list[IntArray] = []
+    for i, m in enumerate(mixes):
+        j = len(m.plan.levels)
+        row = (
+            m.frac,
+            m.service_ms,
+            m.penalty_ms,
+            m.path,
+            m.strong_stage,
+            m.opt_cpu_ms,
+            m.opt_acc_ms,
+        )
+        if j == jmax:
+            c = np.arange(k)
+            per[i] = row
+            truth[i] = (m.count, m.value, m.base_value)
+            cells[i] = (m.arm_weights, m.quality, m.quality_sd)
+        else:
+            c = np.concatenate([np.arange(j + 1), np.arange(jmax + 1, k)])
+            per[i][:, c] = row
+            truth[i][:, c] = (m.count, m.value, m.base_value)
+            cells[i][:, c] = (m.arm_weights, m.quality, m.quality_sd)
+        cols.append(c)
+    real = np.zeros((n_m, k), dtype=np.bool_)
+    for i, c in enumerate(cols):
+        real[i, c] = True
+    stats = np.array(
+        [
+            (m.strong_mean, m.strong_cs2, m.cpu_mean, m.cpu_cs2, m.acc_mean, m.acc_cs2)
+            for m in mixes
+        ],
+        dtype=np.float64,
+    ).reshape(n_m, 6)
+    return MixTable(
+        mixes=mixes,
+        k=k,
+        jmax=jmax,
+        cols=cols,
+        real=real,
+        frac=per[:, 0],
+        service=per[:, 1],
+        penalty=per[:, 2],
+        path=per[:, 3].astype(np.int64),
+        strong=per[:, 4] > 0.5,
+        strong_mean=stats[:, 0],
+        strong_cs2=stats[:, 1],
+        cpu_mean=stats[:, 2],
+        cpu_cs2=stats[:, 3],
+        acc_mean=stats[:, 4],
+        acc_cs2=stats[:, 5],
+        count=truth[:, 0],
+        value=truth[:, 1],
+        base_value=truth[:, 2],
+        hit_value=np.vstack([m.hit_value for m in mixes]),
+        arm_weights=cells[:, 0],
+        quality=cells[:, 1],
+        quality_sd=cells[:, 2],
+        opt_cpu_ms=per[:, 5],
+        opt_acc_ms=per[:, 6],
+    )
+
+
 def _strata(run: RegionRun, g: FloatArray, mix: Mix) -> tuple[Strata, int]:
     """Strata of (step, class) for steps ``g`` (rows) under one mix, step-major."""
-    k = mix.frac.size
+    st, _ = _strata_rows(run, g, mix_table([mix]), np.zeros(g.shape[0], dtype=np.int64))
+    return st, mix.frac.size
+
+
+def _strata_rows(
+    run: RegionRun, g: FloatArray, table: MixTable, mi: IntArray
+) -> tuple[Strata, npt.NDArray[np.bool_]]:
+    """Strata of (step, class) for steps ``g`` (rows), step ``i`` under the mix ``mi[i]`` of
+    ``table``, step-major, each step's classes in its mix's order (the layout's padding left
+    out); and the (rows, K) mask of the layout's columns that are strata."""
+    k = table.k
     n = g.shape[0]
     col = _R
     a = g[:, col["a"]]
-    count = np.outer(a, mix.frac)
+    count = a[:, None] * table.frac[mi]
     fail = g[:, col["fail"]]
     count[:, -1] += fail
-    strong = mix.strong_stage[None, :]
-    stretch = mix.strong_mean * (1.0 / g[:, col["speed"]] - 1.0)
-    service = mix.service_ms[None, :] + np.where(strong, stretch[:, None], 0.0)
-    penalty = np.broadcast_to(mix.penalty_ms, (n, k)).copy()
+    strong = table.strong[mi]
+    strong_mean = table.strong_mean[mi]
+    stretch = strong_mean * (1.0 / g[:, col["speed"]] - 1.0)
+    service = table.service[mi] + np.where(strong, stretch[:, None], 0.0)
+    penalty = table.penalty[mi]
     with np.errstate(divide="ignore", invalid="ignore"):
-        extra_pen = np.where(count[:, -1] > 0, fail * 0.5 * mix.strong_mean / count[:, -1], 0.0)
+        extra_pen = np.where(count[:, -1] > 0, fail * 0.5 * strong_mean / count[:, -1], 0.0)
     penalty[:, -1] += extra_pen
     # baseline first (module doc of sim/latency.py): every request's baseline part waits in the
     # baseline queue — the baseline work alone, ahead of every optional part, on the dedicated
@@ -76,12 +218,16 @@ def _strata(run: RegionRun, g: FloatArray, mix: Mix) -> tuple[Strata, int]:
     # ... and its optional part (RMA's extra candidates, the strong model's CPU work) waits at
     # low priority in the whole stage: its wait stretches by 1 / (1 − ρ_H), ρ_H the share of
     # the stage the baseline keeps busy (non-preemptive priority, Cobham's formula)
-    oc_p, oc_r = wait_params_array(g[:, col["mc"]], g[:, col["nc"]], mix.cpu_mean, mix.cpu_cs2)
-    oa_p, oa_r = wait_params_array(g[:, col["ma"]], g[:, col["na"]], mix.acc_mean, mix.acc_cs2)
+    oc_p, oc_r = wait_params_array(
+        g[:, col["mc"]], g[:, col["nc"]], table.cpu_mean[mi], table.cpu_cs2[mi]
+    )
+    oa_p, oa_r = wait_params_array(
+        g[:, col["ma"]], g[:, col["na"]], table.acc_mean[mi], table.acc_cs2[mi]
+    )
     oc_r = oc_r * low_priority_factor(g[:, col["rc"]], ded_c, g[:, col["nc"]])
     oa_r = oa_r * low_priority_factor(g[:, col["ra"]], st_.ded_acc, g[:, col["na"]])
     ws_p, ws_r = wait_params_array(
-        g[:, col["rs"]], g[:, col["ns"]], mix.strong_mean, mix.strong_cs2
+        g[:, col["rs"]], g[:, col["ns"]], strong_mean, table.strong_cs2[mi]
     )
     # a request with optional work waits for both of its parts, one after the other (the ideal
     # packing of the oracle adds no queueing of its own: its optional parts never wait)
@@ -94,22 +240,32 @@ def _strata(run: RegionRun, g: FloatArray, mix: Mix) -> tuple[Strata, int]:
     # RMA's extra candidates queue at low priority on both mixed stages; the strong model's own
     # CPU work (SBM) is charged to the optional CPU quota, so it is slowed with the optional
     # backlog, but it runs beside the strong replica's devices, not in the mixed replicas' queue
-    opt_cpu = np.tile(mix.path != PATH_BASE, n)  # RMA and SBM: optional CPU work
-    opt_acc = np.tile(mix.path == PATH_RMA, n)  # RMA: optional base-model accelerator work
-    sel = np.tile(mix.strong_stage, n)  # step-major flattening: class varies fastest
+    path = table.path[mi]
+    opt_cpu = path != PATH_BASE  # RMA and SBM: optional CPU work
+    opt_acc = path == PATH_RMA  # RMA: optional base-model accelerator work
+    real = table.real[mi]
+    flat = real.ravel()
+    padded = not bool(flat.all())
+
+    def out(x: FloatArray) -> FloatArray:
+        """A (rows, K) field as strata: step-major, the padding left out."""
+        return x.ravel()[flat] if padded else x.ravel()
 
     def either(mask: npt.NDArray[np.bool_], yes: FloatArray, no: FloatArray) -> FloatArray:
-        return np.where(mask, np.repeat(yes, k), np.repeat(no, k))
+        return out(np.where(mask, yes[:, None], no[:, None]))
 
     def acc(strong_x: FloatArray, opt_x: FloatArray, base_x: FloatArray) -> FloatArray:
-        return np.where(sel, np.repeat(strong_x, k), either(opt_acc, opt_x, base_x))
+        return out(
+            np.where(strong, strong_x[:, None], np.where(opt_acc, opt_x[:, None], base_x[:, None]))
+        )
 
     c0, c1, a0, a1 = (g[:, col[x]] for x in ("c0", "c1", "a0", "a1"))
+    path_out = path.ravel()[flat] if padded else path.ravel()
     if run.policy.ideal:
         st = Strata(
-            count=count.ravel(),
-            service_ms=service.ravel(),
-            penalty_ms=penalty.ravel(),
+            count=out(count),
+            service_ms=out(service),
+            penalty_ms=out(penalty),
             fc0=either(opt_cpu, c0 + g[:, col["oc0"]], c0),
             fc1=either(opt_cpu, c1 + g[:, col["oc1"]], c1),
             fa0=acc(g[:, col["s0"]], a0 + g[:, col["oa0"]], a0),
@@ -118,39 +274,40 @@ def _strata(run: RegionRun, g: FloatArray, mix: Mix) -> tuple[Strata, int]:
             r1=either(opt_acc, tc_r, bc_r),
             p2=acc(ws_p, ta_p, ba_p),
             r2=acc(ws_r, ta_r, ba_r),
-            path=np.tile(mix.path, n).astype(np.int64),
+            path=path_out,
         )
-        return st, k
+        return st, real
     # optional budget (module doc of sim/latency.py): RMA's extras wait for capacity at low
     # priority on both mixed stages — one wait standing for the two — and are dropped when they
     # cannot start within the request's optional budget (counted from its arrival, after its
     # baseline CPU part); the SBM path's CPU work is not droppable (it falls back as a whole)
     o_p, o_r = serial_waits(oc_p, oc_r, oa_p, oa_r)
     zero = np.zeros(n)
-    rma = np.tile(mix.path == PATH_RMA, n)
-    opt_ms = np.maximum(mix.service_ms - float(bm.service_ms[0]), 0.0)
+    rma = path == PATH_RMA
+    opt_ms = np.maximum(table.service[mi] - float(bm.service_ms[0]), 0.0)
     budget = max(run.ctx.optional_budget_ms - bm.cpu_mean, 0.0)
+    opt_cpu_only = opt_cpu & ~rma
     st = Strata(
-        count=count.ravel(),
-        service_ms=service.ravel(),
-        penalty_ms=penalty.ravel(),
-        fc0=np.where(opt_cpu & ~rma, np.repeat(c0 + g[:, col["oc0"]], k), np.repeat(c0, k)),
-        fc1=np.where(opt_cpu & ~rma, np.repeat(c1 + g[:, col["oc1"]], k), np.repeat(c1, k)),
+        count=out(count),
+        service_ms=out(service),
+        penalty_ms=out(penalty),
+        fc0=either(opt_cpu_only, c0 + g[:, col["oc0"]], c0),
+        fc1=either(opt_cpu_only, c1 + g[:, col["oc1"]], c1),
         fa0=acc(g[:, col["s0"]], a0, a0),
         fa1=acc(g[:, col["s1"]], a1, a1),
-        p1=np.repeat(bc_p, k),
-        r1=np.repeat(bc_r, k),
+        p1=out(np.broadcast_to(bc_p[:, None], (n, k))),
+        r1=out(np.broadcast_to(bc_r[:, None], (n, k))),
         p2=acc(ws_p, ba_p, ba_p),
         r2=acc(ws_r, ba_r, ba_r),
-        path=np.tile(mix.path, n).astype(np.int64),
+        path=path_out,
         po=either(rma, o_p, zero),
         ro=either(rma, o_r, np.ones(n)),
         fo0=either(rma, g[:, col["oc0"]] + g[:, col["oa0"]], zero),
         fo1=either(rma, g[:, col["oc1"]] + g[:, col["oa1"]], zero),
-        opt_ms=np.where(rma, np.tile(opt_ms, n), 0.0),
-        budget_ms=np.where(rma, budget, np.inf),
+        opt_ms=out(np.where(rma, opt_ms, 0.0)),
+        budget_ms=out(np.where(rma, budget, np.inf)),
     )
-    return st, k
+    return st, real
 
 
 def _shadow_strata(run: RegionRun, g: FloatArray) -> Strata:
