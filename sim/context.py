@@ -8,7 +8,7 @@ and value bin takes which path, with its service times).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -278,6 +278,24 @@ def baseline_plan(ctx: SimContext) -> Plan:
     c = ctx.pop.n_cells
     z = np.zeros(c)
     return Plan((), np.zeros((0, c)), z, z, z)
+
+
+def extras_units(ctx: SimContext, r: int, levels: Sequence[float]) -> tuple[float, float]:
+    """The CPU and accelerator units one RMA request's extras run on in region ``r`` when its
+    pools stand at ``levels`` (one per pool, in the region's order): its threads and one device
+    within its mixed replica's quota of the local CPU level and of the local accelerator levels
+    the base model may use (:meth:`headroom.defences.replicas.MixedReplicas.extras_units`, the
+    rule of the streaming servers). The engine's runs and the feasible bound both call it."""
+    st = ctx.regions[r]
+    cpu = acc = 0.0
+    for i, key in enumerate(st.pools):
+        if key.remote:
+            continue
+        if key.resource == "cpu":
+            cpu += float(levels[i])
+        elif st.base_ok[i]:
+            acc += float(levels[i])
+    return ctx.replicas.extras_units(cpu, acc, ctx.config.latency.cpu_parallelism)
 
 
 def run_levels(

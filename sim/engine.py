@@ -96,6 +96,7 @@ from headroom.sim.context import (
     Targets,
     baseline_plan,
     build_mix,
+    extras_units,
 )
 from headroom.sim.faults import fault_lines
 from headroom.sim.latency import (
@@ -210,15 +211,9 @@ class RegionRun:
         self.asg_rma = [0.0] * n_pools
         self.asg_sbm = [0.0] * n_pools
         self.tranches: list[list[tuple[float, float]]] = [[] for _ in range(n_pools)]
-        # the CPU and accelerator units one RMA request's extras run on: its threads and one
-        # device, within its mixed replica's quota of the local levels the base model may use
-        # (headroom.defences.replicas, the rule of the streaming servers); kept with the levels
-        self._extras_pools = tuple(
-            (i, key.resource == "cpu")
-            for i, key in enumerate(self.static.pools)
-            if not key.remote and (key.resource == "cpu" or self.static.base_ok[i])
-        )
-        self.extras_units = self._extras_now()
+        # the CPU and accelerator units one RMA request's extras run on at the levels in force
+        # (sim/context.py ``extras_units``); kept with the levels
+        self.extras_units = extras_units(ctx, r, self.level)
         self.targets: Targets | None = None
         self.epoch_in_force = 0
         self.heap: list[tuple[float, int, int, Any]] = []
@@ -392,21 +387,11 @@ class RegionRun:
                 # beyond it is cut: the release is complete now
                 self._release_all(t)
 
-    def _extras_now(self) -> tuple[float, float]:
-        """The units an RMA request's extras run on at the levels in force (``extras_units``)."""
-        cpu = acc = 0.0
-        for i, is_cpu in self._extras_pools:
-            if is_cpu:
-                cpu += self.level[i]
-            else:
-                acc += self.level[i]
-        return self.ctx.replicas.extras_units(cpu, acc, self.cfg.latency.cpu_parallelism)
-
     def _on_capacity(self, t: float, ch: CapacityChange) -> None:
         i = ch.pool
         key = self.static.pools[i]
         self.level[i] = ch.after
-        self.extras_units = self._extras_now()
+        self.extras_units = extras_units(self.ctx, self.r, self.level)
         self._mix_key = None
         # one draw per change whatever the policy, so the stream stays aligned across policies
         notice_u = float(self.notice_rng.random())

@@ -170,7 +170,14 @@ from scipy.optimize import linprog
 
 from headroom.controllers.config import ControlConfig
 from headroom.defences.admission import admitted_share
-from headroom.sim.context import Plan, SimContext, baseline_plan, build_mix, run_levels
+from headroom.sim.context import (
+    Plan,
+    SimContext,
+    baseline_plan,
+    build_mix,
+    extras_units,
+    run_levels,
+)
 from headroom.sim.latency import StageState, Strata, in_time_probability, wait_params_array
 from headroom.sim.precompute_sim import precompute_capable, precompute_static, returning_share
 
@@ -306,22 +313,11 @@ class FeasibleRules:
     # -- the mixed replicas' quota -------------------------------------------------------------
 
     def extras_units(self, r: int, t: float) -> tuple[float, float]:
-        """The CPU and accelerator units one RMA request's extras run on at ``t``: its threads
-        and one device within its mixed replica's quota of the region's local CPU level and of
-        the local accelerator levels the base model may use
-        (:meth:`headroom.defences.replicas.MixedReplicas.extras_units`, with the levels the
-        engine gives it, whatever the pools' assignment)."""
-        st = self.ctx.regions[r]
-        cpu = acc = 0.0
-        for i, p in enumerate(self.ctx.traces.regions[r].pools):
-            key = p.key
-            if key.remote:
-                continue
-            if key.resource == "cpu":
-                cpu += p.level_at(t)
-            elif st.base_ok[i]:
-                acc += p.level_at(t)
-        return self.ctx.replicas.extras_units(cpu, acc, self.par)
+        """The CPU and accelerator units one RMA request's extras run on at ``t``, with the
+        levels the engine gives them whatever the pools' assignment
+        (:func:`headroom.sim.context.extras_units`)."""
+        levels = [p.level_at(t) for p in self.ctx.traces.regions[r].pools]
+        return extras_units(self.ctx, r, levels)
 
     # -- admission --------------------------------------------------------------------------
 
@@ -621,6 +617,17 @@ class Oracle:
         self._menus[levels] = menu
         return menu
 
+    def _lp(self, menu: _Menu, pre: bool) -> tuple[Any, ...]:
+        """``menu``'s live LP (``pre``: the joint one with the stored-result option), built at
+        its first use and kept."""
+        if pre:
+            if menu.lp_pre is None:
+                menu.lp_pre = self._build_lp(True, menu.levels)
+            return menu.lp_pre
+        if menu.lp is None:
+            menu.lp = self._build_lp(False, menu.levels)
+        return menu.lp
+
     def menu_levels(self, units: tuple[float, float] | None) -> tuple[int, ...]:
         """The RMA options left when a request's extras run on ``units`` (CPU, accelerator;
         :meth:`headroom.defences.replicas.MixedReplicas.extras_units`): each grid level trimmed
@@ -683,14 +690,7 @@ class Oracle:
             return got
         pre = rho_key is not None
         menu = self._menu(lv)
-        lp = menu.lp_pre if pre else menu.lp
-        if lp is None:
-            lp = self._build_lp(pre, lv)
-            if pre:
-                menu.lp_pre = lp
-            else:
-                menu.lp = lp
-        obj, a_ub = lp
+        obj, a_ub = self._lp(menu, pre)
         b = np.array([0.0 if k == _ZERO_KEY else GRID_RATIO**k for k in key])
         c_n = self.share.size
         j_n = len(lv)
@@ -817,7 +817,7 @@ class Oracle:
         at most ``1 − h``, the strong model's to ``eligible × (1 − h)`` — and the plan is that
         allocation over ``1 − h`` (what the engine scales back by it). ``h`` is rounded down:
         the engine then runs at most the LP's allocation."""
-        obj, a_ub = self._menu(levels).lp or self._build_lp(False, levels)
+        obj, a_ub = self._lp(self._menu(levels), pre=False)
         seg = self.ctx.pop.seg
         keep = 1.0 - np.array(hit_key, dtype=np.float64)[seg] / _HIT_GRID  # (C,)
         b = np.array([0.0 if k == _ZERO_KEY else GRID_RATIO**k for k in key])
@@ -1010,14 +1010,14 @@ class Oracle:
             rows = np.flatnonzero(live)
             if rows.size == 0:
                 continue
-            if rho is None:
+            if rho is None and len(menus) < 128:
                 # one int64 per row (14 bits a budget: grid keys stay within ±8,000, i.e.
-                # budgets 1e-17 .. 1e17 ms; 0 budgets get their own code)
+                # budgets 1e-17 .. 1e17 ms; 0 budgets get their own code; 7 bits the menu)
                 packed = np.zeros(rows.size, dtype=np.int64)
                 for j in range(4):
                     col = np.where(kf[rows, j] == _ZERO_KEY, -8191, kf[rows, j])
                     packed = (packed << 14) | (np.clip(col, -8191, 8191) + 8192)
-                packed |= menu_of[rows] << 56  # and the menu (7 bits: fewer than 128 menus)
+                packed |= menu_of[rows] << 56
                 _, first, inv = np.unique(packed, return_index=True, return_inverse=True)
                 uniq = cols[rows[first]]
             else:

@@ -28,7 +28,6 @@ from headroom.sim.context import (
     Mix,
 )
 from headroom.sim.latency import (
-    STRATA_FIELDS,
     LatencyConfig,
     Strata,
     allocate_samples,
@@ -491,14 +490,3 @@ def _window_sketches(
             )
         )
     return out
-
-
-def _concat_strata(parts: list[Strata]) -> Strata:
-    if len(parts) == 1:
-        return parts[0]
-    names: tuple[str, ...] = STRATA_FIELDS[:12]
-    if any(p.droppable for p in parts):
-        parts = [p.with_optional() for p in parts]
-        names = STRATA_FIELDS
-    joined: dict[str, Any] = {f: np.concatenate([getattr(p, f) for p in parts]) for f in names}
-    return Strata(**joined)

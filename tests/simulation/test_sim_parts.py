@@ -639,7 +639,7 @@ def test_an_rma_requests_extras_run_on_its_replicas_quota_within_its_budget() ->
     device), and what would not finish within the optional budget there is trimmed — less work,
     the quality of fewer extras; a class with nothing left is served the baseline. Without the
     rule (None) they run at the request's threads, untrimmed. A precompute hit loads no stage."""
-    from headroom.sim.context import PATH_BASE, PATH_RMA, Plan, SimContext, build_mix
+    from headroom.sim.context import PATH_BASE, PATH_RMA, Plan, SimContext, build_mix, extras_units
     from headroom.sim.engine import RegionRun, _live_plan
     from headroom.sim.policies import StaticRegion
     from tests.simulation.test_sim_runs import curves_of
@@ -686,6 +686,7 @@ def test_an_rma_requests_extras_run_on_its_replicas_quota_within_its_budget() ->
     run = RegionRun(ctx, 0, StaticRegion(), lambda *_: None, 60.0)
     assert run.extras_units == (0.0, 0.0)  # nothing announced yet
     run.level = [8.0, 2.0]  # the scenario's pools: CPU (any), gpu-b devices
-    assert run._extras_now() == (4.0, 1.0)  # 4 cores and 1 device each: the threads bind
+    # 4 cores and 1 device each: the threads bind
+    assert extras_units(ctx, run.r, run.level) == (4.0, 1.0)
     run.level = [3.0, 1.0]
-    assert run._extras_now() == (1.5, 0.5)
+    assert extras_units(ctx, run.r, run.level) == (1.5, 0.5)
