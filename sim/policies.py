@@ -690,7 +690,7 @@ class PolicyFactory:
         self.control = control or ControlConfig.from_scenario(ctx.scenario)
         self.plane: ControlPlane | None = None
         if name in ("central-only", "headroom"):
-            curve = RmaCurve.from_curves(ctx.curves, ctx.segment_names, ctx.n0, ctx.nmax)
+            curve = RmaCurve.from_curves(ctx.control_curves, ctx.segment_names, ctx.n0, ctx.nmax)
             self.plane = ControlPlane(self.control, ctx.rng(0, 20), rma_curve=curve)
 
     @property
