@@ -42,9 +42,9 @@ class ReactSettings:
     # is material (a tenth: below it, what the allocator would move is within the noise of one
     # interval's value estimate, and it waits for the tick)
     min_change_share: float = 0.10
-    # no two steps closer than this share of the interval (at most four extra steps an
-    # interval, and each sees at least a quarter interval of new windows), nor an extra step
-    # this close before a regular tick
+    # no two steps closer than this share of the interval (at most three extra steps an
+    # interval, and each sees at least a quarter interval since the previous step), nor an
+    # extra step this close before a regular tick
     min_gap_share: float = 0.25
 
     def validate(self, c: FieldChecker) -> None:
