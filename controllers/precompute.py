@@ -380,6 +380,27 @@ class UpliftModel:
         cum[segment] *= k
         return UpliftModel(self.ages_s, delta, cum, self.lifetimes_s)
 
+    def against_live(self, live: npt.ArrayLike) -> UpliftModel:
+        """The uplift over the *live alternative*: ``Δ_s(a) − ℓ_s``, where ``ℓ_s`` (value units,
+        per visit, ``≥ 0``) is what a visit of segment ``s`` would otherwise gain from the live
+        levers over the base ranking. A hit runs nothing live (defences/plan.py, step 5), so a
+        stored result is worth serving only while it beats that, and its lifetime becomes the
+        first age at which ``Δ_s(a) ≤ ℓ_s`` (at most the curves' ``L_s``); a segment whose fresh
+        result does not beat its live alternative gets ``L_s = 0`` and is never precomputed.
+        Applied to the curves' (or measured) model each time, never to one already shifted."""
+        ell = np.maximum(np.nan_to_num(np.asarray(live, dtype=np.float64), nan=0.0), 0.0)
+        if ell.shape != self.lifetimes_s.shape:
+            raise ValueError(f"need one live alternative per segment ({self.lifetimes_s.size})")
+        if not np.any(ell > 0.0):
+            return self
+        delta = self.delta - ell[:, None]
+        cum = np.empty_like(self.cumulative)
+        life = np.empty_like(self.lifetimes_s)
+        for s in range(delta.shape[0]):
+            life[s] = min(_first_crossing(self.ages_s, delta[s]), float(self.lifetimes_s[s]))
+            cum[s] = _integral_to(self.ages_s, np.maximum(delta[s], 0.0), life[s])
+        return UpliftModel(self.ages_s, delta, cum, life)
+
     def lifetime(self, segment: int) -> float:
         return float(self.lifetimes_s[segment])
 

@@ -162,6 +162,12 @@ class StaticRegion:
     def notices_reclaims(self) -> bool:
         return False
 
+    def live_alternative(self, now: float, run: RegionRun) -> Any:
+        """Per segment, the value per treatment visit the policy's live levers would add over the
+        base ranking, which a precompute hit gives up (sim/precompute_sim.py); None: not known
+        (the precompute planner then compares a stored result with the base ranking)."""
+        return None
+
 
 def greedy_targets(run: RegionRun, obs: RegionObservation, epoch: int, ttl_s: float) -> Issued:
     """All announced spare, no margin, no feedback (module docstring)."""
@@ -628,6 +634,9 @@ class OracleRegion(StaticRegion):
 
     def direct_plan(self, now: float, span: float, run: RegionRun) -> Plan | None:
         return self.oracle.plan(self.r, now, span, run)
+
+    def live_alternative(self, now: float, run: RegionRun) -> Any:
+        return self.oracle.live_alternative(self.r, now)
 
     def steady(self) -> bool:
         return False  # re-plan every step: each step's arrivals get their own optimum
