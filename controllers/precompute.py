@@ -103,7 +103,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from headroom.controllers.levers import CostModel, ResourceCost
+from headroom.controllers.levers import CostModel, ResourceCost, RmaCurve
 from headroom.kernel.checks import FieldChecker
 from headroom.kernel.errors import ConfigError
 from headroom.kernel.jsonstate import (
@@ -128,6 +128,7 @@ __all__ = [
     "VisitModel",
     "job_cost",
     "own_rate",
+    "rma_live_alternative",
     "visit_probability",
 ]
 
@@ -283,6 +284,35 @@ def own_rate(budget_jobs_per_s: float, lever_job: ResourceCost, own_job: Resourc
     if own_job.accelerator_s > 0.0:
         rate = min(rate, budget_jobs_per_s * lever_job.accelerator_s / own_job.accelerator_s)
     return budget_jobs_per_s if math.isinf(rate) else rate
+
+
+def rma_live_alternative(
+    curve: RmaCurve,
+    segments: Sequence[str],
+    levels: Mapping[str, Sequence[int]],
+    bin_values: Mapping[str, Sequence[float]],
+    mean_extras: float,
+) -> FloatArray:
+    """Per segment (``segments`` order), what live RMA adds to one of its treatment requests
+    under the targets in force, in value units: the mean over the segment's value bins (equal
+    shares: they are quantiles) of the bin's mean value times the RMA curve's quality gain at
+    the bin's extra candidates (``levels``, the targets' per-bin levels; a segment without them
+    gets ``mean_extras`` in every bin). ``bin_values``: the measured mean value per bin
+    (:func:`headroom.controllers.levers.bin_means`); a segment without them, or not on the
+    curve, gets 0. The live alternative a precompute hit gives up
+    (:meth:`UpliftModel.against_live`)."""
+    out = np.zeros(len(segments))
+    for i, seg in enumerate(segments):
+        vals = bin_values.get(seg)
+        if not vals or seg not in curve.gains:
+            continue
+        lv = levels.get(seg)
+        extras = list(lv) if lv else [mean_extras] * len(vals)
+        n = min(len(extras), len(vals))
+        pairs = zip(vals[:n], extras[:n], strict=True)
+        gains = [max(v, 0.0) * max(curve.gain(seg, float(e)), 0.0) for v, e in pairs]
+        out[i] = sum(gains) / n if n else 0.0
+    return out
 
 
 def visit_probability(rate_per_s: npt.ArrayLike, horizon_s: npt.ArrayLike) -> FloatArray:

@@ -545,3 +545,19 @@ def test_against_live_keeps_a_result_only_while_it_beats_the_live_alternative() 
     assert {pk.segment for pk in picks} == {0}
     with pytest.raises(ValueError, match="one live alternative per segment"):
         up.against_live([0.1])
+
+
+def test_rma_live_alternative_is_the_mean_over_value_bins_of_value_times_the_curves_gain() -> None:
+    from headroom.controllers.levers import RmaCurve
+    from headroom.controllers.precompute import rma_live_alternative
+
+    curve = RmaCurve((0, 400, 800), {"premium": (0.0, 0.04, 0.06), "casual": (0.0, 0.01, 0.02)})
+    got = rma_live_alternative(
+        curve,
+        ("premium", "casual", "other"),
+        {"premium": (0, 800)},
+        {"premium": (1.0, 5.0), "casual": (0.5, 1.5)},
+        mean_extras=400.0,
+    )
+    # premium: (1·0 + 5·0.06)/2; casual, no levels: every bin at 400 extras, (0.5 + 1.5)·0.01/2
+    assert got.tolist() == pytest.approx([0.15, 0.01, 0.0])
