@@ -724,7 +724,8 @@ class PrecomputeRegion:
             book.inflight[self.queue] = False
         # a hit runs nothing live: a result is worth what it adds over the live alternative the
         # policy would otherwise give the visit (UpliftModel.against_live)
-        live = run.policy.live_alternative(now, run)
+        policy = getattr(run, "policy", None)  # None: a bare run (the unit tests' stand-in)
+        live = policy.live_alternative(now, run) if policy is not None else None
         self.planner.uplift = self.s.uplift if live is None else self.s.uplift.against_live(live)
         if self.future is None:
             picked = select_slots(self.planner, now, k)
