@@ -71,6 +71,13 @@ Ties (every user of a segment has the same gain under plain Poisson) are broken 
 the injected generator, and ``explore_share`` of the picks may go to uniformly drawn eligible
 users.
 
+A hit runs nothing of its plan live, so the uplift that matters is over the visit's *live
+alternative* ``ℓ_s`` (what the live levers would add to it), not over the base ranking:
+:meth:`UpliftModel.against_live` shifts ``Δ_s`` to ``Δ_s(a) − ℓ_s`` (lifetimes and gains follow;
+a segment whose fresh result does not beat ``ℓ_s`` is never precomputed), and
+:func:`rma_live_alternative` computes ``ℓ_s`` from a control plane's targets (live RMA's gain per
+request of the segment at its per-bin levels).
+
 **5. Budget.** A token bucket at ``jobs_per_s`` with a burst of ``burst_s`` seconds of work. The
 rate is the controller's precompute budget when its target carries one (in *lever* jobs, costed
 by :class:`headroom.controllers.levers.PrecomputeLever` at ``base_candidates``; converted to this
