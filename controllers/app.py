@@ -9,7 +9,10 @@ Data flow (topics of docs/messages.md, names with the configured prefix):
 * ``latency`` agent — validates each message, folds its sketch into the region's window
   (:class:`headroom.controllers.observe.RegionAggregator`); bad bytes go to the dead-letter topic.
 * ``capacity`` agent — newest level per (region, resource, hardware, pool), also kept in the
-  ``capacity`` table so a restarted worker knows the levels before the next announcement.
+  ``capacity`` table so a restarted worker knows the levels before the next announcement. A
+  level that changes the region's capacity materially between ticks (``ControlPlane.reacts``,
+  controllers/react.py) steps the region at once, as a tick would, under the lock the clock
+  holds while it steps (``Controller.step_lock``).
 * ``value`` agent — value-signal sums per (region, segment, lever, arm) for the window. A signal
   that carries its ``producer`` and ``seq`` is counted once: the newest ``seq`` of each producer
   (a client's process start) is kept in the ``value_seen`` table (changelogged, so it survives a
@@ -31,7 +34,8 @@ Data flow (topics of docs/messages.md, names with the configured prefix):
   ``controller.stall.resumed`` log lines. ``headroom up`` sends them for a scenario's ``stall``
   fault (docs/scenarios.md); nothing else does. The liveness check is tested through it.
 * a clock at ``t0 + k × interval_s`` (k = 1, 2, …: the instants the simulator steps at, scenario
-  time ``k × interval_s``; :func:`next_step`) — for each region heard of: observation →
+  time ``k × interval_s``; :func:`next_step`; a step that fell due while the process was paused
+  runs as soon as it resumes) — for each region heard of: observation →
   ``ControlPlane.step``
   (allocator → RMA PID → SBM coverage → router) → one ``targets`` message keyed by region, one
   ``target.issued`` event (``events`` topic and the structured log) with its inputs and reasons;
@@ -187,6 +191,19 @@ class Controller:
         self.fold_capture: dict[str, dict[str, Any]] = {}  # region -> its next snapshot's part
         self.reread_lag: dict[int, int] = {}  # per partition: the lag that reads it again
         self.owned: set[str] = set()  # the regions this worker steps (adopted from the tables)
+        # held while a region is stepped (the clock's ticks, the capacity agent's extra steps)
+        self.step_lock = asyncio.Lock()
+
+    def reacts(self, region: str, before: tuple[CapacityLevel, ...], now: float, t0: float) -> bool:
+        """A step of ``region`` now, between ticks, for the change of its capacity levels from
+        ``before`` to the aggregator's (:meth:`ControlPlane.reacts`): only for a region this
+        worker owns, after its tables were adopted, with latency heard since its last step."""
+        if not self.restored or region not in self.owned:
+            return False
+        if not self.aggregator.heard(region):
+            return False
+        after = self.aggregator.capacity(region, now)
+        return self.plane.reacts(region, now, before, after, t0=t0)
 
     def count_value(self, msg: messages.ValueSignal, stored: bytes | None) -> bool:
         """Count one value signal; False for a duplicate (its producer's ``seq`` already seen).
@@ -533,10 +550,14 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
     async def capacity_agent(stream: Any) -> None:
         async for event, msg in _decoded(stream, "capacity", deadletter, consumed):
             level = capacity_level(msg)
+            before = ctl.aggregator.capacity(msg.region, time.time())
             if ctl.aggregator.add_capacity(msg.region, level):
                 key = f"{msg.region}|{msg.resource}|{msg.hardware}|{msg.pool}|{int(msg.remote)}"
                 await _changelog_known(app, capacity_table, event.message.topic)
                 capacity_table[key] = event.value
+                await _react_step(
+                    app, ctl, msg.region, before, (targets_topic, events_topic), state_table
+                )
 
     @app.agent(value_topic)
     async def value_agent(stream: Any) -> None:
@@ -559,11 +580,12 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
         return await _save_snapshot(app, ctl, state_table)
 
     async def run_tick(now: float) -> None:
-        mine = _take_ownership(app, ctl, source_topics, tables)
-        for region in sorted(mine.intersection(ctl.aggregator.regions)):
-            await _publish_region(ctl, region, now, targets_topic, events_topic)
-        await _save_snapshot(app, ctl, state_table)
-        _liveness_step(ctl, mine, now)
+        async with ctl.step_lock:
+            mine = _take_ownership(app, ctl, source_topics, tables)
+            for region in sorted(mine.intersection(ctl.aggregator.regions)):
+                await _publish_region(ctl, region, now, targets_topic, events_topic)
+            await _save_snapshot(app, ctl, state_table)
+            _liveness_step(ctl, mine, now)
 
     @app.task  # type: ignore[untyped-decorator]
     async def control_clock() -> None:
@@ -574,6 +596,29 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
         await asyncio.gather(_value_counts_loop(app, ctl, events_topic), _watchdog(app, ctl))
 
     return app, ctl
+
+
+async def _react_step(
+    app: faust.App,
+    ctl: Controller,
+    region: str,
+    before: tuple[CapacityLevel, ...],
+    topics: tuple[Any, Any],
+    state_table: Any,
+) -> None:
+    """A capacity level recorded between ticks: when the change is material and spaced
+    (:meth:`Controller.reacts`, controllers/react.py), the region's step now, the same as a
+    tick's, under the lock the clock holds while it steps (one step of a region at a time, and
+    no snapshot of a half-stepped plane). An error is logged, never raised."""
+    try:
+        async with ctl.step_lock:
+            now = time.time()
+            if not ctl.reacts(region, before, now, t0=ctl.settings.t0):
+                return
+            await _publish_region(ctl, region, now, topics[0], topics[1])
+            await _save_snapshot(app, ctl, state_table)
+    except Exception:  # never stop the capacity agent
+        log.exception("controller.react.failed", region=region)
 
 
 def _log_assignments(app: faust.App, source_topics: set[str]) -> None:

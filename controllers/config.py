@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from headroom.controllers.levers import CostModel
+from headroom.controllers.react import ReactSettings
 from headroom.kernel.checks import FieldChecker
 from headroom.kernel.checks import is_finite_number as _finite
 from headroom.kernel.errors import ConfigError
@@ -201,13 +202,21 @@ class SegmentInfo:
     share: float
 
 
-_Group = PidSettings | CoverageSettings | RouterSettings | ValueSettings | AllocatorSettings
+_Group = (
+    PidSettings
+    | CoverageSettings
+    | RouterSettings
+    | ValueSettings
+    | AllocatorSettings
+    | ReactSettings
+)
 _GROUPS: dict[str, type[_Group]] = {
     "pid": PidSettings,
     "coverage": CoverageSettings,
     "router": RouterSettings,
     "value": ValueSettings,
     "allocator": AllocatorSettings,
+    "react": ReactSettings,
 }
 
 
@@ -233,6 +242,8 @@ class ControlConfig:
     router: RouterSettings = field(default_factory=RouterSettings)
     value: ValueSettings = field(default_factory=ValueSettings)
     allocator: AllocatorSettings = field(default_factory=AllocatorSettings)
+    # out-of-tick steps on a material capacity change (controllers/react.py)
+    react: ReactSettings = field(default_factory=ReactSettings)
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -292,10 +303,11 @@ class ControlConfig:
         """The control settings a scenario implies, with keyword overrides.
 
         ``overrides`` may name any field; a settings group (``pid``, ``coverage``, ``router``,
-        ``value``, ``allocator``) takes its dataclass or a mapping of some of its fields, merged
-        over the defaults. Unknown names raise :class:`ConfigError`. ``interval_s`` and ``ttl_s``
-        default to the scenario's ``control`` section (a ttl the file does not give is 3 of the
-        interval in force); the allocator's ``value_stale_s`` is 3 intervals.
+        ``value``, ``allocator``, ``react``) takes its dataclass or a mapping of some of its
+        fields, merged over the defaults. Unknown names raise :class:`ConfigError`.
+        ``interval_s`` and ``ttl_s`` default to the scenario's ``control`` section (a ttl the
+        file does not give is 3 of the interval in force); the allocator's ``value_stale_s`` is
+        3 intervals.
         """
         control = scenario.control
         interval = overrides.get("interval_s", control.interval_s)

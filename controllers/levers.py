@@ -279,12 +279,16 @@ _UNITS_ARM = "units"  # snapshot rows of the units book (no real arm is called t
 class ValueBook:
     """Discounted holdout sums per (segment, lever, arm); see the module docstring."""
 
-    __slots__ = ("_slopes_cache", "_sums", "_units")
+    __slots__ = ("_estimates", "_slopes_cache", "_sums", "_units")
 
     def __init__(self) -> None:
         self._sums: dict[ValueKey, list[float]] = {}
-        # per lever, the control strata's slopes (unchanged by decay: every sum scales alike)
-        self._slopes_cache: dict[str, dict[str, float]] = {}
+        # per lever, the control strata's slopes and their variances (unchanged by decay:
+        # every sum scales alike, and :func:`_moments` rescales to the effective count)
+        self._slopes_cache: dict[tuple[str, str], dict[str, float]] = {}
+        # uplift and per_unit answers until the sums next change (a control step asks the same
+        # lever and segment several times: the pooled estimate, each tranche, the allocator)
+        self._estimates: dict[tuple[str, str, object, str | None], Uplift | None] = {}
         # per lever: discounted [treated requests, units of work behind them], so value per
         # unit divides the book's uplift by the units *the book's requests* received, not by
         # the units in force now (RMA's extra candidates change every interval)
@@ -294,6 +298,7 @@ class ValueBook:
         """Multiply every sum by ``factor`` in [0, 1] (call once per window before adding)."""
         if factor >= 1.0:
             return
+        self._estimates.clear()
         for a in self._sums.values():
             for i in range(8):
                 a[i] *= factor
@@ -325,6 +330,7 @@ class ValueBook:
 
     def add(self, value: Mapping[ValueKey, ArmStats]) -> None:
         self._slopes_cache.clear()
+        self._estimates.clear()
         for key, st in value.items():
             if st.n <= 0 or not (math.isfinite(st.value_sum) and math.isfinite(st.value_sq_sum)):
                 continue
@@ -401,6 +407,14 @@ class ValueBook:
         signals carry them — each stratum's difference of means weighted by its treated count
         (post-stratification: the between-strata spread of request values leaves the variance).
         """
+        key = ("uplift", lever, None, segment)
+        got = self._estimates.get(key)
+        if got is None:
+            got = self._estimates[key] = self._uplift(lever, segment)
+        return got
+
+    def _uplift(self, lever: str, segment: str | None) -> Uplift:
+        """The uncached :meth:`uplift`."""
         theta = self._slopes(lever)
         slope_var = self._slope_vars(lever)
         parts: list[tuple[float, float, float]] = []  # (n_t, d, v)
@@ -430,28 +444,34 @@ class ValueBook:
             return Uplift(0.0, math.inf, n_t_total, n_c_total)
         return Uplift(mean, math.sqrt(var), n_t_total, n_c_total)
 
-    def _slopes(self, lever: str) -> dict[str, float]:
-        """Per segment, the control arm's slope of value on the value signal, pooled within its
-        strata (:func:`headroom.kernel.estimate.slope`; 0 without signal sums)."""
-        got = self._slopes_cache.get(lever)
-        if got is not None:
-            return got
+    def _controls(self, lever: str) -> dict[str, list[Moments]]:
+        """Per segment, the moments of ``lever``'s control strata."""
         controls: dict[str, list[Moments]] = {}
         for (key, lv, arm), a in self._sums.items():
             if lv == lever and arm == "control":
                 controls.setdefault(segment_of(key), []).append(_moments(a))
-        got = self._slopes_cache[lever] = {seg: slope(ms) for seg, ms in controls.items()}
+        return controls
+
+    def _slopes(self, lever: str) -> dict[str, float]:
+        """Per segment, the control arm's slope of value on the value signal, pooled within its
+        strata (:func:`headroom.kernel.estimate.slope`; 0 without signal sums)."""
+        got = self._slopes_cache.get((lever, "slope"))
+        if got is None:
+            controls = self._controls(lever)
+            got = {seg: slope(ms) for seg, ms in controls.items()}
+            self._slopes_cache[(lever, "slope")] = got
         return got
 
     def _slope_vars(self, lever: str) -> dict[str, float]:
         """Per segment, the variance of its slope (:func:`headroom.kernel.estimate.
         slope_variance`): a stratum's difference carries ``(x̄_t − x̄_c)²`` of it."""
-        theta = self._slopes(lever)
-        controls: dict[str, list[Moments]] = {}
-        for (key, lv, arm), a in self._sums.items():
-            if lv == lever and arm == "control":
-                controls.setdefault(segment_of(key), []).append(_moments(a))
-        return {seg: slope_variance(ms, theta.get(seg, 0.0)) for seg, ms in controls.items()}
+        got = self._slopes_cache.get((lever, "variance"))
+        if got is None:
+            theta = self._slopes(lever)
+            controls = self._controls(lever)
+            got = {seg: slope_variance(ms, theta.get(seg, 0.0)) for seg, ms in controls.items()}
+            self._slopes_cache[(lever, "variance")] = got
+        return got
 
     def per_unit(self, lever: str, unit: ResourceCost, segment: str | None = None) -> Uplift | None:
         """Value per unit of work over the strata where ``lever`` did work, or None when its
@@ -471,6 +491,14 @@ class ValueBook:
         value bin) this reads below the work-weighted mean ``Σ n_t,s·d_s / Σ u_s``, since the
         quiet low-value strata weigh most (BENCHMARKS.md, *Simulator outcome targets*).
         """
+        key = ("per_unit", lever, unit, segment)
+        if key in self._estimates:
+            return self._estimates[key]
+        got = self._estimates[key] = self._per_unit(lever, unit, segment)
+        return got
+
+    def _per_unit(self, lever: str, unit: ResourceCost, segment: str | None) -> Uplift | None:
+        """The uncached :meth:`per_unit`."""
         if unit.cpu_s >= unit.accelerator_s and unit.cpu_s > 0.0:
             col, per_unit_ms = 3, unit.cpu_s * 1000.0
         elif unit.accelerator_s > 0.0:
@@ -582,6 +610,7 @@ class ValueBook:
         self._sums = sums
         self._units = units
         self._slopes_cache.clear()
+        self._estimates.clear()
 
 
 _SNAPSHOTTING: tuple[type[Snapshotting], ...] = (ValueBook,)  # checked by mypy

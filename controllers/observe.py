@@ -156,6 +156,11 @@ class RegionAggregator:
         self.add_value(msg.region, msg.ts, key, stats)
 
     # --- observe ----------------------------------------------------------------------------
+    def heard(self, region: str) -> bool:
+        """Whether latency of ``region`` arrived since its window began (its last observation)."""
+        w = self._windows.get(region)
+        return w is not None and w.first_ts is not None
+
     def capacity(self, region: str, now: float) -> tuple[CapacityLevel, ...]:
         """The region's levels as of ``now`` (:meth:`CapacityBook.levels`)."""
         book = self._capacity.get(region)

@@ -48,6 +48,7 @@ from headroom.controllers.config import ControlConfig
 from headroom.controllers.coverage import CoverageController, CoverageResult
 from headroom.controllers.levers import LeverContext, LeverRegistry, ValueBook, bin_means
 from headroom.controllers.pid import RmaController, RmaResult
+from headroom.controllers.react import reacts
 from headroom.controllers.router import RouteResult, SbmRouter
 from headroom.controllers.types import (
     LEVER_PRECOMPUTE,
@@ -289,6 +290,34 @@ class ControlPlane:
         st = self._region(region)
         st.rma.track(float(rma_candidates))
         st.coverage.track(sbm_coverage)
+
+    def reacts(
+        self,
+        region: str,
+        now: float,
+        before: Iterable[CapacityLevel],
+        after: Iterable[CapacityLevel],
+        t0: float = 0.0,
+    ) -> bool:
+        """Whether a change of the region's capacity levels from ``before`` to ``after`` at
+        ``now`` warrants a step now, between the regular ticks at ``t0 + k × interval_s``
+        (:func:`headroom.controllers.react.reacts`: a material change, spaced from the region's
+        previous step and from the next tick). False for a region never stepped: its first
+        regular step comes first."""
+        st = self._regions.get(region)
+        if st is None or st.last_now is None:
+            return False
+        cfg = self.config
+        return reacts(
+            cfg.react,
+            cfg.interval_s,
+            now,
+            st.last_now,
+            before,
+            after,
+            remote_ok=cfg.precompute_enabled,
+            t0=t0,
+        )
 
     def _region(self, name: str) -> _Region:
         st = self._regions.get(name)

@@ -73,11 +73,17 @@ class SimContext:
         *,
         seed: int | None = None,
         config: SimConfig | None = None,
+        control_curves: Curves | None = None,
     ) -> None:
         self.scenario = scenario
         self.config = cfg = config or SimConfig()
         self.seed = int(scenario.seed if seed is None else seed)
         self.curves = curves
+        # the curves the control plane plans RMA's levels with (its RmaCurve): the ground
+        # truth's by default; a run that measures its ground truth on more users than the
+        # streaming controller reads (headroom.controllers.app.rma_curve) passes the
+        # controller's here, so both engines' controllers plan with one curve
+        self.control_curves = curves if control_curves is None else control_curves
         self.traces = ScenarioTraces(scenario, seeds.traces_rng(self.seed), cfg.step_s)
         self.pop = Population.from_scenario(scenario, cfg.value_bins)
         w = scenario.world

@@ -222,11 +222,19 @@ class RegionRun:
         self._seq = 0
         for ch in self.traces.changes:
             self._push(ch.t, _EV_CAPACITY, ch)
+        # a policy whose plane steps between ticks (``react``: controllers/react.py) also
+        # steps at once when a control outage ends, instead of at the next tick
+        self._react = None if policy.direct else getattr(policy, "react", None)
         if not policy.direct:
             k = 1
             while k * self.interval < ctx.duration_s - _EPS:
-                self._push(k * self.interval, _EV_CONTROL, None)
+                self._push(k * self.interval, _EV_CONTROL, False)
                 k += 1
+        if self._react is not None:
+            for _, end in self.traces.outages:
+                phase = end / self.interval
+                if end < ctx.duration_s - _EPS and abs(phase - round(phase)) * self.interval > _EPS:
+                    self._push(end, _EV_CONTROL, True)
         timeout_s = ctx.timeout_ms / 1000.0
         self.cpu = StageState(max_backlog_s=timeout_s)
         self.acc = StageState(max_backlog_s=timeout_s)
@@ -272,7 +280,10 @@ class RegionRun:
         self._blocks: list[tuple[Mix, FloatArray]] = []
         self.noticed_at: float | None = None  # a server has yet to react to a reclaim
         self.arrival_rate = 0.0  # rps of the current step
-        self._obs_at = 0.0  # when the controllers' observation accumulators were last read
+        # the span of scenario time the controllers' observation accumulators cover: from when
+        # they were last read to the end of the newest SLO window folded into them
+        self._obs_at = 0.0
+        self._obs_to = 0.0
         self._lost_strong = 0.0  # in-flight strong requests lost to a reclaim, not yet counted
         self._win_reset()
         self._obs_reset()
@@ -372,7 +383,7 @@ class RegionRun:
         if kind == _EV_CAPACITY:
             self._on_capacity(t, payload)
         elif kind == _EV_CONTROL:
-            self._on_control(t)
+            self._on_control(t, payload)
         elif kind == _EV_APPLY:
             self._on_apply(t, payload)
         elif kind == _EV_EXPIRE:
@@ -390,6 +401,19 @@ class RegionRun:
                 self._release_all(t)
 
     def _on_capacity(self, t: float, ch: CapacityChange) -> None:
+        self._capacity_change(t, ch)
+        react = self._react
+        if react is None or self.traces.in_outage(t):
+            return
+        # the levels as the controller hears them (a capacity silence hides the change)
+        after = self._levels_seen(t)
+        before = list(after)
+        i = ch.pool
+        before[i] = replace(after[i], units=self.traces.level_seen(i, t, ch.before))
+        if react(t, before, after):
+            self._on_control(t, True)
+
+    def _capacity_change(self, t: float, ch: CapacityChange) -> None:
         i = ch.pool
         key = self.static.pools[i]
         self.level[i] = ch.after
@@ -460,9 +484,18 @@ class RegionRun:
             and mix.strong_acc * lam <= 1000.0 * q.sbm_acc * (1 + tol) + tol
         )
 
-    def _on_control(self, t: float) -> None:
+    def _on_control(self, t: float, extra: bool = False) -> None:
+        """A control step at ``t``: a regular tick, or (``extra``) one between ticks — on a
+        material capacity change, or when a control outage ends. A step between ticks first
+        closes the SLO windows complete since the last flush, so its observation covers them
+        (:meth:`_observation`), and is skipped when there is none: it has no new measurement."""
         if self.traces.in_outage(t):
             return
+        if extra:
+            if self._pending_windows:
+                self._flush_windows()
+            if self._obs_to - self._obs_at <= _EPS:
+                return
         obs = self._observation(t)
         issued = self.policy.control(t, obs, self)
         if issued is None:
@@ -835,7 +868,8 @@ class RegionRun:
 
     def _close_window(self, t0: float, t1: float) -> None:
         """Keep what the window's event needs; the events of a control interval are computed
-        together (one vectorised pass) when the interval ends."""
+        together (one vectorised pass) when the interval ends, or at a step between ticks
+        (:meth:`_on_control`)."""
         tg = self.targets
         q = self.quotas
         if self.precompute is not None:
@@ -1017,6 +1051,7 @@ class RegionRun:
             self._fold_obs(
                 keys, weights, paths, int(n_req.sum()), n_seg.sum(axis=0), routed, value_obs
             )
+            self._obs_to = t_last
         sketches = _window_sketches(keys, weights, paths, sample_win, n_req)
         for w, rec in enumerate(recs):
             t0, t1 = rec["t0"], rec["t1"]
@@ -1203,6 +1238,23 @@ class RegionRun:
 
     # -- observation for the control plane --------------------------------------------------
 
+    def _levels_seen(self, now: float) -> list[CapacityLevel]:
+        """The opportunistic levels as the controllers know them at ``now``, one per pool."""
+        return [
+            CapacityLevel(
+                resource=key.resource,  # type: ignore[arg-type]  # "cpu" | "accelerator"
+                hardware=key.hardware,
+                pool="opportunistic",
+                # a capacity silence: the level known when it began (kernel/faults.py)
+                units=self.traces.level_seen(i, now, self.level[i]),
+                # the feed re-announces every level each interval with its expected lifetime
+                expires_in_s=self.traces.pools[i].expires_in_s,
+                remote=key.remote,
+                ts=now,
+            )
+            for i, key in enumerate(self.static.pools)
+        ]
+
     def _fold_obs(
         self,
         keys: IntArray,
@@ -1235,10 +1287,11 @@ class RegionRun:
     def _observation(self, now: float) -> RegionObservation:
         """What the controllers know about the last interval (then the accumulators reset)."""
         ctx = self.ctx
-        # the accumulators hold everything since they were last read: one interval, or more
-        # after a control outage (no step read them), so rates divide by the time they cover
-        span = now - self._obs_at if now - self._obs_at > _EPS else self.interval
-        self._obs_at = now
+        # the accumulators hold the SLO windows folded since they were last read: one interval,
+        # more after a control outage (no step read them), less at a step between ticks (the
+        # windows complete by then), so rates divide by the time they cover
+        span = self._obs_to - self._obs_at if self._obs_to - self._obs_at > _EPS else self.interval
+        self._obs_at = self._obs_to
         p99: dict[str, float | None] = {}
         for idx, name in enumerate(("all", "base", "rma", "sbm")):
             h = self.obs_keys[idx]
@@ -1254,21 +1307,8 @@ class RegionRun:
         capacity = [
             CapacityLevel("cpu", "any", "dedicated", st.ded_cpu, ts=now),
             CapacityLevel("accelerator", st.ded_hardware, "dedicated", st.ded_acc, ts=now),
+            *self._levels_seen(now),
         ]
-        for i, key in enumerate(st.pools):
-            capacity.append(
-                CapacityLevel(
-                    resource=key.resource,  # type: ignore[arg-type]  # "cpu" | "accelerator"
-                    hardware=key.hardware,
-                    pool="opportunistic",
-                    # a capacity silence: the level known when it began (kernel/faults.py)
-                    units=self.traces.level_seen(i, now, self.level[i]),
-                    # the feed re-announces every level each interval with its expected lifetime
-                    expires_in_s=self.traces.pools[i].expires_in_s,
-                    remote=key.remote,
-                    ts=now,
-                )
-            )
         obs = RegionObservation(
             region=st.name,
             now=now,

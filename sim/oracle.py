@@ -304,8 +304,8 @@ class FeasibleRules:
             for a, b in rt.outages:
                 k_last = math.ceil(a / interval - 1e-9) - 1  # last tick strictly before a
                 start = k_last * interval + ttl if k_last >= 1 else a
-                k_next = math.ceil(b / interval - 1e-9)  # first tick at or after b
-                end = k_next * interval + propagation
+                # the plane steps as soon as the outage ends (sim/engine.py), tick or not
+                end = b + propagation
                 if end > start:
                     out.append((max(start, 0.0), min(end, self.ctx.duration_s), r))
         del names

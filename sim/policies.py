@@ -59,6 +59,10 @@ made the timeout, and the optional-work multiplier is ``1 − p`` (spent highest
 **Time-outs and outages.** Every central policy (greedy, peers, central-only, headroom) is
 silenced by a ``control_outage``: no targets are issued, and clients fall back to the baseline
 when the ones they hold expire (``ttl_s``, 3 intervals).
+
+**Between ticks.** The control plane's policies (central-only, headroom) also step on a material
+capacity change between ticks and as soon as an outage ends (:meth:`PlaneRegion.react`, the
+plane's rule of controllers/react.py); the others keep the clock.
 """
 
 from __future__ import annotations
@@ -74,7 +78,13 @@ from headroom.controllers.config import ControlConfig
 from headroom.controllers.levers import bin_means
 from headroom.controllers.plane import ControlPlane
 from headroom.controllers.precompute import rma_live_alternative
-from headroom.controllers.types import LEVER_RMA, LEVER_SBM, RegionObservation, RegionTargets
+from headroom.controllers.types import (
+    LEVER_RMA,
+    LEVER_SBM,
+    CapacityLevel,
+    RegionObservation,
+    RegionTargets,
+)
 from headroom.defences.admission import admitted_share
 from headroom.defences.client_shedding import ClientShedder
 from headroom.defences.peers import OptionalBudget, SreThrottle, make_limit
@@ -318,6 +328,17 @@ class PlaneRegion(StaticRegion):
     def __init__(self, plane: ControlPlane) -> None:
         self.plane = plane
         self.margin = float(plane.config.allocator.safety_margin)
+        self._region_name: str | None = None
+
+    def bind(self, run: RegionRun) -> None:
+        self._region_name = run.static.name
+
+    def react(self, now: float, before: list[CapacityLevel], after: list[CapacityLevel]) -> bool:
+        """A step between ticks for this capacity change (the plane's rule,
+        controllers/react.py): the engine then steps at once, as the streaming controller's
+        capacity agent does."""
+        region = self._region_name
+        return region is not None and self.plane.reacts(region, now, before, after)
 
     def control(self, now: float, obs: RegionObservation, run: RegionRun) -> Issued | None:
         rt = self.plane.step(obs)
@@ -408,6 +429,7 @@ class HeadroomRegion(PlaneRegion):
         )
 
     def bind(self, run: RegionRun) -> None:
+        super().bind(run)
         self._run = run
 
     def _admission(self, q: Quotas) -> tuple[float, float, float]:
@@ -718,7 +740,7 @@ class PolicyFactory:
         self.control = control or ControlConfig.from_scenario(ctx.scenario)
         self.plane: ControlPlane | None = None
         if name in ("central-only", "headroom"):
-            curve = RmaCurve.from_curves(ctx.curves, ctx.segment_names, ctx.n0, ctx.nmax)
+            curve = RmaCurve.from_curves(ctx.control_curves, ctx.segment_names, ctx.n0, ctx.nmax)
             self.plane = ControlPlane(self.control, ctx.rng(0, 20), rma_curve=curve)
 
     @property

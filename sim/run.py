@@ -47,16 +47,19 @@ def build_context(
     seed: int | None = None,
     config: SimConfig | None = None,
     curves: Curves | None = None,
+    control_curves: Curves | None = None,
 ) -> SimContext:
     """The shared context of a run; the value curves are measured on the scenario's world (for
-    ``seed`` when given) or taken from the cache (:func:`headroom.world.curves.curves_for`)."""
+    ``seed`` when given) or taken from the cache (:func:`headroom.world.curves.curves_for`).
+    ``control_curves``: the curves the control plane plans RMA with, if not these
+    (:class:`headroom.sim.context.SimContext`)."""
     if curves is None:
         from headroom.world.curves import curves_for
 
         curves = curves_for(scenario, seed=seed)
     if scenario.eligible_share is not None:  # the scenario's own share of eligible requests
         config = (config or SimConfig()).with_overrides(eligible_share=scenario.eligible_share)
-    return SimContext(scenario, curves, seed=seed, config=config)
+    return SimContext(scenario, curves, seed=seed, config=config, control_curves=control_curves)
 
 
 def run_simulation(

@@ -5,7 +5,7 @@ capacity topic. Latency samples well below the SLO must make the RMA candidate t
 base; samples above the SLO (some produced by kcat) must make it fall back toward base,
 monotonically. Malformed samples go to the dead-letter topic while the app runs on. After kill -9
 and a restart the app resumes from its tables: the first new target is within one rate-limit step
-of the last one.
+of the last one. A material rise of the spare capacity between ticks steps the region at once.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ class ControllerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = workdir / "controller.log"
 
-    def start(self, ttl_s: float | None = None) -> None:
+    def start(self, ttl_s: float | None = None, interval_s: float = 1.0) -> None:
         env = dict(
             os.environ, HEADROOM_CONTROLLER_DIR=str(self.workdir), HEADROOM_LOG_FORMAT="json"
         )
@@ -113,7 +113,7 @@ class ControllerProcess:
                 "headroom.cli",
                 "controller",
                 "--interval",
-                "1",
+                str(interval_s),
                 "--bootstrap",
                 self.bootstrap,
                 "--prefix",
@@ -171,18 +171,24 @@ def _kcat_produce(bootstrap: str, topic: str, key: str, payload: bytes) -> None:
 
 
 async def _feed(
-    producer: AIOKafkaProducer, prefix: str, value_ms: float, seconds: float, bad: bool = False
+    producer: AIOKafkaProducer,
+    prefix: str,
+    value_ms: float,
+    seconds: float,
+    bad: bool = False,
+    cpu: float = 16.0,
+    accelerator: float = 4.0,
 ) -> None:
     end = time.monotonic() + seconds
     n = 0
     while time.monotonic() < end:
         now = time.time()
         await producer.send_and_wait(
-            f"{prefix}capacity", _capacity(now, "cpu", "any", 16.0, n), key=REGION.encode()
+            f"{prefix}capacity", _capacity(now, "cpu", "any", cpu, n), key=REGION.encode()
         )
         await producer.send_and_wait(
             f"{prefix}capacity",
-            _capacity(now, "accelerator", "gpu-b", 4.0, n),
+            _capacity(now, "accelerator", "gpu-b", accelerator, n),
             key=REGION.encode(),
         )
         await producer.send_and_wait(
@@ -348,3 +354,70 @@ async def test_kill9_restart_resumes_within_one_rate_limit_step(
     finally:
         await consumer.stop()
         await producer.stop()
+
+
+REACT_INTERVAL_S = 16.0  # long enough that a loaded host's tick lands well before a quarter of it
+
+
+async def test_a_capacity_rise_between_ticks_steps_the_region_at_once(
+    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
+) -> None:
+    # Ticks at k × 16 s. Capacity unchanged: targets only at ticks. Then, a third of an
+    # interval after a tick, the region's spare CPU rises from 2 to 16 cores: the controller
+    # steps the region at once (controllers/react.py), between ticks, with the larger budget,
+    # rather than leaving the cores idle until the next tick.
+    proc = ControllerProcess(kafka_bootstrap, topic_prefix, tmp_path)
+    proc.start(interval_s=REACT_INTERVAL_S)
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+    consumer = AIOKafkaConsumer(
+        f"{topic_prefix}targets", bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest"
+    )
+    await producer.start()
+    await consumer.start()
+    interval = REACT_INTERVAL_S
+
+    def phase(t: messages.Target) -> float:
+        return (t.ts % interval) / interval
+
+    try:
+
+        async def small(seconds: float) -> None:
+            await _feed(producer, topic_prefix, 0.3 * SLO_MS, seconds, cpu=2.0, accelerator=1.0)
+
+        seen: list[messages.Target] = []
+        deadline = time.monotonic() + START_S + interval
+        while not seen and time.monotonic() < deadline:
+            _, got = await asyncio.gather(
+                small(1.0),
+                _collect_targets(consumer, 1000, timeout_s=1.0),
+            )
+            seen += got
+        assert seen, "the controller published no target"
+        # the next tick's target, with the small capacity known for a whole interval
+        tick: list[messages.Target] = []
+        deadline = time.monotonic() + 2 * interval
+        while not tick and time.monotonic() < deadline:
+            _, got = await asyncio.gather(
+                small(1.0),
+                _collect_targets(consumer, 1000, timeout_s=1.0),
+            )
+            tick += [t for t in got if t.epoch > seen[-1].epoch]
+        assert tick, "no target at the next tick"
+        at_tick = tick[-1]
+        # unchanged capacity stepped the region at ticks only
+        assert all(min(phase(t), 1.0 - phase(t)) < 0.2 for t in [*seen, *tick]), [
+            round(phase(t), 3) for t in [*seen, *tick]
+        ]
+        # a third of an interval after that tick, the rise
+        await small(max(at_tick.ts + interval / 3.0 - time.time(), 0.0))
+        _, after = await asyncio.gather(
+            _feed(producer, topic_prefix, value_ms=0.3 * SLO_MS, seconds=interval / 3.0),
+            _collect_targets(consumer, 1000, timeout_s=interval / 3.0),
+        )
+        between = [t for t in after if t.epoch > at_tick.epoch and 0.25 <= phase(t) <= 0.75]
+        assert between, [(round(phase(t), 3), t.budget.cpu) for t in after]
+        assert between[0].budget.cpu > at_tick.budget.cpu, (at_tick.budget, between[0].budget)
+    finally:
+        await consumer.stop()
+        await producer.stop()
+        proc.stop()

@@ -33,13 +33,14 @@ def test_the_feasible_bound_is_below_the_loose_one_and_splits_into_levers(oracle
 
 def test_no_optional_work_while_targets_are_expired(oracle: Oracle) -> None:
     # quickstart: an outage [3000, 3400) with a 60 s interval and targets living 180 s: the
-    # last targets before it (2940) expire at 3120, the first after it (3420) reach clients 2 s on
+    # last targets before it (2940) expire at 3120, the first after it (issued as it ends, at
+    # 3400, not at the next tick) reach clients 2 s on
     rules = oracle.rules
-    assert [(a, b) for a, b, _ in rules.expired] == [(3120.0, 3422.0)]
+    assert [(a, b) for a, b, _ in rules.expired] == [(3120.0, 3402.0)]
     assert rules.options_at(0, 3119.0).any()
     assert not rules.options_at(0, 3200.0).any()
-    assert not rules.options_at(0, 3421.0).any()
-    assert rules.options_at(0, 3422.0).any()
+    assert not rules.options_at(0, 3401.0).any()
+    assert rules.options_at(0, 3402.0).any()
 
 
 def test_strong_devices_are_whole_and_loaded(oracle: Oracle) -> None:

@@ -160,10 +160,18 @@ def test_a_batch_of_windows_is_closed_in_one_pass_whatever_the_mixes() -> None:
         built.append(1)
         return mix_of(*args)
 
+    steps: list[float] = []
+    step_of = engine.RegionRun._on_control
+
+    def counting_step(run: Any, t: float, extra: bool = False) -> None:
+        steps.append(t)
+        step_of(run, t, extra)
+
     mp = pytest.MonkeyPatch()
     try:
         mp.setattr(engine, "_strata_rows", counting_rows)
         mp.setattr(engine, "build_mix", counting_mix)
+        mp.setattr(engine.RegionRun, "_on_control", counting_step)
         windows: list[dict[str, Any]] = []
         engine.run_policy(
             ctx,
@@ -175,7 +183,9 @@ def test_a_batch_of_windows_is_closed_in_one_pass_whatever_the_mixes() -> None:
     finally:
         mp.undo()
     batches = len(calls)
-    assert batches == round(s.duration_s / factory.interval_s)
+    # a batch closes at each control step (the ticks, and the steps between ticks a capacity
+    # change or an outage's end brings) and at the run's end
+    assert round(s.duration_s / factory.interval_s) <= batches <= len(steps) + 1
     assert len(windows) == round(s.duration_s / s.slo.window_s)
-    assert sum(calls) > 2 * batches  # several mixes per batch: one pass for all of them
+    assert sum(calls) > batches  # several mixes per batch: one pass for all of them
     assert len(built) > batches

@@ -206,6 +206,40 @@ def test_value_book_restore_replaces_what_it_held() -> None:
     assert b.mean_units("sbm") is None
 
 
+def test_value_book_answers_follow_every_change_of_its_sums() -> None:
+    # the book keeps its answers until its sums change: asked between every add, decay and
+    # restore, it answers as a fresh book restored from its snapshot at that moment
+    rng = np.random.default_rng(4)
+    book = ValueBook()
+    unit = ResourceCost(0.001, 0.0)
+    other = ValueBook()
+    other.add({("casual", "rma", "control"): arm_stats(rng, 300, 0.5, 0.2)})
+
+    def fresh() -> ValueBook:
+        again = ValueBook()
+        again.restore(book.snapshot())
+        return again
+
+    for step in range(12):
+        if step == 8:
+            book.restore(other.snapshot())
+        elif step % 3 == 2:
+            book.decay(0.6)
+        else:
+            book.add(
+                {
+                    (seg, "rma", arm): arm_stats(
+                        rng, int(rng.integers(3, 60)), 1.0 + lift, 0.3, cpu_ms=200.0 * lift
+                    )
+                    for seg in ("casual", "premium")
+                    for arm, lift in (("treatment", 0.2), ("control", 0.0))
+                }
+            )
+        for segment in (None, "casual", "premium"):
+            assert book.uplift("rma", segment) == fresh().uplift("rma", segment)
+            assert book.per_unit("rma", unit, segment) == fresh().per_unit("rma", unit, segment)
+
+
 def _proven(lever: str, rng: np.random.Generator) -> dict[tuple[str, str, str], ArmStats]:
     # the strong model's cost per treated request, as SBM's servers report it (the integrity
     # lever's signals carry none: its estimate divides by the units book)

@@ -20,6 +20,7 @@ from headroom.controllers.app import (
 )
 from headroom.controllers.config import ControlConfig
 from headroom.controllers.testing import observation
+from headroom.controllers.types import CapacityLevel
 from headroom.kernel.codec import dumps, loads
 from headroom.kernel.errors import ConfigError
 from headroom.kernel.scenario_load import load_scenario
@@ -240,3 +241,25 @@ def test_a_bad_index_is_named(event: dict[str, object], expected: str) -> None:
     assert any(p.startswith(expected) for p in got), got
     if "not allowed" in expected or "must be" in expected:
         assert schema_problems(SCHEMA, doc([event]))
+
+
+def test_the_capacity_agent_steps_between_ticks_only_for_an_owned_region_it_heard() -> None:
+    """``Controller.reacts``: the plane's rule (controllers/react.py), for a region this worker
+    owns, after its tables were adopted, with latency heard since its last step."""
+    ctl = _controller()
+    region, t0 = "us-east", 1_796_000_000.0
+    gpu = CapacityLevel("accelerator", "gpu-b", "opportunistic", 2.0, ts=t0 + 80.0)
+    ctl.plane.step(observation(t0 + 60.0, region=region))  # the tick at k = 1
+    ctl.aggregator.observe(region, t0 + 60.0)
+    before = ctl.aggregator.capacity(region, t0 + 80.0)
+    ctl.aggregator.add_capacity(region, gpu)
+    now = t0 + 80.0
+    assert not ctl.reacts(region, before, now, t0=t0)  # not restored yet
+    ctl.restored = True
+    assert not ctl.reacts(region, before, now, t0=t0)  # not owned
+    ctl.owned.add(region)
+    assert not ctl.reacts(region, before, now, t0=t0)  # no latency since the last step
+    ctl.aggregator.add_latency(region, t0 + 70.0, "base", 100, None, (50.0,))
+    assert ctl.reacts(region, before, now, t0=t0)
+    assert not ctl.reacts(region, before, t0 + 110.0, t0=t0)  # 10 s before the next tick
+    assert not ctl.reacts(region, ctl.aggregator.capacity(region, now), now, t0=t0)  # no change

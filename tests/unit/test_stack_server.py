@@ -115,7 +115,7 @@ def test_optional_work_is_held_to_the_admitted_share_the_simulator_uses(
     d = scenario.region(REGION).dedicated
     region.bind(
         SimpleNamespace(  # type: ignore[arg-type]  # the parts of a RegionRun it reads
-            static=SimpleNamespace(ded_cpu=d.cpu, ded_acc=d.accelerator),
+            static=SimpleNamespace(name=REGION, ded_cpu=d.cpu, ded_acc=d.accelerator),
             base_mix=build_mix(ctx, baseline_plan(ctx)),
             cfg=ctx.config,
         )
