@@ -54,9 +54,12 @@ from headroom.controllers.types import (
     LEVER_PRECOMPUTE,
     LEVER_RMA,
     LEVER_SBM,
+    ArmStats,
     CapacityLevel,
     RegionObservation,
     RegionTargets,
+    ValueKey,
+    segment_of,
 )
 from headroom.defences.plan import VALUE_BINS, PlanRule
 from headroom.kernel.errors import HeadroomError
@@ -101,6 +104,30 @@ def strong_replica_units(
         default=0.0,
     )
     return max(sbm_accelerator, min(1.0, max(whole, 0.0)))
+
+
+def _live_rates(
+    request_rps: float,
+    segment_rps: Mapping[str, float],
+    value: Mapping[ValueKey, ArmStats],
+    window_s: float,
+) -> tuple[float, dict[str, float]]:
+    """The request rates that run their plan live: every request but the window's precompute
+    hits (the ``precompute`` lever's treatment sums, by segment), as ``(total, per segment)``.
+    Without hits, the rates as given."""
+    hits: dict[str, float] = {}
+    if window_s > 0.0:
+        for (key, lever, arm), a in value.items():
+            if lever == LEVER_PRECOMPUTE and arm == "treatment" and a.n > 0:
+                seg = segment_of(key)
+                hits[seg] = hits.get(seg, 0.0) + a.n / window_s
+    live = {k: _finite_nonneg(v) for k, v in segment_rps.items()}
+    if not hits:
+        return request_rps, live
+    for seg, h in hits.items():
+        if seg in live:
+            live[seg] = max(live[seg] - h, 0.0)
+    return max(request_rps - sum(hits.values()), 0.0), live
 
 
 def _finite_or_none(x: float | None) -> float | None:
@@ -339,9 +366,11 @@ class ControlPlane:
             value_age = math.inf
         alloc = self.allocator.allocate(obs.capacity, now, ctx, st.book, value_age)
 
-        # 3. RMA PID
+        # 3. RMA PID, sized by the requests that run live: a precompute hit runs nothing of its
+        # plan (defences/plan.py, step 5), so its share of the budget would sit idle
+        live_rps, live_segments = _live_rates(request_rps, obs.segment_rps, obs.value, window_s)
         rma_cpu, rma_acc = alloc.budget(LEVER_RMA)
-        rma = st.rma.step(obs.p99_ms.get("all"), now, dt, request_rps, rma_cpu, rma_acc)
+        rma = st.rma.step(obs.p99_ms.get("all"), now, dt, live_rps, rma_cpu, rma_acc)
 
         # 4. SBM coverage, 5. router
         sbm_cpu, sbm_acc = alloc.budget(LEVER_SBM)
@@ -368,7 +397,7 @@ class ControlPlane:
         levels = self._rma_levels(
             st.book,
             candidates - cfg.base_candidates,
-            weights,
+            self._segment_weights(live_segments),
             route.probabilities if coverage > 0.0 else {},
             eligible_rps / request_rps if request_rps > 0.0 else 0.0,
             explore,

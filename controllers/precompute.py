@@ -71,6 +71,13 @@ Ties (every user of a segment has the same gain under plain Poisson) are broken 
 the injected generator, and ``explore_share`` of the picks may go to uniformly drawn eligible
 users.
 
+A hit runs nothing of its plan live, so the uplift that matters is over the visit's *live
+alternative* ``ℓ_s`` (what the live levers would add to it), not over the base ranking:
+:meth:`UpliftModel.against_live` shifts ``Δ_s`` to ``Δ_s(a) − ℓ_s`` (lifetimes and gains follow;
+a segment whose fresh result does not beat ``ℓ_s`` is never precomputed), and
+:func:`rma_live_alternative` computes ``ℓ_s`` from a control plane's targets (live RMA's gain per
+request of the segment at its per-bin levels).
+
 **5. Budget.** A token bucket at ``jobs_per_s`` with a burst of ``burst_s`` seconds of work. The
 rate is the controller's precompute budget when its target carries one (in *lever* jobs, costed
 by :class:`headroom.controllers.levers.PrecomputeLever` at ``base_candidates``; converted to this
@@ -103,7 +110,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from headroom.controllers.levers import CostModel, ResourceCost
+from headroom.controllers.levers import CostModel, ResourceCost, RmaCurve
 from headroom.kernel.checks import FieldChecker
 from headroom.kernel.errors import ConfigError
 from headroom.kernel.jsonstate import (
@@ -128,6 +135,7 @@ __all__ = [
     "VisitModel",
     "job_cost",
     "own_rate",
+    "rma_live_alternative",
     "visit_probability",
 ]
 
@@ -285,6 +293,35 @@ def own_rate(budget_jobs_per_s: float, lever_job: ResourceCost, own_job: Resourc
     return budget_jobs_per_s if math.isinf(rate) else rate
 
 
+def rma_live_alternative(
+    curve: RmaCurve,
+    segments: Sequence[str],
+    levels: Mapping[str, Sequence[int]],
+    bin_values: Mapping[str, Sequence[float]],
+    mean_extras: float,
+) -> FloatArray:
+    """Per segment (``segments`` order), what live RMA adds to one of its treatment requests
+    under the targets in force, in value units: the mean over the segment's value bins (equal
+    shares: they are quantiles) of the bin's mean value times the RMA curve's quality gain at
+    the bin's extra candidates (``levels``, the targets' per-bin levels; a segment without them
+    gets ``mean_extras`` in every bin). ``bin_values``: the measured mean value per bin
+    (:func:`headroom.controllers.levers.bin_means`); a segment without them, or not on the
+    curve, gets 0. The live alternative a precompute hit gives up
+    (:meth:`UpliftModel.against_live`)."""
+    out = np.zeros(len(segments))
+    for i, seg in enumerate(segments):
+        vals = bin_values.get(seg)
+        if not vals or seg not in curve.gains:
+            continue
+        lv = levels.get(seg)
+        extras = list(lv) if lv else [mean_extras] * len(vals)
+        n = min(len(extras), len(vals))
+        pairs = zip(vals[:n], extras[:n], strict=True)
+        gains = [max(v, 0.0) * max(curve.gain(seg, float(e)), 0.0) for v, e in pairs]
+        out[i] = sum(gains) / n if n else 0.0
+    return out
+
+
 def visit_probability(rate_per_s: npt.ArrayLike, horizon_s: npt.ArrayLike) -> FloatArray:
     """``1 − exp(−r·h)``: the chance a Poisson visitor at rate ``r`` returns within ``h``."""
     r = np.asarray(rate_per_s, dtype=np.float64)
@@ -379,6 +416,27 @@ class UpliftModel:
         delta[segment] *= k
         cum[segment] *= k
         return UpliftModel(self.ages_s, delta, cum, self.lifetimes_s)
+
+    def against_live(self, live: npt.ArrayLike) -> UpliftModel:
+        """The uplift over the *live alternative*: ``Δ_s(a) − ℓ_s``, where ``ℓ_s`` (value units,
+        per visit, ``≥ 0``) is what a visit of segment ``s`` would otherwise gain from the live
+        levers over the base ranking. A hit runs nothing live (defences/plan.py, step 5), so a
+        stored result is worth serving only while it beats that, and its lifetime becomes the
+        first age at which ``Δ_s(a) ≤ ℓ_s`` (at most the curves' ``L_s``); a segment whose fresh
+        result does not beat its live alternative gets ``L_s = 0`` and is never precomputed.
+        Applied to the curves' (or measured) model each time, never to one already shifted."""
+        ell = np.maximum(np.nan_to_num(np.asarray(live, dtype=np.float64), nan=0.0), 0.0)
+        if ell.shape != self.lifetimes_s.shape:
+            raise ValueError(f"need one live alternative per segment ({self.lifetimes_s.size})")
+        if not np.any(ell > 0.0):
+            return self
+        delta = self.delta - ell[:, None]
+        cum = np.empty_like(self.cumulative)
+        life = np.empty_like(self.lifetimes_s)
+        for s in range(delta.shape[0]):
+            life[s] = min(_first_crossing(self.ages_s, delta[s]), float(self.lifetimes_s[s]))
+            cum[s] = _integral_to(self.ages_s, np.maximum(delta[s], 0.0), life[s])
+        return UpliftModel(self.ages_s, delta, cum, life)
 
     def lifetime(self, segment: int) -> float:
         return float(self.lifetimes_s[segment])

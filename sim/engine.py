@@ -162,6 +162,8 @@ class RegionPolicy(Protocol):
 
     def notices_reclaims(self) -> bool: ...
 
+    def live_alternative(self, now: float, run: RegionRun) -> FloatArray | None: ...
+
 
 # --------------------------------------------------------------------------------------------
 

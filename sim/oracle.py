@@ -124,7 +124,14 @@ only) scaled by the admission rule, at the busiest step's request rate, with RMA
 trimmed by the replicas' quota in force and over the requests the precompute store does not
 serve in the window (the engine runs a cell's plan on its other ``1 − h`` only; planned over
 every request, the plan left most of RMA's budget idle once 80 % of the visits were hits),
-and the engine runs that plan through its real queues like any policy's.
+and the engine runs that plan through its real queues like any policy's. Its precompute planner
+follows the bound's choice between a stored result and the live levers: a visit's live
+alternative is, per cell, its best live option net of the capacity it takes at the joint LP's
+prices (:meth:`Oracle.live_alternative`), so a segment is precomputed only where a stored result
+beats it (on precompute-remote the LP gives premium visits to RMA: its best stored result adds
+0.040, live RMA about 0.19), and it times its jobs on the visits to come
+(sim/precompute_sim.py, *The oracle policy's jobs*). On precompute-remote (seed 11) that took it
+from 59.8k (0.862 of the bound) to 66.7k (0.961).
 So where the oracle reaches the bound, the bound is attainable; the gap is what the reloads and
 the queues' noise cost.
 
@@ -544,6 +551,8 @@ class Oracle:
         self._feasible: OracleBound | None = None
         self._losses: dict[int, float] = {}
         self.rules = FeasibleRules(ctx)
+        # per region, the budget key and RMA menu of the oracle policy's plan in force
+        self._in_force: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
         self._caps = [self._capacity_series(r) for r in range(len(ctx.regions))]
 
     # -- capacity --------------------------------------------------------------------------
@@ -726,6 +735,12 @@ class Oracle:
         request is used up (a fractional knapsack of size one: exact). Without precompute
         (no stored-result gain, or ``rho`` 0) it is the live LP's ``h``. ``levels``: the RMA
         options (None: the full grid)."""
+        return np.asarray(self._phi(y, rho, levels) @ self.share, dtype=np.float64)
+
+    def _phi(
+        self, y: FloatArray, rho: FloatArray, levels: tuple[int, ...] | None = None
+    ) -> FloatArray:
+        """``φ_c(y)`` per row of ``rho`` and per cell (n, C): :meth:`_h_pre` before its sum."""
         menu = self._menu(self.levels if levels is None else levels)
         r_rma = menu.g_rma - (y @ menu.c_rma)[:, None]
         r_best = r_rma.max(axis=0) if r_rma.size else np.zeros(self.share.size)
@@ -747,7 +762,7 @@ class Oracle:
             take = np.minimum(c_sorted[:, i], left)
             phi += v_sorted[i] * take
             left -= take
-        return np.asarray(phi @ self.share, dtype=np.float64)
+        return phi
 
     def _key(self, b: FloatArray) -> tuple[int, ...]:
         out = []
@@ -874,7 +889,35 @@ class Oracle:
         caps = rules.caps_for(r, q.rma_cpu + q.sbm_cpu, q.rma_acc, q.sbm_acc)
         # RMA's options trimmed as the engine trims a request's extras on its replica's quota
         lv = self.menu_levels(run.extras_units)
-        return self._plan_of(self._key(self.budgets(caps, lam)), lv, self._hit_key(run))
+        key = self._key(self.budgets(caps, lam))
+        self._in_force[r] = (key, lv)
+        return self._plan_of(key, lv, self._hit_key(run))
+
+    def live_alternative(self, r: int, now: float) -> FloatArray | None:
+        """Per segment, what the live levers add to one treatment visit over the base ranking in
+        the bound's plan at the budgets of the oracle policy's plan in force (region ``r``,
+        window of ``now``): per cell ``φ_c(y)`` with no stored result, at the prices ``y`` of
+        the joint LP with the stored-result option (each visit's best live option net of the
+        capacity it takes, :meth:`_h_pre`), averaged over the segment's cells. A hit runs
+        nothing live, so a stored result is worth serving only where it beats this: the LP
+        gives the stored result the visits where it does (module docstring, *Precompute*), and
+        the precompute planner follows it (:meth:`headroom.controllers.precompute.UpliftModel.
+        against_live`). None before the first plan or without precompute."""
+        got = self._in_force.get(r)
+        rho_w = returning_share(self.ctx, r)
+        if got is None or rho_w is None or self.pre_gain is None:
+            return None
+        key, lv = got
+        w = min(max(int(now // self.ctx.window_s), 0), rho_w.shape[0] - 1)
+        rho_key = tuple(int(k) for k in np.ceil(rho_w[w] * RHO_GRID - 1e-9).tolist())
+        coarse = tuple(k if k == _ZERO_KEY else k // _PRE_KEY_STEPS * _PRE_KEY_STEPS for k in key)
+        sol = self._solve(coarse, rho_key, lv)
+        n_s = self.ctx.pop.n_segments
+        phi = self._phi(sol.y, np.zeros((1, n_s)), lv)[0]  # (C,)
+        seg = self.ctx.pop.seg
+        num = np.bincount(seg, weights=self.share * phi, minlength=n_s)
+        den = np.bincount(seg, weights=self.share, minlength=n_s)
+        return np.asarray(np.where(den > 0, num / np.maximum(den, 1e-300), 0.0), dtype=np.float64)
 
     @staticmethod
     def _held(run: Any) -> tuple[tuple[float, float], ...]:

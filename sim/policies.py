@@ -75,7 +75,9 @@ import numpy as np
 
 from headroom.controllers.allocator import RmaCurve
 from headroom.controllers.config import ControlConfig
+from headroom.controllers.levers import bin_means
 from headroom.controllers.plane import ControlPlane
+from headroom.controllers.precompute import rma_live_alternative
 from headroom.controllers.types import (
     LEVER_RMA,
     LEVER_SBM,
@@ -171,6 +173,12 @@ class StaticRegion:
 
     def notices_reclaims(self) -> bool:
         return False
+
+    def live_alternative(self, now: float, run: RegionRun) -> Any:
+        """Per segment, the value per treatment visit the policy's live levers would add over the
+        base ranking, which a precompute hit gives up (sim/precompute_sim.py); None: not known
+        (the precompute planner then compares a stored result with the base ranking)."""
+        return None
 
 
 def greedy_targets(run: RegionRun, obs: RegionObservation, epoch: int, ttl_s: float) -> Issued:
@@ -390,6 +398,23 @@ class HeadroomRegion(PlaneRegion):
 
     def notices_reclaims(self) -> bool:
         return True
+
+    def live_alternative(self, now: float, run: RegionRun) -> Any:
+        """What live RMA adds to a visit of each segment under the targets in force
+        (:func:`headroom.controllers.precompute.rma_live_alternative`: the targets' per-bin
+        levels, the plane's measured mean value per bin, the RMA curve); None without targets,
+        curve or value signals yet."""
+        tg = run.targets
+        curve = self.plane.rma_curve
+        if tg is None or curve is None:
+            return None
+        means = self.plane._region(run.static.name).book.signal_means()
+        names = self.ctx.segment_names
+        vals = {s: v for s in names if (v := bin_means(means, s)) is not None}
+        if not vals:
+            return None
+        extras = float(tg.rma_candidates - self.ctx.n0)
+        return rma_live_alternative(curve, names, tg.rma_levels, vals, extras)
 
     def multipliers(self, now: float) -> tuple[float, float]:
         return self.rma_client.multiplier_at(now), self.sbm_client.multiplier_at(now)
@@ -650,6 +675,9 @@ class OracleRegion(StaticRegion):
 
     def direct_plan(self, now: float, span: float, run: RegionRun) -> Plan | None:
         return self.oracle.plan(self.r, now, span, run)
+
+    def live_alternative(self, now: float, run: RegionRun) -> Any:
+        return self.oracle.live_alternative(self.r, now)
 
     def steady(self) -> bool:
         return False  # re-plan every step: each step's arrivals get their own optimum

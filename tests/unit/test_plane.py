@@ -498,3 +498,40 @@ def test_coverage_is_sized_to_the_whole_device_a_small_sbm_share_gets() -> None:
     assert small == pytest.approx(one)  # a 0.3 share is served by the replica's whole device
     assert coverage(0.3, 0.5) < small  # a pool of half a device holds no more than that
     assert coverage(1.5, 2.0) > one  # above one device, the share decides again
+
+
+def test_rma_is_sized_by_the_requests_that_run_live() -> None:
+    """A precompute hit runs nothing of its plan live, so the RMA budget pays for more extra
+    candidates per request that does: the loop's cap divides the budget by the live rate (the
+    request rate minus the window's hits, from the precompute treatment sums), and the per-bin
+    levels spread it over the live requests of each segment."""
+    cap = capacity(cpu=1.0, accelerator=0.5, hardware="gpu-a")  # RMA's budget binds
+    seg_rps = {"premium": 45.0, "casual": 255.0}
+
+    def step(hits_per_s: float) -> int:
+        plane = ControlPlane(CFG_PRE, np.random.default_rng(0))
+        rng = np.random.default_rng(1)
+        for i in range(4):
+            value = {k: v for k, v in proven(rng).items() if k[1] != "precompute"}
+            if hits_per_s > 0.0:
+                value[("casual", "precompute", "treatment")] = arm_stats(
+                    rng, round(hits_per_s * 60.0), 1.1, 0.5
+                )
+            plane.step(
+                observation(
+                    60.0 * (i + 1),
+                    capacity=cap,
+                    segment_rps=seg_rps,
+                    value=value,
+                    value_age_s=5.0,
+                )
+            )
+        d = plane.decision("us-east")
+        assert d is not None
+        return d.rma.budget_cap
+
+    cap_none = step(0.0)
+    cap_hits = step(200.0)  # 200 of the 255 casual requests a second are hits
+    assert cap_hits - CFG_PRE.base_candidates == pytest.approx(
+        (cap_none - CFG_PRE.base_candidates) * 300.0 / 100.0, abs=2
+    )

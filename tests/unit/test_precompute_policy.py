@@ -521,3 +521,43 @@ def test_job_book_snapshot_restores_jobs_pools_and_counters() -> None:
     assert restored.pools == book.pools
     assert restored.stats == book.stats
     assert restored.capacity() == book.capacity()
+
+
+def test_against_live_keeps_a_result_only_while_it_beats_the_live_alternative() -> None:
+    cfg = config()
+    up = linear_uplift(cfg)  # Δ(a) = v·(0.2 − 0.1·a/h): premium v = 3, casual v = 0.6
+    assert up.against_live([0.0, 0.0]) is up
+    live = up.against_live([0.3, 0.0])  # premium: 3·(0.2 − 0.1·a/h) meets 0.3 at 1 h
+    assert live.lifetime(0) == pytest.approx(HOUR, rel=1e-3)
+    assert live.lifetime(1) == up.lifetime(1)
+    assert float(live.uplift(0, 0.0)) == pytest.approx(float(up.uplift(0, 0.0)) - 0.3)
+    # F(L) = 3·(0.1·L − 0.05·L²/h) at L = 1 h
+    assert float(live.integral(0, 10 * HOUR)) == pytest.approx(3 * 0.05 * HOUR, rel=1e-3)
+    # casual: a fresh result adds 0.6·0.2 = 0.12, the live levers 0.13: never precomputed
+    off = up.against_live([0.0, 0.13])
+    assert off.lifetime(1) == 0.0
+    assert float(off.integral(1, 10 * HOUR)) == 0.0
+    p = PrecomputePlanner(cfg, off, np.random.default_rng(3))
+    for u in range(20):
+        p.users.observe(u, u % 2, 0.0)
+    picks = p.select(60.0, 20)
+    assert picks
+    assert {pk.segment for pk in picks} == {0}
+    with pytest.raises(ValueError, match="one live alternative per segment"):
+        up.against_live([0.1])
+
+
+def test_rma_live_alternative_is_the_mean_over_value_bins_of_value_times_the_curves_gain() -> None:
+    from headroom.controllers.levers import RmaCurve
+    from headroom.controllers.precompute import rma_live_alternative
+
+    curve = RmaCurve((0, 400, 800), {"premium": (0.0, 0.04, 0.06), "casual": (0.0, 0.01, 0.02)})
+    got = rma_live_alternative(
+        curve,
+        ("premium", "casual", "other"),
+        {"premium": (0, 800)},
+        {"premium": (1.0, 5.0), "casual": (0.5, 1.5)},
+        mean_extras=400.0,
+    )
+    # premium: (1·0 + 5·0.06)/2; casual, no levels: every bin at 400 extras, (0.5 + 1.5)·0.01/2
+    assert got.tolist() == pytest.approx([0.15, 0.01, 0.0])
