@@ -197,8 +197,9 @@ async def test_a_backlog_is_dispatched_at_the_catch_up_rate_and_fresh_requests_a
     await asyncio.sleep(0.05)
     assert len(sent) == backlog + 20
     assert [late for _t, late in sent] == [True] * backlog + [False] * 20
-    # the backlog went no faster than the rate after its burst (and not much slower)
+    # the backlog went no faster than the rate after its burst (~0.5 s); the upper bounds are
+    # loose for a loaded host (a bucket that never refilled would take ~9 s, 1/72 s more each)
     assert paced >= (backlog - burst) / rate - 0.01
-    assert paced < (backlog - burst) / rate + 0.5
-    assert fresh < 0.2
+    assert paced < 4.0
+    assert fresh < 2.0
     assert client.stats["requests"] == backlog + 20
