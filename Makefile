@@ -23,8 +23,9 @@ run: $(STAMP)
 ## make test: lint, then the whole suite, including the integration tests on a real Kafka broker
 ## (started here unless KAFKA_BOOTSTRAP_SERVERS names one, and stopped afterwards, whatever the
 ## outcome). Extra pytest arguments: make test PYTEST_ARGS="-k recording -x".
-## The whole suite runs the integration tests and the unit + simulation tests side by side (two
-## pytest processes, the second under nice; tools/run-tests.sh --whole-suite), measures the branch
+## The whole suite runs in the lanes of tests/conftest.py, pytest processes side by side (the
+## integration tests in two, the unit + simulation tests under nice until those have ended, the
+## engines' comparison alone at the end; tools/run-tests.sh --whole-suite), measures the branch
 ## coverage of the package headroom and fails under the floor of pyproject.toml ([tool.coverage]);
 ## a subset runs in one process and is measured only if asked, e.g.
 ## make test PYTEST_ARGS="tests/unit" COVERAGE="--cov --cov-fail-under=0".

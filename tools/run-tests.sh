@@ -7,13 +7,16 @@
 # Expects `headroom` and `python` of the project's virtual environment on PATH (`make test`
 # arranges that).
 #
-# `--whole-suite` (what `make test` passes when no PYTEST_ARGS are given) runs the suite in two
-# pytest processes side by side: tests/integration, which mostly waits on real time, and
-# tests/unit + tests/simulation, which mostly compute, under `nice` so that the real-time stacks
-# of the integration tests come first on the CPU. Each measures branch coverage into its own data
-# file; the two are combined and reported once, against the floor of pyproject.toml. The
-# integration tests print as they run; the unit and simulation tests' output follows, then the
-# integration summary again if they failed, the coverage and one line with the three verdicts.
+# `--whole-suite` (what `make test` passes when no PYTEST_ARGS are given) runs the suite in the
+# lanes of tests/conftest.py (`pytest --lane`), each a pytest process: `compute` (tests/unit,
+# tests/simulation and the integration modules that only compute) under `nice`, so that the
+# real-time stacks of the integration tests come first on the CPU; beside it `stacks` and `kafka`,
+# the integration tests that mostly wait on real time, in two processes; then, once those two have
+# ended, `last` (the engines' comparison); once that has ended too, `compute` goes on at nice 0
+# (when the user may lower a nice value). Each measures branch
+# coverage into its own data file; they are combined and reported once, against the floor of
+# pyproject.toml. Each lane's output is printed when it ends (`last` as it runs), then the
+# summaries of the lanes that failed again, the coverage and one line with the verdicts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -77,37 +80,82 @@ fi
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/headroom-tests.XXXXXX")"
 covered=(--cov --cov-report= --cov-fail-under=0)
-COVERAGE_FILE="$work/coverage.compute" nice -n 19 python -m pytest tests/unit tests/simulation \
-  "${covered[@]}" --basetemp "$work/compute" "$@" >"$work/compute.log" 2>&1 &
-compute=$!
-COVERAGE_FILE="$work/coverage.integration" python -m pytest tests/integration \
-  "${covered[@]}" --basetemp "$work/integration" "$@" > >(tee "$work/integration.log") 2>&1 &
-integration=$!
-trap 'kill -TERM "$compute" "$integration" 2>/dev/null; wait; exit 130' INT
-trap 'kill -TERM "$compute" "$integration" 2>/dev/null; wait; exit 143' TERM
-integration_status=0
-wait "$integration" || integration_status=$?
-compute_status=0
-wait "$compute" || compute_status=$?
+# lane NAME PATH [PYTEST_ARGS…]: one lane in the background (its output in $work/NAME.log), its
+# pid in $lane_pid; `$niceness` is the lane's nice value.
+lane() {
+  local name=$1 path=$2
+  shift 2
+  COVERAGE_FILE="$work/coverage.$name" nice -n "$niceness" python -m pytest "$path" \
+    --lane "$name" "${covered[@]}" --basetemp "$work/$name" "$@" >"$work/$name.log" 2>&1 &
+  lane_pid=$!
+}
+pids=()
+trap 'kill -TERM "${pids[@]}" 2>/dev/null; wait; exit 130' INT
+trap 'kill -TERM "${pids[@]}" 2>/dev/null; wait; exit 143' TERM
+declare -A status
+started=$SECONDS
+niceness=19 lane compute tests "$@"
+compute=$lane_pid
+pids+=("$compute")
+integration_lanes=(stacks kafka)
+declare -A lane_pids
+for name in "${integration_lanes[@]}"; do
+  niceness=0 lane "$name" tests/integration "$@"
+  lane_pids[$name]=$lane_pid
+  pids+=("$lane_pid")
+done
+echo "lanes compute, ${integration_lanes[*]} started; their output follows as each ends" >&2
+for name in "${integration_lanes[@]}"; do
+  status[$name]=0
+  wait "${lane_pids[$name]}" || status[$name]=$?
+  echo
+  echo "=== lane $name: tests/integration (exit ${status[$name]}, $((SECONDS - started)) s in) ==="
+  cat "$work/$name.log"
+done
 echo
-echo "=== tests/unit and tests/simulation (run beside the integration tests) ==="
+echo "=== lane last: tests/integration, once the other integration lanes have ended ==="
+COVERAGE_FILE="$work/coverage.last" python -m pytest tests/integration --lane last \
+  "${covered[@]}" --basetemp "$work/last" "$@" > >(tee "$work/last.log") 2>&1 &
+last=$!
+pids+=("$last")
+status[last]=0
+wait "$last" || status[last]=$?
+# nothing real-time is left: the compute lane need no longer yield the CPU (on a host loaded by
+# other work, niced it ran for twice as long as the integration lanes). Lowering a nice value
+# needs the privilege to do so; without it the lane stays niced.
+if kill -0 "$compute" 2>/dev/null && renice -n 0 -p "$compute" >/dev/null 2>&1; then
+  echo "lane compute: nice 0 from here on ($((SECONDS - started)) s in)" >&2
+fi
+status[compute]=0
+wait "$compute" || status[compute]=$?
+echo
+echo "=== lane compute: tests/unit, tests/simulation and the offline integration modules" \
+  "(exit ${status[compute]}, $((SECONDS - started)) s in) ==="
 cat "$work/compute.log"
 echo
 echo "=== branch coverage of the whole suite ==="
 coverage_status=0
-COVERAGE_FILE="$work/coverage" coverage combine --quiet \
-  "$work/coverage.compute" "$work/coverage.integration" || coverage_status=$?
+COVERAGE_FILE="$work/coverage" coverage combine --quiet "$work/coverage.compute" \
+  "${integration_lanes[@]/#/$work/coverage.}" "$work/coverage.last" || coverage_status=$?
 if [ "$coverage_status" -eq 0 ]; then
   COVERAGE_FILE="$work/coverage" coverage report --skip-covered || coverage_status=$?
 fi
-if [ "$integration_status" -ne 0 ]; then
-  echo
-  echo "=== tests/integration, again: its summary ==="
-  sed -n '/short test summary info/,$p' "$work/integration.log"
-fi
-echo "integration tests: exit $integration_status; unit and simulation tests: exit" \
-  "$compute_status; coverage floor: exit $coverage_status" >&2
-if [ "$integration_status" -ne 0 ] || [ "$compute_status" -ne 0 ] || [ "$coverage_status" -ne 0 ]; then
+failed=0
+for name in "${integration_lanes[@]}" last compute; do
+  if [ "${status[$name]}" -ne 0 ]; then
+    failed=1
+    echo
+    echo "=== lane $name, again: its summary ==="
+    sed -n '/short test summary info/,$p' "$work/$name.log"
+  fi
+done
+verdicts=""
+for name in "${integration_lanes[@]}" last compute; do
+  verdicts+="$name ${status[$name]}, "
+done
+echo "lanes (exit statuses): ${verdicts}coverage floor $coverage_status;" \
+  "$((SECONDS - started)) s" >&2
+if [ "$failed" -ne 0 ] || [ "$coverage_status" -ne 0 ]; then
   echo "test logs and temporary files kept in $work" >&2
   exit 1
 fi

@@ -119,6 +119,7 @@ import msgspec
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 
 from headroom.analysis.events import window_event
+from headroom.defences.catch_up import CatchUp, CatchUpConfig, catch_up_rate, peak_rps
 from headroom.defences.client_shedding import ClientShedConfig, ClientShedder
 from headroom.defences.histogram import ValueRanker
 from headroom.defences.plan import (
@@ -248,10 +249,14 @@ class ClientConfig:
     instance: str | None = None  # static group membership: a restart keeps the partitions
     value_ranked_rma: bool = True  # RMA extras spent highest value first (PlanRule)
     value_ranked_sbm: bool = True  # SBM routing spent on each segment's highest values (PlanRule)
-    # Requests being served at once: back-pressure on the consumer, and a bound on the burst a
-    # restarted client sends its servers while it catches up with the requests that queued up
-    # (in_flight_limit sizes it from the scenario's traffic).
+    # Requests being served at once: back-pressure on the consumer (in_flight_limit sizes it
+    # from the scenario's traffic). A backlog is paced by the catch-up rule instead.
     max_in_flight: int = 32
+    # A request that waited longer than this in the topic (wall seconds) is late: served
+    # baseline-only and paced (headroom.defences.catch_up); late requests go at most
+    # catch_up_rate per wall second (None: catch_up_rate() of the scenario's region).
+    catch_up_lag_s: float = 1.0
+    catch_up_rate: float | None = None
     sbm_budget_share: float = 0.5  # share of the SLO an SBM attempt may take before falling back
     base_timeout_share: float = 1.0  # share of the SLO one baseline attempt may take
     timeout_share: float = 2.0  # a request slower than this × SLO counts as a timeout
@@ -278,6 +283,9 @@ class ClientConfig:
         )
         c.clock(self.t0, self.speed)
         c.integer("max_in_flight", self.max_in_flight, 1)
+        c.positive("catch_up_lag_s", self.catch_up_lag_s)
+        if self.catch_up_rate is not None:
+            c.positive("catch_up_rate", self.catch_up_rate)
         c.positive("precompute_ready_s", self.precompute_ready_s)
         for name in ("sbm_budget_share", "base_timeout_share", "timeout_share"):
             c.positive(name, getattr(self, name))
@@ -286,18 +294,12 @@ class ClientConfig:
 
 def in_flight_limit(scenario: Scenario, region: str) -> int:
     """Requests a client of ``region`` keeps in flight at most: twice what Little's law needs at
-    the region's peak rate with every request taking the whole SLO (``2 · peak_rps · SLO``), at
-    least 8. Enough never to throttle a healthy region; small enough that a client catching up
-    after a restart does not bury its servers under the backlog."""
-    r = scenario.region(region)
-    t = r.traffic
-    if t.trace:
-        peak = max(rps for _t, rps in t.trace)
-    else:
-        peak = float(t.rps or 0.0) * (1.0 + t.daily_amplitude) * math.exp(2.0 * t.noise)
-    for e in scenario.events:
-        if e.kind == "surge" and e.region == region and e.factor:
-            peak *= max(1.0, e.factor)
+    the region's peak rate (:func:`~headroom.defences.catch_up.peak_rps`) with every request
+    taking the whole SLO (``2 · peak_rps · SLO``), at least 8. Enough never to throttle a healthy
+    region. It bounds how many requests are out, not how fast they go: a backlog (a client
+    restarted, or behind) would keep all of them queued at its servers, so late requests are
+    paced by the catch-up rule (:mod:`headroom.defences.catch_up`)."""
+    peak = peak_rps(scenario, region)
     return max(8, math.ceil(2.0 * peak * scenario.slo.p99_ms / 1000.0))
 
 
@@ -582,6 +584,15 @@ class RankingClient(Service):
         self._servers = [_Server(a, config.shed, now) for a in config.servers]
         self._ids = 0
         self._slots = asyncio.Semaphore(config.max_in_flight)
+        rate = config.catch_up_rate
+        if rate is None:
+            rate = catch_up_rate(scenario, config.region, speed=config.speed)
+        # its token bucket runs on the monotonic clock (the pacing's sleeps), lags on the wall's
+        self.catch_up = CatchUp(
+            CatchUpConfig(rate=rate, lag_s=config.catch_up_lag_s), time.monotonic()
+        )
+        self._catching_up = False  # between client.catch_up.started and .ended
+        self._last_late = 0.0  # wall time the last late request was taken
         self._inflight: dict[int, int] = {}  # partition -> requests in flight
         self._inflight_zero = asyncio.Event()
         self._inflight_zero.set()
@@ -874,16 +885,44 @@ class RankingClient(Service):
             self.stats["duplicates"] += 1
             self._dup_pending += 1
             return
+        late = self._late(msg)
+        if late:
+            # a backlog goes at the catch-up rate, not as fast as it is read
+            delay = self.catch_up.wait(time.monotonic())
+            if delay > 0.0:
+                await asyncio.sleep(delay)
         await self._slots.acquire()
         self.offsets.received(rec.partition, rec.offset)
         self._inflight[rec.partition] = self._inflight.get(rec.partition, 0) + 1
         self._inflight_zero.clear()
-        self.add_task(self._serve(msg, rec.partition, rec.offset), name="request")
+        self.add_task(self._serve(msg, rec.partition, rec.offset, late), name="request")
 
-    async def _serve(self, msg: messages.Request, partition: int, offset: int) -> None:
+    def _late(self, msg: messages.Request) -> bool:
+        """Whether the request waited too long in the topic (the catch-up rule). Logged: the
+        first late request (``client.catch_up.started``), and the first request on time once
+        none was late for ``catch_up_lag_s`` (``client.catch_up.ended``; a backlog spread over
+        several partitions comes back out of time order, late and on time in turn)."""
+        now = self._wall()
+        late = self.catch_up.late(msg.ts, now)
+        lag = round(now - msg.ts, 3)
+        if late:
+            self._last_late = now
+            if not self._catching_up:
+                self._catching_up = True
+                rate = round(self.catch_up.config.rate, 1)
+                self.log.info("client.catch_up.started", lag_s=lag, rate=rate)
+        elif self._catching_up and now - self._last_late > self.config.catch_up_lag_s:
+            self._catching_up = False
+            late_requests = self.catch_up.late_requests
+            self.log.info("client.catch_up.ended", lag_s=lag, late_requests=late_requests)
+        return late
+
+    async def _serve(
+        self, msg: messages.Request, partition: int, offset: int, late: bool = False
+    ) -> None:
         try:
             try:
-                outcome = await self.serve_request(msg, partition, offset)
+                outcome = await self.serve_request(msg, partition, offset, late=late)
             except Exception:  # a bug must not stall the partition's commits: count it
                 self.log.exception("client.request.failed", id=msg.id)
                 outcome = Outcome(
@@ -918,11 +957,16 @@ class RankingClient(Service):
             return None
         return min(candidates, key=lambda s: s.wire.in_flight)
 
-    async def serve_request(self, msg: messages.Request, partition: int, offset: int) -> Outcome:
-        """Plan, serve (with fallbacks), measure one request."""
+    async def serve_request(
+        self, msg: messages.Request, partition: int, offset: int, *, late: bool = False
+    ) -> Outcome:
+        """Plan, serve (with fallbacks), measure one request. ``late`` (the catch-up rule): no
+        optional work, as under an expired target; the holdout draw is made as ever."""
         wall = self._wall()
         now_t = self.scenario_time(wall)
         target = self.targets.state(wall)
+        if late:
+            target = TargetState(target.epoch, self.base, 0.0, {}, target.expired)
         self.ranker.observe(msg.value)
         rank = self.ranker.rank(msg.value)
         seg_ranker = self.segment_rankers.get(msg.segment)

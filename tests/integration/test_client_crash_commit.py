@@ -45,7 +45,9 @@ BATCHES = (5, 12, 7)
 class InstantClient(RankingClient):
     """A client whose every request is served at once (no server call)."""
 
-    async def serve_request(self, msg: messages.Request, partition: int, offset: int) -> Outcome:
+    async def serve_request(
+        self, msg: messages.Request, partition: int, offset: int, *, late: bool = False
+    ) -> Outcome:
         return Outcome(
             partition=partition, offset=offset, segment=msg.segment,
             end_t=self.scenario_time(), latency_ms=1.0, ok=True, timeout=False,
