@@ -319,6 +319,13 @@ class ControlPlane:
             t0=t0,
         )
 
+    def signal_means(self, region: str) -> dict[str, float]:
+        """The region's mean value signal per value-book key (segment or stratum):
+        :meth:`headroom.controllers.levers.ValueBook.signal_means` of its book (empty for a
+        region never stepped)."""
+        st = self._regions.get(region)
+        return {} if st is None else st.book.signal_means()
+
     def _region(self, name: str) -> _Region:
         st = self._regions.get(name)
         if st is None:

@@ -408,7 +408,7 @@ class HeadroomRegion(PlaneRegion):
         curve = self.plane.rma_curve
         if tg is None or curve is None:
             return None
-        means = self.plane._region(run.static.name).book.signal_means()
+        means = self.plane.signal_means(run.static.name)
         names = self.ctx.segment_names
         vals = {s: v for s in names if (v := bin_means(means, s)) is not None}
         if not vals:
