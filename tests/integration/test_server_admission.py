@@ -70,7 +70,7 @@ def simulator_shares(scenario: Scenario, q: Quotas) -> tuple[float, float, float
     d = scenario.region(REGION).dedicated
     region.bind(
         SimpleNamespace(  # type: ignore[arg-type]  # the parts of a RegionRun it reads
-            static=SimpleNamespace(ded_cpu=d.cpu, ded_acc=d.accelerator),
+            static=SimpleNamespace(name=REGION, ded_cpu=d.cpu, ded_acc=d.accelerator),
             base_mix=build_mix(ctx, baseline_plan(ctx)),
             cfg=ctx.config,
         )
