@@ -27,18 +27,14 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 
-from headroom.controllers.config import ControlConfig
-from headroom.controllers.plane import ControlPlane
 from headroom.kernel.scenario import Scenario
 from headroom.kernel.scenario_load import load_scenario
-from headroom.sim.context import Quotas, SimContext, baseline_plan, build_mix
-from headroom.sim.policies import HeadroomRegion
+from headroom.sim.context import Quotas
 from headroom.streams import messages
 from headroom.streams.kafka import KafkaTarget, make_producer
 from headroom.workers.server import RankingServer, ServerConfig
@@ -46,7 +42,7 @@ from headroom.workers.wire import RankRequest, RankResponse, WireClient
 from headroom.world.ranking import RankingWorld
 from tests.conftest import run_async
 from tests.integration.topic_reads import decode_topic
-from tests.unit.test_precompute_sim import fake_curves
+from tests.unit.test_stack_server import simulator_shares
 
 pytestmark = pytest.mark.integration
 
@@ -59,23 +55,6 @@ VALUES = np.random.default_rng(7).lognormal(0.0, 1.0, 4096)  # the requests' val
 # inflates it a little (a 40 ms phase that ends 4 ms late: +10 %). Measured here: 0.85-0.9 × k.
 MARGIN = 1.10  # over all measured windows
 WINDOW_MARGIN = 1.25  # any one window (a bucket's burst weighs more in 5 s)
-
-
-def simulator_shares(scenario: Scenario, q: Quotas) -> tuple[float, float, float]:
-    """(k_cpu, k_accelerator, k_strong): the admitted shares the simulator's servers apply to
-    quotas ``q`` in this scenario's region (``HeadroomRegion._admission``)."""
-    ctx = SimContext(scenario, fake_curves(tuple(s.name for s in scenario.segments)))
-    plane = ControlPlane(ControlConfig.from_scenario(scenario), np.random.default_rng(0))
-    region = HeadroomRegion(plane, ctx)
-    d = scenario.region(REGION).dedicated
-    region.bind(
-        SimpleNamespace(  # type: ignore[arg-type]  # the parts of a RegionRun it reads
-            static=SimpleNamespace(name=REGION, ded_cpu=d.cpu, ded_acc=d.accelerator),
-            base_mix=build_mix(ctx, baseline_plan(ctx)),
-            cfg=ctx.config,
-        )
-    )
-    return region._admission(q)
 
 
 def capacity(resource: str, hardware: str, units: float) -> messages.Capacity:
@@ -206,7 +185,7 @@ def test_a_mixed_replica_holds_rma_work_to_the_admitted_share_of_its_stage(
 ) -> None:
     scenario = tight(load_scenario(SCENARIO))
     cpu, acc = 2.0, 2.0
-    k_cpu, k_acc, _ = simulator_shares(scenario, Quotas(cpu, acc, 0.0, 0.0))
+    k_cpu, k_acc, _ = simulator_shares(scenario, Quotas(cpu, acc, 0.0, 0.0), REGION)
     assert 0.2 < k_cpu < 0.4  # the rule cuts here: a replica holding the whole level fails
     n0 = scenario.world.base_candidates
     extra = scenario.world.max_candidates - n0  # 80 ms of optional CPU each
@@ -247,7 +226,7 @@ def test_a_strong_replica_holds_strong_work_to_the_admitted_share_of_its_devices
 ) -> None:
     scenario = load_scenario(SCENARIO)
     acc = 1.0
-    _, _, k_strong = simulator_shares(scenario, Quotas(0.0, 0.0, 0.0, acc))
+    _, _, k_strong = simulator_shares(scenario, Quotas(0.0, 0.0, 0.0, acc), REGION)
     assert 0.3 < k_strong < 0.8  # one device queues long: about half of it
     n0 = scenario.world.base_candidates
     strong_s = n0 * scenario.models.strong.accelerator_ms_per_candidate / 1000.0

@@ -17,6 +17,7 @@ from headroom.defences.shedding import OptionalCapacity
 from headroom.kernel.errors import ConfigError, HeadroomError
 from headroom.kernel.scenario import Scenario
 from headroom.kernel.scenario_load import load_scenario
+from headroom.sim.context import Quotas
 from headroom.streams import messages
 from headroom.workers.server import RankingServer, ReplicaBook, ServerConfig, SlotPool
 from headroom.workers.wire import RankRequest, RankResponse, WireClient
@@ -89,19 +90,39 @@ def test_hardware_remote_pools_expiry_and_share(scenario: Scenario) -> None:
     assert strong.capacity(2.0).slots_accelerator == pytest.approx(2.0)
 
 
+def simulator_shares(
+    scenario: Scenario, q: Quotas, region: str = REGION
+) -> tuple[float, float, float]:
+    """(k_cpu, k_accelerator, k_strong): the admitted shares the simulator's servers apply to
+    quotas ``q`` in ``region`` (``HeadroomRegion._admission``), for a stand-in run holding the
+    parts of a ``RegionRun`` it reads."""
+    from types import SimpleNamespace
+
+    from headroom.controllers.plane import ControlPlane
+    from headroom.sim.context import SimContext, baseline_plan, build_mix
+    from headroom.sim.policies import HeadroomRegion
+    from tests.unit.test_precompute_sim import fake_curves
+
+    ctx = SimContext(scenario, fake_curves(tuple(x.name for x in scenario.segments)))
+    plane = ControlPlane(ControlConfig.from_scenario(scenario), np.random.default_rng(0))
+    sim_region = HeadroomRegion(plane, ctx)
+    d = scenario.region(region).dedicated
+    sim_region.bind(
+        SimpleNamespace(  # type: ignore[arg-type]  # the parts of a RegionRun it reads
+            static=SimpleNamespace(name=region, ded_cpu=d.cpu, ded_acc=d.accelerator),
+            base_mix=build_mix(ctx, baseline_plan(ctx)),
+            cfg=ctx.config,
+        )
+    )
+    return sim_region._admission(q)
+
+
 def test_optional_work_is_held_to_the_admitted_share_the_simulator_uses(
     scenario: Scenario,
 ) -> None:
     """The streaming replicas admit optional work up to ``level × admitted share`` of their
     stage — the same number the simulator's server model (``HeadroomRegion._admission``) gives
     the same stage: both call defences.admission.admitted_share with the same inputs."""
-    from types import SimpleNamespace
-
-    from headroom.controllers.plane import ControlPlane
-    from headroom.sim.context import Quotas, SimContext, baseline_plan, build_mix
-    from headroom.sim.policies import HeadroomRegion
-    from tests.unit.test_precompute_sim import fake_curves
-
     mixed = ReplicaBook(scenario, REGION, "dedicated", 1.0)
     strong = ReplicaBook(scenario, REGION, "opportunistic", 1.0)
     for m in (_cap("cpu", 3.0, ts=1.0), _cap("accelerator", 2.0, ts=1.0)):
@@ -109,19 +130,13 @@ def test_optional_work_is_held_to_the_admitted_share_the_simulator_uses(
         strong.update(m)
     m_cap, s_cap = mixed.capacity(2.0), strong.capacity(2.0)
     # the simulator, its region holding the same levels as RMA's and SBM's quotas
-    ctx = SimContext(scenario, fake_curves(tuple(x.name for x in scenario.segments)))
-    plane = ControlPlane(ControlConfig.from_scenario(scenario), np.random.default_rng(0))
-    region = HeadroomRegion(plane, ctx)
-    d = scenario.region(REGION).dedicated
-    region.bind(
-        SimpleNamespace(  # type: ignore[arg-type]  # the parts of a RegionRun it reads
-            static=SimpleNamespace(name=REGION, ded_cpu=d.cpu, ded_acc=d.accelerator),
-            base_mix=build_mix(ctx, baseline_plan(ctx)),
-            cfg=ctx.config,
-        )
+    k_c, k_a, _ = simulator_shares(
+        scenario, Quotas(rma_cpu=3.0, rma_acc=2.0, sbm_cpu=0.0, sbm_acc=0.0)
     )
-    k_c, k_a, _ = region._admission(Quotas(rma_cpu=3.0, rma_acc=2.0, sbm_cpu=0.0, sbm_acc=0.0))
-    _, _, k_s = region._admission(Quotas(rma_cpu=0.0, rma_acc=0.0, sbm_cpu=0.0, sbm_acc=2.0))
+    _, _, k_s = simulator_shares(
+        scenario, Quotas(rma_cpu=0.0, rma_acc=0.0, sbm_cpu=0.0, sbm_acc=2.0)
+    )
+    d = scenario.region(REGION).dedicated
     assert m_cap.level == OptionalCapacity(3.0, 2.0)
     assert m_cap.optional.cpu == pytest.approx(3.0 * k_c, rel=1e-9)
     assert m_cap.optional.accelerator == pytest.approx(2.0 * k_a, rel=1e-9)
