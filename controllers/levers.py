@@ -71,7 +71,7 @@ import functools
 import itertools
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
@@ -268,6 +268,19 @@ def _moments(a: list[float]) -> Moments:
     if not (math.isfinite(k) and k > 0.0):
         k = 1.0
     return Moments(k * a[0], k * a[1], k * a[2], k * a[5], k * a[6], k * a[7])
+
+
+@dataclass(frozen=True, slots=True)
+class _Worked:
+    """One stratum where a lever worked (:meth:`ValueBook._worked_strata`)."""
+
+    segment: str
+    n_t: float  # treatment requests
+    n_c: float  # control requests
+    units: float  # units of work the treatment requests received
+    ratio: float  # measured value per unit of work, n_t · d / u
+    variance: float  # of ``ratio``
+    signal: float  # mean value signal of the treatment requests (0: none carried)
 
 
 # a stratum's control arm below this many (discounted) requests is merged with the other such
@@ -499,20 +512,82 @@ class ValueBook:
 
     def _per_unit(self, lever: str, unit: ResourceCost, segment: str | None) -> Uplift | None:
         """The uncached :meth:`per_unit`."""
+        parts = self._worked_strata(lever, unit, segment)
+        if parts is None:
+            return None
+        num = var = total_units = n_t_total = n_c_total = 0.0
+        for w in parts:
+            num += w.ratio / w.variance
+            var += 1.0 / w.variance
+            total_units += w.units
+            n_t_total += w.n_t
+            n_c_total += w.n_c
+        if total_units <= 0.0 or var <= 0.0 or not math.isfinite(num):
+            return Uplift(0.0, math.inf, n_t_total, n_c_total)
+        return Uplift(num / var, math.sqrt(1.0 / var), n_t_total, n_c_total)
+
+    def scaled(
+        self,
+        lever: str,
+        unit: ResourceCost,
+        gain: Callable[[str, float], float],
+        segment: str | None = None,
+    ) -> Uplift | None:
+        """The measured value per unit of work as a multiple ``κ`` of what a model predicts,
+        over the strata where ``lever`` worked (docs/controllers.md, "Value estimates").
+
+        ``gain(segment, e)``: the model's uplift per unit of value signal for a request that
+        received ``e`` units of work (RMA: the quality curve at ``e`` extra candidates; SBM:
+        ``e``, the share of the request the strong model served). A stratum ``s`` predicts
+        ``p_s = x̄_s · gain(seg, u_s/n_t,s) · n_t,s/u_s`` per unit, ``x̄_s`` the mean value
+        signal of its treatment requests, and measures ``r_s`` (:meth:`per_unit`'s ratio, with
+        its variance ``v_s``). Weighted least squares through the origin::
+
+            κ = Σ_s r_s·p_s/v_s / Σ_s p_s²/v_s,     se(κ)² = 1 / Σ_s p_s²/v_s
+
+        Unlike :meth:`per_unit`'s inverse-variance mean of ``r_s``, which the quiet low-value
+        strata pull towards *their* value per unit, ``κ`` is unbiased for every stratum when
+        the uplift is proportional to the request's value (delivered value is the value signal
+        times the quality of the ad shown, docs/world.md), so ``κ · p`` values work in any
+        stratum, worked or not. None when the treatment sums carry no cost or no value
+        signal (then :meth:`per_unit` serves)."""
+        parts = self._worked_strata(lever, unit, segment)
+        if parts is None:
+            return None
+        num = den = n_t_total = n_c_total = 0.0
+        for w in parts:
+            if not w.signal > 0.0:
+                continue
+            p = w.signal * gain(w.segment, w.units / w.n_t) * w.n_t / w.units
+            if not (p > 0.0 and math.isfinite(p)):
+                continue
+            num += w.ratio * p / w.variance
+            den += p * p / w.variance
+            n_t_total += w.n_t
+            n_c_total += w.n_c
+        if not any(w.signal > 0.0 for w in parts):
+            return None  # the signals carry no value signal: nothing to scale
+        if not (den > 0.0 and math.isfinite(num) and math.isfinite(den)):
+            return Uplift(0.0, math.inf, n_t_total, n_c_total)
+        return Uplift(num / den, math.sqrt(1.0 / den), n_t_total, n_c_total)
+
+    def _worked_strata(
+        self, lever: str, unit: ResourceCost, segment: str | None
+    ) -> list[_Worked] | None:
+        """Per stratum where ``lever`` worked (its treatment sums carry cost on the lever's
+        dominant resource), the measured value per unit of work and its variance; None when no
+        treatment sum carries cost. Strata with fewer than two requests in an arm, or a
+        variance that is not positive, are left out."""
         if unit.cpu_s >= unit.accelerator_s and unit.cpu_s > 0.0:
             col, per_unit_ms = 3, unit.cpu_s * 1000.0
         elif unit.accelerator_s > 0.0:
             col, per_unit_ms = 4, unit.accelerator_s * 1000.0
         else:
             return None
-        total_units = 0.0
-        num = 0.0
-        var = 0.0
-        n_t_total = 0.0
-        n_c_total = 0.0
         seen_cost = False
         theta = self._slopes(lever)
         slope_var = self._slope_vars(lever)
+        out: list[_Worked] = []
         for seg, t, c in self._pairs(lever, segment, col):
             seen_cost = True
             n_t, n_c = t[0], c[0]
@@ -525,16 +600,8 @@ class ValueBook:
             v = n_t * n_t * v_d / (u * u)
             if not (v > 0.0 and math.isfinite(v)):
                 continue
-            num += (n_t * d / u) / v
-            var += 1.0 / v
-            total_units += u
-            n_t_total += n_t
-            n_c_total += n_c
-        if not seen_cost:
-            return None
-        if total_units <= 0.0 or var <= 0.0 or not math.isfinite(num):
-            return Uplift(0.0, math.inf, n_t_total, n_c_total)
-        return Uplift(num / var, math.sqrt(1.0 / var), n_t_total, n_c_total)
+            out.append(_Worked(seg, n_t, n_c, u, n_t * d / u, v, t[5] / n_t))
+        return out if seen_cost else None
 
     def worked(self, lever: str, unit: ResourceCost) -> dict[str, tuple[float, float]]:
         """Per stratum (book key) where ``lever``'s treatment sums carry cost: (treated
@@ -942,6 +1009,27 @@ class RmaLever(Lever):
         return out
 
 
+def _known(kappa: Uplift | None, min_samples: float) -> Uplift | None:
+    """``kappa`` when it rests on ``min_samples`` requests in both arms and has a finite
+    standard error, else None."""
+    if kappa is None or not math.isfinite(kappa.se):
+        return None
+    if kappa.n_treatment < min_samples or kappa.n_control < min_samples:
+        return None
+    return kappa
+
+
+def _scaled_estimate(kappa: Uplift, value: float, z: float) -> ValueEstimate:
+    """The estimate of work predicted to be worth ``value`` per unit (value signal times the
+    model's gain) when the measured value is ``κ`` times the prediction
+    (:meth:`ValueBook.scaled`)."""
+    mean = kappa.mean * value
+    se = kappa.se * value
+    return ValueEstimate(
+        mean, se, mean - z * se, mean + z * se, kappa.n_treatment, kappa.n_control, True
+    )
+
+
 class SbmLever(Lever):
     """Serve Better Models: a share of eligible requests on the strong model's replicas."""
 
@@ -978,6 +1066,51 @@ class SbmLever(Lever):
 
     def requests_per_unit(self) -> float | None:
         return 1.0
+
+    def tranches(
+        self, book: ValueBook, ctx: LeverContext, z: float, min_samples: float
+    ) -> list[Tranche]:
+        """Per stratum (segment × value bin): the plan routes a segment's share to the strong
+        model highest value bins first (defences/plan.py, step 2), so SBM's next request in a
+        segment is worth less the more of it SBM serves. A request of bin ``k`` is worth
+        ``κ_s · V_k`` per unit (``V_k`` the bin's mean value signal, ``κ_s`` the segment's
+        measured uplift per unit of value signal, :meth:`ValueBook.scaled`; the pooled ``κ``
+        for a segment without its own, which makes its tranches not ``own``), and each bin can
+        use ``1/K`` of the segment's demand. A segment without value signals, or without any
+        known ``κ``, keeps its one tranche (:meth:`Lever.tranches`)."""
+        base = super().tranches(book, ctx, z, min_samples)
+        if len(base) == 1 and base[0].segment is None:
+            return base
+        cost = self.unit_cost()
+        means = book.signal_means()
+        pooled = _known(book.scaled(self.name, cost, _served, None), min_samples)
+        out: list[Tranche] = []
+        for t in base:
+            seg = str(t.segment)
+            bins = bin_means(means, seg)
+            own = _known(book.scaled(self.name, cost, _served, seg), min_samples)
+            kappa = own if own is not None else pooled
+            if bins is None or kappa is None:
+                out.append(t)
+                continue
+            for k, v in enumerate(bins):
+                est = _scaled_estimate(kappa, max(v, 0.0), z)
+                out.append(
+                    Tranche(
+                        stratum_key(seg, k),
+                        t.demand / VALUE_BINS,
+                        est,
+                        t.requests / VALUE_BINS,
+                        own is not None,
+                    )
+                )
+        return out
+
+
+def _served(segment: str, units: float) -> float:
+    """SBM's model for :meth:`ValueBook.scaled`: a request's uplift is its value signal times
+    the share of it the strong model served (one unit of work is one whole request)."""
+    return units
 
 
 class PrecomputeLever(Lever):

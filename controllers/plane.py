@@ -54,6 +54,7 @@ from headroom.controllers.types import (
     LEVER_PRECOMPUTE,
     LEVER_RMA,
     LEVER_SBM,
+    STRATUM_SEP,
     ArmStats,
     CapacityLevel,
     RegionObservation,
@@ -389,7 +390,13 @@ class ControlPlane:
         sbm = self.levers.get(LEVER_SBM)
         cost = sbm.unit_cost().accelerator_s if sbm is not None else 1.0
         route = self.router.route(
-            cov.command, weights, st.book, self.rng, cost, self._sbm_segments(alloc)
+            cov.command,
+            weights,
+            st.book,
+            self.rng,
+            cost,
+            self._sbm_segments(alloc),
+            self._sbm_shares(alloc, weights, eligible_rps),
         )
         coverage = st.coverage.settle(cov.command, route.achieved, cov.intended)
 
@@ -505,8 +512,31 @@ class ControlPlane:
         rates = [(seg, r) for lever, seg, r in alloc.tranche_rates if lever == LEVER_SBM]
         if not rates or any(seg is None for seg, _ in rates):
             return None
-        got = {str(seg) for seg, r in rates if r > 0.0}
-        return got | set(alloc.unmeasured.get(LEVER_SBM, ()))
+        got = {segment_of(str(seg)) for seg, r in rates if r > 0.0}
+        return got | {segment_of(s) for s in alloc.unmeasured.get(LEVER_SBM, ())}
+
+    @staticmethod
+    def _sbm_shares(
+        alloc: Allocation, weights: Mapping[str, float], eligible_rps: float
+    ) -> dict[str, float] | None:
+        """The share of each segment's eligible requests the allocator's SBM tranches went to
+        (their request rate over the segment's eligible rate: ``weights`` × ``eligible_rps``),
+        for the router's first pass. None when SBM was not optimised by stratum."""
+        rates = [(seg, r) for lever, seg, r in alloc.tranche_rates if lever == LEVER_SBM]
+        if not rates or any(seg is None or STRATUM_SEP not in str(seg) for seg, _ in rates):
+            return None
+        total = sum(w for w in weights.values() if w > 0.0)
+        if not (total > 0.0 and eligible_rps > 0.0):
+            return None
+        out: dict[str, float] = {}
+        for seg, r in rates:
+            s = segment_of(str(seg))
+            out[s] = out.get(s, 0.0) + r
+        return {
+            s: min(r / (eligible_rps * weights[s] / total), 1.0)
+            for s, r in out.items()
+            if weights.get(s, 0.0) > 0.0
+        }
 
     def _segment_weights(self, segment_rps: Mapping[str, float]) -> dict[str, float]:
         weights = {s.name: 0.0 for s in self.config.segments}

@@ -21,6 +21,14 @@ alike across segments), and the region's :class:`headroom.controllers.levers.Val
    the floor: the router would rather under-spend than buy negative value, and says so (the
    achieved mean is returned and reported).
 
+   With the allocator's **shares** ``a_s`` (the share of segment ``s``'s eligible requests its
+   SBM tranches were given: the strata where the strong model's value per unit of capacity beat
+   every other use of it, RMA's included), the fill goes in two passes: first each segment up
+   to ``max(a_s, f)`` in score order, then, only if the command is not met yet, any segment up
+   to 1 in score order as above. So the strong model serves the strata the allocator chose —
+   the top bins of the segments where it pays most — and not RMA's best requests in a segment
+   whose mean uplift happens to be higher.
+
 The probabilities are the *propensities*: clients route an eligible request of segment ``s`` to
 the strong model with probability ``p_s`` and log it, so inverse-propensity estimates stay
 unbiased; the floor keeps every ``p_s > 0`` whenever SBM runs, so no segment's estimate starves
@@ -65,6 +73,7 @@ class SbmRouter:
         rng: np.random.Generator,
         cost_per_request: Mapping[str, float] | float = 1.0,
         allowed: Collection[str] | None = None,
+        shares: Mapping[str, float] | None = None,
     ) -> RouteResult:
         """Segment probabilities whose ``weights``-weighted mean is ``command`` (as far as the
         sampled uplifts justify). ``weights`` are normalised here; all-zero means equal.
@@ -72,7 +81,11 @@ class SbmRouter:
         ``allowed``: the segments the allocator gave the strong model (its tranches: where its
         uplift per unit of cost beat every other use of the capacity, RMA's included); the
         others get nothing, not even the floor (the caller leaves a segment without an estimate of
-        its own in ``allowed``, so it can be measured). None: every segment."""
+        its own in ``allowed``, so it can be measured). None: every segment.
+
+        ``shares``: the allocator's share of each segment's eligible requests (step 4: the
+        first pass fills each segment up to it; a segment not in it, up to the floor). None:
+        one pass, as without an allocator by stratum."""
         segments: Sequence[str] = sorted(weights)
         k = len(segments)
         if k == 0:
@@ -119,13 +132,23 @@ class SbmRouter:
             return value if value > 0.0 else 1.0
 
         order = sorted(segments, key=lambda s: (-theta[s] / cost(s), s))
-        for s in order:
-            if remaining <= 1e-15:
-                break
-            if theta[s] <= 0.0 or w[s] <= 0.0 or s in shut:
-                continue
-            add = min(1.0 - p[s], remaining / w[s])
-            p[s] += add
-            remaining -= add * w[s]
+        passes: list[Mapping[str, float] | None] = [None]
+        if shares is not None:
+            first = {
+                s: min(max(shares.get(s, 0.0), p[s]), 1.0) if math.isfinite(shares.get(s, 0.0))
+                else p[s]
+                for s in segments
+            }  # fmt: skip
+            passes.insert(0, first)
+        for limit in passes:
+            for s in order:
+                if remaining <= 1e-15:
+                    break
+                if theta[s] <= 0.0 or w[s] <= 0.0 or s in shut:
+                    continue
+                top = 1.0 if limit is None else limit[s]
+                add = min(max(top - p[s], 0.0), remaining / w[s])
+                p[s] += add
+                remaining -= add * w[s]
         achieved = sum(w[s] * p[s] for s in segments)
         return RouteResult(p, min(achieved, c), floor, theta)

@@ -122,3 +122,29 @@ def test_segments_the_allocator_did_not_give_the_strong_model_get_nothing() -> N
     # every segment allowed: as before (premium first by its higher sampled uplift)
     r_all = router.route(0.3, WEIGHTS, book, np.random.default_rng(3), allowed=None)
     assert r_all.probabilities["premium"] == pytest.approx(1.0)
+
+
+def test_the_allocators_shares_are_filled_first_then_the_rest_by_score() -> None:
+    """The allocator chose the strong model for casual's top strata (a share 0.3 of casual's
+    eligible requests) and a little of premium's (0.1): premium's mean uplift is higher, but the
+    router fills each segment to the allocator's share first, and only a command beyond the
+    shares goes by score."""
+    router = SbmRouter(RouterSettings(exploration_floor=0.05))
+    book = book_with({"premium": 0.4, "casual": 0.2})
+    shares = {"premium": 0.1, "casual": 0.3}
+    planned = mean(shares, WEIGHTS)
+    for seed in range(10):
+        r = router.route(planned, WEIGHTS, book, np.random.default_rng(seed), shares=shares)
+        assert r.probabilities == pytest.approx(shares)
+        # without the shares premium's better mean takes the command first
+        free = router.route(planned, WEIGHTS, book, np.random.default_rng(seed))
+        assert free.probabilities["premium"] > shares["premium"]
+    # a command beyond the shares: the rest goes by score (premium), the shares kept
+    r = router.route(planned + 0.05, WEIGHTS, book, np.random.default_rng(0), shares=shares)
+    assert r.probabilities["casual"] == pytest.approx(0.3)
+    assert r.probabilities["premium"] == pytest.approx(0.1 + 0.05 / WEIGHTS["premium"])
+    # a command below the shares: filled in score order inside them
+    r = router.route(0.07, WEIGHTS, book, np.random.default_rng(0), shares=shares)
+    assert mean(r.probabilities, WEIGHTS) == pytest.approx(0.07)
+    assert r.probabilities["premium"] == pytest.approx(0.1)
+    assert r.probabilities["casual"] <= 0.3
