@@ -363,7 +363,9 @@ def _groups(by_seg: Mapping[str, Mapping[str, Sums]]) -> dict[str, dict[str, dic
 
 
 def _units(d: Mapping[str, Any]) -> dict[str, float]:
-    return {str(k): float(v) for k, v in d.items()}
+    """Capacity in units (cores, devices) or unit-seconds, to a millionth of a unit: finer
+    digits mean nothing and cost the event log bytes on every window."""
+    return {str(k): round(float(v), 6) for k, v in d.items()}
 
 
 def window_event(

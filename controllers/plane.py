@@ -83,6 +83,21 @@ def _finite_nonneg(x: float | None) -> float:
     return float(x)
 
 
+def _per_segment(
+    rates: Iterable[tuple[str, str | None, float]],
+) -> dict[tuple[str, str | None], float]:
+    """Tranche rates summed per (lever, segment): a stratum's (``casual#7``) go to its segment;
+    RMA's bands and whole-lever tranches stay as they are. Rates that are not positive and
+    finite are left out."""
+    out: dict[tuple[str, str | None], float] = {}
+    for lever, seg, rate in rates:
+        if not (rate > 0.0 and math.isfinite(rate)):
+            continue
+        key = (lever, segment_of(seg) if seg is not None else None)
+        out[key] = out.get(key, 0.0) + rate
+    return out
+
+
 def strong_replica_units(
     sbm_accelerator: float, capacity: Iterable[CapacityLevel], strong_hardware: Iterable[str]
 ) -> float:
@@ -177,11 +192,11 @@ class Decision:
             "sbm_reason": self.coverage.limit.value,
             "cap_bound": list(self.allocation.cap_bound),
             "explored": list(self.allocation.explored),
-            # which segments each lever serves, in units of work per second (its tranches)
+            # which segments each lever serves, in units of work per second (its tranches; a
+            # lever's per-stratum tranches summed per segment), to a thousandth of a unit
             "tranches": [
-                {"lever": lever, "segment": seg, "rate": rate}
-                for lever, seg, rate in self.allocation.tranche_rates
-                if rate > 0.0 and math.isfinite(rate)
+                {"lever": lever, "segment": seg, "rate": round(rate, 3)}
+                for (lever, seg), rate in _per_segment(self.allocation.tranche_rates).items()
             ],
         }
 
