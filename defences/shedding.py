@@ -762,7 +762,8 @@ class ServerShedder:
             )
         self._refill(now, span_s)
 
-        any_extra = bool(has_extra.any())
+        # without strong parts the optional requests are those with extras (n_opt > 0)
+        any_extra = bool(has_extra.any()) if any_strong else True
         zeros = np.zeros(m)
         ec = (
             np.where(has_extra, np.asarray(extra_cpu_ms, dtype=np.float64), 0.0)
@@ -805,7 +806,7 @@ class ServerShedder:
         tok_cpu = 0.0 if self._exh_cpu else self._tok_cpu
         tok_acc = 0.0 if self._exh_acc else self._tok_acc
         keep_strong, n, spent_cpu, spent_acc = self._fill(
-            m, idx, tok_cpu, tok_acc, extra_i, has_extra, ec, ea, strong_b, sc, sa
+            m, idx, tok_cpu, tok_acc, extra_i, has_extra, ec, ea, strong_b, sc, sa, any_strong
         )
         self._tok_cpu = min(self._depth(self._cap_cpu), self._tok_cpu - spent_cpu)
         self._tok_acc = min(self._depth(self._cap_acc), self._tok_acc - spent_acc)
@@ -876,18 +877,20 @@ class ServerShedder:
         strong_b: npt.NDArray[np.bool_],
         sc: npt.NDArray[np.float64],
         sa: npt.NDArray[np.float64],
+        any_strong: bool = True,
     ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64], float, float]:
         """Fill the tokens with the admitted requests ``idx`` of the ``m`` in their order
         (decreasing vpc):
         the strong parts first, then the extras, the first extra that no longer fits trimmed.
         Returns which keep the strong model, the extras each keeps, and the CPU and accelerator
-        spent."""
+        spent. ``any_strong`` False: no request has a strong part (``idx`` are then requests
+        with extras only)."""
         keep_strong = np.zeros(m, dtype=np.bool_)
         n = np.zeros(m, dtype=np.int64)
         spent_cpu = spent_acc = 0.0
         if idx.size:
             # Strong parts: indivisible, greedy prefix in vpc order.
-            s_idx = idx[strong_b[idx]]
+            s_idx = idx[strong_b[idx]] if any_strong else idx[:0]
             if s_idx.size:
                 cc = np.cumsum(sc[s_idx])
                 ca = np.cumsum(sa[s_idx])
@@ -897,7 +900,7 @@ class ServerShedder:
                 if k:
                     spent_cpu, spent_acc = float(cc[k - 1]), float(ca[k - 1])
             # Extras: divisible, greedy prefix; the first that does not fit is trimmed.
-            e_idx = idx[has_extra[idx]]
+            e_idx = idx[has_extra[idx]] if any_strong else idx
             if e_idx.size:
                 rem_cpu = tok_cpu - spent_cpu
                 rem_acc = tok_acc - spent_acc
