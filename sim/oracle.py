@@ -285,26 +285,40 @@ class _Lp:
     """One of the oracle's LPs, ``min obj·x`` s.t. ``a_ub·x ≤ b_ub``, ``lb ≤ x ≤ ub``, whose
     objective and matrix are fixed and whose right-hand side and bounds change per solve.
 
-    The matrix is put in HiGHS's column-wise form once. :meth:`solve` hands HiGHS the model
-    and options ``linprog(method="highs")`` would (so the same solution and duals, bit for bit)
-    without linprog's per-call input checks, option validation and result assembly, which cost
-    about three times the solve itself at the oracle's sizes. ``via_linprog`` (or a scipy
-    without that binding): through :func:`scipy.optimize.linprog` itself."""
+    The model is built once, the matrix in HiGHS's column-wise form. :meth:`solve` sets the
+    right-hand side and bounds and hands HiGHS the model and options
+    ``linprog(method="highs")`` would (so the same solution and duals, bit for bit) without
+    linprog's per-call input checks, option validation and result assembly, which cost about
+    three times the solve itself at the oracle's sizes. ``via_linprog`` (or a scipy without
+    that binding): through :func:`scipy.optimize.linprog` itself."""
 
     def __init__(self, obj: FloatArray, a_ub: FloatArray) -> None:
         self.obj = obj
         self.a_ub = a_ub
-        csc = csc_array(a_ub)
-        self._start = csc.indptr
-        self._index = csc.indices
-        self._value = csc.data
-        self._lhs = np.full(a_ub.shape[0], -np.inf)
+        self._model: Any = None
+        if _highs is not None:
+            # the model HiGHS is handed (it takes a copy): objective and matrix set once
+            csc = csc_array(a_ub)
+            n = obj.size
+            m = a_ub.shape[0]
+            lp = _highs.HighsLp()
+            lp.num_col_ = n
+            lp.num_row_ = m
+            lp.a_matrix_.num_col_ = n
+            lp.a_matrix_.num_row_ = m
+            lp.a_matrix_.format_ = _highs.MatrixFormat.kColwise
+            lp.col_cost_ = obj
+            lp.row_lower_ = np.full(m, -np.inf)
+            lp.a_matrix_.start_ = csc.indptr
+            lp.a_matrix_.index_ = csc.indices
+            lp.a_matrix_.value_ = csc.data
+            self._model = lp
 
     def solve(
         self, b_ub: FloatArray, lb: FloatArray, ub: FloatArray, via_linprog: bool = False
     ) -> tuple[FloatArray, FloatArray]:
         """The optimal ``x`` and the inequality rows' duals (``ineqlin.marginals``)."""
-        if via_linprog or _highs is None:
+        if via_linprog or self._model is None:
             res = linprog(
                 self.obj,
                 A_ub=self.a_ub,
@@ -317,22 +331,10 @@ class _Lp:
             return np.asarray(res.x, dtype=np.float64), np.asarray(
                 res.ineqlin.marginals, dtype=np.float64
             )
-        n = self.obj.size
-        m = b_ub.size
-        lp = _highs.HighsLp()
-        lp.num_col_ = n
-        lp.num_row_ = m
-        lp.a_matrix_.num_col_ = n
-        lp.a_matrix_.num_row_ = m
-        lp.a_matrix_.format_ = _highs.MatrixFormat.kColwise
-        lp.col_cost_ = self.obj
+        lp = self._model
         lp.col_lower_ = lb
         lp.col_upper_ = ub
-        lp.row_lower_ = self._lhs
         lp.row_upper_ = b_ub
-        lp.a_matrix_.start_ = self._start
-        lp.a_matrix_.index_ = self._index
-        lp.a_matrix_.value_ = self._value
         highs = _highs._Highs()
         highs.passOptions(_HIGHS_OPTIONS)
         highs.passModel(lp)
