@@ -811,8 +811,7 @@ class ServerShedder:
         self._tok_cpu = min(self._depth(self._cap_cpu), self._tok_cpu - spent_cpu)
         self._tok_acc = min(self._depth(self._cap_acc), self._tok_acc - spent_acc)
 
-        codes = np.zeros(m, dtype=np.int8)
-        codes[optional] = Decision.ADMIT
+        codes = np.zeros(m, dtype=np.int8)  # Decision.ADMIT unless set below
         lost_extra = np.where(has_extra, extra_i - n, 0)
         if any_strong:
             lost_strong = strong_b & ~keep_strong
@@ -820,13 +819,17 @@ class ServerShedder:
             codes[trimmed] = np.where((n[trimmed] > 0) | keep_strong[trimmed], 1, 3)
             codes[lost_strong] = np.where((n[lost_strong] > 0) | ~has_extra[lost_strong], 2, 3)
             lost_s = int(np.count_nonzero(lost_strong))
+            counts = np.bincount(codes[optional], minlength=4).tolist()
         else:
             # no strong part: nothing lost on the strong side, a trimmed request keeps extras
             # (TRIM) or none (SHED)
             trimmed = lost_extra > 0  # only optional requests lose extras
-            codes[trimmed] = np.where(n[trimmed] > 0, 1, 3)
+            kept_some = n[trimmed] > 0
+            codes[trimmed] = np.where(kept_some, 1, 3)
             lost_s = 0
-        counts = np.bincount(codes[optional], minlength=4).tolist()
+            n_trim = int(np.count_nonzero(kept_some))
+            n_shed = int(kept_some.size) - n_trim
+            counts = [n_opt - n_trim - n_shed, n_trim, 0, n_shed]
         for d in range(4):
             self._n[d] += counts[d]
         n_dropped = n_opt - counts[0]
@@ -838,7 +841,8 @@ class ServerShedder:
             self._ep_extra += lost_e
             self._ep_strong += lost_s
             self._last_drop = now
-        return BatchVerdict(codes, np.where(has_extra, n, 0), keep_strong)
+        # (``n`` is 0 wherever no extras were asked: only requests with extras are filled)
+        return BatchVerdict(codes, n, keep_strong)
 
     def _spread(self, span_s: float) -> float:
         """The weight in the decayed demand sum of work offered evenly over the last

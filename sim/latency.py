@@ -404,17 +404,11 @@ def _ndtri(u: FloatArray) -> FloatArray:
 
 
 def _exp_wait(u: FloatArray, p: FloatArray, rate: FloatArray) -> FloatArray:
-    """Inverse CDF of the wait: 0 with probability 1 − p, else Exp(rate) (one uniform each).
-    The tail is computed for the samples that wait only (most strata rarely queue)."""
-    wait = u > 1.0 - p
-    w = np.zeros(wait.shape)
-    if not wait.any():
-        return w
-    pw = p[wait]
+    """Inverse CDF of the wait: 0 with probability 1 − p, else Exp(rate) (one uniform each)."""
     with np.errstate(divide="ignore", invalid="ignore"):
-        tail = (1.0 - u[wait]) / np.where(pw > 0, pw, 1.0)
-        w[wait] = -np.log(np.clip(tail, 1e-300, 1.0)) / rate[wait]
-    return w
+        tail = (1.0 - u) / np.where(p > 0, p, 1.0)
+        w = np.where(u > 1.0 - p, -np.log(np.clip(tail, 1e-300, 1.0)) / rate, 0.0)
+    return np.asarray(w)
 
 
 def allocate_samples(counts: FloatArray, m: int) -> IntArray:
