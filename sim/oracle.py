@@ -176,14 +176,6 @@ import numpy.typing as npt
 from scipy.optimize import linprog
 from scipy.sparse import csc_array
 
-try:
-    # the HiGHS binding ``linprog(method="highs")`` itself solves with (scipy >= 1.15); the
-    # oracle solves its thousands of small LPs through it directly (:class:`_Lp`)
-    from scipy.optimize._highspy import _core as _highs
-    from scipy.optimize._linprog_highs import s_c as _simplex
-except ImportError:  # pragma: no cover - an older scipy: every LP goes through linprog
-    _highs = None
-
 from headroom.controllers.config import ControlConfig
 from headroom.defences.admission import admitted_share
 from headroom.sim.context import (
@@ -264,21 +256,30 @@ class _Solution:
     value_pre: float = 0.0
 
 
-def _highs_options() -> Any:
-    """The options ``linprog(method="highs")`` passes HiGHS with its defaults (presolve on, the
-    dual simplex, no output): the same solver path, so the same answer bit for bit."""
-    if _highs is None:  # pragma: no cover - an older scipy
-        return None
-    opts = _highs.HighsOptions()
-    opts.presolve = "on"
-    opts.highs_debug_level = _highs.HighsDebugLevel.kHighsDebugLevelNone
-    opts.log_to_console = False
-    opts.output_flag = False
-    opts.simplex_strategy = _simplex.SimplexStrategy.kSimplexStrategyDual
-    return opts
+def _highs_binding() -> tuple[Any, Any]:
+    """The HiGHS binding ``linprog(method="highs")`` itself solves with, and the options it
+    passes HiGHS with its defaults (presolve on, the dual simplex, no output): the same solver
+    path, so the same answer bit for bit. The oracle solves its thousands of small LPs through
+    it directly (:class:`_Lp`). ``(None, None)`` on a scipy without that binding: every LP then
+    goes through linprog."""
+    try:
+        from scipy.optimize._highspy import _core
+        from scipy.optimize._linprog_highs import s_c
+
+        opts = _core.HighsOptions()
+        opts.presolve = "on"
+        opts.highs_debug_level = _core.HighsDebugLevel.kHighsDebugLevelNone
+        opts.log_to_console = False
+        opts.output_flag = False
+        opts.simplex_strategy = s_c.SimplexStrategy.kSimplexStrategyDual
+        for name in ("_Highs", "HighsLp", "MatrixFormat", "HighsModelStatus"):
+            getattr(_core, name)
+    except (ImportError, AttributeError, TypeError):  # pragma: no cover - another scipy
+        return None, None
+    return _core, opts
 
 
-_HIGHS_OPTIONS = _highs_options()
+_highs, _HIGHS_OPTIONS = _highs_binding()
 
 
 class _Lp:

@@ -72,3 +72,15 @@ def test_bound_arrays_are_the_bounds_list() -> None:
                 expect.append((0.0, min(float(r[int(o.ctx.pop.seg[c])]), 1.0)))
         assert list(zip(lb.tolist(), ub.tolist(), strict=True)) == expect
         assert o._bounds(r) == expect
+
+
+def test_the_direct_path_is_taken_where_scipy_has_the_binding() -> None:
+    try:
+        import scipy.optimize._highspy._core  # noqa: F401
+    except ImportError:  # pragma: no cover - an older scipy
+        pytest.skip("this scipy has no HiGHS binding of its own")
+    from headroom.sim import oracle
+
+    assert oracle._highs is not None
+    o = _oracle("quickstart")
+    assert o._lp(o._menu(o.levels), False)._model is not None
