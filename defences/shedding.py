@@ -762,7 +762,8 @@ class ServerShedder:
             )
         self._refill(now, span_s)
 
-        any_extra = bool(has_extra.any())
+        # without strong parts the optional requests are those with extras (n_opt > 0)
+        any_extra = bool(has_extra.any()) if any_strong else True
         zeros = np.zeros(m)
         ec = (
             np.where(has_extra, np.asarray(extra_cpu_ms, dtype=np.float64), 0.0)
@@ -805,13 +806,12 @@ class ServerShedder:
         tok_cpu = 0.0 if self._exh_cpu else self._tok_cpu
         tok_acc = 0.0 if self._exh_acc else self._tok_acc
         keep_strong, n, spent_cpu, spent_acc = self._fill(
-            m, idx, tok_cpu, tok_acc, extra_i, has_extra, ec, ea, strong_b, sc, sa
+            m, idx, tok_cpu, tok_acc, extra_i, has_extra, ec, ea, strong_b, sc, sa, any_strong
         )
         self._tok_cpu = min(self._depth(self._cap_cpu), self._tok_cpu - spent_cpu)
         self._tok_acc = min(self._depth(self._cap_acc), self._tok_acc - spent_acc)
 
-        codes = np.zeros(m, dtype=np.int8)
-        codes[optional] = Decision.ADMIT
+        codes = np.zeros(m, dtype=np.int8)  # Decision.ADMIT unless set below
         lost_extra = np.where(has_extra, extra_i - n, 0)
         if any_strong:
             lost_strong = strong_b & ~keep_strong
@@ -819,13 +819,17 @@ class ServerShedder:
             codes[trimmed] = np.where((n[trimmed] > 0) | keep_strong[trimmed], 1, 3)
             codes[lost_strong] = np.where((n[lost_strong] > 0) | ~has_extra[lost_strong], 2, 3)
             lost_s = int(np.count_nonzero(lost_strong))
+            counts = np.bincount(codes[optional], minlength=4).tolist()
         else:
             # no strong part: nothing lost on the strong side, a trimmed request keeps extras
             # (TRIM) or none (SHED)
             trimmed = lost_extra > 0  # only optional requests lose extras
-            codes[trimmed] = np.where(n[trimmed] > 0, 1, 3)
+            kept_some = n[trimmed] > 0
+            codes[trimmed] = np.where(kept_some, 1, 3)
             lost_s = 0
-        counts = np.bincount(codes[optional], minlength=4).tolist()
+            n_trim = int(np.count_nonzero(kept_some))
+            n_shed = int(kept_some.size) - n_trim
+            counts = [n_opt - n_trim - n_shed, n_trim, 0, n_shed]
         for d in range(4):
             self._n[d] += counts[d]
         n_dropped = n_opt - counts[0]
@@ -837,7 +841,8 @@ class ServerShedder:
             self._ep_extra += lost_e
             self._ep_strong += lost_s
             self._last_drop = now
-        return BatchVerdict(codes, np.where(has_extra, n, 0), keep_strong)
+        # (``n`` is 0 wherever no extras were asked: only requests with extras are filled)
+        return BatchVerdict(codes, n, keep_strong)
 
     def _spread(self, span_s: float) -> float:
         """The weight in the decayed demand sum of work offered evenly over the last
@@ -876,18 +881,20 @@ class ServerShedder:
         strong_b: npt.NDArray[np.bool_],
         sc: npt.NDArray[np.float64],
         sa: npt.NDArray[np.float64],
+        any_strong: bool = True,
     ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64], float, float]:
         """Fill the tokens with the admitted requests ``idx`` of the ``m`` in their order
         (decreasing vpc):
         the strong parts first, then the extras, the first extra that no longer fits trimmed.
         Returns which keep the strong model, the extras each keeps, and the CPU and accelerator
-        spent."""
+        spent. ``any_strong`` False: no request has a strong part (``idx`` are then requests
+        with extras only)."""
         keep_strong = np.zeros(m, dtype=np.bool_)
         n = np.zeros(m, dtype=np.int64)
         spent_cpu = spent_acc = 0.0
         if idx.size:
             # Strong parts: indivisible, greedy prefix in vpc order.
-            s_idx = idx[strong_b[idx]]
+            s_idx = idx[strong_b[idx]] if any_strong else idx[:0]
             if s_idx.size:
                 cc = np.cumsum(sc[s_idx])
                 ca = np.cumsum(sa[s_idx])
@@ -897,7 +904,7 @@ class ServerShedder:
                 if k:
                     spent_cpu, spent_acc = float(cc[k - 1]), float(ca[k - 1])
             # Extras: divisible, greedy prefix; the first that does not fit is trimmed.
-            e_idx = idx[has_extra[idx]]
+            e_idx = idx[has_extra[idx]] if any_strong else idx
             if e_idx.size:
                 rem_cpu = tok_cpu - spent_cpu
                 rem_acc = tok_acc - spent_acc

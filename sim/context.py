@@ -450,10 +450,17 @@ def build_mix(ctx: SimContext, plan: Plan, extras: tuple[float, float] | None = 
     n_levels = len(plan.levels)
     shape = _mix_shape(ctx, plan.levels, extras)
     # class shares per cell (of treatment requests), then per arriving request
-    cell_frac = np.vstack([*(plan.rma[j] for j in range(n_levels)), plan.sbm, plan.down, plan.fail])
+    # (rows filled in place: the stacks' values without building them class by class)
+    cell_frac_all = np.empty((n_levels + 4, pop.n_cells))  # (K, C), share of a cell's arrivals
+    cell_frac = cell_frac_all[1:]
+    cell_frac[:n_levels] = plan.rma[:n_levels]
+    cell_frac[n_levels] = plan.sbm
+    cell_frac[n_levels + 1] = plan.down
+    cell_frac[n_levels + 2] = plan.fail
     treat_base = np.clip(1.0 - cell_frac.sum(axis=0), 0.0, 1.0)
     base_cells = t * treat_base + ctx.holdout  # control arm: always base
-    cell_frac_all = np.vstack([base_cells, t * cell_frac])  # (K, C), share of a cell's arrivals
+    cell_frac_all[0] = base_cells
+    cell_frac *= t
     frac = cell_frac_all @ sh
     strong_stage = shape.strong_stage
     f_rma = frac[1 : 1 + n_levels]

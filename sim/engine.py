@@ -102,13 +102,12 @@ from headroom.sim.faults import fault_lines
 from headroom.sim.latency import (
     RHO_FLUID_CAP,
     StageState,
-    WaitParams,
     in_time_probability,
     keys_of,
     optional_outcome,
     sample_window,
     speed,
-    wait_params,
+    wait_pair,
 )
 from headroom.sim.population import arm_signal_sums
 from headroom.sim.precompute_sim import PrecomputeRegion, precompute_region
@@ -825,17 +824,18 @@ class RegionRun:
         c = _R
         v = row.tolist()  # plain floats: the scalar arithmetic below is the same, faster
         # the mixed replicas as a whole: the stage utilisation the optional parts queue in
-        wc = wait_params(v[c["mc"]], v[c["nc"]], mix.cpu_mean, mix.cpu_cs2)
-        wa = wait_params(v[c["ma"]], v[c["na"]], mix.acc_mean, mix.acc_cs2)
-        ws = wait_params(v[c["rs"]], v[c["ns"]], mix.strong_mean, mix.strong_cs2)
+        # (p, rate) pairs: the WaitParams of wait_params, without building one per reading
+        wc = wait_pair(v[c["mc"]], v[c["nc"]], mix.cpu_mean, mix.cpu_cs2)
+        wa = wait_pair(v[c["ma"]], v[c["na"]], mix.acc_mean, mix.acc_cs2)
+        ws = wait_pair(v[c["rs"]], v[c["ns"]], mix.strong_mean, mix.strong_cs2)
         fc = max(v[c["c1"]], v[c["oc1"]])
         fa = max(v[c["a1"]], v[c["oa1"]])
         s1 = v[c["s1"]]
-        m_q = 1000.0 * max(fc, fa) + max(_standing(wc), _standing(wa))
-        s_q = 1000.0 * s1 + _standing(ws)
-        common = self.cfg.latency.overhead_ms + 1000.0 * fc + wc.mean_ms
-        mixed_wait = 1000.0 * fa + wa.mean_ms
-        strong_wait = 1000.0 * s1 + ws.mean_ms
+        m_q = 1000.0 * max(fc, fa) + max(_standing(*wc), _standing(*wa))
+        s_q = 1000.0 * s1 + _standing(*ws)
+        common = self.cfg.latency.overhead_ms + 1000.0 * fc + _mean_ms(*wc)
+        mixed_wait = 1000.0 * fa + _mean_ms(*wa)
+        strong_wait = 1000.0 * s1 + _mean_ms(*ws)
         lat = common + mix.service_ms + mix.penalty_ms
         lat = lat + np.where(mix.strong_stage, strong_wait, mixed_wait)
         lam = v[c["lam"]]
@@ -1419,15 +1419,21 @@ def _fluid_into(
         block[j, c0], block[j, c1] = stage.advance(r, d)
 
 
-def _standing(w: WaitParams) -> float:
-    """Median of a stage's stochastic wait (ms): non-zero once most requests queue.
+def _standing(p: float, rate: float) -> float:
+    """Median of a stage's stochastic wait (ms; ``p``, ``rate`` as in :class:`WaitParams`):
+    non-zero once most requests queue.
 
     CoDel judges the *minimum* sojourn over an interval, i.e. a queue that does not drain; with
     one reading per step, the median wait is the step-level stand-in: 0 while fewer than half the
     requests wait at all, the typical wait once a queue persists."""
-    if w.p <= 0.5 or w.rate <= 0:
+    if p <= 0.5 or rate <= 0:
         return 0.0
-    return math.log(2.0 * w.p) / w.rate
+    return math.log(2.0 * p) / rate
+
+
+def _mean_ms(p: float, rate: float) -> float:
+    """:attr:`WaitParams.mean_ms` of a ``(p, rate)`` pair."""
+    return p / rate if rate > 0 else 0.0
 
 
 # --------------------------------------------------------------------------------------------

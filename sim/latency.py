@@ -161,12 +161,22 @@ def wait_params(rho: float, servers: float, mean_service_ms: float, cs2: float) 
     """
     if rho <= 0.0 or mean_service_ms <= 0.0 or servers <= 0.0:
         return NO_WAIT
+    return WaitParams(*wait_pair(rho, servers, mean_service_ms, cs2))
+
+
+def wait_pair(
+    rho: float, servers: float, mean_service_ms: float, cs2: float
+) -> tuple[float, float]:
+    """:func:`wait_params` as a plain ``(p, rate)`` pair (the engine's per-step health reading
+    takes three a step)."""
+    if rho <= 0.0 or mean_service_ms <= 0.0 or servers <= 0.0:
+        return NO_WAIT.p, NO_WAIT.rate
     r = min(rho, RHO_QUEUE_CAP)
     c = max(servers, 1.0)
     mean = mean_service_ms / speed(servers)
     p = r ** (math.sqrt(2.0 * (c + 1.0)) - 1.0)
     rate = 2.0 * c * (1.0 - r) / (mean * (1.0 + cs2))
-    return WaitParams(min(p, 1.0), rate)
+    return min(p, 1.0), rate
 
 
 def wait_params_array(

@@ -174,6 +174,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from scipy.optimize import linprog
+from scipy.sparse import csc_array
 
 from headroom.controllers.config import ControlConfig
 from headroom.defences.admission import admitted_share
@@ -255,6 +256,97 @@ class _Solution:
     value_pre: float = 0.0
 
 
+def _highs_binding() -> tuple[Any, Any]:
+    """The HiGHS binding ``linprog(method="highs")`` itself solves with, and the options it
+    passes HiGHS with its defaults (presolve on, the dual simplex, no output): the same solver
+    path, so the same answer bit for bit. The oracle solves its thousands of small LPs through
+    it directly (:class:`_Lp`). ``(None, None)`` on a scipy without that binding: every LP then
+    goes through linprog."""
+    try:
+        from scipy.optimize._highspy import _core
+        from scipy.optimize._linprog_highs import s_c
+
+        opts = _core.HighsOptions()
+        opts.presolve = "on"
+        opts.highs_debug_level = _core.HighsDebugLevel.kHighsDebugLevelNone
+        opts.log_to_console = False
+        opts.output_flag = False
+        opts.simplex_strategy = s_c.SimplexStrategy.kSimplexStrategyDual
+        for name in ("_Highs", "HighsLp", "MatrixFormat", "HighsModelStatus"):
+            getattr(_core, name)
+    except (ImportError, AttributeError, TypeError):  # pragma: no cover - another scipy
+        return None, None
+    return _core, opts
+
+
+_highs, _HIGHS_OPTIONS = _highs_binding()
+
+
+class _Lp:
+    """One of the oracle's LPs, ``min obj·x`` s.t. ``a_ub·x ≤ b_ub``, ``lb ≤ x ≤ ub``, whose
+    objective and matrix are fixed and whose right-hand side and bounds change per solve.
+
+    The model is built once, the matrix in HiGHS's column-wise form. :meth:`solve` sets the
+    right-hand side and bounds and hands HiGHS the model and options
+    ``linprog(method="highs")`` would (so the same solution and duals, bit for bit) without
+    linprog's per-call input checks, option validation and result assembly, which cost about
+    three times the solve itself at the oracle's sizes. ``via_linprog`` (or a scipy without
+    that binding): through :func:`scipy.optimize.linprog` itself."""
+
+    def __init__(self, obj: FloatArray, a_ub: FloatArray) -> None:
+        self.obj = obj
+        self.a_ub = a_ub
+        self._model: Any = None
+        if _highs is not None:
+            # the model HiGHS is handed (it takes a copy): objective and matrix set once
+            csc = csc_array(a_ub)
+            n = obj.size
+            m = a_ub.shape[0]
+            lp = _highs.HighsLp()
+            lp.num_col_ = n
+            lp.num_row_ = m
+            lp.a_matrix_.num_col_ = n
+            lp.a_matrix_.num_row_ = m
+            lp.a_matrix_.format_ = _highs.MatrixFormat.kColwise
+            lp.col_cost_ = obj
+            lp.row_lower_ = np.full(m, -np.inf)
+            lp.a_matrix_.start_ = csc.indptr
+            lp.a_matrix_.index_ = csc.indices
+            lp.a_matrix_.value_ = csc.data
+            self._model = lp
+
+    def solve(
+        self, b_ub: FloatArray, lb: FloatArray, ub: FloatArray, via_linprog: bool = False
+    ) -> tuple[FloatArray, FloatArray]:
+        """The optimal ``x`` and the inequality rows' duals (``ineqlin.marginals``)."""
+        if via_linprog or self._model is None:
+            res = linprog(
+                self.obj,
+                A_ub=self.a_ub,
+                b_ub=b_ub,
+                bounds=np.column_stack([lb, ub]),
+                method="highs",
+            )
+            if res.status != 0:  # pragma: no cover - the origin is always feasible
+                raise RuntimeError(f"oracle LP failed: {res.message}")
+            return np.asarray(res.x, dtype=np.float64), np.asarray(
+                res.ineqlin.marginals, dtype=np.float64
+            )
+        lp = self._model
+        lp.col_lower_ = lb
+        lp.col_upper_ = ub
+        lp.row_upper_ = b_ub
+        highs = _highs._Highs()
+        highs.passOptions(_HIGHS_OPTIONS)
+        highs.passModel(lp)
+        highs.run()
+        status = highs.getModelStatus()
+        if status != _highs.HighsModelStatus.kOptimal:  # pragma: no cover - always feasible
+            raise RuntimeError(f"oracle LP failed: {highs.modelStatusToString(status)}")
+        sol = highs.getSolution()
+        return np.array(sol.col_value, dtype=np.float64), np.array(sol.row_dual, dtype=np.float64)
+
+
 @dataclass(slots=True)
 class _Menu:
     """One set of RMA options (extra candidates) with their per-cell gains and per-request
@@ -263,8 +355,8 @@ class _Menu:
     levels: tuple[int, ...]
     g_rma: FloatArray  # (J, C)
     c_rma: FloatArray  # (4, J): ms of cpu, R, S, RS per request
-    lp: tuple[Any, ...] | None = None
-    lp_pre: tuple[Any, ...] | None = None
+    lp: _Lp | None = None
+    lp_pre: _Lp | None = None
 
 
 class FeasibleRules:
@@ -626,15 +718,15 @@ class Oracle:
         self._menus[levels] = menu
         return menu
 
-    def _lp(self, menu: _Menu, pre: bool) -> tuple[Any, ...]:
+    def _lp(self, menu: _Menu, pre: bool) -> _Lp:
         """``menu``'s live LP (``pre``: the joint one with the stored-result option), built at
         its first use and kept."""
         if pre:
             if menu.lp_pre is None:
-                menu.lp_pre = self._build_lp(True, menu.levels)
+                menu.lp_pre = _Lp(*self._build_lp(True, menu.levels))
             return menu.lp_pre
         if menu.lp is None:
-            menu.lp = self._build_lp(False, menu.levels)
+            menu.lp = _Lp(*self._build_lp(False, menu.levels))
         return menu.lp
 
     def menu_levels(self, units: tuple[float, float] | None) -> tuple[int, ...]:
@@ -647,7 +739,9 @@ class Oracle:
             return self.levels
         return tuple(sorted(set(run_levels(self.ctx, self.levels, units)) - {0}))
 
-    def _build_lp(self, pre: bool, levels: tuple[int, ...] | None = None) -> tuple[Any, ...]:
+    def _build_lp(
+        self, pre: bool, levels: tuple[int, ...] | None = None
+    ) -> tuple[FloatArray, FloatArray]:
         """Objective and constraint matrix; variables cell-major, per cell ``[rma_0 ..
         rma_{J-1}, sbm]`` and, with ``pre``, the stored-result option last (gain Δ*, no live
         cost; its bound, the returning share, is set per solve). ``levels``: the RMA options
@@ -674,14 +768,21 @@ class Oracle:
         """Variable bounds (the layout of :meth:`_build_lp`); ``rho``: the returning share of
         each segment (the stored-result option's cap), None for the live LP; ``j_n``: the
         number of RMA options (None: the full grid's)."""
-        seg = self.ctx.pop.seg
+        lb, ub = self._bound_arrays(rho, j_n)
+        return list(zip(lb.tolist(), ub.tolist(), strict=True))
+
+    def _bound_arrays(
+        self, rho: FloatArray | None, j_n: int | None = None
+    ) -> tuple[FloatArray, FloatArray]:
+        """:meth:`_bounds` as the lower and the upper bounds' arrays."""
         j_n = len(self.levels) if j_n is None else j_n
-        out: list[tuple[float, float]] = []
-        for c in range(self.share.size):
-            out += [(0.0, 1.0)] * j_n + [(0.0, self.elig)]
-            if rho is not None:
-                out.append((0.0, min(float(rho[int(seg[c])]), 1.0)))
-        return out
+        c_n = self.share.size
+        cols = [np.ones((c_n, j_n)), np.full((c_n, 1), float(self.elig))]
+        if rho is not None:
+            rho_c = np.asarray(rho, dtype=np.float64)[self.ctx.pop.seg]
+            cols.append(np.minimum(rho_c, 1.0)[:, None])
+        ub = np.hstack(cols).reshape(-1)
+        return np.zeros(ub.size), ub
 
     def _solve(
         self,
@@ -699,17 +800,14 @@ class Oracle:
             return got
         pre = rho_key is not None
         menu = self._menu(lv)
-        obj, a_ub = self._lp(menu, pre)
         b = np.array([0.0 if k == _ZERO_KEY else GRID_RATIO**k for k in key])
         c_n = self.share.size
         j_n = len(lv)
         b_ub = np.concatenate([np.ones(c_n), b])
-        bounds = self._bounds(None if rho_key is None else np.array(rho_key) / RHO_GRID, j_n)
-        res = linprog(obj, A_ub=a_ub, b_ub=b_ub, bounds=bounds, method="highs")
-        if res.status != 0:  # pragma: no cover - the origin is always feasible
-            raise RuntimeError(f"oracle LP failed: {res.message}")
-        x = np.clip(res.x.reshape(c_n, j_n + (2 if pre else 1)), 0.0, None)
-        y = np.clip(-np.asarray(res.ineqlin.marginals[c_n:]), 0.0, None)
+        lb, ub = self._bound_arrays(None if rho_key is None else np.array(rho_key) / RHO_GRID, j_n)
+        x_all, duals = self._lp(menu, pre).solve(b_ub, lb, ub)
+        x = np.clip(x_all.reshape(c_n, j_n + (2 if pre else 1)), 0.0, None)
+        y = np.clip(-duals[c_n:], 0.0, None)
         v_rma = float((self.share[:, None] * x[:, :j_n] * menu.g_rma.T).sum())
         v_sbm = float((self.share * x[:, j_n] * self.g_sbm).sum())
         v_pre = float((self.share * x[:, j_n + 1] * self.pre_gain).sum()) if pre else 0.0
@@ -832,19 +930,15 @@ class Oracle:
         at most ``1 − h``, the strong model's to ``eligible × (1 − h)`` — and the plan is that
         allocation over ``1 − h`` (what the engine scales back by it). ``h`` is rounded down:
         the engine then runs at most the LP's allocation."""
-        obj, a_ub = self._lp(self._menu(levels), pre=False)
+        lp = self._lp(self._menu(levels), pre=False)
         seg = self.ctx.pop.seg
         keep = 1.0 - np.array(hit_key, dtype=np.float64)[seg] / _HIT_GRID  # (C,)
         b = np.array([0.0 if k == _ZERO_KEY else GRID_RATIO**k for k in key])
         c_n = self.share.size
         j_n = len(levels)
-        bounds: list[tuple[float, float]] = []
-        for c in range(c_n):
-            bounds += [(0.0, float(keep[c]))] * j_n + [(0.0, self.elig * float(keep[c]))]
-        res = linprog(obj, A_ub=a_ub, b_ub=np.concatenate([keep, b]), bounds=bounds, method="highs")
-        if res.status != 0:  # pragma: no cover - the origin is always feasible
-            raise RuntimeError(f"oracle LP failed: {res.message}")
-        x = np.clip(res.x.reshape(c_n, j_n + 1), 0.0, None)
+        ub = np.hstack([np.repeat(keep[:, None], j_n, axis=1), (self.elig * keep)[:, None]])
+        x_all, _ = lp.solve(np.concatenate([keep, b]), np.zeros(ub.size), ub.reshape(-1))
+        x = np.clip(x_all.reshape(c_n, j_n + 1), 0.0, None)
         with np.errstate(divide="ignore", invalid="ignore"):
             x = np.where(keep[:, None] > 0, x / keep[:, None], 0.0)
         return np.clip(x[:, :j_n].T, 0.0, 1.0), np.clip(x[:, j_n], 0.0, self.elig)
