@@ -34,13 +34,13 @@ work candidates × ``accelerator_ms_per_candidate`` of the model that ranks it. 
 ``γ = 0.5 ** (window_s / half_life_s)``, so an estimate follows a drifting world with a known
 memory. Per segment the uplift per treated request is ``d_s = mean_t - mean_c`` with variance
 ``var_t/n_t + var_c/n_c`` (the stratum term of the one holdout estimator,
-:func:`headroom.kernel.estimate.adjusted_difference`, which the analyzer uses too; the value
-signals carry no value-signal sums, so its regression term is 0 here); a lever's uplift pools
-segments by their treatment counts (``w_s = n_t,s / Σ n_t``; stratified, so a control arm with a
-different segment mix cannot bias it), ``Δ = Σ w_s d_s``, ``se² = Σ w_s² v_s``. Divided by the
-units of work behind one treated request (:meth:`Lever.units_per_treated`: RMA the extra
-candidates in force, SBM one request, precompute the jobs run per request), that is the value
-per unit of work, and
+:func:`headroom.kernel.estimate.adjusted_difference`, which the analyzer uses too, with its
+regression term on the request's value signal where the signals carry the signal sums); a
+lever's uplift pools segments by their treatment counts (``w_s = n_t,s / Σ n_t``; stratified,
+so a control arm with a different segment mix cannot bias it), ``Δ = Σ w_s d_s``,
+``se² = Σ w_s² v_s``. Divided by the units of work behind one treated request
+(:meth:`Lever.units_per_treated`: RMA the extra candidates in force, SBM one request,
+precompute the jobs run per request), that is the value per unit of work, and
 ``lcb = mean - z·se`` (``z`` = 1.645, one-sided 95 %). Below ``min_samples`` effective samples in
 either arm there is no estimate.
 
@@ -59,7 +59,9 @@ segment (``"casual#3"``, a value bin), and where the value signals carry the ``c
 their treatment requests received, value per unit comes from the strata where the lever worked
 only, ``r_s = n_t,s·d_s / u_s``, combined by inverse variance (:meth:`ValueBook.per_unit`);
 otherwise the uplift is divided by the units the book's own requests received (a discounted
-units book, :meth:`ValueBook.mean_units`), not by the units in force now.
+units book, :meth:`ValueBook.mean_units`), not by the units in force now. The same ratios,
+fitted to a model of the uplift (proportional to the request's value signal), give a scale
+``κ`` that values work in any stratum (:meth:`ValueBook.scaled`): SBM's per-stratum tranches.
 
 Adding a lever: subclass :class:`Lever`, give it a name, costs and a demand, and register it in
 a :class:`LeverRegistry` passed to the control plane (docs/controllers.md has a worked example).
