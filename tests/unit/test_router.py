@@ -41,6 +41,11 @@ weights = st.dictionaries(
 uplifts = st.dictionaries(st.sampled_from(["a", "b", "c", "d", "e"]), st.floats(-1.0, 1.0))
 
 
+shares = st.none() | st.dictionaries(
+    st.sampled_from(["a", "b", "c", "d", "e"]), st.floats(0.0, 1.0), max_size=5
+)
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     w=weights,
@@ -48,10 +53,12 @@ uplifts = st.dictionaries(st.sampled_from(["a", "b", "c", "d", "e"]), st.floats(
     command=st.floats(0.0, 1.0),
     floor=st.floats(0.0, 0.5),
     seed=st.integers(0, 2**32 - 1),
+    a=shares,
 )
-def test_floor_always_honoured_and_coverage_never_exceeded(w, up, command, floor, seed) -> None:
+def test_floor_always_honoured_and_coverage_never_exceeded(w, up, command, floor, seed, a) -> None:
+    """With or without the allocator's shares (which only order the fill)."""
     router = SbmRouter(RouterSettings(exploration_floor=floor))
-    r = router.route(command, w, book_with(up, n=200), np.random.default_rng(seed))
+    r = router.route(command, w, book_with(up, n=200), np.random.default_rng(seed), shares=a)
     assert set(r.probabilities) == set(w)
     for p in r.probabilities.values():
         assert 0.0 <= p <= 1.0
