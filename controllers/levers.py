@@ -294,7 +294,7 @@ _UNITS_ARM = "units"  # snapshot rows of the units book (no real arm is called t
 class ValueBook:
     """Discounted holdout sums per (segment, lever, arm); see the module docstring."""
 
-    __slots__ = ("_estimates", "_slopes_cache", "_sums", "_units")
+    __slots__ = ("_estimates", "_slopes_cache", "_sums", "_units", "_worked_cache")
 
     def __init__(self) -> None:
         self._sums: dict[ValueKey, list[float]] = {}
@@ -304,6 +304,8 @@ class ValueBook:
         # uplift and per_unit answers until the sums next change (a control step asks the same
         # lever and segment several times: the pooled estimate, each tranche, the allocator)
         self._estimates: dict[tuple[str, str, object, str | None], Uplift | None] = {}
+        # the worked strata behind per_unit and scaled, until the sums next change
+        self._worked_cache: dict[tuple[str, ResourceCost, str | None], list[_Worked] | None] = {}
         # per lever: discounted [treated requests, units of work behind them], so value per
         # unit divides the book's uplift by the units *the book's requests* received, not by
         # the units in force now (RMA's extra candidates change every interval)
@@ -314,6 +316,7 @@ class ValueBook:
         if factor >= 1.0:
             return
         self._estimates.clear()
+        self._worked_cache.clear()
         for a in self._sums.values():
             for i in range(8):
                 a[i] *= factor
@@ -346,6 +349,7 @@ class ValueBook:
     def add(self, value: Mapping[ValueKey, ArmStats]) -> None:
         self._slopes_cache.clear()
         self._estimates.clear()
+        self._worked_cache.clear()
         for key, st in value.items():
             if st.n <= 0 or not (math.isfinite(st.value_sum) and math.isfinite(st.value_sq_sum)):
                 continue
@@ -579,7 +583,17 @@ class ValueBook:
         """Per stratum where ``lever`` worked (its treatment sums carry cost on the lever's
         dominant resource), the measured value per unit of work and its variance; None when no
         treatment sum carries cost. Strata with fewer than two requests in an arm, or a
-        variance that is not positive, are left out."""
+        variance that is not positive, are left out. Kept until the sums next change."""
+        key = (lever, unit, segment)
+        if key in self._worked_cache:
+            return self._worked_cache[key]
+        got = self._worked_cache[key] = self._worked_strata_uncached(lever, unit, segment)
+        return got
+
+    def _worked_strata_uncached(
+        self, lever: str, unit: ResourceCost, segment: str | None
+    ) -> list[_Worked] | None:
+        """The uncached :meth:`_worked_strata`."""
         if unit.cpu_s >= unit.accelerator_s and unit.cpu_s > 0.0:
             col, per_unit_ms = 3, unit.cpu_s * 1000.0
         elif unit.accelerator_s > 0.0:
@@ -680,6 +694,7 @@ class ValueBook:
         self._units = units
         self._slopes_cache.clear()
         self._estimates.clear()
+        self._worked_cache.clear()
 
 
 _SNAPSHOTTING: tuple[type[Snapshotting], ...] = (ValueBook,)  # checked by mypy
