@@ -472,10 +472,13 @@ class Allocator:
         if held:
             # a lever whose usable share of a pool grows with the devices it holds (SBM: the
             # strong replicas' admissible utilisation) was valued as if it held the whole pool;
-            # once more at the devices this split gives it, the pins and drops as decided
-            run = self._run(
+            # once more at the devices this split gives it, the pins and drops as decided —
+            # kept only if no lever ends below what it can hold (the whole-device rule)
+            again = self._run(
                 pools, usable, demand, estimates, value_age_s, pinned, dropped, tranches, held
             )
+            if self._short_hold(again, pools, [], set()) is None:
+                run = again
         return done(run)
 
     def _held(self, run: _Run, pools: Sequence[Pool]) -> dict[int, float]:
