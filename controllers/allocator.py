@@ -468,35 +468,7 @@ class Allocator:
             else:
                 dropped.add(key)
                 run = drop
-        held = self._held(run, pools)
-        if held:
-            # a lever whose usable share of a pool grows with the devices it holds (SBM: the
-            # strong replicas' admissible utilisation) was valued as if it held the whole pool;
-            # once more at the devices this split gives it, the pins and drops as decided —
-            # kept only if no lever ends below what it can hold (the whole-device rule)
-            again = self._run(
-                pools, usable, demand, estimates, value_age_s, pinned, dropped, tranches, held
-            )
-            if self._short_hold(again, pools, [], set()) is None:
-                run = again
         return done(run)
-
-    def _held(self, run: _Run, pools: Sequence[Pool]) -> dict[int, float]:
-        """Per pool, the devices (announced units) a lever whose usable share depends on them
-        holds there, where that is less than the whole pool (empty: nothing to revalue)."""
-        out: dict[int, float] = {}
-        for (name, i), units in run.acc.pool_use.items():
-            p = pools[i]
-            lever = self.levers[name]
-            if units <= _EPS or not p.units > 0.0:
-                continue
-            whole = lever.usable_share(p.resource, p.announced)
-            if not (0.0 < whole < 1.0):
-                continue  # the lever uses any share of a pool alike
-            devices = units * p.announced / p.units
-            if devices < p.announced * (1.0 - 1e-6):
-                out[i] = max(out.get(i, 0.0), devices)
-        return out
 
     def _short_hold(
         self,
@@ -572,14 +544,11 @@ class Allocator:
         pinned: Sequence[tuple[str, int]],
         dropped: set[tuple[str, int]],
         tranches: Mapping[str, Sequence[Tranche]] | None = None,
-        held: Mapping[int, float] | None = None,
     ) -> _Run:
         """One split: fallback or exploration, then the LP, on the pools as ``pinned`` and
-        ``dropped`` reshape them (a pinned lever's need is a slot only it may use); ``held``:
-        per pool, the devices a lever's usable share is evaluated at (default: its pin's, and
-        the whole pool for the rest)."""
+        ``dropped`` reshape them (a pinned lever's need is a slot only it may use)."""
         s = self.settings
-        slots = self._slots(pools, usable, pinned, held)
+        slots = self._slots(pools, usable, pinned)
         dropped_slots = {
             (name, k) for k, sl in enumerate(slots) for name, i in dropped if sl.origin == i
         }
@@ -638,23 +607,21 @@ class Allocator:
         pools: Sequence[Pool],
         usable: Sequence[bool],
         pinned: Sequence[tuple[str, int]],
-        held: Mapping[int, float] | None = None,
     ) -> list[_Slot]:
         """Every pool as the LPs see it: a slot per lever pinned there (its need, as far as the
         pool reaches), then the rest (nothing of a pool that is not usable)."""
         slots: list[_Slot] = []
         for i, p in enumerate(pools):
             rest = p.units if usable[i] else 0.0
-            at = held.get(i) if held is not None else None
             for name, j in pinned:
                 if j != i:
                     continue
                 lever = self.levers[name]
                 need = min(self.need(lever, p), rest)
                 devices = min(lever.min_hold(p.resource), p.announced)
-                slots.append(_Slot(i, need, name, max(devices, at or 0.0)))
+                slots.append(_Slot(i, need, name, devices))
                 rest -= need
-            slots.append(_Slot(i, max(rest, 0.0), None, p.announced if at is None else at))
+            slots.append(_Slot(i, max(rest, 0.0), None, p.announced))
         return slots
 
     def _fill_pinned(

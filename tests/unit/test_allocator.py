@@ -572,21 +572,6 @@ def test_sbm_is_charged_the_devices_it_holds_not_only_the_ones_it_keeps_busy() -
     assert 0.2 < sbm.usable_share("accelerator", 0.5) < sbm.usable_share("accelerator", 2.0) < 1
 
 
-def test_sbm_on_part_of_a_pool_is_valued_at_the_devices_it_holds_not_the_whole_pool() -> None:
-    # four devices, RMA and SBM both worth having: SBM ends on part of the pool, and the work
-    # planned for it is what that many devices serve at their admissible utilisation (the
-    # coverage loop and the servers use the devices held), not the whole pool's higher one
-    book = book_with({"rma": 0.3, "sbm": 0.5})
-    a = live_allocator().allocate(capacity(cpu=6.0, accelerator=4.0), 0.0, CTX, book, 10.0)
-    sbm = LIVE["sbm"]
-    held = a.budget("sbm")[1]
-    assert 0.9 <= held < 3.6 * (1.0 - 1e-6)  # part of the pool, a whole device at least
-    devices = held / 0.9  # announced units
-    used = a.rates["sbm"] * sbm.unit_cost().accelerator_s
-    assert used <= held * sbm.usable_share("accelerator", devices) * (1.0 + 1e-6)
-    assert sbm.usable_share("accelerator", devices) < sbm.usable_share("accelerator", 4.0)
-
-
 @pytest.mark.parametrize(("cpu", "acc"), [(8.0, 0.5), (1.0, 4.0)])
 def test_sbm_holds_cpu_for_the_devices_it_holds_not_for_the_share_it_keeps_busy(
     cpu: float, acc: float
