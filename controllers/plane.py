@@ -543,14 +543,10 @@ class ControlPlane:
         total = sum(w for w in weights.values() if w > 0.0)
         if not (total > 0.0 and eligible_rps > 0.0):
             return None
-        out: dict[str, float] = {}
-        for seg, r in rates:
-            s = segment_of(str(seg))
-            out[s] = out.get(s, 0.0) + r
         return {
-            s: min(r / (eligible_rps * weights[s] / total), 1.0)
-            for s, r in out.items()
-            if weights.get(s, 0.0) > 0.0
+            str(s): min(r / (eligible_rps * weights[str(s)] / total), 1.0)
+            for (lever, s), r in _per_segment(alloc.tranche_rates).items()
+            if lever == LEVER_SBM and weights.get(str(s), 0.0) > 0.0
         }
 
     def _segment_weights(self, segment_rps: Mapping[str, float]) -> dict[str, float]:
