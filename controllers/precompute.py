@@ -110,7 +110,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from headroom.controllers.levers import CostModel, ResourceCost, RmaCurve
+from headroom.controllers.levers import CostModel, ResourceCost, RmaCurve, bin_means
 from headroom.kernel.checks import FieldChecker
 from headroom.kernel.errors import ConfigError
 from headroom.kernel.jsonstate import (
@@ -134,6 +134,7 @@ __all__ = [
     "UserBook",
     "VisitModel",
     "job_cost",
+    "live_alternative",
     "own_rate",
     "rma_live_alternative",
     "visit_probability",
@@ -320,6 +321,24 @@ def rma_live_alternative(
         gains = [max(v, 0.0) * max(curve.gain(seg, float(e)), 0.0) for v, e in pairs]
         out[i] = sum(gains) / n if n else 0.0
     return out
+
+
+def live_alternative(
+    curve: RmaCurve,
+    segments: Sequence[str],
+    levels: Mapping[str, Sequence[int]],
+    signal_means: Mapping[str, float],
+    mean_extras: float,
+) -> FloatArray | None:
+    """The live alternative of the targets in force (:func:`rma_live_alternative`), with each
+    segment's value per bin read from ``signal_means`` (a value book's
+    :meth:`~headroom.controllers.levers.ValueBook.signal_means`, through
+    :func:`~headroom.controllers.levers.bin_means`); None while no segment has a bin's mean yet.
+    The simulator's headroom policy and the streaming precompute worker both ask it."""
+    vals = {s: v for s in segments if (v := bin_means(signal_means, s)) is not None}
+    if not vals:
+        return None
+    return rma_live_alternative(curve, segments, levels, vals, mean_extras)
 
 
 def visit_probability(rate_per_s: npt.ArrayLike, horizon_s: npt.ArrayLike) -> FloatArray:

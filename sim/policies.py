@@ -75,9 +75,8 @@ import numpy as np
 
 from headroom.controllers.allocator import RmaCurve
 from headroom.controllers.config import ControlConfig
-from headroom.controllers.levers import bin_means
 from headroom.controllers.plane import ControlPlane
-from headroom.controllers.precompute import rma_live_alternative
+from headroom.controllers.precompute import live_alternative
 from headroom.controllers.types import (
     LEVER_RMA,
     LEVER_SBM,
@@ -401,20 +400,16 @@ class HeadroomRegion(PlaneRegion):
 
     def live_alternative(self, now: float, run: RegionRun) -> Any:
         """What live RMA adds to a visit of each segment under the targets in force
-        (:func:`headroom.controllers.precompute.rma_live_alternative`: the targets' per-bin
-        levels, the plane's measured mean value per bin, the RMA curve); None without targets,
-        curve or value signals yet."""
+        (:func:`headroom.controllers.precompute.live_alternative`: the targets' per-bin levels,
+        the plane's measured mean value per bin, the RMA curve; the streaming precompute worker
+        asks the same function); None without targets, curve or value signals yet."""
         tg = run.targets
         curve = self.plane.rma_curve
         if tg is None or curve is None:
             return None
         means = self.plane.signal_means(run.static.name)
-        names = self.ctx.segment_names
-        vals = {s: v for s in names if (v := bin_means(means, s)) is not None}
-        if not vals:
-            return None
         extras = float(tg.rma_candidates - self.ctx.n0)
-        return rma_live_alternative(curve, names, tg.rma_levels, vals, extras)
+        return live_alternative(curve, self.ctx.segment_names, tg.rma_levels, means, extras)
 
     def multipliers(self, now: float) -> tuple[float, float]:
         return self.rma_client.multiplier_at(now), self.sbm_client.multiplier_at(now)

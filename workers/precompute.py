@@ -10,11 +10,18 @@ One process per region. It is the I/O shell around the pure core
   of its own group ``<prefix>precompute.<region>`` (at-least-once,
   :mod:`headroom.streams.consume`): the users and segments it may precompute for, and ``value`` in
   the group ``<prefix>precompute-value.<region>``: the region's value signals of lever
-  ``precompute`` (treatment = hits, control = held-out visits that found a result);
+  ``precompute`` (treatment = hits, control = held-out visits that found a result), and of every
+  lever for the mean value signal per stratum (a value book, as the control plane keeps);
 * **calibrates** the planner's uplift model once per SLO window from those measured values
   (:mod:`headroom.controllers.precompute_value`): a segment whose measured uplift per served visit
   is precise enough is rescaled to it, or switched off when it is at or below zero; the staleness of
   the measured visits is read off the requests that find a live result in the worker's own store;
+  and counts it against the live alternative of the targets in force
+  (:func:`headroom.controllers.precompute.live_alternative`: the targets' per-bin RMA levels, the
+  mean value signal per bin, the RMA curve; the simulator's headroom policy asks the same
+  function), so a segment whose stored result does not beat what live RMA gives its visits is not
+  precomputed; with no target in force (or an expired one) the visits run the baseline and the
+  uplift is the calibrated one;
 * **decides** each round (every ``tick_s``, or sooner when a job ends): jobs allowed by the token
   bucket and by what fits on the usable pools, users picked by expected gain
   (:class:`headroom.controllers.precompute.PrecomputePlanner`);
@@ -63,11 +70,14 @@ from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client import Counter as PromCounter
 
 from headroom.analysis.events import window_event
-from headroom.controllers.levers import CapacityUse
+from headroom.controllers.config import ValueSettings
+from headroom.controllers.levers import CapacityUse, RmaCurve, ValueBook
+from headroom.controllers.observe import arm_stats
 from headroom.controllers.precompute import (
     PrecomputeConfig,
     PrecomputePlanner,
     UpliftModel,
+    live_alternative,
     own_rate,
 )
 from headroom.controllers.precompute_jobs import Job, JobBook, TokenBucket, usable_pools
@@ -76,7 +86,7 @@ from headroom.controllers.precompute_value import (
     SegmentCalibration,
     UpliftCalibrator,
 )
-from headroom.controllers.types import CapacityLevel
+from headroom.controllers.types import CapacityLevel, stratum_key
 from headroom.defences.capacity import CapacityBook
 from headroom.kernel import seeds
 from headroom.kernel.checks import FieldChecker
@@ -243,6 +253,8 @@ class _Target:
     ts: float
     ttl_s: float
     budget: float | None
+    levels: Mapping[str, Sequence[int]] = field(default_factory=dict)  # rma.levels (per bin)
+    extras: float = 0.0  # rma.candidates − rma.base: the mean extras of a segment without levels
 
 
 @dataclass
@@ -333,6 +345,12 @@ class PrecomputeWorker(Service):
         self._reported: dict[int, SegmentCalibration] = {}  # as last reported in an event
         self._values: Any = None
         self._value_loop: ConsumerLoop | None = None
+        # every lever's value signals of the region: the mean value signal per stratum that
+        # prices the live alternative (decayed per SLO window at the control plane's half-life)
+        self.value_book = ValueBook()
+        self._value_decay = 0.5 ** (self._window_s / ValueSettings().half_life_s)
+        self._rma_curve: RmaCurve | None = None  # built with the planner (needs the curves)
+        self.live: np.ndarray[Any, np.dtype[np.float64]] | None = None  # in force, per segment
 
     # -- time -------------------------------------------------------------------------------------
 
@@ -356,6 +374,10 @@ class PrecomputeWorker(Service):
             self._curves = curves_for(self.scenario)
         uplift = UpliftModel.from_curves(self._curves, self.config)
         self._curves_uplift = uplift
+        w = self.scenario.world
+        self._rma_curve = RmaCurve.from_curves(
+            self._curves, self._seg_names, w.base_candidates, w.max_candidates
+        )
         rng = seeds.process_rng(self.settings.seed)
         self.planner = PrecomputePlanner(self.config, uplift, rng)
         lifetimes = {name: round(uplift.lifetime(i), 1) for i, name in enumerate(self._seg_names)}
@@ -577,7 +599,12 @@ class PrecomputeWorker(Service):
 
     def on_value(self, msg: messages.ValueSignal) -> None:
         """A value signal: kept when it is of this region and lever ``precompute`` (others are
-        counted and ignored); the model is rebuilt from it at the next window."""
+        counted and ignored); the model is rebuilt from it at the next window. Every signal of
+        the region also goes into the value book whose mean value signal per stratum prices the
+        live alternative."""
+        if msg.region == self.region:
+            key = (stratum_key(msg.segment, msg.stratum), msg.lever, msg.arm)
+            self.value_book.add({key: arm_stats(msg)})
         if self.calibrator.add_signal(msg, self.scenario_time(msg.ts)):
             self.stats.value_signals += 1
         else:
@@ -591,7 +618,9 @@ class PrecomputeWorker(Service):
             return []
         self.calibrator.advance(t)
         model, cals = self.calibrator.calibrate(self._curves_uplift)
-        self.planner.uplift = model
+        self.value_book.decay(self._value_decay)
+        self.live = self.live_alternative(self._wall())
+        self.planner.uplift = model if self.live is None else model.against_live(self.live)
         self.calibration = {c.index: c for c in cals}
         threshold = self.calibrator.settings.report_change
         changed = []
@@ -641,8 +670,21 @@ class PrecomputeWorker(Service):
             return
         if self._target is not None and msg.epoch < self._target.epoch:
             return
-        self._target = _Target(msg.epoch, msg.ts, msg.ttl_s, budget)
+        levels = dict(msg.rma.levels) if msg.rma.levels is not None else {}
+        extras = float(max(min(msg.rma.candidates, msg.rma.max) - msg.rma.base, 0))
+        self._target = _Target(msg.epoch, msg.ts, msg.ttl_s, budget, levels, extras)
         self.stats.targets += 1
+
+    def live_alternative(self, wall: float) -> np.ndarray[Any, np.dtype[np.float64]] | None:
+        """What live RMA adds to a visit of each segment under the target in force at ``wall``
+        (:func:`headroom.controllers.precompute.live_alternative`); None without a live target
+        (none yet, or expired: the clients run the baseline), a curve or value signals yet."""
+        tg = self._target
+        curve = self._rma_curve
+        if tg is None or curve is None or wall > tg.ts + tg.ttl_s:
+            return None
+        means = self.value_book.signal_means()
+        return live_alternative(curve, self._seg_names, tg.levels, means, tg.extras)
 
     def levels(self, t: float) -> list[CapacityLevel]:
         """The region's levels at scenario time ``t``, lifetimes in scenario seconds. The book

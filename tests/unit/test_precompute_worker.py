@@ -377,3 +377,88 @@ def test_a_scenario_without_precompute_fields_is_refused(world_and_curves) -> No
         PrecomputeWorker(WorkerSettings(region=REGION), quick, None)
     with pytest.raises(ConfigError, match="--region"):
         WorkerSettings(region="no spaces allowed")
+
+
+def _signals(segment: str, mean: float, ts: float) -> list[messages.ValueSignal]:
+    """One window of RMA's value signals of ``segment``, every value bin's requests with mean
+    value signal ``mean × (bin + 1)``, as a client publishes them (signal sums included)."""
+    out = []
+    for k in range(8):
+        x = mean * (k + 1)
+        out.append(
+            messages.ValueSignal(
+                ts=ts,
+                region=REGION,
+                segment=segment,
+                lever="rma",
+                arm="treatment",
+                n=50,
+                value_sum=50 * x,
+                value_sq_sum=50 * x * x,
+                window_s=10.0,
+                cost=messages.Cost(cpu_ms=0.0, accelerator_ms=0.0),
+                stratum=k,
+                signal_sum=50 * x,
+                signal_sq_sum=50 * x * x,
+                signal_value_sum=50 * x * x,
+            )
+        )
+    return out
+
+
+async def test_the_uplift_is_counted_against_the_live_alternative_of_the_targets_in_force(
+    world_and_curves,
+) -> None:  # type: ignore[no-untyped-def]
+    """A hit runs nothing live, so a stored result is worth what it adds over what live RMA
+    would give the visit: the worker prices that from the targets' per-bin levels and the mean
+    value signal per bin with the function the simulator's headroom policy asks
+    (controllers/precompute.py ``live_alternative``); an expired target (the baseline) gives
+    the calibrated uplift back."""
+    from headroom.controllers.levers import RmaCurve
+    from headroom.controllers.precompute import rma_live_alternative
+
+    scenario, _, curves = world_and_curves
+    clock = Clock()
+    w = make_worker(world_and_curves, clock)
+    assert w.planner is not None
+    plain = w.planner.uplift
+    lifetimes = [plain.lifetime(i) for i in range(2)]
+    assert all(life > 0.0 for life in lifetimes)
+    for seg, mean in (("premium", 3.0), ("casual", 0.6)):
+        for msg in _signals(seg, mean, clock.t):
+            w.on_value(msg)
+    levels = {"premium": (50,) * 8, "casual": (0,) * 8}
+    w.on_target(
+        messages.Target(
+            ts=clock.t,
+            region=REGION,
+            epoch=4,
+            ttl_s=30.0,
+            rma=messages.RmaTarget(candidates=65, base=50, max=100, levels=levels),
+            sbm=messages.SbmTarget(coverage=0.0, segments={}),
+            budget=messages.Budget(cpu=1.0, accelerator=1.0),
+            reason="pid",
+        ),
+        budget=None,
+    )
+    await w.step()
+    live = w.live
+    assert live is not None
+    names = list(w.config.segment_names)
+    curve = RmaCurve.from_curves(
+        curves, names, scenario.world.base_candidates, scenario.world.max_candidates
+    )
+    bins = {seg: [m * (k + 1) for k in range(8)] for seg, m in (("premium", 3.0), ("casual", 0.6))}
+    expected = rma_live_alternative(curve, names, levels, bins, 15.0)
+    assert live.tolist() == pytest.approx(expected.tolist())
+    premium, casual = names.index("premium"), names.index("casual")
+    assert live[premium] > 0.0
+    assert live[casual] == 0.0  # no extras for casual: its results keep their whole uplift
+    uplift = w.planner.uplift
+    assert uplift.lifetime(premium) < lifetimes[premium]
+    assert uplift.lifetime(casual) == pytest.approx(lifetimes[casual])
+    # the target expires: the clients run the baseline, the result competes with it alone
+    clock.t += 31.0
+    await w.step()
+    assert w.live is None
+    assert w.planner.uplift.lifetime(premium) == pytest.approx(lifetimes[premium])
