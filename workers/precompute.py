@@ -619,8 +619,10 @@ class PrecomputeWorker(Service):
         self.calibrator.advance(t)
         model, cals = self.calibrator.calibrate(self._curves_uplift)
         self.value_book.decay(self._value_decay)
-        self.live = self.live_alternative(self._wall())
-        self.planner.uplift = model if self.live is None else model.against_live(self.live)
+        live = self.live_alternative(self._wall())
+        self.planner.uplift = model if live is None else model.against_live(live)
+        self._log_live(live, self.live, model)
+        self.live = live
         self.calibration = {c.index: c for c in cals}
         threshold = self.calibrator.settings.report_change
         changed = []
@@ -674,6 +676,34 @@ class PrecomputeWorker(Service):
         extras = float(max(min(msg.rma.candidates, msg.rma.max) - msg.rma.base, 0))
         self._target = _Target(msg.epoch, msg.ts, msg.ttl_s, budget, levels, extras)
         self.stats.targets += 1
+
+    def _log_live(
+        self,
+        live: np.ndarray[Any, np.dtype[np.float64]] | None,
+        before: np.ndarray[Any, np.dtype[np.float64]] | None,
+        model: UpliftModel,
+    ) -> None:
+        """Log the live alternative when it appears, lapses or moves by the calibrator's
+        ``report_change`` share in a segment, with the lifetimes it leaves."""
+        if live is None and before is None:
+            return
+        if live is not None and before is not None:
+            tol = self.calibrator.settings.report_change
+            if np.all(np.abs(live - before) <= tol * np.maximum(np.abs(before), 1e-12)):
+                return
+        assert self.planner is not None
+        uplift = self.planner.uplift
+        self.log.info(
+            "precompute.live.priced",
+            region=self.region,
+            live=None
+            if live is None
+            else {s: round(float(v), 6) for s, v in zip(self._seg_names, live, strict=True)},
+            lifetimes_s={s: round(uplift.lifetime(i), 1) for i, s in enumerate(self._seg_names)},
+            lifetimes_base_s={
+                s: round(model.lifetime(i), 1) for i, s in enumerate(self._seg_names)
+            },
+        )
 
     def live_alternative(self, wall: float) -> np.ndarray[Any, np.dtype[np.float64]] | None:
         """What live RMA adds to a visit of each segment under the target in force at ``wall``
