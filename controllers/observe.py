@@ -67,6 +67,12 @@ class _Window:
     value: dict[ValueKey, ArmStats] = field(default_factory=dict)
 
 
+def value_key(msg: ValueSignal) -> ValueKey:
+    """The value-book key of one ``headroom.value`` message: its stratum where it names one
+    (else its segment), its lever and its arm."""
+    return (stratum_key(msg.segment, msg.stratum), msg.lever, msg.arm)
+
+
 def arm_stats(msg: ValueSignal) -> ArmStats:
     """The sums of one ``headroom.value`` message, as the value books add them."""
     return ArmStats(
@@ -151,9 +157,7 @@ class RegionAggregator:
 
     def add_value_signal(self, msg: ValueSignal) -> None:
         """Fold one ``headroom.value`` message in, keyed by its stratum where it names one."""
-        stats = arm_stats(msg)
-        key = (stratum_key(msg.segment, msg.stratum), msg.lever, msg.arm)
-        self.add_value(msg.region, msg.ts, key, stats)
+        self.add_value(msg.region, msg.ts, value_key(msg), arm_stats(msg))
 
     # --- observe ----------------------------------------------------------------------------
     def heard(self, region: str) -> bool:

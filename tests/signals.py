@@ -17,9 +17,11 @@ def value_signal(
     lever: str = "precompute",
     stratum: int | None = None,
     window_s: float = 10.0,
+    signal: float | None = None,
 ) -> messages.ValueSignal:
     """``n`` requests of ``segment`` in ``arm`` of ``lever`` whose values have mean ``mean`` and
-    standard deviation ``sd`` (the sums a client would publish), no cost."""
+    standard deviation ``sd`` (the sums a client would publish), no cost; ``signal``: every
+    request's value signal, whose sums are then carried too (none by default)."""
     return messages.ValueSignal(
         ts=ts,
         region=region,
@@ -32,4 +34,7 @@ def value_signal(
         window_s=window_s,
         cost=messages.Cost(cpu_ms=0.0, accelerator_ms=0.0),
         stratum=stratum,
+        signal_sum=None if signal is None else n * signal,
+        signal_sq_sum=None if signal is None else n * signal * signal,
+        signal_value_sum=None if signal is None else n * signal * mean,
     )

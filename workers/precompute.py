@@ -72,7 +72,7 @@ from prometheus_client import Counter as PromCounter
 from headroom.analysis.events import window_event
 from headroom.controllers.config import ValueSettings
 from headroom.controllers.levers import CapacityUse, RmaCurve, ValueBook
-from headroom.controllers.observe import arm_stats
+from headroom.controllers.observe import arm_stats, value_key
 from headroom.controllers.precompute import (
     PrecomputeConfig,
     PrecomputePlanner,
@@ -86,7 +86,7 @@ from headroom.controllers.precompute_value import (
     SegmentCalibration,
     UpliftCalibrator,
 )
-from headroom.controllers.types import CapacityLevel, stratum_key
+from headroom.controllers.types import CapacityLevel
 from headroom.defences.capacity import CapacityBook
 from headroom.kernel import seeds
 from headroom.kernel.checks import FieldChecker
@@ -603,8 +603,7 @@ class PrecomputeWorker(Service):
         the region also goes into the value book whose mean value signal per stratum prices the
         live alternative."""
         if msg.region == self.region:
-            key = (stratum_key(msg.segment, msg.stratum), msg.lever, msg.arm)
-            self.value_book.add({key: arm_stats(msg)})
+            self.value_book.add({value_key(msg): arm_stats(msg)})
         if self.calibrator.add_signal(msg, self.scenario_time(msg.ts)):
             self.stats.value_signals += 1
         else:

@@ -382,28 +382,13 @@ def test_a_scenario_without_precompute_fields_is_refused(world_and_curves) -> No
 def _signals(segment: str, mean: float, ts: float) -> list[messages.ValueSignal]:
     """One window of RMA's value signals of ``segment``, every value bin's requests with mean
     value signal ``mean × (bin + 1)``, as a client publishes them (signal sums included)."""
-    out = []
-    for k in range(8):
-        x = mean * (k + 1)
-        out.append(
-            messages.ValueSignal(
-                ts=ts,
-                region=REGION,
-                segment=segment,
-                lever="rma",
-                arm="treatment",
-                n=50,
-                value_sum=50 * x,
-                value_sq_sum=50 * x * x,
-                window_s=10.0,
-                cost=messages.Cost(cpu_ms=0.0, accelerator_ms=0.0),
-                stratum=k,
-                signal_sum=50 * x,
-                signal_sq_sum=50 * x * x,
-                signal_value_sum=50 * x * x,
-            )
+    xs = [mean * (k + 1) for k in range(8)]
+    return [
+        value_signal(
+            segment, "treatment", 50, x, 0.0, region=REGION, ts=ts, lever="rma", stratum=k, signal=x
         )
-    return out
+        for k, x in enumerate(xs)
+    ]
 
 
 async def test_the_uplift_is_counted_against_the_live_alternative_of_the_targets_in_force(
