@@ -49,7 +49,10 @@ def configure(fmt: str | None = None, level: str | None = None) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level_no),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # one write per line (the line and its newline together): the stdlib handlers of the
+        # libraries under us (Faust, aiokafka) write to the same stderr from other threads, and
+        # print() writes the newline apart, so their lines could land inside ours
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
     _configured = True
