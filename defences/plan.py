@@ -82,6 +82,21 @@ treatment requests whatever their plan (the plan is drawn before the look-up; wh
 a stored result does not depend on the request's value), so every lever's share of the cell keeps
 ``1 − hit[c]`` (:func:`live_share`).
 
+A held target
+=============
+A target's routing probabilities are shares of the traffic it was sized for: the strong model's
+devices were assigned for ``coverage × rate`` requests per second. While targets arrive every
+control interval the controller re-sizes them as traffic moves. A target *held* past
+:data:`HELD_AFTER_INTERVALS` intervals (the control plane is late or out; the TTL fallback still
+ends it) keeps that absolute rate instead: its segment probabilities are multiplied by
+``rate_then / rate_now`` (:func:`held_scale`; ``rate_then`` the client's request rate when it
+applied the target, ``rate_now`` its rate now, both from a :class:`RateMeter`), clipped to [0, 1]
+(:func:`held_shares`). Traffic that fell (a surge ending during an outage) leaves the devices as
+busy as planned instead of idle; traffic that rose does not push the strong replicas past what
+they were given. The factor moves down to a step of :data:`HELD_STEP`, is 1 within
+:data:`HELD_DEADBAND` of equal rates, and stays within ``[1/HELD_MAX, HELD_MAX]``. RMA's levels
+are per request and kept: its servers trim extras to what their level pays for.
+
 Exploration is not the plan's: the controller's router keeps every segment's ``p_s`` at its
 exploration floor while SBM runs (controllers/router.py), and the plan spends ``p_s`` as given.
 """
@@ -101,16 +116,20 @@ from headroom.kernel.checks import FieldChecker
 from headroom.kernel.errors import ConfigError
 
 __all__ = [
+    "HELD_AFTER_INTERVALS",
     "VALUE_BINS",
     "CellPlan",
     "CellPlanner",
     "PlanRule",
     "PlanTarget",
+    "RateMeter",
     "RequestPlan",
     "RequestPlanner",
     "RmaSpend",
     "RoutedShare",
     "ValueCells",
+    "held_scale",
+    "held_shares",
     "live_share",
     "rma_among",
     "serves_from_store",
@@ -151,6 +170,74 @@ def _bin_share(k: Any, q: Any, bins: int) -> Any:
 
 # a segment probability within this factor of the exploration floor is the floor (float noise)
 _EXPLORE_TOL = 1.0 + 1e-9
+
+
+# A target older than this many control intervals is held (module docstring, *A held target*).
+HELD_AFTER_INTERVALS = 1.5
+HELD_MAX = 2.0  # the held factor stays within [1/HELD_MAX, HELD_MAX]
+HELD_DEADBAND = 0.1  # rates within 10 % of each other: factor 1
+HELD_STEP = 0.05  # the factor moves in steps of this size
+
+
+def held_scale(age_s: float, interval_s: float, rate_then: float, rate_now: float) -> float:
+    """The factor on a target's segment probabilities ``age_s`` after it was issued (module
+    docstring, *A held target*): 1 while it is not held or a rate is unknown (≤ 0 or not
+    finite)."""
+    if not age_s > HELD_AFTER_INTERVALS * interval_s:
+        return 1.0
+    if not (0.0 < rate_then < math.inf and 0.0 < rate_now < math.inf):
+        return 1.0
+    ratio = min(max(rate_then / rate_now, 1.0 / HELD_MAX), HELD_MAX)
+    if abs(ratio - 1.0) < HELD_DEADBAND:
+        return 1.0
+    # down to a step: the strong model is never asked for more than the planned rate
+    return max(math.floor(ratio / HELD_STEP + 1e-9) * HELD_STEP, 1.0 / HELD_MAX)
+
+
+def held_shares(
+    segments: Mapping[str, float], coverage: float, scale: float
+) -> tuple[dict[str, float], float]:
+    """A held target's segment probabilities and coverage: ``scale`` times the target's, each
+    clipped to [0, 1]."""
+    return {s: _unit(p * scale) for s, p in segments.items()}, _unit(coverage * scale)
+
+
+class RateMeter:
+    """A request rate (per second of scenario time): arrivals decayed ``e^(−age/tau_s)``, divided
+    by the decayed time they cover, so a steady rate reads exactly from the first second."""
+
+    def __init__(self, tau_s: float, now: float) -> None:
+        if not (math.isfinite(tau_s) and tau_s > 0.0):
+            raise ConfigError(f"tau_s: must be > 0, got {tau_s}")
+        self.tau_s = float(tau_s)
+        self._start = float(now)
+        self._t = float(now)
+        self._sum = 0.0
+
+    def _advance(self, now: float) -> None:
+        if now > self._t:
+            self._sum *= math.exp(-(now - self._t) / self.tau_s)
+            self._t = now
+
+    def add(self, now: float, n: float = 1.0) -> None:
+        """Count ``n`` arrivals at ``now`` (times never go back; an older one counts as now)."""
+        self._advance(now)
+        self._sum += n
+
+    def add_spread(self, times: FloatArray, counts: FloatArray) -> None:
+        """Count ``counts[j]`` arrivals at ``times[j]`` (ascending), at once."""
+        if times.size == 0:
+            return
+        end = float(times[-1])
+        self._advance(end)
+        ages = np.maximum(end - times, 0.0)
+        self._sum += float((counts * np.exp(-ages / self.tau_s)).sum())
+
+    def rate(self, now: float) -> float:
+        """Arrivals per second around ``now`` (0.0 before any time has passed)."""
+        self._advance(now)
+        covered = self.tau_s * -math.expm1(-(now - self._start) / self.tau_s)
+        return self._sum / covered if covered > 0.0 else 0.0
 
 
 def _explore(target: PlanTarget) -> float:

@@ -548,6 +548,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="region (of the scenario) whose requests this client consumes and ranks",
     )
     _add_client_flags(p)
+    number(
+        p,
+        "--interval",
+        DURATION,
+        default=None,
+        metavar="S",
+        help="the control interval targets are issued at, seconds of scenario time; a target "
+        "older than 1.5 intervals is held at the strong model's planned request rate "
+        "(default: the scenario's control.interval_s, else 60)",
+    )
     _add_scenario_flag(p)
     _add_kafka_flags(p)
     _add_metrics_flag(p)

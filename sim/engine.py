@@ -72,7 +72,7 @@ from headroom.controllers.types import (
     segment_of,
     stratum_key,
 )
-from headroom.defences.plan import CellPlanner, live_share
+from headroom.defences.plan import CellPlanner, RateMeter, held_scale, held_shares, live_share
 from headroom.kernel.sketch import bin_values
 from headroom.kernel.traces import CapacityChange
 from headroom.sim.context import (
@@ -207,6 +207,11 @@ class RegionRun:
         self.emit = emit
         self.interval = control_interval_s
         self.cfg = ctx.config
+        # the region's request rate as its client measures it, and when it applied the target
+        # in force (a held target keeps the strong model's absolute rate: defences/plan.py)
+        self.rates = RateMeter(float(ctx.scenario.slo.window_s), 0.0)
+        self._rate_at_apply = 0.0
+        self._held: tuple[Targets, float, Targets] | None = None
         n_pools = len(self.static.pools)
         self.level = [0.0] * n_pools
         self.asg_rma = [0.0] * n_pools
@@ -509,6 +514,7 @@ class RegionRun:
             return
         self.targets = tg
         self.epoch_in_force = tg.epoch
+        self._rate_at_apply = self.rates.rate(t)
         for i in range(len(self.static.pools)):
             rma, sbm = tg.assignment.get(i, (0.0, 0.0))
             self._set_assignment(i, rma, sbm, t)
@@ -542,6 +548,16 @@ class RegionRun:
         self._direct_mixes[id(plan)] = (plan, hit, mix)
         return mix
 
+    def _held_target(self, tg: Targets, scale: float) -> Targets:
+        """``tg`` held at ``scale`` (defences/plan.py, *A held target*), built once per pair."""
+        got = self._held
+        if got is not None and got[0] is tg and got[1] == scale:
+            return got[2]
+        segments, coverage = held_shares(tg.sbm_segments, tg.sbm_coverage, scale)
+        held = replace(tg, sbm_segments=segments, sbm_coverage=coverage)
+        self._held = (tg, scale, held)
+        return held
+
     def _current_mix(self, now: float, span: float) -> Mix:
         pol = self.policy
         if pol.direct:
@@ -551,8 +567,21 @@ class RegionRun:
         if tg is None or self.traces.in_baseline_only(now):  # no target, or the client is down
             self._mix_key = ("base",)
             return self._fixed_mix(None)
+        scale = held_scale(
+            now - tg.issued_at, self.interval, self._rate_at_apply, self.rates.rate(now)
+        )
+        if scale != 1.0:
+            tg = self._held_target(tg, scale)
         m_rma, m_sbm = pol.multipliers(now)
-        key = (tg.epoch, round(m_rma, 4), round(m_sbm, 4), self.quotas, id(hit), self.extras_units)
+        key = (
+            tg.epoch,
+            scale,
+            round(m_rma, 4),
+            round(m_sbm, 4),
+            self.quotas,
+            id(hit),
+            self.extras_units,
+        )
         sheds = pol.server_sheds
         if key == self._mix_key and not sheds:
             return self.mix
@@ -738,6 +767,7 @@ class RegionRun:
                 over = over[:k]
                 over_any = cast("list[bool]", over.any(axis=0).tolist())
                 n = k
+        self.rates.add_spread(ends, a)
         block = np.zeros((n, len(_R)))
         block[:, _C_A] = a
         block[:, _C_LAM] = lam

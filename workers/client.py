@@ -112,7 +112,7 @@ import secrets
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import msgspec
@@ -125,7 +125,10 @@ from headroom.defences.histogram import ValueRanker
 from headroom.defences.plan import (
     VALUE_BINS,
     PlanRule,
+    RateMeter,
     RequestPlanner,
+    held_scale,
+    held_shares,
     serves_from_store,
     value_stratum,
 )
@@ -272,6 +275,9 @@ class ClientConfig:
     # (False: never, e.g. to compare a run without the lever's serving side)
     precompute: bool = True
     precompute_ready_s: float = 60.0  # how long start-up waits for the cache to catch up
+    # the control interval targets are issued at (scenario seconds; None: the scenario's): a
+    # target older than HELD_AFTER_INTERVALS of them is held (defences/plan.py)
+    control_interval_s: float | None = None
 
     def __post_init__(self) -> None:
         c = FieldChecker()
@@ -287,6 +293,8 @@ class ClientConfig:
         if self.catch_up_rate is not None:
             c.positive("catch_up_rate", self.catch_up_rate)
         c.positive("precompute_ready_s", self.precompute_ready_s)
+        if self.control_interval_s is not None:
+            c.positive("control_interval_s", self.control_interval_s)
         for name in ("sbm_budget_share", "base_timeout_share", "timeout_share"):
             c.positive(name, getattr(self, name))
         c.raise_if_any()
@@ -623,6 +631,16 @@ class RankingClient(Service):
             self.precompute = PrecomputePath(cache, w.base_candidates, config.speed)
         # used / expired_unused counted by the cache, not yet on a window line
         self._pre_pending: dict[str, int] = {"used": 0, "expired_unused": 0}
+        # a held target (defences/plan.py): the request rate now and when the target in force
+        # was applied, and the factor last logged
+        self._interval_s = (
+            config.control_interval_s
+            if config.control_interval_s is not None
+            else scenario.control.interval_s
+        )
+        self.rates = RateMeter(float(scenario.slo.window_s), self.scenario_time())
+        self._rate_at_apply = 0.0
+        self._held_scale = 1.0
 
     # -- time --------------------------------------------------------------------------------------
 
@@ -717,6 +735,7 @@ class RankingClient(Service):
             fields: dict[str, Any] = {"epoch": epoch}
             t = self.targets.target
             if kind == "target.applied" and t is not None:
+                self._rate_at_apply = self.rates.rate(self.scenario_time(now))
                 fields["delay_ms"] = max(0.0, (now - t.ts) * 1000.0)
                 fields["rma_candidates"] = t.rma.candidates
                 fields["sbm_coverage"] = t.sbm.coverage
@@ -957,6 +976,27 @@ class RankingClient(Service):
             return None
         return min(candidates, key=lambda s: s.wire.in_flight)
 
+    def held_target(self, state: TargetState, now_t: float) -> TargetState:
+        """The target in force, its strong-model shares held at the rate they were planned for
+        once it is older than the control plane's interval allows (defences/plan.py, *A held
+        target*); logs ``client.target.held`` when the factor changes."""
+        t = self.targets.target
+        scale = 1.0
+        if t is not None and not state.expired and state.sbm_coverage > 0.0:
+            scale = held_scale(
+                now_t - self.scenario_time(t.ts),
+                self._interval_s,
+                self._rate_at_apply,
+                self.rates.rate(now_t),
+            )
+        if scale != self._held_scale:
+            self._held_scale = scale
+            self.log.info("client.target.held", epoch=state.epoch, scale=scale)
+        if scale == 1.0:
+            return state
+        segments, coverage = held_shares(state.sbm_segments, state.sbm_coverage, scale)
+        return replace(state, sbm_segments=segments, sbm_coverage=coverage)
+
     async def serve_request(
         self, msg: messages.Request, partition: int, offset: int, *, late: bool = False
     ) -> Outcome:
@@ -964,7 +1004,8 @@ class RankingClient(Service):
         optional work, as under an expired target; the holdout draw is made as ever."""
         wall = self._wall()
         now_t = self.scenario_time(wall)
-        target = self.targets.state(wall)
+        self.rates.add(now_t)
+        target = self.held_target(self.targets.state(wall), now_t)
         if late:
             target = TargetState(target.epoch, self.base, 0.0, {}, target.expired)
         self.ranker.observe(msg.value)

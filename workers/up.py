@@ -518,7 +518,7 @@ class Stack:
         return self._cmd(
             "client", "--region", region, *servers,
             "--group", f"{self.kafka.prefix}client-{region}-{self.config.run_id}",
-            "--instance", client_name(region, index),
+            "--instance", client_name(region, index), "--interval", repr(self.interval_s),
             "--t0", f"{self.t0:.6f}", "--speed", repr(self.config.speed),
             "--scenario", str(self.config.scenario_path), "--metrics-port", "0",
         )  # fmt: skip

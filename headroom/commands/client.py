@@ -39,6 +39,7 @@ def client(args: argparse.Namespace) -> int:
         speed=float(args.speed or 1.0),
         seed=scenario.seed if args.seed is None else int(args.seed),
         max_in_flight=in_flight_limit(scenario, args.region),
+        control_interval_s=args.interval,
     )
     metrics = process_metrics()
     announce_metrics(args.metrics_port)

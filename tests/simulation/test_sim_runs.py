@@ -388,6 +388,32 @@ def test_control_outage_makes_clients_fall_back(runs: Any) -> None:
     assert not issued_in_outage
 
 
+def test_a_target_held_through_an_outage_keeps_the_strong_models_planned_rate(runs: Any) -> None:
+    """quickstart: the ×1.6 surge ends at 3,000 s as the control outage begins; the last target
+    (issued at 2,940 s) was sized for surge traffic. Once it is 1.5 intervals old (3,030 s) the
+    clients hold its shares at the rate it was planned for (defences/plan.py, *A held target*)
+    until it expires (3,120 s), instead of routing 1/1.6 as many requests to the strong model."""
+    events = _events(runs("quickstart").events_path)
+    routed: dict[float, int] = {
+        e["t_start"]: e["eligible_treated"]["sbm"]
+        for e in events
+        if e["kind"] == "window" and e["policy"] == "headroom"
+    }
+
+    def per_window(lo: float, hi: float) -> float:
+        got = [n for t, n in routed.items() if lo <= t < hi]
+        assert got, (lo, hi)
+        return sum(got) / len(got)
+
+    planned = per_window(2950.0, 3000.0)  # the surge's last minute under the fresh target
+    fresh = per_window(3000.0, 3030.0)  # traffic has fallen, the target is not held yet
+    held = per_window(3040.0, 3120.0)
+    assert planned > 0.0
+    assert fresh < 0.75 * planned, (fresh, planned)
+    assert held > 0.8 * planned, (held, planned)
+    assert per_window(3120.0, 3400.0) == 0.0  # expired: the baseline
+
+
 # --- the command line ----------------------------------------------------------------------------
 
 

@@ -16,13 +16,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headroom.defences.plan import (
+    HELD_AFTER_INTERVALS,
+    HELD_MAX,
+    HELD_STEP,
     VALUE_BINS,
     CellPlan,
     CellPlanner,
     PlanRule,
+    RateMeter,
     RequestPlan,
     RequestPlanner,
     RoutedShare,
+    held_scale,
+    held_shares,
     live_share,
     rma_among,
     serves_from_store,
@@ -707,3 +713,69 @@ def test_the_requests_the_store_serves_leave_each_cells_plan_as_the_vectorised_r
         for got, cell_share in ((strong[sel].mean(), want.sbm), (rma[sel].mean(), want.rma)):
             x = float(w @ cell_share)
             assert got == pytest.approx(x, abs=0.015 + 4.5 * math.sqrt(x * (1 - x) / m)), seg
+
+
+# -- a held target ---------------------------------------------------------------------------------
+
+
+def test_a_target_is_held_only_past_its_interval_allowance() -> None:
+    interval = 60.0
+    fresh = HELD_AFTER_INTERVALS * interval
+    # traffic fell to 1/1.6 of what the target was sized for
+    assert held_scale(fresh, interval, 160.0, 100.0) == 1.0
+    assert held_scale(fresh + 1.0, interval, 160.0, 100.0) == pytest.approx(1.6)
+    # and rose: the shares shrink so the strong model keeps its planned rate
+    assert held_scale(fresh + 1.0, interval, 100.0, 160.0) == pytest.approx(0.6)  # 0.625, down
+
+
+def test_the_held_factor_is_bounded_stepped_and_1_near_equal_rates() -> None:
+    old = 1000.0
+    assert held_scale(old, 60.0, 100.0, 95.0) == 1.0  # within the dead band
+    assert held_scale(old, 60.0, 100.0, 1.0) == HELD_MAX
+    assert held_scale(old, 60.0, 1.0, 100.0) == 1.0 / HELD_MAX
+    for then, now in ((0.0, 10.0), (10.0, 0.0), (math.inf, 10.0), (math.nan, 10.0)):
+        assert held_scale(old, 60.0, then, now) == 1.0, (then, now)
+
+
+_RATES = st.one_of(st.floats(0.0, 1e9), st.just(math.nan), st.just(math.inf))
+
+
+@given(st.floats(0.0, 1e6), st.floats(1e-3, 1e4), _RATES, _RATES)
+def test_the_held_factor_stays_in_its_bounds_and_steps(
+    age: float, interval: float, then: float, now: float
+) -> None:
+    k = held_scale(age, interval, then, now)
+    assert 1.0 / HELD_MAX - 1e-12 <= k <= HELD_MAX + 1e-12
+    assert k == 1.0 or abs(k / HELD_STEP - round(k / HELD_STEP)) < 1e-9
+
+
+def test_held_shares_scale_each_segment_and_clip_at_one() -> None:
+    segments, coverage = held_shares({"casual": 0.4, "premium": 0.8}, 0.45, 1.5)
+    assert segments == pytest.approx({"casual": 0.6, "premium": 1.0})
+    assert coverage == pytest.approx(0.675)
+    assert held_shares({"casual": 0.4}, 0.8, 2.0)[1] == 1.0
+
+
+def test_the_rate_meter_reads_a_steady_rate_from_the_start_and_follows_a_drop() -> None:
+    meter = RateMeter(10.0, 100.0)
+    t = 100.0
+    for _ in range(300):  # 3 s at 100 per second
+        t += 0.01
+        meter.add(t)
+    assert meter.rate(t) == pytest.approx(100.0, rel=0.02)
+    for _ in range(3000):  # then 60 s at 50 per second
+        t += 0.02
+        meter.add(t)
+    assert meter.rate(t) == pytest.approx(50.0, rel=0.02)
+
+
+def test_counting_a_block_at_once_is_counting_it_one_by_one() -> None:
+    times = np.linspace(1.0, 30.0, 30)
+    counts = np.full(30, 7.0)
+    one, block = RateMeter(10.0, 0.0), RateMeter(10.0, 0.0)
+    for t, n in zip(times, counts, strict=True):
+        one.add(float(t), float(n))
+    block.add_spread(times, counts)
+    assert block.rate(31.0) == pytest.approx(one.rate(31.0))
+    with pytest.raises(ConfigError, match="tau_s"):
+        RateMeter(0.0, 0.0)

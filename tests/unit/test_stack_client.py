@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import msgspec
 import numpy as np
 import pytest
 from hypothesis import given
@@ -121,9 +122,10 @@ def _client(**config: object) -> Any:
         "t0": 1_800_000_000.0,
         "precompute": False,
     }
+    clock = config.pop("clock", lambda: 1.8e9)
     args.update(config)
     return RankingClient(
-        ClientConfig(**args), scenario, KafkaTarget("127.0.0.1:1", "t."), clock=lambda: 1.8e9
+        ClientConfig(**args), scenario, KafkaTarget("127.0.0.1:1", "t."), clock=clock
     )
 
 
@@ -169,6 +171,42 @@ async def test_every_request_is_planned_once_in_its_arm() -> None:
     assert {o.routed for o in outs if not o.control} == {"rma"}
     strata = np.array([o.stratum for o in outs[1000:]])
     assert set(strata.tolist()) == set(range(VALUE_BINS))
+
+
+async def test_a_target_held_past_its_interval_keeps_the_strong_models_planned_rate() -> None:
+    """The held-target rule (defences/plan.py) as the client applies it: its own request rate
+    when the target was applied against its rate now, once the target is 1.5 intervals old."""
+    now = [1.8e9]
+    client = _client(clock=lambda: now[0], control_interval_s=5.0)
+
+    def traffic(rps: float, seconds: float) -> None:
+        for _ in range(int(rps * seconds)):
+            now[0] += 1.0 / rps
+            client.rates.add(client.scenario_time(now[0]))
+
+    traffic(20.0, 10.0)
+    target = _target(1, now[0], ttl=60.0)
+    target = messages.Target(**{**msgspec.structs.asdict(target), "region": "it-east"})
+    client.targets.offer(target)
+    client._target_transitions()  # applied: the rate then is ~20 per second
+    traffic(20.0, 5.0)
+    state = client.targets.state(now[0])
+    assert client.held_target(state, client.scenario_time(now[0])) == state  # not held yet
+    traffic(10.0, 10.0)  # traffic halves; the target is now 15 s (3 intervals) old
+    held = client.held_target(client.targets.state(now[0]), client.scenario_time(now[0]))
+    k = held.sbm_coverage / state.sbm_coverage
+    assert 1.6 <= k <= 2.0, k
+    assert held.sbm_segments == pytest.approx({s: p * k for s, p in state.sbm_segments.items()})
+    assert held.rma_candidates == state.rma_candidates  # RMA's levels are per request: kept
+    # the same rate again: the target in force as issued
+    traffic(20.0, 20.0)
+    state = client.targets.state(now[0])
+    assert client.held_target(state, client.scenario_time(now[0])) == state
+    # an expired target is the baseline, held or not
+    now[0] += 60.0
+    expired = client.targets.state(now[0])
+    assert expired.expired
+    assert client.held_target(expired, client.scenario_time(now[0])) == expired
 
 
 # -- windows and value signals --------------------------------------------------------------------
