@@ -844,6 +844,10 @@ class RankingClient(Service):
 
     def on_assigned(self, partitions: list[int]) -> None:
         self._assigned.update(partitions)
+        # the client's request rate is its partitions' share of the region's: a new share is a
+        # new basis, so no target is held (defences/plan.py) until the next one is applied
+        self.rates = RateMeter(float(self.scenario.slo.window_s), self.scenario_time())
+        self._rate_at_apply = 0.0
         self.log.info("client.partitions.assigned", partitions=sorted(partitions))
         self.add_task(self._mark_ready(partitions), name="ready")
 

@@ -4,9 +4,9 @@ itself: test_plan.py), windows and value signals, and the offsets it may commit.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
-import msgspec
 import numpy as np
 import pytest
 from hypothesis import given
@@ -29,10 +29,12 @@ from headroom.workers.offsets import OffsetTracker
 BASE = 100
 
 
-def _target(epoch: int, ts: float, *, candidates: int = 250, ttl: float = 10.0) -> messages.Target:
+def _target(
+    epoch: int, ts: float, *, candidates: int = 250, ttl: float = 10.0, region: str = "r"
+) -> messages.Target:
     return messages.Target(
         ts=ts,
-        region="r",
+        region=region,
         epoch=epoch,
         ttl_s=ttl,
         rma=messages.RmaTarget(candidates=candidates, base=BASE, max=300),
@@ -77,8 +79,7 @@ def test_an_expired_target_falls_back_to_the_baseline_and_says_so_once() -> None
 def test_no_target_means_the_baseline_and_another_region_is_ignored() -> None:
     book = TargetBook("r", BASE)
     assert book.state(0.0) == TargetState(None, BASE, 0.0, {}, False)
-    other = _target(9, 0.0)
-    other = messages.Target(**{**{f: getattr(other, f) for f in other.__slots__}, "region": "x"})
+    other = _target(9, 0.0, region="x")
     assert not book.offer(other)
 
 
@@ -122,7 +123,7 @@ def _client(**config: object) -> Any:
         "t0": 1_800_000_000.0,
         "precompute": False,
     }
-    clock = config.pop("clock", lambda: 1.8e9)
+    clock = cast("Callable[[], float]", config.pop("clock", lambda: 1.8e9))
     args.update(config)
     return RankingClient(
         ClientConfig(**args), scenario, KafkaTarget("127.0.0.1:1", "t."), clock=clock
@@ -185,9 +186,7 @@ async def test_a_target_held_past_its_interval_keeps_the_strong_models_planned_r
             client.rates.add(client.scenario_time(now[0]))
 
     traffic(20.0, 10.0)
-    target = _target(1, now[0], ttl=60.0)
-    target = messages.Target(**{**msgspec.structs.asdict(target), "region": "it-east"})
-    client.targets.offer(target)
+    client.targets.offer(_target(1, now[0], ttl=60.0, region="it-east"))
     client._target_transitions()  # applied: the rate then is ~20 per second
     traffic(20.0, 5.0)
     state = client.targets.state(now[0])
@@ -200,6 +199,12 @@ async def test_a_target_held_past_its_interval_keeps_the_strong_models_planned_r
     assert held.rma_candidates == state.rma_candidates  # RMA's levels are per request: kept
     # the same rate again: the target in force as issued
     traffic(20.0, 20.0)
+    state = client.targets.state(now[0])
+    assert client.held_target(state, client.scenario_time(now[0])) == state
+    # a new share of the region's partitions is a new basis: nothing is held until the next
+    # target is applied, whatever the rate does
+    client.on_assigned([0, 1])
+    traffic(10.0, 10.0)
     state = client.targets.state(now[0])
     assert client.held_target(state, client.scenario_time(now[0])) == state
     # an expired target is the baseline, held or not
