@@ -541,6 +541,7 @@ class RankingClient(Service):
         self.metrics = metrics
         if metrics is not None:
             metrics.slo.labels(config.region).set(scenario.slo.p99_ms / 1000.0)
+            metrics.target_held.labels(config.region).set(1.0)
         self._wall = clock
         self.log = self.log.bind(region=config.region, client=config.name)
         try:
@@ -996,6 +997,8 @@ class RankingClient(Service):
         if scale != self._held_scale:
             self._held_scale = scale
             self.log.info("client.target.held", epoch=state.epoch, scale=scale)
+            if self.metrics is not None:
+                self.metrics.target_held.labels(self.config.region).set(scale)
         if scale == 1.0:
             return state
         segments, coverage = held_shares(state.sbm_segments, state.sbm_coverage, scale)

@@ -16,6 +16,7 @@ process, so the names and labels are the same whichever worker exports them:
 | ``headroom_target_candidates`` | gauge | region | client |
 | ``headroom_target_sbm_coverage`` | gauge | region | client |
 | ``headroom_target_expired`` | gauge (1: baseline, the target expired) | region | client |
+| ``headroom_target_held_scale`` | gauge (a held target's SBM factor; 1: none) | region | client |
 | ``headroom_optional_multiplier`` | gauge | region, server | client |
 | ``headroom_capacity_units`` | gauge | region, resource, hardware, pool | server |
 | ``headroom_value_total`` | counter (sum of values) | region, lever, arm | client |
@@ -172,6 +173,7 @@ class Metrics:
     released: Counter
     release_latency: Histogram
     target_expired: Gauge
+    target_held: Gauge
     value: Counter
     value_requests: Counter
     loops: _LoopCollector = field(repr=False)
@@ -237,6 +239,12 @@ def make_metrics(registry: CollectorRegistry | None = None) -> Metrics:
         target_expired=Gauge(
             "headroom_target_expired",
             "1 while the newest target expired and the baseline is in force",
+            ["region"],
+            registry=reg,
+        ),
+        target_held=Gauge(
+            "headroom_target_held_scale",
+            "Factor on the SBM shares of a target held past its interval (1: not held)",
             ["region"],
             registry=reg,
         ),

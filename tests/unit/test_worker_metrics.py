@@ -7,6 +7,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -276,6 +277,16 @@ async def test_a_client_flags_an_expired_target_and_counts_the_value_it_publishe
     client._target_transitions()
     assert _samples(reg, "headroom_target_expired") == {'{region="it-east"}': 1.0}
     assert _samples(reg, "headroom_target_candidates") == {'{region="it-east"}': 100.0}
+    # a held target's factor (defences/plan.py): 1 until one is held
+    assert _samples(reg, "headroom_target_held_scale") == {'{region="it-east"}': 1.0}
+    held = msgspec.structs.replace(target, epoch=4, ts=now[0])
+    assert client.targets.offer(held)
+    client._target_transitions()
+    client._rate_at_apply = 40.0  # the client's rate when it applied the target
+    later = client.scenario_time(now[0]) + 8.0  # past 1.5 intervals of 5 s
+    client.rates.add(later, 100.0)  # and a rate far below it
+    client.held_target(client.targets.state(now[0] + 8.0), later)
+    assert _samples(reg, "headroom_target_held_scale")['{region="it-east"}'] > 1.0
 
     def signal(lever: str, arm: str, n: int, value_sum: float) -> messages.ValueSignal:
         return messages.ValueSignal(
