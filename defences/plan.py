@@ -117,6 +117,9 @@ from headroom.kernel.errors import ConfigError
 
 __all__ = [
     "HELD_AFTER_INTERVALS",
+    "HELD_DEADBAND",
+    "HELD_MAX",
+    "HELD_STEP",
     "VALUE_BINS",
     "CellPlan",
     "CellPlanner",
