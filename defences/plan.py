@@ -131,6 +131,7 @@ __all__ = [
     "RmaSpend",
     "RoutedShare",
     "ValueCells",
+    "held_rate_meter",
     "held_scale",
     "held_shares",
     "live_share",
@@ -241,6 +242,12 @@ class RateMeter:
         self._advance(now)
         covered = self.tau_s * -math.expm1(-(now - self._start) / self.tau_s)
         return self._sum / covered if covered > 0.0 else 0.0
+
+
+def held_rate_meter(slo_window_s: float, now: float) -> RateMeter:
+    """The request rate a held target is judged by: a :class:`RateMeter` over one SLO window
+    (both engines measure it so)."""
+    return RateMeter(slo_window_s, now)
 
 
 def _explore(target: PlanTarget) -> float:

@@ -72,7 +72,13 @@ from headroom.controllers.types import (
     segment_of,
     stratum_key,
 )
-from headroom.defences.plan import CellPlanner, RateMeter, held_scale, held_shares, live_share
+from headroom.defences.plan import (
+    CellPlanner,
+    held_rate_meter,
+    held_scale,
+    held_shares,
+    live_share,
+)
 from headroom.kernel.sketch import bin_values
 from headroom.kernel.traces import CapacityChange
 from headroom.sim.context import (
@@ -209,7 +215,7 @@ class RegionRun:
         self.cfg = ctx.config
         # the region's request rate as its client measures it, and when it applied the target
         # in force (a held target keeps the strong model's absolute rate: defences/plan.py)
-        self.rates = RateMeter(float(ctx.scenario.slo.window_s), 0.0)
+        self.rates = held_rate_meter(float(ctx.scenario.slo.window_s), 0.0)
         self._rate_at_apply = 0.0
         self._held: tuple[Targets, float, Targets] | None = None
         n_pools = len(self.static.pools)

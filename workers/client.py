@@ -125,8 +125,8 @@ from headroom.defences.histogram import ValueRanker
 from headroom.defences.plan import (
     VALUE_BINS,
     PlanRule,
-    RateMeter,
     RequestPlanner,
+    held_rate_meter,
     held_scale,
     held_shares,
     serves_from_store,
@@ -639,8 +639,7 @@ class RankingClient(Service):
             if config.control_interval_s is not None
             else scenario.control.interval_s
         )
-        self.rates = RateMeter(float(scenario.slo.window_s), self.scenario_time())
-        self._rate_at_apply = 0.0
+        self._reset_rates()
         self._held_scale = 1.0
 
     # -- time --------------------------------------------------------------------------------------
@@ -847,8 +846,7 @@ class RankingClient(Service):
         self._assigned.update(partitions)
         # the client's request rate is its partitions' share of the region's: a new share is a
         # new basis, so no target is held (defences/plan.py) until the next one is applied
-        self.rates = RateMeter(float(self.scenario.slo.window_s), self.scenario_time())
-        self._rate_at_apply = 0.0
+        self._reset_rates()
         self.log.info("client.partitions.assigned", partitions=sorted(partitions))
         self.add_task(self._mark_ready(partitions), name="ready")
 
@@ -980,6 +978,12 @@ class RankingClient(Service):
         if not candidates:
             return None
         return min(candidates, key=lambda s: s.wire.in_flight)
+
+    def _reset_rates(self) -> None:
+        """A new rate basis: the meter starts now, and no rate is known for the target in force
+        (nothing is held until the next target is applied)."""
+        self.rates = held_rate_meter(float(self.scenario.slo.window_s), self.scenario_time())
+        self._rate_at_apply = 0.0
 
     def held_target(self, state: TargetState, now_t: float) -> TargetState:
         """The target in force, its strong-model shares held at the rate they were planned for
