@@ -533,6 +533,19 @@ class ServerShedder:
     def capacity(self) -> OptionalCapacity:
         return OptionalCapacity(self._cap_cpu, self._cap_acc)
 
+    def set_min_depth(self, depth_ms: float) -> None:
+        """Set the buckets' least depth (``ServerShedConfig.min_depth_ms``) from now on: a
+        server whose largest burst follows its capacity (a strong replica's devices) sets it on
+        every capacity change. Tokens above a smaller depth are cut at the next decision; a
+        larger one fills at the level, never at once."""
+        if not (math.isfinite(depth_ms) and depth_ms >= 0.0):
+            raise ValueError(f"depth_ms: must be a finite number ≥ 0 (got {depth_ms!r})")
+        self._min_depth = depth_ms
+
+    @property
+    def min_depth_ms(self) -> float:
+        return self._min_depth
+
     def observe(
         self,
         now: float,

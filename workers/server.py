@@ -529,10 +529,11 @@ class RankingServer(Service):
         # level × burst_ms of work is then less than one request asks (a strong request is all
         # or nothing; RMA extras are trimmed to what is left), and the buckets, not the level,
         # would bound what is admitted. So they hold at least two requests' optional work (one
-        # admitted while the one before it runs): ServerShedConfig.min_depth_ms. Over a stretch
+        # admitted while the one before it runs), and a strong replica one request more than
+        # it has devices (:meth:`_bucket_depth`): ServerShedConfig.min_depth_ms. Over a stretch
         # of time optional work stays within level × admitted share plus one bucket.
         shed = config.shed
-        depth = _REQUESTS_PER_BUCKET * self.book.admission.request_ms
+        depth = self._bucket_depth(cap.slots_accelerator)
         if depth > shed.min_depth_ms:
             shed = replace(shed, min_depth_ms=depth)
         self.shedder = ServerShedder(shed, cap.optional, now)
@@ -567,6 +568,18 @@ class RankingServer(Service):
         self.ready = asyncio.Event()  # set once the capacity topic has been read to its end
 
     # -- time ---------------------------------------------------------------------------------
+
+    def _bucket_depth(self, devices: float) -> float:
+        """The least depth (ms of work) of the shedding buckets: two requests' optional work,
+        and on a strong replica one request more than its devices. Strong requests arrive at
+        random (the admission rule's queueing model takes them as Poisson at the admitted
+        rate); a bucket shallower than the devices would downgrade a burst that finds a device
+        free: two requests deep, ~3 % of the strong requests on three devices at ~0.7 of the
+        admitted level (``agree-live``)."""
+        n = float(_REQUESTS_PER_BUCKET)
+        if self.config.pool == "opportunistic":
+            n = max(n, math.ceil(max(devices, 0.0) - 1e-9) + 1.0)
+        return n * self.book.admission.request_ms
 
     def scenario_time(self, wall: float | None = None) -> float:
         wall = self._wall() if wall is None else wall
@@ -712,6 +725,9 @@ class RankingServer(Service):
         seen = time.monotonic()
         before = self.level
         cap = self.book.capacity(now)
+        self.shedder.set_min_depth(
+            max(self._bucket_depth(cap.slots_accelerator), self.config.shed.min_depth_ms)
+        )
         reduced = self.shedder.on_capacity(cap.optional, now)
         reduced |= cap.level.cpu < before.cpu or cap.level.accelerator < before.accelerator
         self._account_occupancy()

@@ -535,6 +535,25 @@ def test_a_minimum_depth_lets_a_fractional_level_serve_a_whole_strong_request() 
     assert s.decide(1.0, sbm(1.0, acc_ms=80.0)).decision is Decision.ADMIT
 
 
+def test_the_minimum_depth_follows_what_the_server_sets() -> None:
+    s = ServerShedder(ServerShedConfig(min_depth_ms=80.0), OptionalCapacity(0.0, 0.5))
+    with pytest.raises(ValueError, match="depth_ms"):
+        s.set_min_depth(-1.0)
+    with pytest.raises(ValueError, match="depth_ms"):
+        s.set_min_depth(math.nan)
+    # deeper: it fills at the level, not at once
+    s.set_min_depth(160.0)
+    assert s.min_depth_ms == 160.0
+    assert [s.decide(0.0, sbm(1.0, acc_ms=40.0)).strong for _ in range(3)] == [True, True, False]
+    # 240 ms later the level (0.5 ms per ms) has refilled 120 ms: three requests, not four
+    assert [s.decide(0.24, sbm(1.0, acc_ms=40.0)).strong for _ in range(4)] == [True] * 3 + [False]
+    # and after long enough, a burst of four
+    assert [s.decide(10.0, sbm(1.0, acc_ms=40.0)).strong for _ in range(5)] == [True] * 4 + [False]
+    # shallower: tokens above the new depth are cut at the next decision
+    s.set_min_depth(40.0)
+    assert [s.decide(20.0, sbm(1.0, acc_ms=40.0)).strong for _ in range(2)] == [True, False]
+
+
 def test_trimming_extras_leaves_what_the_remaining_tokens_pay_for() -> None:
     cfg = ServerShedConfig(burst_ms=50.0)
     s = ServerShedder(cfg, OptionalCapacity(1e9, 1.0))  # accelerator bucket: 50 ms

@@ -437,6 +437,40 @@ async def test_the_strong_model_serves_only_once_loaded(
         await server.stop()
 
 
+async def test_a_strong_replica_takes_a_burst_of_one_request_more_than_its_devices(
+    scenario: Scenario, world: RankingWorld
+) -> None:
+    clock = Clock()
+    server = RankingServer(
+        ServerConfig(region=REGION, pool="opportunistic", replica="s1"),
+        scenario,
+        None,
+        world=world,
+        clock=clock,
+    )
+    await server.start()
+    client = await _client(server)
+    try:
+        one = server.book.admission.request_ms
+        assert server.shedder.min_depth_ms == pytest.approx(2 * one)  # no device yet
+        now = clock()
+        server.on_capacity(_cap("cpu", 3.0, ts=now))
+        server.on_capacity(_cap("accelerator", 3.0, ts=now))
+        assert server.shedder.min_depth_ms == pytest.approx(4 * one)
+        clock.offset += scenario.models.strong.load_s + 0.1
+        # four strong requests at once all find a device or the one queue place
+        got = await asyncio.gather(
+            *(client.call(_req(i, model="strong", value=5.0), 10.0) for i in range(4))
+        )
+        assert [r.model for r in got] == ["strong"] * 4
+        # fewer devices, a shallower bucket
+        server.on_capacity(_cap("accelerator", 1.0, ts=clock() + 1.0, reason="preempt"))
+        assert server.shedder.min_depth_ms == pytest.approx(2 * one)
+    finally:
+        await client.close()
+        await server.stop()
+
+
 async def test_requests_in_flight_finish_on_drain(mixed: RankingServer) -> None:
     client = await _client(mixed)
     try:
