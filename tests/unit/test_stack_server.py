@@ -403,10 +403,10 @@ async def test_a_capacity_drop_cuts_optional_work_in_flight_at_once(mixed: Ranki
         await client.close()
 
 
-async def test_the_strong_model_serves_only_once_loaded(
-    scenario: Scenario, world: RankingWorld
-) -> None:
-    clock = Clock()
+async def _strong_server(
+    scenario: Scenario, world: RankingWorld, clock: Clock
+) -> tuple[RankingServer, WireClient]:
+    """A started strong-model replica on ``clock`` (no capacity yet) and a client of it."""
     server = RankingServer(
         ServerConfig(region=REGION, pool="opportunistic", replica="s1"),
         scenario,
@@ -415,7 +415,14 @@ async def test_the_strong_model_serves_only_once_loaded(
         clock=clock,
     )
     await server.start()
-    client = await _client(server)
+    return server, await _client(server)
+
+
+async def test_the_strong_model_serves_only_once_loaded(
+    scenario: Scenario, world: RankingWorld
+) -> None:
+    clock = Clock()
+    server, client = await _strong_server(scenario, world, clock)
     try:
         r = await client.call(_req(1, model="strong", value=5.0), 10.0)
         assert (r.ok, r.downgraded) == (False, True)  # no capacity at all
@@ -441,15 +448,7 @@ async def test_a_strong_replica_takes_a_burst_of_one_request_more_than_its_devic
     scenario: Scenario, world: RankingWorld
 ) -> None:
     clock = Clock()
-    server = RankingServer(
-        ServerConfig(region=REGION, pool="opportunistic", replica="s1"),
-        scenario,
-        None,
-        world=world,
-        clock=clock,
-    )
-    await server.start()
-    client = await _client(server)
+    server, client = await _strong_server(scenario, world, clock)
     try:
         one = server.book.admission.request_ms
         assert server.shedder.min_depth_ms == pytest.approx(2 * one)  # no device yet
