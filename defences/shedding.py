@@ -536,8 +536,9 @@ class ServerShedder:
     def set_min_depth(self, depth_ms: float) -> None:
         """Set the buckets' least depth (``ServerShedConfig.min_depth_ms``) from now on: a
         server whose largest burst follows its capacity (a strong replica's devices) sets it on
-        every capacity change. Tokens above a smaller depth are cut at the next decision; a
-        larger one fills at the level, never at once."""
+        every capacity change. Tokens above a smaller depth are cut the next time the buckets
+        refill (time moves on, or a batch is decided); a larger one fills at the level, never at
+        once."""
         if not (math.isfinite(depth_ms) and depth_ms >= 0.0):
             raise ValueError(f"depth_ms: must be a finite number ≥ 0 (got {depth_ms!r})")
         self._min_depth = depth_ms
