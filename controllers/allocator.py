@@ -319,7 +319,12 @@ class Allocator:
             ):
                 return 0.0
             u = lever.usable_share(resource, slot.devices)
-            return min(u, 1.0) if u > 0.0 and math.isfinite(u) else 0.0
+            if not (u > 0.0 and math.isfinite(u)):
+                return 0.0
+            # ``u`` is a share of the *announced* units, the slot's units are what is left of
+            # them after the safety margin: the margin is taken once, as a ceiling (a held
+            # unit turns into at most one used unit), not a second time on top of ``u``
+            return min(u / (1.0 - self.settings.safety_margin), 1.0)
 
         cpu_pools: list[tuple[int | None, float]] = [(None, 1.0)]
         acc_pools: list[tuple[int | None, float]] = [(None, 1.0)]

@@ -12,7 +12,10 @@ One loop per region, stepped once per control interval after the allocator has s
    where ``u*`` = :func:`headroom.defences.admission.admissible_utilization` of the budget's
    devices for the strong request's accelerator time and a mean-wait budget of
    ``wait_budget_share`` × the setpoint: the share of the devices the strong replicas can keep busy
-   without their queue eating the latency budget (about half of one device, two thirds of two).
+   without their queue eating the latency budget (about half of one device, two thirds of two),
+   never above the controller's ``ceiling`` (``1 − allocator.safety_margin`` from the control
+   plane: the margin is taken here, once — the budget arrives in the devices the strong replicas
+   hold, not in the allocator's units after the margin);
 
    clamped to [0, max_coverage]; per-request costs come from
    :class:`headroom.controllers.levers.CostModel` (``sbm_per_request``). No eligible traffic or no
@@ -27,8 +30,15 @@ One loop per region, stepped once per control interval after the allocator has s
    the next window's mix differs, and shedding downgrades some requests, so the observed share
    drifts from the intended one. An integrator closes that gap::
 
-       cal <- cal + calibration_ki · (intended_prev - observed)        (|cal| ≤ max_coverage)
-       command = clamp(intended + cal, 0, max_coverage)
+       cal <- cal + calibration_ki · (intended_prev - observed)    (−c_max ≤ cal ≤ c_max − intended)
+       command = clamp(intended + cal, 0, c_max)
+
+   ``c_max`` is ``max_coverage``, or less: the coverage the strong servers admit on the budget's
+   devices (their admission rule at the whole admissible utilisation, without the ceiling),
+   never below ``c_budget``. A command above it would only buy downgrades, and a
+   calibration that chased the client-side shedding those downgrades trigger (the clients'
+   multiplier routes fewer requests, the observed share falls) would wind the command up
+   further still: a cycle of overload and shedding that keeps the strong queue at its limit.
 
    The router turns ``command`` into segment probabilities. The integrator is frozen while the
    command sits at a limit in the direction of the gap (conditional integration, so it cannot
@@ -114,6 +124,7 @@ def strong_admissible(
 class CoverageController:
     __slots__ = (
         "calibration",
+        "ceiling",
         "costs",
         "integral",
         "last_command",
@@ -130,8 +141,12 @@ class CoverageController:
         setpoint_ms: float,
         costs: CostModel,
         slo_ms: float | None = None,
+        ceiling: float = 1.0,
     ) -> None:
         self.settings = settings
+        # the most of its devices' time the strong replicas may be planned busy, whatever the
+        # queue tolerates: ``1 − allocator.safety_margin`` (the margin taken once, here)
+        self.ceiling = min(max(ceiling, 0.0), 1.0)
         self.setpoint_ms = setpoint_ms
         # the strong replicas' own p99 target (module docstring, step 2)
         self.target_ms = settings.strong_p99_margin * slo_ms if slo_ms is not None else setpoint_ms
@@ -145,6 +160,20 @@ class CoverageController:
     def budget_coverage(
         self, eligible_rps: float, budget_cpu: float, budget_accelerator: float
     ) -> float:
+        """The coverage the budget pays for (module docstring, step 1)."""
+        return self._coverage_at(eligible_rps, budget_cpu, budget_accelerator, self.ceiling)
+
+    def admitted_coverage(
+        self, eligible_rps: float, budget_cpu: float, budget_accelerator: float
+    ) -> float:
+        """The most coverage the strong servers admit on the budget's devices: their admission
+        rule has no :attr:`ceiling` (module docstring, step 3: the command never routes more,
+        whatever the calibration asks; the excess would only be downgraded)."""
+        return self._coverage_at(eligible_rps, budget_cpu, budget_accelerator, 1.0)
+
+    def _coverage_at(
+        self, eligible_rps: float, budget_cpu: float, budget_accelerator: float, ceiling: float
+    ) -> float:
         if eligible_rps <= 0.0:
             return 0.0
         unit = self.costs.sbm_per_request
@@ -152,15 +181,20 @@ class CoverageController:
         # divide in this order so a vanishing rate overflows to inf instead of dividing by 0
         if unit.accelerator_s > 0.0:
             units = max(budget_accelerator, 0.0)
-            busy = self.admissible(units)
+            busy = min(
+                strong_admissible(self.settings, self.setpoint_ms, self.costs, units), ceiling
+            )
             c = min(c, units * busy / unit.accelerator_s / eligible_rps)
         if unit.cpu_s > 0.0:
             c = min(c, max(budget_cpu, 0.0) / unit.cpu_s / eligible_rps)
         return max(c, 0.0)
 
     def admissible(self, units: float) -> float:
-        """How busy ``units`` strong devices may run (module docstring, step 1)."""
-        return strong_admissible(self.settings, self.setpoint_ms, self.costs, units)
+        """How busy ``units`` strong devices may run (module docstring, step 1), never above
+        :attr:`ceiling`."""
+        return min(
+            strong_admissible(self.settings, self.setpoint_ms, self.costs, units), self.ceiling
+        )
 
     def track(self, coverage: float) -> None:
         """Bumpless hand-over: the coverage in force is ``coverage`` (e.g. 0 after clients fell
@@ -178,9 +212,13 @@ class CoverageController:
         dt_intervals: float,
     ) -> CoverageResult:
         s = self.settings
-        cmax = s.max_coverage
         dt = min(max(dt_intervals, 1e-6), 10.0)
         c_budget = self.budget_coverage(eligible_rps, budget_cpu, budget_accelerator)
+        # the command's ceiling: what the strong servers admit (routing more buys downgrades)
+        cmax = min(
+            s.max_coverage,
+            max(self.admitted_coverage(eligible_rps, budget_cpu, budget_accelerator), c_budget),
+        )
 
         # 2. latency PI on the strong replicas
         if p99_sbm_ms is not None and math.isfinite(p99_sbm_ms) and p99_sbm_ms >= 0.0:
@@ -207,7 +245,11 @@ class CoverageController:
             last_cmd = self.last_command if self.last_command is not None else 0.0
             frozen = (gap > 0.0 and last_cmd >= cmax) or (gap < 0.0 and last_cmd <= 0.0)
             if not frozen:
-                self.calibration = min(max(self.calibration + s.calibration_ki * gap, -cmax), cmax)
+                # never more than the command can use (anti-windup: an offset beyond ``c_max``
+                # would only delay the way back once the gap closes)
+                self.calibration = min(
+                    max(self.calibration + s.calibration_ki * gap, -cmax), cmax - intended
+                )
         command = min(max(intended + self.calibration, 0.0), cmax) if intended > 0.0 else 0.0
 
         if eligible_rps <= 0.0:
@@ -216,7 +258,7 @@ class CoverageController:
             limit = CoverageLimit.NO_BUDGET
         elif self.scale < 1.0:
             limit = CoverageLimit.LATENCY
-        elif c_budget >= cmax:
+        elif c_budget >= s.max_coverage:
             limit = CoverageLimit.MAX
         else:
             limit = CoverageLimit.BUDGET

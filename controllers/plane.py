@@ -221,7 +221,11 @@ class _Region:
             cfg.pid, cfg.setpoint_ms, cfg.base_candidates, cfg.max_candidates, cfg.costs
         )
         self.coverage = CoverageController(
-            cfg.coverage, cfg.setpoint_ms, cfg.costs, slo_ms=cfg.slo_p99_ms
+            cfg.coverage,
+            cfg.setpoint_ms,
+            cfg.costs,
+            slo_ms=cfg.slo_p99_ms,
+            ceiling=1.0 - cfg.allocator.safety_margin,
         )
         self.book = ValueBook()
         self.epoch = 0
@@ -396,8 +400,16 @@ class ControlPlane:
         rma = st.rma.step(obs.p99_ms.get("all"), now, dt, live_rps, rma_cpu, rma_acc)
 
         # 4. SBM coverage, 5. router
+        # the budget counts devices after the safety margin; the strong replicas hold the
+        # announced devices behind it (in both engines the margin is slack inside a quota):
+        # coverage is sized at the devices they hold, the margin being the coverage
+        # controller's ceiling on how busy they are planned (taken once, not twice)
         sbm_cpu, sbm_acc = alloc.budget(LEVER_SBM)
-        sbm_acc = strong_replica_units(sbm_acc, obs.capacity, cfg.costs.strong_hardware)
+        sbm_acc = strong_replica_units(
+            sbm_acc / (1.0 - cfg.allocator.safety_margin),
+            obs.capacity,
+            cfg.costs.strong_hardware,
+        )
         cov = st.coverage.step(
             obs.p99_ms.get("sbm"), obs.observed_coverage, eligible_rps, sbm_cpu, sbm_acc, dt
         )

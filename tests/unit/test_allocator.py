@@ -559,7 +559,7 @@ def test_an_unknown_sbm_holds_a_whole_device_so_it_can_be_measured() -> None:
 
 def test_sbm_is_charged_the_devices_it_holds_not_only_the_ones_it_keeps_busy() -> None:
     # a slice: half a device runs a strong replica at ~29 % (defences/admission.py), so
-    # SBM's work there pays for 3.5 held units per used one
+    # SBM's work there pays for about 3.5 announced units per used one
     book = book_with({"sbm": 0.5, "rma": 0.001})
     a = live_allocator(max_share=1.0).allocate(
         capacity(cpu=8.0, accelerator=0.5), 0.0, CTX, book, 10.0
@@ -567,9 +567,33 @@ def test_sbm_is_charged_the_devices_it_holds_not_only_the_ones_it_keeps_busy() -
     sbm = LIVE["sbm"]
     held = a.budget("sbm")[1]
     used = a.rates["sbm"] * sbm.unit_cost().accelerator_s
-    assert held == pytest.approx(0.45)  # the whole slice
-    assert used == pytest.approx(held * sbm.usable_share("accelerator", 0.5), rel=1e-6)
-    assert 0.2 < sbm.usable_share("accelerator", 0.5) < sbm.usable_share("accelerator", 2.0) < 1
+    assert held == pytest.approx(0.45)  # the whole slice, after the 10 % safety margin
+    # the replicas hold the announced half device and keep it busy at the admissible share of
+    # it: the margin is taken once (the budget's units are announced × 0.9), not again on top
+    u = sbm.usable_share("accelerator", 0.5)
+    assert used == pytest.approx(0.5 * u, rel=1e-6)
+    assert 0.2 < u < sbm.usable_share("accelerator", 2.0) < 1
+
+
+@pytest.mark.parametrize("margin", [0.0, 0.1, 0.3])
+def test_the_safety_margin_is_taken_once_for_sbm_as_a_ceiling_on_how_busy_it_runs(
+    margin: float,
+) -> None:
+    # the strong replicas admit work up to the admissible share of the devices they hold, and
+    # the margin bounds how busy a pool is planned: SBM's work on a pool of announced devices
+    # is min(admissible share, 1 − margin) of them — neither the product of the two (the
+    # margin taken twice) nor the admissible share beyond 1 − margin (the margin lost)
+    book = book_with({"sbm": 0.5, "rma": 0.001})
+    sbm = LIVE["sbm"]
+    for devices in (1.0, 2.0, 4.0):
+        a = live_allocator(max_share=1.0, safety_margin=margin).allocate(
+            capacity(cpu=64.0, accelerator=devices), 0.0, CTX, book, 10.0
+        )
+        used = a.rates["sbm"] * sbm.unit_cost().accelerator_s
+        busy = min(sbm.usable_share("accelerator", devices), 1.0 - margin)
+        held = a.budget("sbm")[1] / (1.0 - margin)  # announced devices behind the budget
+        assert held >= 0.9 * devices  # the unproven RMA explores on the rest
+        assert used == pytest.approx(held * busy, rel=1e-6), devices
 
 
 @pytest.mark.parametrize(("cpu", "acc"), [(8.0, 0.5), (1.0, 4.0)])

@@ -494,10 +494,52 @@ def test_coverage_is_sized_to_the_whole_device_a_small_sbm_share_gets() -> None:
         return plane.step(observation(60.0, capacity=cap)).sbm_coverage
 
     small = coverage(0.3, 2.0)
-    one = coverage(1.0, 2.0)
+    one = coverage(0.9, 2.0)  # one announced device: its units after the 10 % safety margin
     assert small == pytest.approx(one)  # a 0.3 share is served by the replica's whole device
     assert coverage(0.3, 0.5) < small  # a pool of half a device holds no more than that
     assert coverage(1.5, 2.0) > one  # above one device, the share decides again
+
+
+@pytest.mark.parametrize("margin", [0.0, 0.1, 0.25])
+def test_coverage_is_sized_at_the_devices_the_strong_replicas_hold_the_margin_taken_once(
+    margin: float,
+) -> None:
+    # the allocator's budget counts a pool's devices after the safety margin; the strong
+    # replicas hold the announced devices behind it and admit up to the admissible share of
+    # them. Coverage is sized to that share of the held devices, never above 1 − margin of them:
+    # not to the admissible share of the devices after the margin (the margin taken twice)
+    from dataclasses import replace
+
+    from headroom.controllers.allocator import Allocation
+    from headroom.controllers.coverage import strong_admissible
+    from headroom.controllers.types import LeverShare
+
+    cfg = replace(CFG, allocator=replace(CFG.allocator, safety_margin=margin))
+    announced = 4.0
+    budget = announced * (1.0 - margin)
+
+    class Fixed:  # an allocator that gives SBM the whole pool, after the margin
+        def allocate(self, *args: object, **kwargs: object) -> Allocation:
+            return Allocation(
+                shares=(LeverShare("sbm", 8.0, budget, "gpu-b"),),
+                rates={},
+                budgets={"sbm": (8.0, budget)},
+                estimates={},
+                fallback=None,
+                cap_bound=(),
+                explored=(),
+                safe_cpu=8.0,
+                safe_accelerator=budget,
+            )
+
+    plane = ControlPlane(cfg, np.random.default_rng(0))
+    plane.allocator = Fixed()  # type: ignore[assignment]
+    cap = capacity(cpu=10.0, accelerator=announced, expires_in_s=900.0)
+    got = plane.step(observation(60.0, capacity=cap, request_rps=600.0)).sbm_coverage
+    busy = min(strong_admissible(cfg.coverage, cfg.setpoint_ms, cfg.costs, announced), 1 - margin)
+    acc_s = cfg.costs.sbm_per_request.accelerator_s
+    assert got == pytest.approx(announced * busy / (600.0 * acc_s), rel=1e-9)
+    assert got * 600.0 * acc_s <= budget * (1 + 1e-9)  # within the budget all the same
 
 
 def test_rma_is_sized_by_the_requests_that_run_live() -> None:
