@@ -330,6 +330,14 @@ class WindowTraffic:
     targets: Mapping[str, Any]
 
 
+def base_sketch(window: Mapping[str, Any]) -> Any:
+    """The latency sketch of a ``window`` line's requests that ran with no optional work: its
+    ``sketch_base``, or its ``sketch`` where the writer left ``sketch_base`` out because the
+    two were the same (docs/events.md); None for a line without requests."""
+    base = window.get("sketch_base")
+    return window.get("sketch") if base is None else base
+
+
 def _sums(d: Sums) -> dict[str, Any]:
     return {
         "n": int(d["n"]),
@@ -408,7 +416,12 @@ def window_event(
             errors=int(tr.errors),
             timeouts=int(tr.timeouts),
             sketch=dict(tr.sketch),
-            sketch_base=dict(tr.sketch_base),
+        )
+        if dict(tr.sketch_base) != out["sketch"]:
+            # left out where every request of the window ran without optional work (static's
+            # windows, a night without capacity): readers take ``sketch`` then (base_sketch)
+            out["sketch_base"] = dict(tr.sketch_base)
+        out.update(
             value_total=float(tr.value_total),
             value_baseline=float(tr.value_baseline),
             inc={lever: float(tr.inc.get(lever, 0.0)) for lever in WINDOW_LEVERS},

@@ -68,7 +68,7 @@ from typing import Any
 import orjson
 
 from headroom.analysis.events import KNOWN_KINDS as _KNOWN
-from headroom.analysis.events import EventLog, LogStats
+from headroom.analysis.events import EventLog, LogStats, base_sketch
 from headroom.analysis.faults import FAULT_KINDS, FaultBook
 from headroom.controllers.types import segment_of
 from headroom.kernel.errors import ConfigError, HeadroomError
@@ -721,7 +721,7 @@ class MetricsAccumulator:
         sketch = e.get("sketch")
         if sketch is not None:
             state.latency_all.add(sketch)
-        base = e.get("sketch_base")
+        base = base_sketch(e)
         if base is not None:
             state.latency_base.add(base)
 

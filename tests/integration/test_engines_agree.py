@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from headroom.analysis.events import read_events
+from headroom.analysis.events import base_sketch, read_events
 from headroom.analysis.metrics import SketchSum
 from headroom.commands.up import run_up
 from headroom.kernel.scenario import Scenario
@@ -135,7 +135,7 @@ def window_table(
             w = out.setdefault(t, {})
             every, base = sketches.setdefault(t, (SketchSum(), SketchSum()))
             every.add(e.get("sketch"))
-            base.add(e.get("sketch_base"))
+            base.add(base_sketch(e))
             w["requests"] = w.get("requests", 0.0) + float(e.get("requests", 0))
             for lever, v in (e.get("inc") or {}).items():
                 w[f"inc_{lever}"] = w.get(f"inc_{lever}", 0.0) + float(v)

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from headroom.analysis.checks import consistency_checks
-from headroom.analysis.events import EventLog, read_events
+from headroom.analysis.events import EventLog, base_sketch, read_events
 from headroom.analysis.metrics import SketchSum, compute_metrics
 from headroom.analysis.plots import _carry_forward
 from headroom.analysis.report import write_report
@@ -182,7 +182,9 @@ def test_pooled_sketches_equal_merging_every_window_sketch() -> None:
     data = collect(log.events, metrics)
     for which, key in (("all", "sketch"), ("base", "sketch_base")):
         expected = LatencySketch.merged(
-            LatencySketch.from_dict(e[key]) for e in log.events if e["kind"] == "window"
+            LatencySketch.from_dict(e[key] if key == "sketch" else base_sketch(e))
+            for e in log.events
+            if e["kind"] == "window"
         )
         assert data.sketches[("headroom", which)].sketch() == expected
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from headroom.analysis.events import WindowTraffic, window_event
+from headroom.analysis.events import WindowTraffic, base_sketch, window_event
 from headroom.defences.plan import VALUE_BINS, PlanRule
 from headroom.kernel.errors import ConfigError
 from headroom.streams import messages
@@ -242,8 +242,8 @@ def _outcome(offset: int, end_t: float, **kw: object) -> Outcome:
 def _traffic(**kw: object) -> WindowTraffic:
     args: dict[str, object] = {
         "requests": 3, "errors": 0, "timeouts": 0,
-        "sketch": {"alpha": 0.01, "bins": {}, "zeros": 0},
-        "sketch_base": {"alpha": 0.01, "bins": {}, "zeros": 0},
+        "sketch": {"alpha": 0.01, "bins": {"372": 1}, "zeros": 2},
+        "sketch_base": {"alpha": 0.01, "bins": {}, "zeros": 2},
         "value_total": 3.0, "value_baseline": 2.5, "inc": {"rma": 0.5}, "value_lost": 0.0,
         "arms": {}, "strata": {}, "itt": {}, "eligible_treated": {"rma": 1},
         "segments": {"casual": {"requests": 3, "sbm": 0, "inc": 0.5}},
@@ -291,6 +291,18 @@ def test_the_window_builder_writes_every_field_alike_whoever_calls_it() -> None:
         "t_start": 10.0, "t_end": 20.0, "requests": 0, "errors": 0, "timeouts": 0,
         "used_unit_s": {"cpu": 1.0, "accelerator": 0.0}, "replica": "r0",
     }  # fmt: skip
+
+
+def test_a_window_whose_requests_all_ran_without_optional_work_leaves_its_base_sketch_out() -> None:
+    # the two sketches are the same: the line carries one, and a reader takes it for both
+    same = {"alpha": 0.01, "bins": {"372": 3}, "zeros": 0}
+    f = window_event(0, 10, _traffic(sketch=same, sketch_base=dict(same)))
+    assert "sketch_base" not in f
+    assert base_sketch(f) == f["sketch"] == same
+    # different ones are both written, and the base one is read
+    g = window_event(0, 10, _traffic())
+    assert base_sketch(g) == g["sketch_base"] != g["sketch"]
+    assert base_sketch({"t_start": 0.0}) is None  # a line without requests has neither
 
 
 def test_a_window_line_adds_up_requests_value_and_arms() -> None:
