@@ -466,30 +466,34 @@ def test_config_rejects_unknown_settings() -> None:
         ControlConfig.from_scenario(scenario(), interval_s=60.0, ttl_s=30.0)
 
 
-def test_coverage_is_sized_to_the_whole_device_a_small_sbm_share_gets() -> None:
+def plane_with_sbm_budget(cfg: ControlConfig, cpu: float, accelerator: float) -> ControlPlane:
+    """A control plane whose allocator always gives SBM ``cpu`` cores and ``accelerator``
+    devices (the allocator's units, after the safety margin) and nothing else."""
     from headroom.controllers.allocator import Allocation
     from headroom.controllers.types import LeverShare
 
-    def fixed(share_acc: float) -> Allocation:
-        return Allocation(
-            shares=(LeverShare("sbm", 1.0, share_acc, "gpu-b"),),
-            rates={},
-            budgets={"sbm": (1.0, share_acc)},
-            estimates={},
-            fallback=None,
-            cap_bound=(),
-            explored=(),
-            safe_cpu=7.2,
-            safe_accelerator=1.8,
-        )
+    class Fixed:
+        def allocate(self, *args: object, **kwargs: object) -> Allocation:
+            return Allocation(
+                shares=(LeverShare("sbm", cpu, accelerator, "gpu-b"),),
+                rates={},
+                budgets={"sbm": (cpu, accelerator)},
+                estimates={},
+                fallback=None,
+                cap_bound=(),
+                explored=(),
+                safe_cpu=cpu,
+                safe_accelerator=accelerator,
+            )
 
+    plane = ControlPlane(cfg, np.random.default_rng(0))
+    plane.allocator = Fixed()  # type: ignore[assignment]
+    return plane
+
+
+def test_coverage_is_sized_to_the_whole_device_a_small_sbm_share_gets() -> None:
     def coverage(share_acc: float, pool_units: float) -> float:
-        class Fixed:  # an allocator that always decides ``share_acc`` devices for SBM
-            def allocate(self, *args: object, **kwargs: object) -> Allocation:
-                return fixed(share_acc)
-
-        plane = ControlPlane(CFG, np.random.default_rng(0))
-        plane.allocator = Fixed()  # type: ignore[assignment]
+        plane = plane_with_sbm_budget(CFG, 1.0, share_acc)
         cap = capacity(cpu=8.0, accelerator=pool_units, expires_in_s=900.0)
         return plane.step(observation(60.0, capacity=cap)).sbm_coverage
 
@@ -510,30 +514,12 @@ def test_coverage_is_sized_at_the_devices_the_strong_replicas_hold_the_margin_ta
     # not to the admissible share of the devices after the margin (the margin taken twice)
     from dataclasses import replace
 
-    from headroom.controllers.allocator import Allocation
     from headroom.controllers.coverage import strong_admissible
-    from headroom.controllers.types import LeverShare
 
     cfg = replace(CFG, allocator=replace(CFG.allocator, safety_margin=margin))
     announced = 4.0
-    budget = announced * (1.0 - margin)
-
-    class Fixed:  # an allocator that gives SBM the whole pool, after the margin
-        def allocate(self, *args: object, **kwargs: object) -> Allocation:
-            return Allocation(
-                shares=(LeverShare("sbm", 8.0, budget, "gpu-b"),),
-                rates={},
-                budgets={"sbm": (8.0, budget)},
-                estimates={},
-                fallback=None,
-                cap_bound=(),
-                explored=(),
-                safe_cpu=8.0,
-                safe_accelerator=budget,
-            )
-
-    plane = ControlPlane(cfg, np.random.default_rng(0))
-    plane.allocator = Fixed()  # type: ignore[assignment]
+    budget = announced * (1.0 - margin)  # SBM gets the whole pool
+    plane = plane_with_sbm_budget(cfg, 8.0, budget)
     cap = capacity(cpu=10.0, accelerator=announced, expires_in_s=900.0)
     got = plane.step(observation(60.0, capacity=cap, request_rps=600.0)).sbm_coverage
     busy = min(strong_admissible(cfg.coverage, cfg.setpoint_ms, cfg.costs, announced), 1 - margin)
