@@ -417,10 +417,11 @@ def window_event(
             timeouts=int(tr.timeouts),
             sketch=dict(tr.sketch),
         )
-        if dict(tr.sketch_base) != out["sketch"]:
+        base = dict(tr.sketch_base)
+        if base != out["sketch"]:
             # left out where every request of the window ran without optional work (static's
             # windows, a night without capacity): readers take ``sketch`` then (base_sketch)
-            out["sketch_base"] = dict(tr.sketch_base)
+            out["sketch_base"] = base
         out.update(
             value_total=float(tr.value_total),
             value_baseline=float(tr.value_baseline),

@@ -181,20 +181,17 @@ class CoverageController:
         # divide in this order so a vanishing rate overflows to inf instead of dividing by 0
         if unit.accelerator_s > 0.0:
             units = max(budget_accelerator, 0.0)
-            busy = min(
-                strong_admissible(self.settings, self.setpoint_ms, self.costs, units), ceiling
-            )
+            busy = self.admissible(units, ceiling)
             c = min(c, units * busy / unit.accelerator_s / eligible_rps)
         if unit.cpu_s > 0.0:
             c = min(c, max(budget_cpu, 0.0) / unit.cpu_s / eligible_rps)
         return max(c, 0.0)
 
-    def admissible(self, units: float) -> float:
+    def admissible(self, units: float, ceiling: float | None = None) -> float:
         """How busy ``units`` strong devices may run (module docstring, step 1), never above
-        :attr:`ceiling`."""
-        return min(
-            strong_admissible(self.settings, self.setpoint_ms, self.costs, units), self.ceiling
-        )
+        ``ceiling`` (default :attr:`ceiling`)."""
+        top = self.ceiling if ceiling is None else ceiling
+        return min(strong_admissible(self.settings, self.setpoint_ms, self.costs, units), top)
 
     def track(self, coverage: float) -> None:
         """Bumpless hand-over: the coverage in force is ``coverage`` (e.g. 0 after clients fell
