@@ -338,6 +338,58 @@ def base_sketch(window: Mapping[str, Any]) -> Any:
     return window.get("sketch") if base is None else base
 
 
+# A sketch is written packed where its keys span at most this many times as many slots as it has
+# bins (a run of neighbouring keys, a window's latencies as a rule); a few far-apart keys stay
+# ``bins``, which is shorter then.
+PACK_SPAN_PER_BIN = 3
+
+
+def pack_sketch(d: Mapping[str, Any]) -> dict[str, Any]:
+    """A docs/messages.md sketch (``alpha``, ``bins``, ``zeros``) as a ``window`` line writes it
+    (docs/events.md, *Latency sketches in the log*): the counts of the keys from ``offset`` up,
+    one slot per key, ``{"alpha", "offset", "counts", "zeros"}``. Lossless, and a third smaller
+    once compressed than the same bins keyed by their text. A sketch whose keys are too far apart
+    (:data:`PACK_SPAN_PER_BIN`) or that is not in the contract's form is returned as given."""
+    bins = d.get("bins")
+    if not isinstance(bins, dict):
+        return dict(d)
+    try:
+        keys = [int(k) for k in bins]
+    except (TypeError, ValueError):
+        return dict(d)
+    if not keys:
+        return {"alpha": d.get("alpha"), "offset": 0, "counts": [], "zeros": d.get("zeros", 0)}
+    lo, hi = min(keys), max(keys)
+    if hi - lo + 1 > PACK_SPAN_PER_BIN * len(keys) or len(set(keys)) != len(keys):
+        return dict(d)
+    counts = [0] * (hi - lo + 1)
+    for key, count in zip(keys, bins.values(), strict=True):
+        counts[key - lo] = count
+    return {"alpha": d.get("alpha"), "offset": lo, "counts": counts, "zeros": d.get("zeros", 0)}
+
+
+def unpack_sketch(d: Any) -> Any:
+    """The docs/messages.md form of a sketch a ``window`` line holds: a packed sketch
+    (:func:`pack_sketch`) unpacked, any other value as given (so a log written before sketches
+    were packed reads the same). Raises ``ValidationError`` naming ``offset`` or ``counts[i]``
+    where a packed sketch is malformed."""
+    if not isinstance(d, Mapping) or "counts" not in d:
+        return d
+    from headroom.kernel.codec import ValidationError
+
+    offset, counts = d.get("offset"), d["counts"]
+    if type(offset) is not int:
+        raise ValidationError("offset", "must be an integer (the key of counts[0])")
+    if not isinstance(counts, list):
+        raise ValidationError("counts", "must be a list of counts")
+    for i, c in enumerate(counts):
+        if type(c) is not int or c < 0:
+            raise ValidationError(f"counts[{i}]", f"must be a non-negative integer, got {c!r}")
+    out = {k: v for k, v in d.items() if k not in ("offset", "counts")}
+    out["bins"] = {str(offset + i): c for i, c in enumerate(counts) if c}
+    return out
+
+
 def _sums(d: Sums) -> dict[str, Any]:
     return {
         "n": int(d["n"]),
@@ -415,9 +467,9 @@ def window_event(
             requests=int(tr.requests),
             errors=int(tr.errors),
             timeouts=int(tr.timeouts),
-            sketch=dict(tr.sketch),
+            sketch=pack_sketch(tr.sketch),
         )
-        base = dict(tr.sketch_base)
+        base = pack_sketch(tr.sketch_base)
         if base != out["sketch"]:
             # left out where every request of the window ran without optional work (static's
             # windows, a night without capacity): readers take ``sketch`` then (base_sketch)

@@ -68,7 +68,7 @@ from typing import Any
 import orjson
 
 from headroom.analysis.events import KNOWN_KINDS as _KNOWN
-from headroom.analysis.events import EventLog, LogStats, base_sketch
+from headroom.analysis.events import EventLog, LogStats, base_sketch, unpack_sketch
 from headroom.analysis.faults import FAULT_KINDS, FaultBook
 from headroom.controllers.types import segment_of
 from headroom.kernel.errors import ConfigError, HeadroomError
@@ -185,7 +185,7 @@ def _validated(d: Any) -> Any:
     """The sketch as a ``LatencySketch``, validated (raises ``ValidationError`` naming the part)."""
     from headroom.kernel.sketch import LatencySketch
 
-    return LatencySketch.from_dict(d)
+    return LatencySketch.from_dict(unpack_sketch(d))
 
 
 _BIN_VALUES: dict[tuple[float, int], float] = {}  # a pure cache of constants, bounded below
@@ -208,16 +208,19 @@ def sketch_quantile(d: Mapping[str, Any], q: float) -> float | None:
     """``LatencySketch.from_dict(d).quantile(q)`` without building the sketch — the same number.
 
     The hot path of the analyzer: a 24 h, 3-region, 7-policy log has ~180k windows of one source
-    each. Walks the bins from the top (for a tail quantile only the top few bins are visited) and
-    converts only the keys; anything malformed falls back to the validating path, which raises
-    ``ValidationError`` naming the field at fault. ``None`` for an empty sketch.
+    each. Walks the bins, or a packed sketch's counts (docs/events.md), from the top (for a tail
+    quantile only the top few bins are visited) and converts only the keys; anything malformed
+    falls back to the validating path, which raises ``ValidationError`` naming the field at
+    fault. ``None`` for an empty sketch.
     """
     try:
         alpha = d["alpha"]
-        bins = d["bins"]
         zeros = d.get("zeros", 0)
         if type(zeros) is not int or zeros < 0 or not 0.0 < alpha < 1.0:
             raise ValueError
+        if "counts" in d:
+            return _packed_quantile(d["offset"], d["counts"], zeros, float(alpha), q)
+        bins = d["bins"]
         positive = sum(bins.values())
         if type(positive) is not int or (bins and min(bins.values()) < 0):
             raise ValueError
@@ -243,6 +246,34 @@ def sketch_quantile(d: Mapping[str, Any], q: float) -> float | None:
     raise AssertionError("unreachable: counts and rank disagree")  # pragma: no cover
 
 
+def _packed_quantile(offset: int, counts: list[int], zeros: int, alpha: float, q: float) -> Any:
+    """:func:`sketch_quantile` of a packed sketch (docs/events.md): walks the counts from the top.
+    Raises ``ValueError`` (for the validating path) where the sketch is malformed."""
+    if (
+        type(offset) is not int
+        or type(counts) is not list
+        or (counts and (set(map(type, counts)) != _JUST_INT or min(counts) < 0))
+    ):
+        raise ValueError
+    positive = sum(counts)
+    n = positive + zeros
+    if n == 0:
+        return None
+    rank = math.floor(q * (n - 1)) - zeros
+    if rank < 0:
+        return 0.0
+    above = positive - 1 - rank  # positive samples above the wanted one
+    seen = 0
+    for i in range(len(counts) - 1, -1, -1):
+        seen += counts[i]
+        if seen > above:
+            return _bin_value(offset + i, alpha)
+    raise AssertionError("unreachable: counts and rank disagree")  # pragma: no cover
+
+
+_JUST_INT = {int}
+
+
 class SketchSum:
     """Adds many contract sketches (one alpha), exactly like ``LatencySketch.merge``: bin counts
     are added under their keys as the log spells them (integers only at the end), the cheapest
@@ -261,6 +292,9 @@ class SketchSum:
         if not isinstance(d, dict):
             return
         alpha = d.get("alpha")
+        if "counts" in d:
+            self._add_packed(d)
+            return
         bins = d.get("bins")
         if not isinstance(bins, dict) or not isinstance(alpha, float | int):
             return
@@ -282,6 +316,29 @@ class SketchSum:
         get = acc.get
         for k, c in bins.items():
             acc[k] = get(k, 0) + c
+
+    def _add_packed(self, d: dict[str, Any]) -> None:
+        """:meth:`add` of a packed sketch (docs/events.md): counts under their integer keys."""
+        alpha, offset, counts = d.get("alpha"), d.get("offset"), d.get("counts")
+        if not isinstance(alpha, float | int) or type(offset) is not int:
+            return
+        if type(counts) is not list:
+            return
+        if self.alpha is None:
+            self.alpha = float(alpha)
+        elif alpha != self.alpha:
+            self.mismatched += 1
+            return
+        zeros = d.get("zeros", 0)
+        if type(zeros) is not int or zeros < 0 or (counts and set(map(type, counts)) != _JUST_INT):
+            self.malformed += 1
+            return
+        self.zeros += zeros
+        acc = self._bins
+        get = acc.get
+        for key, c in enumerate(counts, offset):
+            if c:
+                acc[key] = get(key, 0) + c
 
     @property
     def bins(self) -> dict[int, int]:

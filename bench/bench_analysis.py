@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from headroom.analysis.events import EventLog, EventWriter
+from headroom.analysis.events import EventLog, EventWriter, pack_sketch
 from headroom.analysis.metrics import compute_metrics
 from headroom.analysis.testing import LogBuilder, arm
 from headroom.bench.runner import BenchContext, BenchResult
@@ -36,7 +36,11 @@ def write_log(path: Path, windows: int) -> int:
     """A diurnal-shaped event log of about ``windows`` window lines; returns how many."""
     rng = np.random.default_rng(_SEED)
     log = LogBuilder(regions=REGIONS, segments=SEGMENTS, duration_s=86400.0)
-    pool = [LatencySketch.from_values(rng.lognormal(4.0, 0.35, 3000)).to_dict() for _ in range(32)]
+    # the sketches as a window line writes them (packed, docs/events.md)
+    pool = [
+        pack_sketch(LatencySketch.from_values(rng.lognormal(4.0, 0.35, 3000)).to_dict())
+        for _ in range(32)
+    ]
     arms = {
         s: {
             "control": arm(list(rng.normal(1.0, 0.5, 60))),

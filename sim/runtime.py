@@ -21,8 +21,9 @@ sooner; the estimate is meant to be right within a factor of about two, enough t
 ten-minute run.
 
 **Log size** = window lines (SLO windows × regions × policies) × :data:`BYTES_PER_WINDOW_LINE`
-(plain JSON, measured on the same diurnal-3region run: 487.3 MB for 181,440 window lines, 90 % of
-it window lines), divided by :data:`GZIP_RATIO` when compressed.
+(plain JSON with packed sketches, measured on the first three hours of diurnal-3region with its
+nine policies and scaled to the day: 419 MB for 233,280 window lines, about 90 % of it window
+lines), divided by :data:`GZIP_RATIO` when compressed.
 """
 
 from __future__ import annotations
@@ -54,8 +55,10 @@ DEFAULT_COST = max(COST_S_PER_REGION_S.values())  # a policy not measured: the s
 # metrics from the log, per window line: `analyze` read the day's 181,440 lines in 10 s
 ANALYSIS_S_PER_LINE = 0.6e-4
 START_S = 20.0  # the value curves (cached after the first run of a world), context, oracle bound
-BYTES_PER_WINDOW_LINE = 2_700  # plain JSON: 2,430 B a window line, the other kinds add 10 %
-GZIP_RATIO = 6.3  # zlib level 6 on the day's log: 487.3 MB -> 77.3 MB
+# plain JSON with packed sketches: 1,800 B a line over the first 3 h of diurnal-3region's nine
+# policies, the other kinds included (419 MB for the day's 233,280 window lines)
+BYTES_PER_WINDOW_LINE = 1_800
+GZIP_RATIO = 5.8  # zlib level 6 on that log: 419 MB -> 71.9 MB
 # a plain log larger than this is written gzip-compressed: every run of a simulated day is, a
 # one-hour run of every policy (quickstart: 7 MB) stays plain text
 COMPRESS_ABOVE_BYTES = 32 * 1024 * 1024

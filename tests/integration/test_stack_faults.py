@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from headroom.analysis.events import base_sketch, read_events
+from headroom.analysis.events import base_sketch, read_events, unpack_sketch
 from headroom.analysis.metrics import SketchSum
 from headroom.commands.up import UpResult, run_up
 from headroom.controllers.config import ControlConfig
@@ -253,7 +253,10 @@ def _optional(w: dict[str, Any]) -> int:
     """Requests of a window line served with optional work (all minus baseline-only)."""
 
     def count(sketch: Any) -> int:
-        return int(sum(sketch["bins"].values()) + sketch.get("zeros", 0)) if sketch else 0
+        if not sketch:
+            return 0
+        bins = unpack_sketch(sketch)["bins"]
+        return int(sum(bins.values()) + sketch.get("zeros", 0))
 
     return count(w.get("sketch")) - count(base_sketch(w))
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from headroom.analysis.events import read_events
+from headroom.analysis.events import read_events, unpack_sketch
 from headroom.analysis.metrics import MetricsAccumulator, compute_metrics
 from headroom.commands.up import UpResult, run_up
 from headroom.kernel.scenario import Scenario
@@ -368,7 +368,7 @@ def window_p99s(events: list[dict[str, Any]]) -> list[float]:
     merged: dict[tuple[str, float], LatencySketch] = {}
     for e in events:
         if e["kind"] == "window" and e.get("sketch"):
-            sk = LatencySketch.from_dict(e["sketch"])
+            sk = LatencySketch.from_dict(unpack_sketch(e["sketch"]))
             key = (e["region"], e["t_start"])
             if key in merged:
                 merged[key].merge(sk)

@@ -12,7 +12,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from headroom.analysis.events import WindowTraffic, base_sketch, window_event
+from headroom.analysis.events import (
+    WindowTraffic,
+    base_sketch,
+    pack_sketch,
+    unpack_sketch,
+    window_event,
+)
 from headroom.defences.plan import VALUE_BINS, PlanRule
 from headroom.kernel.errors import ConfigError
 from headroom.streams import messages
@@ -298,11 +304,46 @@ def test_a_window_whose_requests_all_ran_without_optional_work_leaves_its_base_s
     same = {"alpha": 0.01, "bins": {"372": 3}, "zeros": 0}
     f = window_event(0, 10, _traffic(sketch=same, sketch_base=dict(same)))
     assert "sketch_base" not in f
-    assert base_sketch(f) == f["sketch"] == same
+    packed = {"alpha": 0.01, "offset": 372, "counts": [3], "zeros": 0}
+    assert base_sketch(f) == f["sketch"] == packed
+    assert unpack_sketch(base_sketch(f)) == same
     # different ones are both written, and the base one is read
     g = window_event(0, 10, _traffic())
     assert base_sketch(g) == g["sketch_base"] != g["sketch"]
     assert base_sketch({"t_start": 0.0}) is None  # a line without requests has neither
+
+
+def test_a_window_line_packs_its_sketches_losslessly() -> None:
+    """A window line writes a sketch as counts from an offset (docs/events.md): the same bins,
+    read back by every reader; sparse keys stay keyed, and a malformed packed sketch is named."""
+    from headroom.analysis.metrics import SketchSum, sketch_quantile
+    from headroom.kernel.codec import ValidationError
+
+    d = {"alpha": 0.01, "bins": {"370": 2, "372": 5, "373": 1, "375": 1}, "zeros": 1}
+    packed = pack_sketch(d)
+    assert packed == {"alpha": 0.01, "offset": 370, "counts": [2, 0, 5, 1, 0, 1], "zeros": 1}
+    assert unpack_sketch(packed) == d
+    for q in (0.0, 0.1, 0.5, 0.9, 0.99, 1.0):
+        assert sketch_quantile(packed, q) == sketch_quantile(d, q)
+    both, keyed = SketchSum(), SketchSum()
+    both.add(packed), both.add(d), keyed.add(d), keyed.add(d)
+    assert both.as_dict() == keyed.as_dict()
+    # empty, and keys too far apart to be worth slots: kept as bins
+    empty = {"alpha": 0.01, "bins": {}, "zeros": 4}
+    assert unpack_sketch(pack_sketch(empty)) == empty
+    sparse = {"alpha": 0.01, "bins": {"100": 1, "900": 1}, "zeros": 0}
+    assert pack_sketch(sparse) == sparse
+    # a sketch of the messages' form reads as before
+    assert unpack_sketch(sparse) is sparse
+    with pytest.raises(ValidationError, match=r"^counts\[1\]: must be a non-negative integer"):
+        unpack_sketch({**packed, "counts": [1, -2]})
+    with pytest.raises(ValidationError, match=r"^offset: "):
+        unpack_sketch({**packed, "offset": "370"})
+    with pytest.raises(ValidationError, match=r"^counts\[0\]"):
+        sketch_quantile({**packed, "counts": [1.5]}, 0.99)
+    bad = SketchSum()
+    bad.add({**packed, "counts": [1.5]})
+    assert (bad.malformed, bad.count) == (1, 0)
 
 
 def test_a_window_line_adds_up_requests_value_and_arms() -> None:
@@ -340,9 +381,9 @@ def test_a_window_line_adds_up_requests_value_and_arms() -> None:
     assert f["eligible_treated"] == {"rma": 1, "sbm": 1}
     assert f["segments"]["casual"] == {"requests": 5, "sbm": 1, "inc": pytest.approx(0.2)}
     assert f["offsets"] == {"0": [0, 5]}
-    assert messages.LatencySketch.from_dict(f["sketch"]).count == 5
+    assert messages.LatencySketch.from_dict(unpack_sketch(f["sketch"])).count == 5
     # the with/without-optional-work sketch holds the requests that got no lever
-    assert messages.LatencySketch.from_dict(f["sketch_base"]).count == 3
+    assert messages.LatencySketch.from_dict(unpack_sketch(f["sketch_base"])).count == 3
     assert book.open_windows == [1]
 
 
