@@ -16,6 +16,9 @@ difference of their incremental value, window by window, two ways:
     (the levers are not proven yet);
   - ``after capacity change``: from a ``preempt`` or ``grant`` event of the region (or any region
     for a ``control_outage``) to ``load_s`` of the strong model plus two control intervals later;
+  - ``learning``: the targets in force (the policy's last ``target.issued`` of the region before
+    the window) name a live lever in ``explored``: the allocator had not proven it, so it held
+    only its exploration share (docs/controllers.md, *Guardrails*);
   - ``steady``: every other window.
 
 It also prints the gap between the feasible bound and the oracle policy (what the engine's real
@@ -28,8 +31,10 @@ from __future__ import annotations
 import argparse
 import gzip
 import tempfile
+from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +44,8 @@ from headroom.kernel.scenario import Scenario
 from headroom.kernel.scenario_load import load_scenario
 
 LEVERS = ("rma", "sbm", "precompute", "lost")
-PHASES = ("start-up", "after capacity change", "outage", "steady")
+PHASES = ("start-up", "after capacity change", "outage", "learning", "steady")
+LIVE = ("rma", "sbm")
 
 
 def _lines(path: Path) -> Iterator[dict[str, Any]]:
@@ -65,57 +71,89 @@ def _spans(scenario: Scenario, region: str) -> dict[str, list[tuple[float, float
     return out
 
 
-def decompose(
-    scenario: Scenario, events: Path, policy: str, n0: int
-) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
-    """(gap per phase and lever, totals): oracle − ``policy``, from the event log."""
-    wins: dict[tuple[str, str, float], dict[str, Any]] = {}
-    first_target: dict[str, float] = {}
-    bounds: dict[str, float] = {}
+@dataclass
+class _Log:
+    """What the decomposition reads from an event log."""
+
+    # (policy, region, window start) -> incremental value by lever, with ``lost``
+    wins: dict[tuple[str, str, float], dict[str, float]] = field(default_factory=dict)
+    # per region, the start of the policy's first window with targets other than the baseline
+    first_target: dict[str, float] = field(default_factory=dict)
+    # per region, (scenario time issued, a live lever unproven) of the policy's targets
+    issued: dict[str, list[tuple[float, bool]]] = field(default_factory=lambda: defaultdict(list))
+    bounds: dict[str, float] = field(default_factory=dict)
+
+
+def _read(events: Path, policy: str, n0: int) -> _Log:
+    log = _Log()
+    t_zero: float | None = None
     for e in _lines(events):
         kind = e.get("kind")
         pol = e.get("policy")
         if kind == "oracle.bound" and pol == "oracle":
             for k in ("feasible_bound", "oracle_incremental"):
                 if isinstance(e.get(k), int | float):
-                    bounds[k] = float(e[k])
-        if kind != "window" or pol not in (policy, "oracle"):
-            continue
-        region = str(e["region"])
-        t0 = float(e["t_start"])
-        inc = dict(e.get("inc") or {})
-        inc["lost"] = float(e.get("value_lost") or 0.0)
-        wins[(pol, region, t0)] = inc
-        tg = e.get("targets") or {}
-        changed = tg.get("rma_candidates", n0) != n0 or (tg.get("sbm_coverage") or 0.0) > 0
-        if pol == policy and region not in first_target and changed:
-            first_target[region] = t0
+                    log.bounds[k] = float(e[k])
+        elif kind == "run.started" and isinstance(e.get("t0"), int | float):
+            t_zero = float(e["t0"])
+        elif kind == "target.issued" and pol == policy and t_zero is not None:
+            unproven = any(lv in LIVE for lv in e.get("explored") or ())
+            log.issued[str(e.get("region"))].append((float(e["ts"]) - t_zero, unproven))
+        elif kind == "window" and pol in (policy, "oracle"):
+            region = str(e["region"])
+            t0 = float(e["t_start"])
+            inc = {k: float(v or 0.0) for k, v in (e.get("inc") or {}).items()}
+            inc["lost"] = float(e.get("value_lost") or 0.0)
+            log.wins[(pol, region, t0)] = inc
+            tg = e.get("targets") or {}
+            changed = tg.get("rma_candidates", n0) != n0 or (tg.get("sbm_coverage") or 0.0) > 0
+            if pol == policy and region not in log.first_target and changed:
+                log.first_target[region] = t0
+    for decisions in log.issued.values():
+        decisions.sort()
+    return log
+
+
+def _phase(spans: dict[str, list[tuple[float, float]]], log: _Log, region: str, t0: float) -> str:
+    if any(a <= t0 < b for a, b in spans["outage"]):
+        return "outage"
+    if t0 < log.first_target.get(region, float("inf")):
+        return "start-up"
+    if any(a <= t0 < b for a, b in spans["after capacity change"]):
+        return "after capacity change"
+    if _in_force(log.issued.get(region, []), t0):
+        return "learning"
+    return "steady"
+
+
+def decompose(
+    scenario: Scenario, events: Path, policy: str, n0: int
+) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    """(gap per phase and lever, totals): oracle − ``policy``, from the event log."""
+    log = _read(events, policy, n0)
     gap: dict[str, dict[str, float]] = {p: dict.fromkeys(LEVERS, 0.0) for p in PHASES}
     totals: dict[str, float] = defaultdict(float)
     span_cache: dict[str, dict[str, list[tuple[float, float]]]] = {}
-    for (pol, region, t0), inc in wins.items():
-        if pol != policy:
-            continue
-        other = wins.get(("oracle", region, t0))
-        if other is None:
+    for (pol, region, t0), inc in log.wins.items():
+        other = log.wins.get(("oracle", region, t0))
+        if pol != policy or other is None:
             continue
         spans = span_cache.setdefault(region, _spans(scenario, region))
-        if any(a <= t0 < b for a, b in spans["outage"]):
-            phase = "outage"
-        elif t0 < first_target.get(region, float("inf")):
-            phase = "start-up"
-        elif any(a <= t0 < b for a, b in spans["after capacity change"]):
-            phase = "after capacity change"
-        else:
-            phase = "steady"
+        phase = _phase(spans, log, region, t0)
         for lever in LEVERS:
-            d = float(other.get(lever) or 0.0) - float(inc.get(lever) or 0.0)
+            d = other.get(lever, 0.0) - inc.get(lever, 0.0)
             gap[phase][lever] += d
             totals[lever] += d
-        totals["policy"] += sum(float(inc.get(k) or 0.0) for k in LEVERS)
-        totals["oracle"] += sum(float(other.get(k) or 0.0) for k in LEVERS)
-    totals.update(bounds)
+        totals["policy"] += sum(inc.get(k, 0.0) for k in LEVERS)
+        totals["oracle"] += sum(other.get(k, 0.0) for k in LEVERS)
+    totals.update(log.bounds)
     return gap, dict(totals)
+
+
+def _in_force(issued: list[tuple[float, bool]], t0: float) -> bool:
+    """Whether the last targets issued at or before ``t0`` left a live lever unproven."""
+    i = bisect_right(issued, (t0, True))
+    return i > 0 and issued[i - 1][1]
 
 
 def report(label: str, gap: dict[str, dict[str, float]], totals: dict[str, float]) -> str:
