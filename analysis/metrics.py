@@ -275,8 +275,9 @@ _JUST_INT = {int}
 
 
 class SketchSum:
-    """Adds many contract sketches (one alpha), exactly like ``LatencySketch.merge``: bin counts
-    are added under their keys as the log spells them (integers only at the end), the cheapest
+    """Adds many contract sketches (one alpha), exactly like ``LatencySketch.merge``, a window
+    line's packed ones too (docs/events.md): bin counts are added under their keys as the log
+    spells them (a packed sketch's as integers; integers only at the end), the cheapest
     merge in Python. Used for the run-wide latency of a policy here and for the report's CDFs.
     A sketch of another alpha, or with a count or ``zeros`` that is not an integer, is left out
     (counted in ``mismatched`` / ``malformed``)."""
@@ -291,10 +292,10 @@ class SketchSum:
     def add(self, d: Any) -> None:
         if not isinstance(d, dict):
             return
-        alpha = d.get("alpha")
         if "counts" in d:
             self._add_packed(d)
             return
+        alpha = d.get("alpha")
         bins = d.get("bins")
         if not isinstance(bins, dict) or not isinstance(alpha, float | int):
             return
@@ -320,9 +321,7 @@ class SketchSum:
     def _add_packed(self, d: dict[str, Any]) -> None:
         """:meth:`add` of a packed sketch (docs/events.md): counts under their integer keys."""
         alpha, offset, counts = d.get("alpha"), d.get("offset"), d.get("counts")
-        if not isinstance(alpha, float | int) or type(offset) is not int:
-            return
-        if type(counts) is not list:
+        if not isinstance(alpha, float | int):
             return
         if self.alpha is None:
             self.alpha = float(alpha)
@@ -330,7 +329,13 @@ class SketchSum:
             self.mismatched += 1
             return
         zeros = d.get("zeros", 0)
-        if type(zeros) is not int or zeros < 0 or (counts and set(map(type, counts)) != _JUST_INT):
+        if (
+            type(offset) is not int
+            or type(counts) is not list
+            or type(zeros) is not int
+            or zeros < 0
+            or (counts and set(map(type, counts)) != _JUST_INT)
+        ):
             self.malformed += 1
             return
         self.zeros += zeros

@@ -343,7 +343,8 @@ def test_a_window_line_packs_its_sketches_losslessly() -> None:
         sketch_quantile({**packed, "counts": [1.5]}, 0.99)
     bad = SketchSum()
     bad.add({**packed, "counts": [1.5]})
-    assert (bad.malformed, bad.count) == (1, 0)
+    bad.add({**packed, "offset": None})
+    assert (bad.malformed, bad.count) == (2, 0)
 
 
 def test_a_window_line_adds_up_requests_value_and_arms() -> None:
