@@ -60,7 +60,7 @@ import bisect
 import math
 from array import array
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -218,16 +218,36 @@ def sketch_quantile(d: Mapping[str, Any], q: float) -> float | None:
         zeros = d.get("zeros", 0)
         if type(zeros) is not int or zeros < 0 or not 0.0 < alpha < 1.0:
             raise ValueError
+        top_down: Iterator[tuple[int, Any]]
         if "counts" in d:
-            return _packed_quantile(d["offset"], d["counts"], zeros, float(alpha), q)
-        bins = d["bins"]
-        positive = sum(bins.values())
-        if type(positive) is not int or (bins and min(bins.values()) < 0):
-            raise ValueError
-        keys = sorted(map(int, bins), reverse=True)
-    except (AttributeError, KeyError, TypeError, ValueError):
+            offset, counts = d["offset"], d["counts"]
+            if (
+                type(offset) is not int
+                or type(counts) is not list
+                or (counts and (set(map(type, counts)) != _JUST_INT or min(counts) < 0))
+            ):
+                raise ValueError
+            positive = sum(counts)
+            top_down = ((offset + i, counts[i]) for i in range(len(counts) - 1, -1, -1))
+        else:
+            bins = d["bins"]
+            positive = sum(bins.values())
+            if type(positive) is not int or (bins and min(bins.values()) < 0):
+                raise ValueError
+            # a non-canonical key such as "0372" gives no count: the validating path says so
+            top_down = ((key, bins.get(str(key))) for key in sorted(map(int, bins), reverse=True))
+        return _walk_down(top_down, positive, zeros, float(alpha), q)
+    except (AttributeError, LookupError, TypeError, ValueError):
         # raises with the reason, or accepts an unusual but valid form
         return _validated(d).quantile(q)  # type: ignore[no-any-return]
+
+
+def _walk_down(
+    top_down: Iterator[tuple[int, Any]], positive: int, zeros: int, alpha: float, q: float
+) -> float | None:
+    """The q-quantile of a sketch of ``positive`` samples in bins and ``zeros`` at 0, walking
+    its ``(key, count)`` pairs from the top key down (for a tail quantile only the top few are
+    visited). Raises ``LookupError`` at a count that is None."""
     n = positive + zeros
     if n == 0:
         return None
@@ -236,42 +256,33 @@ def sketch_quantile(d: Mapping[str, Any], q: float) -> float | None:
         return 0.0
     above = positive - 1 - rank  # positive samples above the wanted one
     seen = 0
-    for key in keys:
-        c = bins.get(str(key))
-        if c is None:  # a non-canonical key such as "0372": let the validating path say so
-            return _validated(d).quantile(q)  # type: ignore[no-any-return]
+    for key, c in top_down:
+        if c is None:
+            raise LookupError(key)
         seen += c
         if seen > above:
-            return _bin_value(key, float(alpha))
-    raise AssertionError("unreachable: counts and rank disagree")  # pragma: no cover
-
-
-def _packed_quantile(offset: int, counts: list[int], zeros: int, alpha: float, q: float) -> Any:
-    """:func:`sketch_quantile` of a packed sketch (docs/events.md): walks the counts from the top.
-    Raises ``ValueError`` (for the validating path) where the sketch is malformed."""
-    if (
-        type(offset) is not int
-        or type(counts) is not list
-        or (counts and (set(map(type, counts)) != _JUST_INT or min(counts) < 0))
-    ):
-        raise ValueError
-    positive = sum(counts)
-    n = positive + zeros
-    if n == 0:
-        return None
-    rank = math.floor(q * (n - 1)) - zeros
-    if rank < 0:
-        return 0.0
-    above = positive - 1 - rank  # positive samples above the wanted one
-    seen = 0
-    for i in range(len(counts) - 1, -1, -1):
-        seen += counts[i]
-        if seen > above:
-            return _bin_value(offset + i, alpha)
+            return _bin_value(key, alpha)
     raise AssertionError("unreachable: counts and rank disagree")  # pragma: no cover
 
 
 _JUST_INT = {int}
+
+
+def _counts_ok(d: dict[Any, Any], packed: bool) -> bool:
+    """Whether a sketch's counts are integers (a keyed sketch's ``bins``, or a packed one with an
+    integer ``offset`` and a list of ``counts``). A negative count passes: it is dropped at the
+    end with the bins it cancels."""
+    if packed:
+        counts = d.get("counts")
+        return (
+            type(d.get("offset")) is int
+            and type(counts) is list
+            and (not counts or set(map(type, counts)) == _JUST_INT)
+        )
+    try:
+        return type(sum(d.values())) is int
+    except TypeError:
+        return False
 
 
 class SketchSum:
@@ -292,12 +303,10 @@ class SketchSum:
     def add(self, d: Any) -> None:
         if not isinstance(d, dict):
             return
-        if "counts" in d:
-            self._add_packed(d)
-            return
         alpha = d.get("alpha")
-        bins = d.get("bins")
-        if not isinstance(bins, dict) or not isinstance(alpha, float | int):
+        packed = "counts" in d  # a window line's packed form (docs/events.md)
+        holder: Any = d if packed else d.get("bins")  # the mapping that holds the counts
+        if not isinstance(alpha, float | int) or not isinstance(holder, dict):
             return
         if self.alpha is None:
             self.alpha = float(alpha)
@@ -305,45 +314,19 @@ class SketchSum:
             self.mismatched += 1
             return
         zeros = d.get("zeros", 0)
-        try:  # (a negative count is dropped at the end, with the bins it cancels)
-            ok = type(zeros) is int and zeros >= 0 and type(sum(bins.values())) is int
-        except TypeError:
-            ok = False
-        if not ok:
+        if type(zeros) is not int or zeros < 0 or not _counts_ok(holder, packed):
             self.malformed += 1
             return
         self.zeros += zeros
         acc = self._bins
         get = acc.get
-        for k, c in bins.items():
+        if packed:  # under their integer keys
+            for key, c in enumerate(d["counts"], d["offset"]):
+                if c:
+                    acc[key] = get(key, 0) + c
+            return
+        for k, c in holder.items():
             acc[k] = get(k, 0) + c
-
-    def _add_packed(self, d: dict[str, Any]) -> None:
-        """:meth:`add` of a packed sketch (docs/events.md): counts under their integer keys."""
-        alpha, offset, counts = d.get("alpha"), d.get("offset"), d.get("counts")
-        if not isinstance(alpha, float | int):
-            return
-        if self.alpha is None:
-            self.alpha = float(alpha)
-        elif alpha != self.alpha:
-            self.mismatched += 1
-            return
-        zeros = d.get("zeros", 0)
-        if (
-            type(offset) is not int
-            or type(counts) is not list
-            or type(zeros) is not int
-            or zeros < 0
-            or (counts and set(map(type, counts)) != _JUST_INT)
-        ):
-            self.malformed += 1
-            return
-        self.zeros += zeros
-        acc = self._bins
-        get = acc.get
-        for key, c in enumerate(counts, offset):
-            if c:
-                acc[key] = get(key, 0) + c
 
     @property
     def bins(self) -> dict[int, int]:

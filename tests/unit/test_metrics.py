@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from headroom.analysis.events import EventLog, EventWriter, read_events
+from headroom.analysis.events import EventLog, EventWriter, pack_sketch, read_events
 from headroom.analysis.metrics import (
     Z_95,
     AnalysisError,
@@ -153,6 +153,8 @@ def test_a_malformed_sketch_is_counted_and_its_window_not_judged() -> None:
 def test_fast_window_quantile_equals_the_sketch_quantile(samples: list[float], q: float) -> None:
     d = LatencySketch.from_values(samples).to_dict()
     assert sketch_quantile(d, q) == LatencySketch.from_dict(d).quantile(q)
+    # a window line's packed form (or its keyed form, where the keys lie far apart) alike
+    assert sketch_quantile(pack_sketch(d), q) == sketch_quantile(d, q)
 
 
 def test_fast_window_quantile_handles_unsorted_and_non_canonical_bins() -> None:
