@@ -127,6 +127,16 @@ class Pool:
     lifetime_s: float  # remaining expected lifetime (inf when unknown)
 
 
+def held_units(budget: float, safety_margin: float) -> float:
+    """The units a lever's replicas hold for a ``budget`` the allocator counted after the
+    ``safety_margin``: ``budget ÷ (1 − safety_margin)``, i.e. the announced units behind it. The
+    margin is slack inside the quota (the replicas run it at most ``1 − margin`` busy), taken
+    once: the LP values a held unit at most one used unit, the control plane sizes SBM's coverage
+    at the devices the strong replicas hold, and the simulator's replicas hold these units.
+    ``safety_margin`` is below 1 (the configuration's rule)."""
+    return budget / (1.0 - safety_margin)
+
+
 def pools_from_capacity(
     capacity: Iterable[CapacityLevel], now: float, safety_margin: float
 ) -> list[Pool]:
@@ -324,7 +334,7 @@ class Allocator:
             # ``u`` is a share of the *announced* units, the slot's units are what is left of
             # them after the safety margin: the margin is taken once, as a ceiling (a held
             # unit turns into at most one used unit), not a second time on top of ``u``
-            return min(u / (1.0 - self.settings.safety_margin), 1.0)
+            return min(held_units(u, self.settings.safety_margin), 1.0)
 
         cpu_pools: list[tuple[int | None, float]] = [(None, 1.0)]
         acc_pools: list[tuple[int | None, float]] = [(None, 1.0)]

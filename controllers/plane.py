@@ -43,7 +43,13 @@ from typing import Any
 
 import numpy as np
 
-from headroom.controllers.allocator import Allocation, Allocator, RmaCurve, fill_levels
+from headroom.controllers.allocator import (
+    Allocation,
+    Allocator,
+    RmaCurve,
+    fill_levels,
+    held_units,
+)
 from headroom.controllers.config import ControlConfig
 from headroom.controllers.coverage import CoverageController, CoverageResult
 from headroom.controllers.levers import LeverContext, LeverRegistry, ValueBook, bin_means
@@ -406,7 +412,7 @@ class ControlPlane:
         # controller's ceiling on how busy they are planned (taken once, not twice)
         sbm_cpu, sbm_acc = alloc.budget(LEVER_SBM)
         sbm_acc = strong_replica_units(
-            sbm_acc / (1.0 - cfg.allocator.safety_margin),
+            held_units(sbm_acc, cfg.allocator.safety_margin),
             obs.capacity,
             cfg.costs.strong_hardware,
         )

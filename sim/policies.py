@@ -73,7 +73,7 @@ from typing import Any
 
 import numpy as np
 
-from headroom.controllers.allocator import RmaCurve
+from headroom.controllers.allocator import RmaCurve, held_units
 from headroom.controllers.config import ControlConfig
 from headroom.controllers.plane import ControlPlane
 from headroom.controllers.precompute import live_alternative
@@ -270,13 +270,13 @@ def _assignment_from(
     """Per-pool units per lever from the allocator's shares (CPU spread over CPU pools by level).
 
     The allocator budgets ``(1 − safety_margin)`` of each announced pool; the replicas hold the
-    lever's whole share of the pool, so the margin is slack *inside* each lever's quota (the
-    plan runs its quota at most ``1 − margin`` busy) rather than capacity nobody holds. What no
-    lever's share covers (a lever's demand is capped: RMA one rate-limit step above the
-    candidates in force) is slack too, for the levers already on the pool: idle opportunistic
-    units serve nothing, while on a lever's replicas they keep its queues short.
+    lever's whole share of the pool (``held_units``), so the margin is slack *inside* each
+    lever's quota (the plan runs its quota at most ``1 − margin`` busy) rather than capacity
+    nobody holds. What no lever's share covers (a lever's demand is capped: RMA one rate-limit
+    step above the candidates in force) is slack too, for the levers already on the pool: idle
+    opportunistic units serve nothing, while on a lever's replicas they keep its queues short.
     """
-    scale = 1.0 / (1.0 - margin) if margin < 1.0 else 1.0
+    scale = held_units(1.0, margin)
     st = run.static
     out: dict[int, list[float]] = {i: [0.0, 0.0] for i in range(len(st.pools))}
     cpu_pools = [i for i, k in enumerate(st.pools) if k.resource == "cpu" and not k.remote]
