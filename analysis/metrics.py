@@ -221,11 +221,7 @@ def sketch_quantile(d: Mapping[str, Any], q: float) -> float | None:
         top_down: Iterator[tuple[int, Any]]
         if "counts" in d:
             offset, counts = d["offset"], d["counts"]
-            if (
-                type(offset) is not int
-                or type(counts) is not list
-                or (counts and (set(map(type, counts)) != _JUST_INT or min(counts) < 0))
-            ):
+            if not _packed_shape_ok(offset, counts) or (counts and min(counts) < 0):
                 raise ValueError
             positive = sum(counts)
             top_down = ((offset + i, counts[i]) for i in range(len(counts) - 1, -1, -1))
@@ -268,17 +264,22 @@ def _walk_down(
 _JUST_INT = {int}
 
 
+def _packed_shape_ok(offset: Any, counts: Any) -> bool:
+    """Whether a packed sketch (docs/events.md) has an integer ``offset`` and a list of integer
+    ``counts`` (their signs are the caller's rule)."""
+    return (
+        type(offset) is int
+        and type(counts) is list
+        and (not counts or set(map(type, counts)) == _JUST_INT)
+    )
+
+
 def _counts_ok(d: dict[Any, Any], packed: bool) -> bool:
     """Whether a sketch's counts are integers (a keyed sketch's ``bins``, or a packed one with an
     integer ``offset`` and a list of ``counts``). A negative count passes: it is dropped at the
     end with the bins it cancels."""
     if packed:
-        counts = d.get("counts")
-        return (
-            type(d.get("offset")) is int
-            and type(counts) is list
-            and (not counts or set(map(type, counts)) == _JUST_INT)
-        )
+        return _packed_shape_ok(d.get("offset"), d.get("counts"))
     try:
         return type(sum(d.values())) is int
     except TypeError:

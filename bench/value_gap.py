@@ -29,31 +29,20 @@ is compared only when both policies wrote it. No figure here is tuned: it reads 
 from __future__ import annotations
 
 import argparse
-import gzip
 import tempfile
 from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import orjson
-
+from headroom.analysis.events import EventLog
 from headroom.kernel.scenario import Scenario
 from headroom.kernel.scenario_load import load_scenario
+from headroom.kernel.vocab import LIVE_LEVERS
 
 LEVERS = ("rma", "sbm", "precompute", "lost")
 PHASES = ("start-up", "after capacity change", "outage", "learning", "steady")
-LIVE = ("rma", "sbm")
-
-
-def _lines(path: Path) -> Iterator[dict[str, Any]]:
-    with path.open("rb") as probe:
-        gz = probe.read(2) == b"\x1f\x8b"
-    with gzip.open(path, "rb") if gz else path.open("rb") as f:
-        for raw in f:
-            yield orjson.loads(raw)
 
 
 def _spans(scenario: Scenario, region: str) -> dict[str, list[tuple[float, float]]]:
@@ -87,7 +76,7 @@ class _Log:
 def _read(events: Path, policy: str, n0: int) -> _Log:
     log = _Log()
     t_zero: float | None = None
-    for e in _lines(events):
+    for e in EventLog(events):  # plain or gzip-compressed
         kind = e.get("kind")
         pol = e.get("policy")
         if kind == "oracle.bound" and pol == "oracle":
@@ -97,7 +86,7 @@ def _read(events: Path, policy: str, n0: int) -> _Log:
         elif kind == "run.started" and isinstance(e.get("t0"), int | float):
             t_zero = float(e["t0"])
         elif kind == "target.issued" and pol == policy and t_zero is not None:
-            unproven = any(lv in LIVE for lv in e.get("explored") or ())
+            unproven = any(lv in LIVE_LEVERS for lv in e.get("explored") or ())
             log.issued[str(e.get("region"))].append((float(e["ts"]) - t_zero, unproven))
         elif kind == "window" and pol in (policy, "oracle"):
             region = str(e["region"])

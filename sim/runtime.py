@@ -60,7 +60,7 @@ START_S = 20.0  # the value curves (cached after the first run of a world), cont
 BYTES_PER_WINDOW_LINE = 1_800
 GZIP_RATIO = 5.8  # zlib level 6 on that log: 419 MB -> 71.9 MB
 # a plain log larger than this is written gzip-compressed: every run of a simulated day is, a
-# one-hour run of every policy (quickstart: 7 MB) stays plain text
+# one-hour run of every policy (quickstart: ~6 MB) stays plain text
 COMPRESS_ABOVE_BYTES = 32 * 1024 * 1024
 
 
