@@ -846,8 +846,12 @@ class Allocator:
         rows: list[list[float]],
         rhs: list[float],
     ) -> None:
-        """A request gets one of the levers that take it whole (RMA's span of extras or the
-        strong model): per segment, the requests those levers' tranches treat ≤ its rate."""
+        """A request gets one of the levers that take it whole (RMA's extras or the strong
+        model): per segment or stratum, the requests the levers' tranches of that name treat
+        ≤ its rate. A tranche that names the stratum it works in (RMA's bands,
+        :attr:`Tranche.strata`) gets a row of its own with the other levers' tranches there:
+        the requests it treats plus theirs ≤ the stratum's rate. (One row per band, not one
+        per stratum: a request that gets RMA's 150th extra candidate also got its first.)"""
         segs: dict[str, float] = {}
         for v in vs:
             if v.tranche < 0:
@@ -855,19 +859,36 @@ class Allocator:
             t = tranches[v.lever][v.tranche]
             if t.segment is not None and self.levers[v.lever].requests_per_unit() is not None:
                 segs[t.segment] = t.requests
+        whole: dict[str, dict[int, float]] = {seg: {} for seg in segs}
+        users: dict[str, set[str]] = {seg: set() for seg in segs}
+        bands: dict[tuple[str, str, int], dict[int, float]] = {}
+        for j, v in enumerate(vs):
+            per = self.levers[v.lever].requests_per_unit()
+            if v.tranche < 0 or per is None:
+                continue
+            t = tranches[v.lever][v.tranche]
+            if t.segment in segs:
+                whole[str(t.segment)][j] = v.scale * per
+                users[str(t.segment)].add(v.lever)
+            for key, r in t.strata:
+                if key in segs:
+                    bands.setdefault((key, v.lever, v.tranche), {})[j] = v.scale * r
         for seg, requests in sorted(segs.items()):
-            row = [0.0] * len(vs)
-            levers = set()
-            for j, v in enumerate(vs):
-                if v.tranche < 0 or tranches[v.lever][v.tranche].segment != seg:
-                    continue
-                per = self.levers[v.lever].requests_per_unit()
-                if per is not None:
-                    row[j] = v.scale * per
-                    levers.add(v.lever)
-            if len(levers) >= 2:  # one lever alone is bounded by its own demand row already
-                rows.append(row)
-                rhs.append(max(requests, 0.0))
+            if len(users[seg]) >= 2:  # one lever alone is bounded by its own demand row
+                self._append_row(len(vs), whole[seg], rows, rhs, requests)
+        for (key, lever, _), coef in sorted(bands.items()):
+            if users[key] - {lever}:
+                self._append_row(len(vs), {**whole[key], **coef}, rows, rhs, segs[key])
+
+    @staticmethod
+    def _append_row(
+        n: int, coef: Mapping[int, float], rows: list[list[float]], rhs: list[float], limit: float
+    ) -> None:
+        row = [0.0] * n
+        for j, c in coef.items():
+            row[j] = c
+        rows.append(row)
+        rhs.append(max(limit, 0.0))
 
     @staticmethod
     def _pool_row(vs: Sequence[_Var], i: int, lever: str | None) -> list[float]:

@@ -334,7 +334,9 @@ def test_rmas_tranches_with_a_curve_are_concave_bands_calibrated_to_the_estimate
     pooled = lever.estimate(book, ctx, 1.645, 30.0)
     assert pooled.known
     assert pooled.lcb > 0.0
-    assert 2 <= len(bands) <= RmaLever.BANDS
+    # a band per piece of every stratum's hull (3 pieces per stratum here), in value order
+    assert len(bands) == 2 * VALUE_BINS * 3
+    assert all(len(b.strata) == 1 and b.strata[0][1] > 0.0 for b in bands)
     lcbs = [b.estimate.lcb for b in bands]
     assert lcbs == sorted(lcbs, reverse=True)
     assert lcbs[0] > lcbs[-1]
