@@ -88,6 +88,7 @@ from headroom.controllers.levers import (
     ValueBook,
     ValueEstimate,
     concave_tranches,
+    merge_uncontested,
 )
 from headroom.controllers.types import CapacityLevel, LeverShare
 from headroom.defences.capacity import CapacityBook
@@ -125,6 +126,11 @@ class Pool:
     announced: float
     remote: bool
     lifetime_s: float  # remaining expected lifetime (inf when unknown)
+
+
+# a lever's tranches that name their stratum are merged into at most this many bands where no
+# other lever competes for their stratum's requests (:meth:`Allocator._tranches`)
+BANDS = 8
 
 
 def held_units(budget: float, safety_margin: float) -> float:
@@ -394,10 +400,7 @@ class Allocator:
             lever.name: lever.estimate(book, ctx, self.value.lcb_z, self.value.min_samples)
             for lever in self.levers
         }
-        tranches = {
-            lever.name: lever.tranches(book, ctx, self.value.lcb_z, self.value.min_samples)
-            for lever in self.levers
-        }
+        tranches = self._tranches(book, ctx)
         demand: dict[str, float] = {}
         for lever in self.levers:
             d = lever.demand(ctx)
@@ -500,6 +503,29 @@ class Allocator:
             if units < need * (1.0 - 1e-6):
                 return name, i
         return None
+
+    def _tranches(self, book: ValueBook, ctx: LeverContext) -> dict[str, list[Tranche]]:
+        """Every lever's tranches; those that name their stratum (RMA's bands) merged into at
+        most :data:`BANDS` bands where no other lever's valued tranche serves their stratum
+        (:func:`headroom.controllers.levers.merge_uncontested`): only the contested ones need a
+        variable and a request row of their own."""
+        z, n = self.value.lcb_z, self.value.min_samples
+        out = {lever.name: lever.tranches(book, ctx, z, n) for lever in self.levers}
+        contested = {
+            str(t.segment)
+            for lever in self.levers
+            if lever.requests_per_unit() is not None
+            for t in out[lever.name]
+            if t.segment is not None
+            and not t.strata
+            and t.estimate.known
+            and t.estimate.lcb > 0.0
+            and t.demand > 0.0
+        }
+        for name, ts in out.items():
+            if any(t.strata for t in ts):
+                out[name] = merge_uncontested(ts, contested, BANDS)
+        return out
 
     def _keeps_explorers(
         self,

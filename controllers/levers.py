@@ -73,7 +73,7 @@ import functools
 import itertools
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
@@ -1072,6 +1072,76 @@ class RmaLever(Lever):
             )
             out.append(Tranche(f"rma-band-{i}", d, est, 0.0, True, ((key, per),)))
         return out
+
+
+def merge_uncontested(
+    tranches: Sequence[Tranche], contested: Set[str], bands: int
+) -> list[Tranche]:
+    """``tranches`` (in value order, best first) with every run of consecutive ones whose
+    strata (:attr:`Tranche.strata`) are all outside ``contested`` merged into bands of at least
+    ``1/bands`` of the whole demand: a merged band is worth its parts' demand-weighted value
+    and treats their requests in proportion. A tranche on a contested stratum (another lever
+    serves it too: the allocator's per-stratum rows must see it alone) or without strata stays
+    as it is; a merged band keeps its first part's name. The allocator's LP stays small, and
+    where only the pools and the demand bind, a band filled in part is the same spend as its
+    parts filled best first but for the order inside it (RMA's bands before they were split
+    per stratum)."""
+    total = sum(t.demand for t in tranches)
+    per_band = total / max(bands, 1)
+    out: list[Tranche] = []
+    run: list[Tranche] = []
+
+    def flush() -> None:
+        if run:
+            out.append(_band(run))
+            run.clear()
+
+    for t in tranches:
+        if not t.strata or any(k in contested for k, _ in t.strata):
+            flush()
+            out.append(t)
+            continue
+        run.append(t)
+        if sum(r.demand for r in run) >= per_band * (1.0 - 1e-9):
+            flush()
+    flush()
+    return out
+
+
+def _band(parts: Sequence[Tranche]) -> Tranche:
+    """One tranche for consecutive ``parts``: their demand, their demand-weighted estimate,
+    and the requests a unit of the whole treats in each of their strata."""
+    if len(parts) == 1:
+        return parts[0]
+    d = sum(t.demand for t in parts)
+    if not d > 0.0:
+        return parts[0]
+
+    def avg(get: Callable[[ValueEstimate], float]) -> float:
+        return sum(get(t.estimate) * t.demand for t in parts) / d
+
+    first = parts[0].estimate
+    est = ValueEstimate(
+        avg(lambda e: e.mean),
+        avg(lambda e: e.se),
+        avg(lambda e: e.lcb),
+        avg(lambda e: e.ucb),
+        first.n_treatment,
+        first.n_control,
+        all(t.estimate.known for t in parts),
+    )
+    strata: dict[str, float] = {}
+    for t in parts:
+        for k, r in t.strata:
+            strata[k] = strata.get(k, 0.0) + r * t.demand / d
+    return Tranche(
+        parts[0].segment,
+        d,
+        est,
+        sum(t.requests for t in parts),
+        all(t.own for t in parts),
+        tuple(sorted(strata.items())),
+    )
 
 
 def _known(kappa: Uplift | None, min_samples: float) -> Uplift | None:
