@@ -44,7 +44,7 @@ from scipy.special import ndtr, ndtri
 
 from headroom.kernel.scenario import Scenario
 
-__all__ = ["EXACT_BELOW", "Population", "arm_signal_sums", "arm_sums"]
+__all__ = ["EXACT_BELOW", "Population", "arm_signal_sums", "arm_sums", "order_by_group"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -276,6 +276,15 @@ _PAIR_ROW = np.array(
 )
 
 
+def order_by_group(group: IntArray) -> npt.NDArray[np.intp]:
+    """``np.argsort(group, kind="stable")`` of small non-negative group indices: the stable order
+    is one permutation whatever the integer type, and numpy sorts 16-bit integers by radix
+    (linear time; the 64-bit ones by merging)."""
+    if group.size and int(group.min()) >= 0 and int(group.max()) < 2**15:
+        return np.argsort(group.astype(np.int16), kind="stable")
+    return np.argsort(group, kind="stable")
+
+
 def _group_sums(index: IntArray, weights: FloatArray, n_groups: int) -> FloatArray:
     """``np.bincount(index, weights=row, minlength=n_groups)`` of every row of ``weights``
     (rows × parts) in one call: row ``r``'s parts go to bins ``r·n_groups + index``, and
@@ -347,17 +356,20 @@ def arm_signal_sums(
         k = len(_SUM_POWERS)
         # every E[·] of one request, per group (one bincount per distinct moment, in one call)
         moments = _group_sums(ps, vm[_M_V] * um[_M_U] * ind[_M_I] * p[sel], n_seg)
-        mu = moments[_MU_ROWS]  # (N_SUMS, G)
-        second = np.vstack([moments, np.zeros(n_seg)])[_PAIR_ROW]
+        # the groups drawn here only (each group's matrix and draw is its own; the normal
+        # numbers are drawn for every group, so the stream moves on as it always did)
+        g = np.flatnonzero(clt)
+        mu = moments[_MU_ROWS][:, g]  # (N_SUMS, G')
+        second = np.vstack([moments[:, g], np.zeros(g.size)])[_PAIR_ROW]
         c = (second - mu[_PAIR_I] * mu[_PAIR_J]).T
-        cov = np.empty((n_seg, k, k))
+        cov = np.empty((g.size, k, k))
         cov[:, _PAIR_I, _PAIR_J] = c
         cov[:, _PAIR_J, _PAIR_I] = c
         # a PSD square root (the matrix is singular where a part has no spread)
         evals, evecs = np.linalg.eigh(cov)
         root = evecs * np.sqrt(np.maximum(evals, 0.0))[:, None, :]
-        z = rng.standard_normal((n_seg, k))
-        nf = n.astype(np.float64)
+        z = rng.standard_normal((n_seg, k))[g]
+        nf = n[g].astype(np.float64)
         draw = nf * mu + np.sqrt(nf) * np.einsum("gij,gj->ig", root, z)
         y1 = np.maximum(draw[0], 0.0)
         x1 = np.maximum(draw[2], 0.0)
@@ -368,7 +380,7 @@ def arm_signal_sums(
         nl = np.clip(np.round(draw[5]), 0.0, nf)
         xl = np.clip(draw[6], 0.0, x1)
         x2l = np.clip(draw[7], 0.0, x2)
-        out[:, clt] = np.stack([y1, y2, x1, x2, draw[4], nl, xl, x2l])[:, clt]
+        out[:, g] = np.stack([y1, y2, x1, x2, draw[4], nl, xl, x2l])
     return out
 
 
@@ -388,7 +400,7 @@ def _exact(
     total = int(n.sum())
     seg_of_req = np.repeat(np.arange(n.size), n)
     # one CDF over parts sorted by segment: segment s occupies (s, s + 1] after the offset
-    order = np.argsort(part_seg, kind="stable")
+    order = order_by_group(part_seg)
     ps = p[order]
     seg_sorted = part_seg[order]
     # a part of weight 0 has its predecessor's key, so the search below never picks it; it can
