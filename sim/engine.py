@@ -1625,8 +1625,9 @@ def _value_groups(
             kc = np.repeat(kept, n_c)
             cpu = np.where(dk, cpu * kc, cpu)
             acc = np.where(dk, acc * kc, acc)
-        out[name] = ArmParts(
-            weights=(table.arm_weights[mm, kk] * a_mix[mm][:, None]).ravel(),
+        weights = (table.arm_weights[mm, kk] * a_mix[mm][:, None]).ravel()
+        parts = ArmParts(
+            weights=weights,
             cell=np.tile(np.arange(n_c), mm.size),
             q=q.ravel(),
             sd=sd.ravel(),
@@ -1634,4 +1635,28 @@ def _value_groups(
             cpu_ms=cpu,
             acc_ms=acc,
         )
+        out[name] = _without_empty(parts, n_c)
     return out
+
+
+def _without_empty(parts: ArmParts, n_c: int) -> ArmParts:
+    """``parts`` without the parts of weight 0 (most of them: a class reaches few cells) but
+    their first ``n_c`` (one per cell) and their last: every sum over them is the same (adding 0
+    changes no sum), and so is every request :func:`headroom.sim.population.arm_signal_sums`
+    draws — it picks a request's part by searching the cumulative weights, where a weightless
+    part ties with the part before it and could only be found as the first of its cell or the
+    last of all."""
+    keep = parts.weights != 0.0
+    keep[:n_c] = True
+    keep[-1] = True
+    if bool(keep.all()):
+        return parts
+    return ArmParts(
+        weights=parts.weights[keep],
+        cell=parts.cell[keep],
+        q=parts.q[keep],
+        sd=parts.sd[keep],
+        pi=parts.pi[keep],
+        cpu_ms=parts.cpu_ms[keep],
+        acc_ms=parts.acc_ms[keep],
+    )
