@@ -1552,23 +1552,30 @@ def _per_mix(
     s_hit = np.zeros((n_w, table.hit_value.shape[1]))
     routed = base_pi_num = total_a = 0.0
     a_mix = np.zeros(n_m)
-    a_pi_mix = np.zeros((n_m, table.k))
-    a_kept_mix = np.zeros((n_m, table.k))
+    # per mix, its requests per segment and its share routed to the strong model (sbm, down,
+    # fail), all mixes at once: a sum over classes adds them one after the other, and the
+    # layout's padding classes add 0 (as summing each mix's own classes)
+    jmax = table.jmax
+    count_of = table.count.sum(axis=1)
+    routed_of = cast("list[float]", table.frac[:, 1 + jmax : 4 + jmax].sum(axis=1).tolist())
     for m, mix in enumerate(table.mixes):
         lo, hi = bounds[m], bounds[m + 1]
         if hi <= lo:
             continue
-        n_levels = len(mix.plan.levels)
         a_sum = float(a[lo:hi].sum())
-        s_count += a_sum * mix.count.sum(axis=0)
-        routed += a_sum * float(mix.frac[1 + n_levels : 4 + n_levels].sum())
+        s_count += a_sum * count_of[m]
+        routed += a_sum * routed_of[m]
         base_pi_num += float(a_pi_rows[lo:hi, 0].sum())
         total_a += a_sum
         if mix.plan.hit is not None:
             _add_rows(s_hit, widx[lo:hi], np.outer(a_pi_rows[lo:hi, 0], mix.hit_value))
         a_mix[m] = a_sum
-        a_pi_mix[m] = a_pi_rows[lo:hi].sum(axis=0)
-        a_kept_mix[m] = a_kept[lo:hi].sum(axis=0)
+    # per mix and class, the steps' sums (in time order: a sum over rows adds them one after the
+    # other, as ``bincount`` does)
+    a_pi_mix = np.zeros((n_m, table.k))
+    a_kept_mix = np.zeros((n_m, table.k))
+    _add_rows(a_pi_mix, mi, a_pi_rows)
+    _add_rows(a_kept_mix, mi, a_kept)
     arms = _value_groups(table, a_mix, a_pi_mix, a_kept_mix, q_base, sd_base)
     return arms, s_count, s_hit, routed, base_pi_num, total_a
 
