@@ -414,11 +414,16 @@ def _ndtri(u: FloatArray) -> FloatArray:
 
 
 def _exp_wait(u: FloatArray, p: FloatArray, rate: FloatArray) -> FloatArray:
-    """Inverse CDF of the wait: 0 with probability 1 − p, else Exp(rate) (one uniform each)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        tail = (1.0 - u) / np.where(p > 0, p, 1.0)
-        w = np.where(u > 1.0 - p, -np.log(np.clip(tail, 1e-300, 1.0)) / rate, 0.0)
-    return np.asarray(w)
+    """Inverse CDF of the wait: 0 with probability 1 − p, else Exp(rate) (one uniform each).
+    The logarithm is taken only of the uniforms that wait (most do not)."""
+    waits = u > 1.0 - p
+    w = np.zeros(np.shape(waits))
+    if waits.any():
+        uw, pw = u[waits], p[waits]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            tail = (1.0 - uw) / np.where(pw > 0, pw, 1.0)
+            w[waits] = -np.log(np.clip(tail, 1e-300, 1.0)) / rate[waits]
+    return w
 
 
 def allocate_samples(counts: FloatArray, m: int) -> IntArray:
