@@ -418,11 +418,12 @@ def _exp_wait(u: FloatArray, p: FloatArray, rate: FloatArray) -> FloatArray:
     The logarithm is taken only of the uniforms that wait (most do not)."""
     waits = u > 1.0 - p
     w = np.zeros(np.shape(waits))
-    if waits.any():
-        uw, pw = u[waits], p[waits]
+    at = np.flatnonzero(waits)
+    if at.size:
+        uw, pw = u[at], p[at]
         with np.errstate(divide="ignore", invalid="ignore"):
             tail = (1.0 - uw) / np.where(pw > 0, pw, 1.0)
-            w[waits] = -np.log(np.clip(tail, 1e-300, 1.0)) / rate[waits]
+            w[at] = -np.log(np.clip(tail, 1e-300, 1.0)) / rate[at]
     return w
 
 
