@@ -277,8 +277,9 @@ class RegionRun:
         self._steps_positive = bool((ctx.traces.step_len > 0).all())
         self.mix = self.base_mix
         self._mix_key: Any = ("base",)
-        # the last per-stratum levels and their split into classes (levels, cell -> class)
-        self._level_split: tuple[Any, Any, Any] | None = None
+        # the last per-stratum levels and their split into classes (levels, the levels in use,
+        # the (class, cell) of every cell, which levels are above 0)
+        self._level_split: tuple[Any, Any, Any, Any] | None = None
         # the client plan last computed: (target, m_rma, m_sbm) and its shares (a pure function
         # of those; a server deciding every block asks for the same plan again and again)
         self._plan_for: tuple[Any, float, float, Any] | None = None
@@ -624,10 +625,10 @@ class RegionRun:
             split = self._level_split
             if split is None or split[0] is not by_cell:
                 got, inv = np.unique(by_cell, return_inverse=True)
-                split = self._level_split = (by_cell, got, inv)
+                split = self._level_split = (by_cell, got, (inv, np.arange(pop.n_cells)), got > 0)
             rma = np.zeros((split[1].size, pop.n_cells))
-            rma[split[2], np.arange(pop.n_cells)] = rma_adm
-            used = (split[1] > 0) & rma.any(axis=1)
+            rma[split[2]] = rma_adm
+            used = split[3] & rma.any(axis=1)
             levels = tuple(int(e) for e in split[1][used])
             rma = rma[used]
         else:

@@ -398,6 +398,7 @@ class HeadroomRegion(PlaneRegion):
         # events, the servers decide every step), and the batches' constant arrays per size
         self._admission_for: tuple[Quotas, RegionRun | None, float, tuple[float, ...]] | None = None
         self._batch_consts: dict[int, tuple[Any, Any, Any]] = {}
+        self._chunked: tuple[Any, Any] | None = None
 
     def notices_reclaims(self) -> bool:
         return True
@@ -440,6 +441,13 @@ class HeadroomRegion(PlaneRegion):
         shares = self._admission(q)
         self._admission_for = (q, self._run, self.rma_busy, shares)
         return shares
+
+    def _chunk_values(self, v_mean: Any) -> Any:
+        """Each cell's mean value repeated for its ``SBM_CHUNKS`` chunks (built once)."""
+        got = self._chunked
+        if got is None or got[0] is not v_mean:
+            got = self._chunked = (v_mean, np.repeat(v_mean, SBM_CHUNKS))
+        return got[1]
 
     def _consts(self, m: int) -> tuple[Any, Any, Any]:
         """A batch of ``m`` requests' constant inputs: no strong part, zero costs (int and
@@ -566,7 +574,7 @@ class HeadroomRegion(PlaneRegion):
                 _, zero, no_extra = self._consts(per.size)
                 verdict = self.sbm_server.decide_batch(
                     end,
-                    np.repeat(pop.v_mean, SBM_CHUNKS) * per,
+                    self._chunk_values(pop.v_mean) * per,
                     no_extra,
                     zero,
                     zero,
