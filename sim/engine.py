@@ -277,8 +277,9 @@ class RegionRun:
         self._steps_positive = bool((ctx.traces.step_len > 0).all())
         self.mix = self.base_mix
         self._mix_key: Any = ("base",)
-        # the last per-stratum levels and their split into classes (levels, cell -> class)
-        self._level_split: tuple[Any, Any, Any] | None = None
+        # the last per-stratum levels and their split into classes (levels, the levels in use,
+        # the (class, cell) of every cell, which levels are above 0)
+        self._level_split: tuple[Any, Any, Any, Any] | None = None
         # the client plan last computed: (target, m_rma, m_sbm) and its shares (a pure function
         # of those; a server deciding every block asks for the same plan again and again)
         self._plan_for: tuple[Any, float, float, Any] | None = None
@@ -624,10 +625,10 @@ class RegionRun:
             split = self._level_split
             if split is None or split[0] is not by_cell:
                 got, inv = np.unique(by_cell, return_inverse=True)
-                split = self._level_split = (by_cell, got, inv)
+                split = self._level_split = (by_cell, got, (inv, np.arange(pop.n_cells)), got > 0)
             rma = np.zeros((split[1].size, pop.n_cells))
-            rma[split[2], np.arange(pop.n_cells)] = rma_adm
-            used = (split[1] > 0) & rma.any(axis=1)
+            rma[split[2]] = rma_adm
+            used = split[3] & rma.any(axis=1)
             levels = tuple(int(e) for e in split[1][used])
             rma = rma[used]
         else:
@@ -1552,23 +1553,30 @@ def _per_mix(
     s_hit = np.zeros((n_w, table.hit_value.shape[1]))
     routed = base_pi_num = total_a = 0.0
     a_mix = np.zeros(n_m)
-    a_pi_mix = np.zeros((n_m, table.k))
-    a_kept_mix = np.zeros((n_m, table.k))
+    # per mix, its requests per segment and its share routed to the strong model (sbm, down,
+    # fail), all mixes at once: a sum over classes adds them one after the other, and the
+    # layout's padding classes add 0 (as summing each mix's own classes)
+    jmax = table.jmax
+    count_of = table.count.sum(axis=1)
+    routed_of = cast("list[float]", table.frac[:, 1 + jmax : 4 + jmax].sum(axis=1).tolist())
     for m, mix in enumerate(table.mixes):
         lo, hi = bounds[m], bounds[m + 1]
         if hi <= lo:
             continue
-        n_levels = len(mix.plan.levels)
         a_sum = float(a[lo:hi].sum())
-        s_count += a_sum * mix.count.sum(axis=0)
-        routed += a_sum * float(mix.frac[1 + n_levels : 4 + n_levels].sum())
+        s_count += a_sum * count_of[m]
+        routed += a_sum * routed_of[m]
         base_pi_num += float(a_pi_rows[lo:hi, 0].sum())
         total_a += a_sum
         if mix.plan.hit is not None:
             _add_rows(s_hit, widx[lo:hi], np.outer(a_pi_rows[lo:hi, 0], mix.hit_value))
         a_mix[m] = a_sum
-        a_pi_mix[m] = a_pi_rows[lo:hi].sum(axis=0)
-        a_kept_mix[m] = a_kept[lo:hi].sum(axis=0)
+    # per mix and class, the steps' sums (in time order: a sum over rows adds them one after the
+    # other, as ``bincount`` does)
+    a_pi_mix = np.zeros((n_m, table.k))
+    a_kept_mix = np.zeros((n_m, table.k))
+    _add_rows(a_pi_mix, mi, a_pi_rows)
+    _add_rows(a_kept_mix, mi, a_kept)
     arms = _value_groups(table, a_mix, a_pi_mix, a_kept_mix, q_base, sd_base)
     return arms, s_count, s_hit, routed, base_pi_num, total_a
 
@@ -1625,8 +1633,9 @@ def _value_groups(
             kc = np.repeat(kept, n_c)
             cpu = np.where(dk, cpu * kc, cpu)
             acc = np.where(dk, acc * kc, acc)
-        out[name] = ArmParts(
-            weights=(table.arm_weights[mm, kk] * a_mix[mm][:, None]).ravel(),
+        weights = (table.arm_weights[mm, kk] * a_mix[mm][:, None]).ravel()
+        parts = ArmParts(
+            weights=weights,
             cell=np.tile(np.arange(n_c), mm.size),
             q=q.ravel(),
             sd=sd.ravel(),
@@ -1634,4 +1643,28 @@ def _value_groups(
             cpu_ms=cpu,
             acc_ms=acc,
         )
+        out[name] = _without_empty(parts, n_c)
     return out
+
+
+def _without_empty(parts: ArmParts, n_c: int) -> ArmParts:
+    """``parts`` without the parts of weight 0 (most of them: a class reaches few cells) but
+    their first ``n_c`` (one per cell) and their last: every sum over them is the same (adding 0
+    changes no sum), and so is every request :func:`headroom.sim.population.arm_signal_sums`
+    draws — it picks a request's part by searching the cumulative weights, where a weightless
+    part ties with the part before it and could only be found as the first of its cell or the
+    last of all."""
+    keep = parts.weights != 0.0
+    keep[:n_c] = True
+    keep[-1] = True
+    if bool(keep.all()):
+        return parts
+    return ArmParts(
+        weights=parts.weights[keep],
+        cell=parts.cell[keep],
+        q=parts.q[keep],
+        sd=parts.sd[keep],
+        pi=parts.pi[keep],
+        cpu_ms=parts.cpu_ms[keep],
+        acc_ms=parts.acc_ms[keep],
+    )

@@ -387,26 +387,36 @@ def sample_window(
     jitter = np.exp(sj * _ndtri(u_j) - 0.5 * sj * sj)
     lat = cfg.overhead_ms + fluid_ms + w1 + w2 + st.service_ms[idx] * jitter + st.penalty_ms[idx]
     if st.droppable:
-        lat += _optional_delay(st, idx, u_pos, np.mod(u_w1 + u_w2, 1.0), jitter)
+        at, delay = _optional_delay(st, idx, u_pos, u_w1, u_w2, jitter)
+        lat[at] += delay
     np.minimum(lat, timeout_ms, out=lat)
     weights = counts / 1.0 if index is not None else counts[idx] / alloc[idx]
     return lat, weights, st.path[idx]
 
 
 def _optional_delay(
-    st: Strata, idx: IntArray, u_pos: FloatArray, u_o: FloatArray, jitter: FloatArray
-) -> FloatArray:
+    st: Strata,
+    idx: IntArray,
+    u_pos: FloatArray,
+    u_w1: FloatArray,
+    u_w2: FloatArray,
+    jitter: FloatArray,
+) -> tuple[IntArray, FloatArray]:
     """What a droppable optional part adds to its request (module docstring, *Optional
     budget*): its wait when it starts within its budget, else the budget, minus the optional
-    service it then never gets. ``u_o`` is a uniform of its own: ``(u_w1 + u_w2) mod 1`` is
-    uniform and independent of either wait's uniform, and keeps the policies' common random
-    numbers as they were."""
+    service it then never gets. Its own uniform is ``(u_w1 + u_w2) mod 1``, uniform and
+    independent of either wait's uniform, which keeps the policies' common random numbers as
+    they were. Returns the samples it adds to and what it adds: a stratum whose optional part
+    has no chance of waiting, no backlog and a budget it cannot miss adds exactly 0."""
     po, ro, fo0, fo1, opt_ms, budget_ms = st.optional()
-    fo = 1000.0 * (fo0[idx] + (fo1[idx] - fo0[idx]) * u_pos)
-    w = fo + _exp_wait(u_o, po[idx], ro[idx])
-    budget = budget_ms[idx]
+    adds = (po > 0.0) | (fo0 != 0.0) | (fo1 != 0.0) | ~(budget_ms >= 0.0)
+    at = np.flatnonzero(adds[idx])
+    i = idx[at]
+    fo = 1000.0 * (fo0[i] + (fo1[i] - fo0[i]) * u_pos[at])
+    w = fo + _exp_wait(np.mod(u_w1[at] + u_w2[at], 1.0), po[i], ro[i])
+    budget = budget_ms[i]
     kept = w <= budget
-    return np.where(kept, w, budget - opt_ms[idx] * jitter)
+    return at, np.where(kept, w, budget - opt_ms[i] * jitter[at])
 
 
 def _ndtri(u: FloatArray) -> FloatArray:
@@ -414,11 +424,17 @@ def _ndtri(u: FloatArray) -> FloatArray:
 
 
 def _exp_wait(u: FloatArray, p: FloatArray, rate: FloatArray) -> FloatArray:
-    """Inverse CDF of the wait: 0 with probability 1 − p, else Exp(rate) (one uniform each)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        tail = (1.0 - u) / np.where(p > 0, p, 1.0)
-        w = np.where(u > 1.0 - p, -np.log(np.clip(tail, 1e-300, 1.0)) / rate, 0.0)
-    return np.asarray(w)
+    """Inverse CDF of the wait: 0 with probability 1 − p, else Exp(rate) (one uniform each).
+    The logarithm is taken only of the uniforms that wait (most do not)."""
+    waits = u > 1.0 - p
+    w = np.zeros(np.shape(waits))
+    at = np.flatnonzero(waits)
+    if at.size:
+        uw, pw = u[at], p[at]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            tail = (1.0 - uw) / np.where(pw > 0, pw, 1.0)
+            w[at] = -np.log(np.clip(tail, 1e-300, 1.0)) / rate[at]
+    return w
 
 
 def allocate_samples(counts: FloatArray, m: int) -> IntArray:

@@ -394,6 +394,11 @@ class HeadroomRegion(PlaneRegion):
         self._admitting = (False, False)
         self.rma_busy = 1.0 - self.margin
         self._run: RegionRun | None = None
+        # the admission shares of the quotas last asked about (the quotas change at capacity
+        # events, the servers decide every step), and the batches' constant arrays per size
+        self._admission_for: tuple[Quotas, RegionRun | None, float, tuple[float, ...]] | None = None
+        self._batch_consts: dict[int, tuple[Any, Any, Any]] = {}
+        self._chunked: tuple[Any, Any] | None = None
 
     def notices_reclaims(self) -> bool:
         return True
@@ -426,6 +431,34 @@ class HeadroomRegion(PlaneRegion):
     def bind(self, run: RegionRun) -> None:
         super().bind(run)
         self._run = run
+
+    def _admission_of(self, q: Quotas) -> tuple[float, ...]:
+        """:meth:`_admission` of ``q``, kept while the quotas, the bound run and the RMA ceiling
+        stay the same (it is a pure function of those and the plane's config)."""
+        got = self._admission_for
+        if got is not None and got[0] is q and got[1] is self._run and got[2] == self.rma_busy:
+            return got[3]
+        shares = self._admission(q)
+        self._admission_for = (q, self._run, self.rma_busy, shares)
+        return shares
+
+    def _chunk_values(self, v_mean: Any) -> Any:
+        """Each cell's mean value repeated for its ``SBM_CHUNKS`` chunks (built once)."""
+        got = self._chunked
+        if got is None or got[0] is not v_mean:
+            got = self._chunked = (v_mean, np.repeat(v_mean, SBM_CHUNKS))
+        return got[1]
+
+    def _consts(self, m: int) -> tuple[Any, Any, Any]:
+        """A batch of ``m`` requests' constant inputs: no strong part, zero costs (int and
+        float); read-only, shared by every batch of that size."""
+        got = self._batch_consts.get(m)
+        if got is None:
+            got = (np.zeros(m, dtype=bool), np.zeros(m), np.zeros(m, dtype=np.int64))
+            for a in got:
+                a.setflags(write=False)
+            self._batch_consts[m] = got
+        return got
 
     def _admission(self, q: Quotas) -> tuple[float, float, float]:
         """The share of each quota the servers admit optional work up to — the admission rule
@@ -486,14 +519,15 @@ class HeadroomRegion(PlaneRegion):
         n_sbm = count * sbm_req
         q = run.quotas
         cand = float((n_rma * extra).sum())
+        sbm_total = float(n_sbm.sum())
         need = (
             cand * costs.base_cpu_ms,
             cand * costs.base_accelerator_ms,
-            float(n_sbm.sum()) * ctx.n0 * costs.strong_cpu_ms,
-            float(n_sbm.sum()) * ctx.n0 * costs.strong_accelerator_ms,
+            sbm_total * ctx.n0 * costs.strong_cpu_ms,
+            sbm_total * ctx.n0 * costs.strong_accelerator_ms,
         )
         # what the servers' buckets hold: the quotas scaled as in :meth:`on_quotas`
-        k_c, k_a, k_s = self._admission(q)
+        k_c, k_a, k_s = self._admission_of(q)
         have = tuple(
             1000.0 * span * u * k
             for u, k in zip(
@@ -511,37 +545,39 @@ class HeadroomRegion(PlaneRegion):
             )
 
         rma_adm = rma_req
-        if np.any(extra > 0) and n_rma.sum() > 0 and not calm(self.rma_server, 0):
+        any_extra = bool((extra > 0).any()) if isinstance(extra, np.ndarray) else extra > 0
+        if any_extra and n_rma.sum() > 0 and not calm(self.rma_server, 0):
             if q.rma_cpu <= 0.0 or q.rma_acc <= 0.0:
                 rma_adm = np.zeros(pop.n_cells)  # hard stop: no level, no optional work
             else:
                 ex = np.round(n_rma * extra).astype(np.int64)
+                no_strong, zero, _ = self._consts(pop.n_cells)
                 verdict = self.rma_server.decide_batch(
                     end,
                     pop.v_mean * n_rma,
                     ex,
                     ex * costs.base_cpu_ms,
                     ex * costs.base_accelerator_ms,
-                    np.zeros(pop.n_cells, dtype=bool),
-                    np.zeros(pop.n_cells),
-                    np.zeros(pop.n_cells),
+                    no_strong,
+                    zero,
+                    zero,
                     span_s=span,
                 )
                 rma_adm = rma_req * np.where(ex > 0, verdict.extra / np.maximum(ex, 1), 0.0)
                 self._called = True
         sbm_adm = sbm_req
-        if n_sbm.sum() > 0 and not calm(self.sbm_server, 2):
+        if sbm_total > 0 and not calm(self.sbm_server, 2):
             if q.sbm_acc <= 0.0 or (costs.strong_cpu_ms > 0 and q.sbm_cpu <= 0.0):
                 sbm_adm = np.zeros(pop.n_cells)  # hard stop: nothing loaded, all downgraded
             else:
                 per = np.repeat(n_sbm / SBM_CHUNKS, SBM_CHUNKS)
-                m = per.size
+                _, zero, no_extra = self._consts(per.size)
                 verdict = self.sbm_server.decide_batch(
                     end,
-                    np.repeat(pop.v_mean, SBM_CHUNKS) * per,
-                    np.zeros(m, dtype=np.int64),
-                    np.zeros(m),
-                    np.zeros(m),
+                    self._chunk_values(pop.v_mean) * per,
+                    no_extra,
+                    zero,
+                    zero,
                     per > 0,
                     per * ctx.n0 * costs.strong_cpu_ms,
                     per * ctx.n0 * costs.strong_accelerator_ms,

@@ -44,7 +44,7 @@ from scipy.special import ndtr, ndtri
 
 from headroom.kernel.scenario import Scenario
 
-__all__ = ["EXACT_BELOW", "Population", "arm_signal_sums", "arm_sums"]
+__all__ = ["EXACT_BELOW", "Population", "arm_signal_sums", "arm_sums", "order_by_group"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -255,6 +255,46 @@ def _both(i: int, j: int) -> int:
     return -1
 
 
+# The covariance of the sums needs the mean of every product of two of them: the (i ≤ j) pairs
+# with the powers of their product (indicator -1: it vanishes); every distinct mean the sums and
+# their products need (``_MOMENTS``), as index arrays into the per-part powers; the rows of
+# ``_MOMENTS`` the sums' own means are; per pair, its row (one past the last: a zero row).
+_PAIRS = [
+    (i, j, (ai + aj, bi + bj, _both(ii, ij)))
+    for i, (ai, bi, ii) in enumerate(_SUM_POWERS)
+    for j, (aj, bj, ij) in enumerate(_SUM_POWERS)
+    if j >= i
+]
+_MOMENTS = sorted({*_SUM_POWERS, *(t for _, _, t in _PAIRS if t[2] >= 0)})
+_ROW_OF = {t: r for r, t in enumerate(_MOMENTS)}
+_M_V, _M_U, _M_I = (np.array([t[x] for t in _MOMENTS], dtype=np.intp) for x in range(3))
+_MU_ROWS = np.array([_ROW_OF[t] for t in _SUM_POWERS], dtype=np.intp)
+_PAIR_I = np.array([i for i, _, _ in _PAIRS], dtype=np.intp)
+_PAIR_J = np.array([j for _, j, _ in _PAIRS], dtype=np.intp)
+_PAIR_ROW = np.array(
+    [_ROW_OF[t] if t[2] >= 0 else len(_MOMENTS) for _, _, t in _PAIRS], dtype=np.intp
+)
+
+
+def order_by_group(group: IntArray) -> npt.NDArray[np.intp]:
+    """``np.argsort(group, kind="stable")`` of small non-negative group indices: the stable order
+    is one permutation whatever the integer type, and numpy sorts 16-bit integers by radix
+    (linear time; the 64-bit ones by merging)."""
+    if group.size and int(group.min()) >= 0 and int(group.max()) < 2**15:
+        return np.argsort(group.astype(np.int16), kind="stable")
+    return np.argsort(group, kind="stable")
+
+
+def _group_sums(index: IntArray, weights: FloatArray, n_groups: int) -> FloatArray:
+    """``np.bincount(index, weights=row, minlength=n_groups)`` of every row of ``weights``
+    (rows × parts) in one call: row ``r``'s parts go to bins ``r·n_groups + index``, and
+    ``bincount`` adds each bin's weights in their order, so every sum is the one row's own."""
+    rows = weights.shape[0]
+    keys = (np.arange(rows)[:, None] * n_groups + index).ravel()
+    flat = np.bincount(keys, weights=weights.ravel(), minlength=rows * n_groups)
+    return np.asarray(flat, dtype=np.float64).reshape(rows, n_groups)
+
+
 def arm_signal_sums(
     rng: np.random.Generator,
     pop: Population,
@@ -293,8 +333,10 @@ def arm_signal_sums(
         _exact(rng, pop, np.where(exact, n, 0), p, part_seg, part_cell, q_mean, q_sd, in_time, out)
     clt = live & ~exact
     if clt.any():
-        # only the parts of the groups drawn here
-        sel = clt[part_seg]
+        # only the parts of the groups drawn here, and only those with requests: a part of
+        # weight 0 adds 0 to every moment (a sum never changes by adding 0), so leaving it out
+        # changes nothing
+        sel = clt[part_seg] & (w != 0.0)
         ps = part_seg[sel]
         m, sd = q_mean[sel], q_sd[sel]
         v2 = sd * sd
@@ -310,36 +352,24 @@ def arm_signal_sums(
             ]
         )
         it = in_time[sel]
-        ind = (np.ones_like(it), it, 1.0 - it)
+        ind = np.stack((np.ones_like(it), it, 1.0 - it))
         k = len(_SUM_POWERS)
-        pairs = [
-            (i, j, (ai + aj, bi + bj, _both(ii, ij)))
-            for i, (ai, bi, ii) in enumerate(_SUM_POWERS)
-            for j, (aj, bj, ij) in enumerate(_SUM_POWERS)
-            if j >= i
-        ]
-        needed = sorted({*_SUM_POWERS, *(t for _, _, t in pairs if t[2] >= 0)})
-        row_of = {t: r for r, t in enumerate(needed)}
-        pp = p[sel]
-        # every E[·] of one request, per group (one bincount per distinct moment)
-        moments = np.stack(
-            [
-                np.bincount(ps, weights=vm[a] * um[b] * ind[i] * pp, minlength=n_seg)
-                for a, b, i in needed
-            ]
-        )
-        mu = np.stack([moments[row_of[t]] for t in _SUM_POWERS])  # (N_SUMS, G)
-        cov = np.empty((n_seg, k, k))
-        for i, j, t in pairs:
-            second = moments[row_of[t]] if t[2] >= 0 else np.zeros(n_seg)
-            c = second - mu[i] * mu[j]
-            cov[:, i, j] = c
-            cov[:, j, i] = c
+        # every E[·] of one request, per group (one bincount per distinct moment, in one call)
+        moments = _group_sums(ps, vm[_M_V] * um[_M_U] * ind[_M_I] * p[sel], n_seg)
+        # the groups drawn here only (each group's matrix and draw is its own; the normal
+        # numbers are drawn for every group, so the stream moves on as it always did)
+        g = np.flatnonzero(clt)
+        mu = moments[_MU_ROWS][:, g]  # (N_SUMS, G')
+        second = np.vstack([moments[:, g], np.zeros(g.size)])[_PAIR_ROW]
+        c = (second - mu[_PAIR_I] * mu[_PAIR_J]).T
+        cov = np.empty((g.size, k, k))
+        cov[:, _PAIR_I, _PAIR_J] = c
+        cov[:, _PAIR_J, _PAIR_I] = c
         # a PSD square root (the matrix is singular where a part has no spread)
         evals, evecs = np.linalg.eigh(cov)
         root = evecs * np.sqrt(np.maximum(evals, 0.0))[:, None, :]
-        z = rng.standard_normal((n_seg, k))
-        nf = n.astype(np.float64)
+        z = rng.standard_normal((n_seg, k))[g]
+        nf = n[g].astype(np.float64)
         draw = nf * mu + np.sqrt(nf) * np.einsum("gij,gj->ig", root, z)
         y1 = np.maximum(draw[0], 0.0)
         x1 = np.maximum(draw[2], 0.0)
@@ -350,7 +380,7 @@ def arm_signal_sums(
         nl = np.clip(np.round(draw[5]), 0.0, nf)
         xl = np.clip(draw[6], 0.0, x1)
         x2l = np.clip(draw[7], 0.0, x2)
-        out[:, clt] = np.stack([y1, y2, x1, x2, draw[4], nl, xl, x2l])[:, clt]
+        out[:, g] = np.stack([y1, y2, x1, x2, draw[4], nl, xl, x2l])
     return out
 
 
@@ -370,14 +400,18 @@ def _exact(
     total = int(n.sum())
     seg_of_req = np.repeat(np.arange(n.size), n)
     # one CDF over parts sorted by segment: segment s occupies (s, s + 1] after the offset
-    order = np.argsort(part_seg, kind="stable")
+    order = order_by_group(part_seg)
     ps = p[order]
     seg_sorted = part_seg[order]
-    cum = np.zeros_like(ps)
+    # a part of weight 0 has its predecessor's key, so the search below never picks it; it can
+    # only be picked as the first of its segment or the last of all: keep those (so every pick
+    # is the same part as over all parts), leave the others out
+    keep = ps != 0.0
+    keep[0] = keep[-1] = True
+    keep[1:] |= seg_sorted[1:] != seg_sorted[:-1]
+    order, ps, seg_sorted = order[keep], ps[keep], seg_sorted[keep]
     # the parts of one segment are contiguous once sorted: cumulate each run on its own
-    edges = np.flatnonzero(seg_sorted[1:] != seg_sorted[:-1]) + 1
-    for a, b in zip([0, *edges.tolist()], [*edges.tolist(), ps.size], strict=True):
-        cum[a:b] = np.cumsum(ps[a:b])
+    cum = _run_cumsum(ps, seg_sorted)
     key = seg_sorted + np.minimum(cum, 1.0)
     u = rng.random((4, total))
     pick = np.searchsorted(key, seg_of_req + u[0] * (1 - 1e-12), side="left")
@@ -387,8 +421,24 @@ def _exact(
     ok = u[3] < in_time[pick]
     y = np.where(ok, v * quality, 0.0)
     late = (~ok).astype(np.float64)
-    for i, col in enumerate((y, y * y, v, v * v, v * y, late, v * late, v * v * late)):
-        out[i] += np.bincount(seg_of_req, weights=col, minlength=n.size)
+    cols = np.stack((y, y * y, v, v * v, v * y, late, v * late, v * v * late))
+    out += _group_sums(seg_of_req, cols, n.size)
+
+
+def _run_cumsum(x: FloatArray, run: IntArray) -> FloatArray:
+    """The cumulative sum of ``x`` restarted at every run of equal ``run`` values (``run``
+    sorted): ``np.cumsum`` of each run, all at once — the runs laid out as the rows of a
+    zero-padded matrix, cumulated along the rows (a cumulative sum adds one element after the
+    other, so each row's sums are its run's own)."""
+    if x.size == 0:
+        return np.zeros_like(x)
+    starts = np.flatnonzero(np.concatenate(([True], run[1:] != run[:-1])))
+    lengths = np.diff(np.append(starts, x.size))
+    row = np.repeat(np.arange(starts.size), lengths)
+    pos = np.arange(x.size) - starts[row]
+    grid = np.zeros((starts.size, int(lengths.max())))
+    grid[row, pos] = x
+    return np.asarray(np.cumsum(grid, axis=1)[row, pos])
 
 
 def _norm(u: FloatArray) -> FloatArray:
