@@ -115,7 +115,7 @@ from headroom.sim.latency import (
     speed,
     wait_pair,
 )
-from headroom.sim.population import arm_signal_sums
+from headroom.sim.population import arm_signal_sums, searchable
 from headroom.sim.precompute_sim import PrecomputeRegion, precompute_region
 from headroom.sim.windows import (
     MixTable,
@@ -1648,15 +1648,11 @@ def _value_groups(
 
 
 def _without_empty(parts: ArmParts, n_c: int) -> ArmParts:
-    """``parts`` without the parts of weight 0 (most of them: a class reaches few cells) but
-    their first ``n_c`` (one per cell) and their last: every sum over them is the same (adding 0
-    changes no sum), and so is every request :func:`headroom.sim.population.arm_signal_sums`
-    draws — it picks a request's part by searching the cumulative weights, where a weightless
-    part ties with the part before it and could only be found as the first of its cell or the
-    last of all."""
-    keep = parts.weights != 0.0
-    keep[:n_c] = True
-    keep[-1] = True
+    """``parts`` with only those :func:`headroom.sim.population.arm_signal_sums` can draw
+    (:func:`headroom.sim.population.searchable`; most parts have weight 0: a class reaches few
+    cells), its groups' first parts being the first ``n_c`` (one per cell): every sum and every
+    draw is the same."""
+    keep = searchable(parts.weights, slice(0, n_c))
     if bool(keep.all()):
         return parts
     return ArmParts(

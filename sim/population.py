@@ -44,7 +44,7 @@ from scipy.special import ndtr, ndtri
 
 from headroom.kernel.scenario import Scenario
 
-__all__ = ["EXACT_BELOW", "Population", "arm_signal_sums", "arm_sums", "order_by_group"]
+__all__ = ["EXACT_BELOW", "Population", "arm_signal_sums", "arm_sums", "searchable"]
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -276,13 +276,26 @@ _PAIR_ROW = np.array(
 )
 
 
-def order_by_group(group: IntArray) -> npt.NDArray[np.intp]:
+def _order_by_group(group: IntArray) -> npt.NDArray[np.intp]:
     """``np.argsort(group, kind="stable")`` of small non-negative group indices: the stable order
     is one permutation whatever the integer type, and numpy sorts 16-bit integers by radix
     (linear time; the 64-bit ones by merging)."""
     if group.size and int(group.min()) >= 0 and int(group.max()) < 2**15:
         return np.argsort(group.astype(np.int16), kind="stable")
     return np.argsort(group, kind="stable")
+
+
+def searchable(weights: FloatArray, firsts: slice | npt.NDArray[np.intp]) -> npt.NDArray[np.bool_]:
+    """The parts an exact draw (:func:`_exact`) can pick: every part with weight, the first part
+    of each group (``firsts``: where each group's parts begin, in the order the draw searches
+    them) and the last part of all. A weightless part has its predecessor's cumulative weight,
+    so the draw's search lands on it only where it begins its group or ends the array; leaving
+    the others out changes no pick and no sum (adding 0 changes none)."""
+    keep: npt.NDArray[np.bool_] = np.asarray(weights != 0.0)
+    if keep.size:
+        keep[firsts] = True
+        keep[-1] = True
+    return keep
 
 
 def _group_sums(index: IntArray, weights: FloatArray, n_groups: int) -> FloatArray:
@@ -400,15 +413,12 @@ def _exact(
     total = int(n.sum())
     seg_of_req = np.repeat(np.arange(n.size), n)
     # one CDF over parts sorted by segment: segment s occupies (s, s + 1] after the offset
-    order = order_by_group(part_seg)
+    order = _order_by_group(part_seg)
     ps = p[order]
     seg_sorted = part_seg[order]
-    # a part of weight 0 has its predecessor's key, so the search below never picks it; it can
-    # only be picked as the first of its segment or the last of all: keep those (so every pick
-    # is the same part as over all parts), leave the others out
-    keep = ps != 0.0
-    keep[0] = keep[-1] = True
-    keep[1:] |= seg_sorted[1:] != seg_sorted[:-1]
+    # the parts the search below can pick (every pick the same part as over all parts)
+    starts = np.concatenate(([0], np.flatnonzero(seg_sorted[1:] != seg_sorted[:-1]) + 1))
+    keep = searchable(ps, starts)
     order, ps, seg_sorted = order[keep], ps[keep], seg_sorted[keep]
     # the parts of one segment are contiguous once sorted: cumulate each run on its own
     cum = _run_cumsum(ps, seg_sorted)
