@@ -88,6 +88,7 @@ from headroom.controllers.levers import (
     ValueBook,
     ValueEstimate,
     concave_tranches,
+    merge_uncontested,
 )
 from headroom.controllers.types import CapacityLevel, LeverShare
 from headroom.defences.capacity import CapacityBook
@@ -125,6 +126,11 @@ class Pool:
     announced: float
     remote: bool
     lifetime_s: float  # remaining expected lifetime (inf when unknown)
+
+
+# a lever's tranches that name their stratum are merged into at most this many bands where no
+# other lever competes for their stratum's requests (:meth:`Allocator._tranches`)
+BANDS = 8
 
 
 def held_units(budget: float, safety_margin: float) -> float:
@@ -394,10 +400,7 @@ class Allocator:
             lever.name: lever.estimate(book, ctx, self.value.lcb_z, self.value.min_samples)
             for lever in self.levers
         }
-        tranches = {
-            lever.name: lever.tranches(book, ctx, self.value.lcb_z, self.value.min_samples)
-            for lever in self.levers
-        }
+        tranches = self._tranches(book, ctx)
         demand: dict[str, float] = {}
         for lever in self.levers:
             d = lever.demand(ctx)
@@ -501,6 +504,29 @@ class Allocator:
                 return name, i
         return None
 
+    def _tranches(self, book: ValueBook, ctx: LeverContext) -> dict[str, list[Tranche]]:
+        """Every lever's tranches; those that name their stratum (RMA's bands) merged into at
+        most :data:`BANDS` bands where no other lever's valued tranche serves their stratum
+        (:func:`headroom.controllers.levers.merge_uncontested`): only the contested ones need a
+        variable and a request row of their own."""
+        z, n = self.value.lcb_z, self.value.min_samples
+        out = {lever.name: lever.tranches(book, ctx, z, n) for lever in self.levers}
+        contested = {
+            str(t.segment)
+            for lever in self.levers
+            if lever.requests_per_unit() is not None
+            for t in out[lever.name]
+            if t.segment is not None
+            and not t.strata
+            and t.estimate.known
+            and t.estimate.lcb > 0.0
+            and t.demand > 0.0
+        }
+        for name, ts in out.items():
+            if any(t.strata for t in ts):
+                out[name] = merge_uncontested(ts, contested, BANDS)
+        return out
+
     def _keeps_explorers(
         self,
         before: _Run,
@@ -597,8 +623,11 @@ class Allocator:
             run.fallback = fallback
         else:
             measured = [n for n in hopeful if n not in proven]
-            if measured and s.explore_share > 0.0:
-                self._flat(measured, variables, demand, slot_pools, acc, s.explore_share)
+            # a lever proven but barely worth anything keeps what it would hold unproven: its
+            # exploration share (no cliff at the moment its LCB crosses 0)
+            floor = [n for n in hopeful if n in proven or n in measured]
+            if floor and s.explore_share > 0.0:
+                self._flat(floor, variables, demand, slot_pools, acc, s.explore_share)
             run.cap_bound = self._optimise(
                 proven,
                 variables,
@@ -846,8 +875,12 @@ class Allocator:
         rows: list[list[float]],
         rhs: list[float],
     ) -> None:
-        """A request gets one of the levers that take it whole (RMA's span of extras or the
-        strong model): per segment, the requests those levers' tranches treat ≤ its rate."""
+        """A request gets one of the levers that take it whole (RMA's extras or the strong
+        model): per segment or stratum, the requests the levers' tranches of that name treat
+        ≤ its rate. A tranche that names the stratum it works in (RMA's bands,
+        :attr:`Tranche.strata`) gets a row of its own with the other levers' tranches there:
+        the requests it treats plus theirs ≤ the stratum's rate. (One row per band, not one
+        per stratum: a request that gets RMA's 150th extra candidate also got its first.)"""
         segs: dict[str, float] = {}
         for v in vs:
             if v.tranche < 0:
@@ -855,19 +888,36 @@ class Allocator:
             t = tranches[v.lever][v.tranche]
             if t.segment is not None and self.levers[v.lever].requests_per_unit() is not None:
                 segs[t.segment] = t.requests
+        whole: dict[str, dict[int, float]] = {seg: {} for seg in segs}
+        users: dict[str, set[str]] = {seg: set() for seg in segs}
+        bands: dict[tuple[str, str, int], dict[int, float]] = {}
+        for j, v in enumerate(vs):
+            per = self.levers[v.lever].requests_per_unit()
+            if v.tranche < 0 or per is None:
+                continue
+            t = tranches[v.lever][v.tranche]
+            if t.segment in segs:
+                whole[str(t.segment)][j] = v.scale * per
+                users[str(t.segment)].add(v.lever)
+            for key, r in t.strata:
+                if key in segs:
+                    bands.setdefault((key, v.lever, v.tranche), {})[j] = v.scale * r
         for seg, requests in sorted(segs.items()):
-            row = [0.0] * len(vs)
-            levers = set()
-            for j, v in enumerate(vs):
-                if v.tranche < 0 or tranches[v.lever][v.tranche].segment != seg:
-                    continue
-                per = self.levers[v.lever].requests_per_unit()
-                if per is not None:
-                    row[j] = v.scale * per
-                    levers.add(v.lever)
-            if len(levers) >= 2:  # one lever alone is bounded by its own demand row already
-                rows.append(row)
-                rhs.append(max(requests, 0.0))
+            if len(users[seg]) >= 2:  # one lever alone is bounded by its own demand row
+                self._append_row(len(vs), whole[seg], rows, rhs, requests)
+        for (key, lever, _), coef in sorted(bands.items()):
+            if users[key] - {lever}:
+                self._append_row(len(vs), {**whole[key], **coef}, rows, rhs, segs[key])
+
+    @staticmethod
+    def _append_row(
+        n: int, coef: Mapping[int, float], rows: list[list[float]], rhs: list[float], limit: float
+    ) -> None:
+        row = [0.0] * n
+        for j, c in coef.items():
+            row[j] = c
+        rows.append(row)
+        rhs.append(max(limit, 0.0))
 
     @staticmethod
     def _pool_row(vs: Sequence[_Var], i: int, lever: str | None) -> list[float]:

@@ -73,7 +73,7 @@ import functools
 import itertools
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Protocol
@@ -231,6 +231,10 @@ class Tranche:
     estimate: ValueEstimate
     requests: float  # the segment's request rate (the per-request row of exclusive levers)
     own: bool = True  # the estimate is the segment's own (False: the lever's pooled one)
+    # (stratum key, requests one unit of this tranche's work treats there): a tranche of a
+    # stratum that another lever's tranches name as their segment (RMA's bands), for the
+    # allocator's per-stratum request rows
+    strata: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,18 +298,13 @@ _UNITS_ARM = "units"  # snapshot rows of the units book (no real arm is called t
 class ValueBook:
     """Discounted holdout sums per (segment, lever, arm); see the module docstring."""
 
-    __slots__ = (
-        "_controls_cache", "_estimates", "_slopes_cache", "_sums", "_units", "_worked_cache",
-    )  # fmt: skip
+    __slots__ = ("_estimates", "_slopes_cache", "_sums", "_units", "_worked_cache")
 
     def __init__(self) -> None:
         self._sums: dict[ValueKey, list[float]] = {}
         # per lever, the control strata's slopes and their variances (unchanged by decay:
         # every sum scales alike, and :func:`_moments` rescales to the effective count)
         self._slopes_cache: dict[tuple[str, str], dict[str, float]] = {}
-        # per lever, the moments of its control strata (:meth:`_controls`), until the sums next
-        # change (the slopes and their variances both read them)
-        self._controls_cache: dict[str, dict[str, list[Moments]]] = {}
         # uplift and per_unit answers until the sums next change (a control step asks the same
         # lever and segment several times: the pooled estimate, each tranche, the allocator)
         self._estimates: dict[tuple[str, str, object, str | None], Uplift | None] = {}
@@ -322,7 +321,6 @@ class ValueBook:
             return
         self._estimates.clear()
         self._worked_cache.clear()
-        self._controls_cache.clear()
         for a in self._sums.values():
             for i in range(8):
                 a[i] *= factor
@@ -356,7 +354,6 @@ class ValueBook:
         self._slopes_cache.clear()
         self._estimates.clear()
         self._worked_cache.clear()
-        self._controls_cache.clear()
         for key, st in value.items():
             if st.n <= 0 or not (math.isfinite(st.value_sum) and math.isfinite(st.value_sq_sum)):
                 continue
@@ -471,16 +468,11 @@ class ValueBook:
         return Uplift(mean, math.sqrt(var), n_t_total, n_c_total)
 
     def _controls(self, lever: str) -> dict[str, list[Moments]]:
-        """Per segment, the moments of ``lever``'s control strata (kept until the sums next
-        change)."""
-        got = self._controls_cache.get(lever)
-        if got is not None:
-            return got
+        """Per segment, the moments of ``lever``'s control strata."""
         controls: dict[str, list[Moments]] = {}
         for (key, lv, arm), a in self._sums.items():
             if lv == lever and arm == "control":
                 controls.setdefault(segment_of(key), []).append(_moments(a))
-        self._controls_cache[lever] = controls
         return controls
 
     def _slopes(self, lever: str) -> dict[str, float]:
@@ -707,7 +699,6 @@ class ValueBook:
         self._slopes_cache.clear()
         self._estimates.clear()
         self._worked_cache.clear()
-        self._controls_cache.clear()
 
 
 _SNAPSHOTTING: tuple[type[Snapshotting], ...] = (ValueBook,)  # checked by mypy
@@ -748,6 +739,10 @@ class RmaCurve:
     def gain(self, segment: str, extra: float) -> float:
         """The curve's gain of ``segment`` at ``extra`` extras (linear between its points)."""
         return float(np.interp(extra, self.extras, self.gains[segment]))
+
+    def gain_or_zero(self, segment: str, extra: float) -> float:
+        """:meth:`gain`, 0 for a segment the curve does not know (no prediction there)."""
+        return self.gain(segment, extra) if segment in self.gains else 0.0
 
     @classmethod
     def from_curves(
@@ -930,9 +925,6 @@ class RmaLever(Lever):
     shed_action = ShedAction.TRIM_CANDIDATES
     costed_signals = True
 
-    # the concave tranches of :meth:`tranches` (with a curve) are merged into at most this many
-    BANDS = 8
-
     def __init__(
         self,
         costs: CostModel,
@@ -971,6 +963,55 @@ class RmaLever(Lever):
         # as a whole (its demand row), not how it is spread over segments
         return max(rps, 0.0) * self.span
 
+    def estimate(
+        self,
+        book: ValueBook,
+        ctx: LeverContext,
+        z: float,
+        min_samples: float,
+        segment: str | None = None,
+    ) -> ValueEstimate:
+        """With a curve and value signals: the value per candidate of the work on record,
+        measured as ``κ`` times what the curve predicts for it (:meth:`ValueBook.scaled` with
+        the curve's gain as the model, times :meth:`predicted`). The strata then weigh by what
+        they hold on the curve, not by how quiet they are: the inverse-variance mean of
+        :meth:`Lever.estimate` reads RMA's work far below its worth once its levels reach
+        many low-value strata (docs/controllers.md, "Value estimates"). Without a curve, or
+        before the book holds a prediction: :meth:`Lever.estimate`."""
+        curve = self.curve
+        if curve is None:
+            return super().estimate(book, ctx, z, min_samples, segment)
+        predicted = self.predicted(book, curve, book.signal_means(), segment)
+        kappa = book.scaled(self.name, self.unit_cost(), curve.gain_or_zero, segment)
+        if kappa is None or not predicted > 0.0:
+            return super().estimate(book, ctx, z, min_samples, segment)
+        known = _known(kappa, min_samples)
+        if known is None:
+            return ValueEstimate.unknown(kappa.n_treatment, kappa.n_control)
+        return _scaled_estimate(known, predicted, z)
+
+    def predicted(
+        self,
+        book: ValueBook,
+        curve: RmaCurve,
+        means: Mapping[str, float],
+        segment: str | None = None,
+    ) -> float:
+        """The value per candidate ``curve`` predicts for the work on record (of one
+        ``segment``, or all): every worked stratum's mean value signal (``means``,
+        :meth:`ValueBook.signal_means`) times the curve's gain at the extras its treated
+        requests received, over the candidates they received; 0 without any."""
+        num = units = 0.0
+        for key, (n_t, u) in book.worked(self.name, self.unit_cost()).items():
+            v = means.get(key)
+            seg = segment_of(key)
+            if (segment is not None and seg != segment) or v is None or seg not in curve.gains:
+                continue
+            if n_t > 0.0:
+                num += n_t * v * curve.gain(seg, u / n_t)
+                units += u
+        return num / units if units > 0.0 else 0.0
+
     def tranches(
         self, book: ValueBook, ctx: LeverContext, z: float, min_samples: float
     ) -> list[Tranche]:
@@ -978,9 +1019,11 @@ class RmaLever(Lever):
         "RMA levels"). Every stratum ``c`` (segment × value bin) gains ``V_c · G_s(e)`` per
         request with ``e`` extras (``V_c`` its mean value signal, ``G_s`` the curve's
         quality gain); the rising tranches of each stratum's concave hull, ``rps_c · (b − a)``
-        candidates/s at ``V_c · slope`` per candidate, are sorted by that value and merged into
-        at most :attr:`BANDS` bands of equal demand (each at its demand-weighted value: the
-        order, and so the concavity, is kept). The measured value calibrates the curve: every
+        candidates/s at ``V_c · slope`` per candidate, are the bands, sorted by that value
+        (``rma-band-0`` the most valuable). Each band names its stratum and the requests one
+        candidate/s of it treats there (``1/(b − a)``, :attr:`Tranche.strata`), so the
+        allocator keeps RMA off the requests of a stratum the strong model's tranches take
+        (a request gets one of the two). The measured value calibrates the curve: every
         band's estimate is ``V_c · slope`` times the lever's pooled estimate over the value
         the curve predicts for the work on record (:meth:`ValueBook.worked`), so its LCB is
         the measured LCB in the curve's shape. Without a curve, a pooled estimate, a value
@@ -991,52 +1034,114 @@ class RmaLever(Lever):
         if curve is None or not pooled.known:
             return super().tranches(book, ctx, z, min_samples)
         means = book.signal_means()
-        rows: list[tuple[float, float]] = []  # (value per candidate, candidates/s)
+        # (value per candidate, candidates/s, stratum, requests one candidate/s of the piece
+        # treats: a piece from a to b extras gives each of its requests b − a of them)
+        rows: list[tuple[float, float, str, float]] = []
         for seg, rps in sorted(ctx.segment_rps.items()):
             if not (math.isfinite(rps) and rps > 0.0) or seg not in curve.gains:
                 continue
             bins = bin_means(means, seg)
             if bins is None:
                 return super().tranches(book, ctx, z, min_samples)
-            for mean in bins:
+            for k, mean in enumerate(bins):
                 if mean > 0.0:
                     rows += [
-                        (mean * rise, rps / VALUE_BINS * (b - a)) for a, b, rise in curve.hull(seg)
+                        (
+                            mean * rise,
+                            rps / VALUE_BINS * (b - a),
+                            stratum_key(seg, k),
+                            1.0 / (b - a),
+                        )
+                        for a, b, rise in curve.hull(seg)
                     ]
-        predicted = num = 0.0
-        units = 0.0
-        for key, (n_t, u) in book.worked(self.name, self.unit_cost()).items():
-            v = means.get(key)
-            seg = segment_of(key)
-            if v is None or seg not in curve.gains or not n_t > 0.0:
-                continue
-            num += n_t * v * curve.gain(seg, u / n_t)
-            units += u
-        predicted = num / units if units > 0.0 else 0.0
+        predicted = self.predicted(book, curve, means)
         if not rows or not predicted > 0.0:
             return super().tranches(book, ctx, z, min_samples)
         rows.sort(key=lambda r: -r[0])
-        total = sum(d for _, d in rows)
-        per_band = total / self.BANDS
         out: list[Tranche] = []
-        acc_v = acc_d = 0.0
-        for i, (v, d) in enumerate(rows):
-            acc_v += v * d
-            acc_d += d
-            if acc_d >= per_band * (1.0 - 1e-9) or i == len(rows) - 1:
-                value = acc_v / acc_d / predicted
-                est = ValueEstimate(
-                    pooled.mean * value,
-                    pooled.se * value,
-                    pooled.lcb * value,
-                    pooled.ucb * value,
-                    pooled.n_treatment,
-                    pooled.n_control,
-                    True,
-                )
-                out.append(Tranche(f"rma-band-{len(out)}", acc_d, est, 0.0, True))
-                acc_v = acc_d = 0.0
+        for i, (v, d, key, per) in enumerate(rows):
+            value = v / predicted
+            est = ValueEstimate(
+                pooled.mean * value,
+                pooled.se * value,
+                pooled.lcb * value,
+                pooled.ucb * value,
+                pooled.n_treatment,
+                pooled.n_control,
+                True,
+            )
+            out.append(Tranche(f"rma-band-{i}", d, est, 0.0, True, ((key, per),)))
         return out
+
+
+def merge_uncontested(
+    tranches: Sequence[Tranche], contested: Set[str], bands: int
+) -> list[Tranche]:
+    """``tranches`` (in value order, best first) with every run of consecutive ones whose
+    strata (:attr:`Tranche.strata`) are all outside ``contested`` merged into bands of at least
+    ``1/bands`` of the whole demand: a merged band is worth its parts' demand-weighted value
+    and treats their requests in proportion. A tranche on a contested stratum (another lever
+    serves it too: the allocator's per-stratum rows must see it alone) or without strata stays
+    as it is; a merged band keeps its first part's name. The allocator's LP stays small, and
+    where only the pools and the demand bind, a band filled in part is the same spend as its
+    parts filled best first but for the order inside it (RMA's bands before they were split
+    per stratum)."""
+    total = sum(t.demand for t in tranches)
+    per_band = total / max(bands, 1)
+    out: list[Tranche] = []
+    run: list[Tranche] = []
+
+    def flush() -> None:
+        if run:
+            out.append(_band(run))
+            run.clear()
+
+    for t in tranches:
+        if not t.strata or any(k in contested for k, _ in t.strata):
+            flush()
+            out.append(t)
+            continue
+        run.append(t)
+        if sum(r.demand for r in run) >= per_band * (1.0 - 1e-9):
+            flush()
+    flush()
+    return out
+
+
+def _band(parts: Sequence[Tranche]) -> Tranche:
+    """One tranche for consecutive ``parts``: their demand, their demand-weighted estimate,
+    and the requests a unit of the whole treats in each of their strata."""
+    if len(parts) == 1:
+        return parts[0]
+    d = sum(t.demand for t in parts)
+    if not d > 0.0:
+        return parts[0]
+
+    def avg(get: Callable[[ValueEstimate], float]) -> float:
+        return sum(get(t.estimate) * t.demand for t in parts) / d
+
+    first = parts[0].estimate
+    est = ValueEstimate(
+        avg(lambda e: e.mean),
+        avg(lambda e: e.se),
+        avg(lambda e: e.lcb),
+        avg(lambda e: e.ucb),
+        first.n_treatment,
+        first.n_control,
+        all(t.estimate.known for t in parts),
+    )
+    strata: dict[str, float] = {}
+    for t in parts:
+        for k, r in t.strata:
+            strata[k] = strata.get(k, 0.0) + r * t.demand / d
+    return Tranche(
+        parts[0].segment,
+        d,
+        est,
+        sum(t.requests for t in parts),
+        all(t.own for t in parts),
+        tuple(sorted(strata.items())),
+    )
 
 
 def _known(kappa: Uplift | None, min_samples: float) -> Uplift | None:

@@ -23,7 +23,11 @@ from headroom.controllers.levers import (
     LeverContext,
     LeverRegistry,
     ResourceCost,
+    RmaLever,
+    SbmLever,
+    Tranche,
     ValueBook,
+    ValueEstimate,
 )
 from headroom.controllers.observe import RegionAggregator
 from headroom.controllers.testing import arm_stats, capacity
@@ -753,3 +757,41 @@ def test_live_capacity_the_proven_levers_leave_idle_goes_to_the_levers_being_mea
     fb = allocator(fallback_share=0.25).allocate(cap, 0.0, ctx, ValueBook(), None)
     assert fb.fallback is FallbackReason.NO_VALUE
     assert fb.budget("rma")[0] <= 0.25 * 8.0 * 0.9 + 1e-9
+
+
+def _fixed(cls: type[Lever], tranches: list[Tranche]) -> Lever:
+    """``cls`` (RMA or SBM on COSTS) whose value and tranches are fixed: proven, as given."""
+    est = ValueEstimate(1.0, 0.1, 0.8, 1.2, 1000.0, 1000.0, True)
+
+    class Fixed(cls):  # type: ignore[misc, valid-type]
+        def estimate(self, *args: object, **kw: object) -> ValueEstimate:
+            return est
+
+        def tranches(self, *args: object, **kw: object) -> list[Tranche]:
+            return tranches
+
+    if cls is RmaLever:
+        return Fixed(COSTS, 400, 1200)
+    return Fixed(COSTS)
+
+
+def test_an_rma_band_and_the_strong_model_share_their_stratums_requests() -> None:
+    # one RMA band on casual#7 (a piece of 100 extras: a candidate/s of it treats 1/100 of a
+    # request/s) and SBM's tranche of that stratum (10 requests/s); value enough for both to
+    # want far more than the stratum's 10 requests/s, capacity to spare
+    hi = ValueEstimate(50.0, 1.0, 48.0, 52.0, 1000.0, 1000.0, True)
+    band = Tranche("rma-band-0", 100_000.0, hi, 0.0, True, (("casual#7", 0.01),))
+    stratum = Tranche("casual#7", 1000.0, hi, 10.0, True)
+    levers = LeverRegistry([_fixed(RmaLever, [band]), _fixed(SbmLever, [stratum])])
+    a = Allocator(AllocatorSettings(explore_share=0.0), ValueSettings(), levers)
+    ctx = LeverContext(1000.0, 1000.0, 800.0, segment_rps={"casual": 80.0})
+    alloc = a.allocate(capacity(cpu=400.0, accelerator=40.0), 0.0, ctx, ValueBook(), 10.0)
+    rates = {(lv, seg): r for lv, seg, r in alloc.tranche_rates}
+    rma, sbm = rates.get(("rma", "rma-band-0"), 0.0), rates.get(("sbm", "casual#7"), 0.0)
+    assert rma > 0.0 or sbm > 0.0
+    assert rma * 0.01 + sbm <= 10.0 * (1 + 1e-6)
+    # without the stratum's row the band alone would take ten times the stratum's requests
+    only_rma = LeverRegistry([_fixed(RmaLever, [band])])
+    alone = Allocator(AllocatorSettings(explore_share=0.0), ValueSettings(), only_rma)
+    solo = alone.allocate(capacity(cpu=400.0, accelerator=40.0), 0.0, ctx, ValueBook(), 10.0)
+    assert {(lv, s): r for lv, s, r in solo.tranche_rates}[("rma", "rma-band-0")] > 1000.0

@@ -21,6 +21,7 @@ from headroom.controllers.levers import (
     ValueBook,
     bin_means,
     concave_tranches,
+    merge_uncontested,
 )
 from headroom.controllers.plane import ControlPlane
 from headroom.controllers.testing import capacity, observation
@@ -334,7 +335,9 @@ def test_rmas_tranches_with_a_curve_are_concave_bands_calibrated_to_the_estimate
     pooled = lever.estimate(book, ctx, 1.645, 30.0)
     assert pooled.known
     assert pooled.lcb > 0.0
-    assert 2 <= len(bands) <= RmaLever.BANDS
+    # a band per piece of every stratum's hull (3 pieces per stratum here), in value order
+    assert len(bands) == 2 * VALUE_BINS * 3
+    assert all(len(b.strata) == 1 and b.strata[0][1] > 0.0 for b in bands)
     lcbs = [b.estimate.lcb for b in bands]
     assert lcbs == sorted(lcbs, reverse=True)
     assert lcbs[0] > lcbs[-1]
@@ -451,3 +454,35 @@ def test_a_sparse_bin_takes_its_nearest_known_bins() -> None:
     full = {stratum_key("s", i): float(i) for i in range(k)}
     assert bin_means(full, "s") == [float(i) for i in range(k)]
     assert bin_means(known, "other") is None
+
+
+def test_bands_merge_where_no_other_lever_serves_their_stratum() -> None:
+    costs = CostModel(0.1, 0.02, 0.005, 0.1, BASE, ("gpu-a", "gpu-b"), ("gpu-b",), 120.0)
+    curve = RmaCurve((0, 200, 400, 800), {"premium": (0.0, 0.03, 0.045, 0.06),
+                                          "casual": (0.0, 0.08, 0.12, 0.15)})  # fmt: skip
+    lever = RmaLever(costs, BASE, MAX, None, curve)
+    book = ValueBook()
+    book.add(_value(np.random.default_rng(4)))
+    ctx = LeverContext(300.0, 300.0, 200.0, segment_rps={"premium": 45.0, "casual": 255.0})
+    bands = lever.tranches(book, ctx, 1.645, 30.0)
+    contested = {stratum_key("casual", k) for k in range(VALUE_BINS)}
+    merged = merge_uncontested(bands, contested, 8)
+    # the casual pieces stay alone; the premium ones merge into bands of >= 1/8 of the demand
+    alone = [t for t in bands if t.strata[0][0] in contested]
+    assert [t for t in merged if any(k in contested for k, _ in t.strata)] == alone
+    premium = [t for t in merged if t not in alone]
+    assert len(premium) < len([t for t in bands if t not in alone])
+    assert sum(t.demand for t in merged) == pytest.approx(sum(t.demand for t in bands))
+    # a merged band is worth its parts' demand-weighted value and treats their requests: the
+    # totals over the premium bands are those of the pieces, and the order is kept
+    pieces = [t for t in bands if t not in alone]
+    for get in (lambda t: t.estimate.lcb, lambda t: sum(r for _, r in t.strata)):
+        assert sum(get(t) * t.demand for t in premium) == pytest.approx(
+            sum(get(t) * t.demand for t in pieces)
+        )
+    order = [t.segment for t in bands]
+    assert [order.index(t.segment) for t in merged] == sorted(
+        order.index(t.segment) for t in merged
+    )
+    # nothing contested: the bands of before, at most 8
+    assert len(merge_uncontested(bands, set(), 8)) <= 8
