@@ -54,7 +54,9 @@ Exploration and fallback
   fallback too: the live path may not touch them, so measuring on all of them costs nothing.
   Outside a fallback the live capacity the proven levers left idle goes to them too
   (``explore_idle``): idle units earn nothing, the work is samples that settle the lever's value
-  sooner, and the servers' admission rule bounds how busy the pools run either way.
+  sooner, and the servers' admission rule bounds how busy the pools run either way. What they
+  leave of it goes to the proven levers, up to their demand: a lever whose LCB has just crossed
+  0, worth almost nothing in the LP, keeps about what it held unproven (no cliff at the proof).
 * **Fallback** — when value signals never arrived (``no_value``), are older than
   ``value_stale_s`` (``stale_value``), or leave no lever with a positive LCB while some could
   still be positive (``uncertain_value``), the allocator hands ``fallback_share`` of the safe
@@ -623,11 +625,8 @@ class Allocator:
             run.fallback = fallback
         else:
             measured = [n for n in hopeful if n not in proven]
-            # a lever proven but barely worth anything keeps what it would hold unproven: its
-            # exploration share (no cliff at the moment its LCB crosses 0)
-            floor = [n for n in hopeful if n in proven or n in measured]
-            if floor and s.explore_share > 0.0:
-                self._flat(floor, variables, demand, slot_pools, acc, s.explore_share)
+            if measured and s.explore_share > 0.0:
+                self._flat(measured, variables, demand, slot_pools, acc, s.explore_share)
             run.cap_bound = self._optimise(
                 proven,
                 variables,
@@ -640,9 +639,13 @@ class Allocator:
             )
         # remote capacity the proven levers left is worth nothing to them and the live path
         # cannot touch it: the levers being measured that may run there get all of it; outside
-        # a fallback, so does the live capacity the proven levers left idle (``explore_idle``)
+        # a fallback, so does the live capacity the LP left idle (``explore_idle``); what they
+        # leave of it goes to the proven levers, so one proven with an LCB near 0 keeps what it
+        # held unproven
         idle_live = fallback is None and s.explore_idle
         self._flat(measured, variables, demand, slot_pools, acc, 1.0, remote_only=not idle_live)
+        if fallback is None:
+            self._flat(proven, variables, demand, slot_pools, acc, 1.0, remote_only=not idle_live)
         run.explored = measured
         return run
 

@@ -759,9 +759,12 @@ def test_live_capacity_the_proven_levers_leave_idle_goes_to_the_levers_being_mea
     assert fb.budget("rma")[0] <= 0.25 * 8.0 * 0.9 + 1e-9
 
 
-def _fixed(cls: type[Lever], tranches: list[Tranche]) -> Lever:
-    """``cls`` (RMA or SBM on COSTS) whose value and tranches are fixed: proven, as given."""
-    est = ValueEstimate(1.0, 0.1, 0.8, 1.2, 1000.0, 1000.0, True)
+FIXED_VALUE = ValueEstimate(1.0, 0.1, 0.8, 1.2, 1000.0, 1000.0, True)
+
+
+def _fixed(cls: type[Lever], tranches: list[Tranche], est: ValueEstimate = FIXED_VALUE) -> Lever:
+    """``cls`` (RMA or SBM on COSTS) whose value (proven, unless ``est`` says otherwise) and
+    tranches are fixed."""
 
     class Fixed(cls):  # type: ignore[misc, valid-type]
         def estimate(self, *args: object, **kw: object) -> ValueEstimate:
@@ -795,3 +798,32 @@ def test_an_rma_band_and_the_strong_model_share_their_stratums_requests() -> Non
     alone = Allocator(AllocatorSettings(explore_share=0.0), ValueSettings(), only_rma)
     solo = alone.allocate(capacity(cpu=400.0, accelerator=40.0), 0.0, ctx, ValueBook(), 10.0)
     assert {(lv, s): r for lv, s, r in solo.tranche_rates}[("rma", "rma-band-0")] > 1000.0
+
+
+@pytest.mark.parametrize("explore_share", [0.05, 0.1])
+def test_a_lever_just_proven_keeps_what_it_held_unproven(explore_share: float) -> None:
+    # the strong model, worth far more, takes every request of the one stratum; RMA's value is
+    # a hair either side of 0. Proven, its band is worth nothing against the strong model's
+    # (the stratum's request row), yet it must not lose what it held while being measured:
+    # its exploration share and the capacity the LP left idle (no cliff where its LCB
+    # crosses 0, which would make the latency around a proof depend on its window)
+    hi = ValueEstimate(50.0, 1.0, 48.0, 52.0, 1000.0, 1000.0, True)
+    stratum = Tranche("casual#7", 1000.0, hi, 10.0, True)
+    ctx = LeverContext(10.0, 10.0, 800.0, segment_rps={"casual": 10.0})
+    cap = capacity(cpu=4.0, accelerator=8.0)  # RMA's exploration share is a fraction of its 0.8
+    budgets, sbm = {}, {}
+    for lcb in (-1e-6, 1e-6):
+        rma = ValueEstimate(1e-5, 1e-5, lcb, 1e-4, 1000.0, 1000.0, True)
+        band = Tranche("rma-band-0", 100_000.0, rma, 0.0, True, (("casual#7", 0.01),))
+        levers = LeverRegistry([_fixed(RmaLever, [band], rma), _fixed(SbmLever, [stratum])])
+        a = Allocator(AllocatorSettings(explore_share=explore_share), ValueSettings(), levers)
+        alloc = a.allocate(cap, 0.0, ctx, ValueBook(), 10.0)
+        assert alloc.fallback is None
+        assert ("rma" in alloc.explored) == (lcb < 0.0)
+        budgets[lcb > 0.0] = alloc.budget("rma")
+        sbm[lcb > 0.0] = alloc.budget("sbm")
+    assert sbm[True] == pytest.approx(sbm[False])
+    # the strong model keeps what it had either way
+    assert budgets[False][0] > 0.0
+    assert budgets[True][0] >= 0.99 * budgets[False][0]
+    assert budgets[True][1] >= 0.99 * budgets[False][1]
