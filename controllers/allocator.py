@@ -645,7 +645,7 @@ class Allocator:
         idle_live = fallback is None and s.explore_idle
         self._flat(measured, variables, demand, slot_pools, acc, 1.0, remote_only=not idle_live)
         if fallback is None:
-            self._flat(proven, variables, demand, slot_pools, acc, 1.0, remote_only=not idle_live)
+            self._top_up(proven, variables, demand, slot_pools, slots, acc, not idle_live)
         run.explored = measured
         return run
 
@@ -772,6 +772,56 @@ class Allocator:
             contested=None,
         )
 
+    def _top_up(
+        self,
+        names: Sequence[str],
+        variables: Mapping[str, list[_Var]],
+        demand: Mapping[str, float],
+        pools: Sequence[Pool],
+        slots: Sequence[_Slot],
+        acc: _Acc,
+        remote_only: bool,
+    ) -> None:
+        """What is left of the pools (of the remote ones, with ``remote_only``) to the proven
+        ``names`` in turn, each up to its demand and, on a contested pool, its cap less what
+        it holds there already."""
+        contested = self._contested(variables, len(pools))
+        for n in names:
+            limits = [
+                c if p.remote or not remote_only else 0.0
+                for c, p in zip(acc.left, pools, strict=True)
+            ]
+            if not any(x > 0.0 for x in limits):
+                return
+            cap = self.settings.cap(n)
+            room = [
+                max(cap * sl.units - acc.pool_use.get((n, sl.origin), 0.0), 0.0)
+                if contested[k] and cap < 1.0
+                else limits[k]
+                for k, sl in enumerate(slots)
+            ]
+            self._solve(
+                [n],
+                {n: variables[n]},
+                demand,
+                {n: 1.0},
+                pools,
+                limits,
+                acc,
+                caps={n: 1.0},
+                cap_units=room,
+                contested=None,
+            )
+
+    @staticmethod
+    def _contested(variables: Mapping[str, list[_Var]], npool: int) -> list[bool]:
+        """The pools at least two levers' variables use: where a lever's cap binds."""
+        return [
+            sum(1 for vs in variables.values() if any(i in (v.cpu_pool, v.acc_pool) for v in vs))
+            >= 2
+            for i in range(npool)
+        ]
+
     def _optimise(
         self,
         names: Sequence[str],
@@ -792,12 +842,7 @@ class Allocator:
             # of work: value per scaled unit = LCB per unit of work / dominant cost
             values[n] = estimates[n].lcb / max(cost.cpu_s, cost.accelerator_s)
         # a cap binds only on pools another lever that could run here could also use
-        contested = []
-        for i in range(len(pools)):
-            users = sum(
-                1 for vs in variables.values() if any(i in (v.cpu_pool, v.acc_pool) for v in vs)
-            )
-            contested.append(users >= 2)
+        contested = self._contested(variables, len(pools))
         return self._solve(
             names,
             variables,
