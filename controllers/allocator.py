@@ -1006,8 +1006,15 @@ class Allocator:
             rhs.append(max(demand[n] - acc.rates.get(n, 0.0), 0.0) / scale)
             if tranches is not None and n in tranches:
                 # and one per tranche: what its segment can use
-                for k in sorted({v.tranche for v in vs if v.lever == n and v.tranche >= 0}):
-                    rows.append([1.0 if v.lever == n and v.tranche == k else 0.0 for v in vs])
+                members: dict[int, list[int]] = {}
+                for j, v in enumerate(vs):
+                    if v.lever == n and v.tranche >= 0:
+                        members.setdefault(v.tranche, []).append(j)
+                for k in sorted(members):
+                    row = [0.0] * len(vs)
+                    for j in members[k]:
+                        row[j] = 1.0
+                    rows.append(row)
                     rhs.append(max(tranches[n][k].demand, 0.0) / scale)
             cap = caps.get(n, 1.0)
             if contested is not None and cap >= 1.0:

@@ -298,7 +298,14 @@ _UNITS_ARM = "units"  # snapshot rows of the units book (no real arm is called t
 class ValueBook:
     """Discounted holdout sums per (segment, lever, arm); see the module docstring."""
 
-    __slots__ = ("_estimates", "_slopes_cache", "_sums", "_units", "_worked_cache")
+    __slots__ = (
+        "_estimates",
+        "_means_cache",
+        "_slopes_cache",
+        "_sums",
+        "_units",
+        "_worked_cache",
+    )
 
     def __init__(self) -> None:
         self._sums: dict[ValueKey, list[float]] = {}
@@ -310,6 +317,8 @@ class ValueBook:
         self._estimates: dict[tuple[str, str, object, str | None], Uplift | None] = {}
         # the worked strata behind per_unit and scaled, until the sums next change
         self._worked_cache: dict[tuple[str, ResourceCost, str | None], list[_Worked] | None] = {}
+        # signal_means per min_n, until the sums next change
+        self._means_cache: dict[float, dict[str, float]] = {}
         # per lever: discounted [treated requests, units of work behind them], so value per
         # unit divides the book's uplift by the units *the book's requests* received, not by
         # the units in force now (RMA's extra candidates change every interval)
@@ -321,6 +330,7 @@ class ValueBook:
             return
         self._estimates.clear()
         self._worked_cache.clear()
+        self._means_cache.clear()
         for a in self._sums.values():
             for i in range(8):
                 a[i] *= factor
@@ -354,6 +364,7 @@ class ValueBook:
         self._slopes_cache.clear()
         self._estimates.clear()
         self._worked_cache.clear()
+        self._means_cache.clear()
         for key, st in value.items():
             if st.n <= 0 or not (math.isfinite(st.value_sum) and math.isfinite(st.value_sq_sum)):
                 continue
@@ -643,7 +654,15 @@ class ValueBook:
         """Per book key (segment or stratum), the mean value signal of its requests over every
         lever and arm: the signal is known before any work is done, so no arm biases it (the
         RMA levels' value of a stratum). Keys with fewer than ``min_n`` (discounted) requests
-        carrying signal sums are left out."""
+        carrying signal sums are left out. Kept until the sums next change (a copy is
+        returned)."""
+        got = self._means_cache.get(min_n)
+        if got is None:
+            got = self._means_cache[min_n] = self._signal_means(min_n)
+        return dict(got)
+
+    def _signal_means(self, min_n: float) -> dict[str, float]:
+        """The uncached :meth:`signal_means`."""
         n: dict[str, float] = {}
         x: dict[str, float] = {}
         for (key, _lever, _arm), a in self._sums.items():
@@ -699,6 +718,7 @@ class ValueBook:
         self._slopes_cache.clear()
         self._estimates.clear()
         self._worked_cache.clear()
+        self._means_cache.clear()
 
 
 _SNAPSHOTTING: tuple[type[Snapshotting], ...] = (ValueBook,)  # checked by mypy
