@@ -36,8 +36,8 @@ Data flow (topics of docs/messages.md, names with the configured prefix):
 * a clock at ``t0 + k × interval_s`` (k = 1, 2, …: the instants the simulator steps at, scenario
   time ``k × interval_s``; :func:`next_step`; a step that fell due while the process was paused
   runs as soon as it resumes), and once before the first tick at the end of the first SLO
-  window (``ControllerSettings.first_step_s``: :func:`headroom.controllers.react.first_step_s`,
-  as the simulator; not after a restart past it) — for each region heard of: observation →
+  window (:func:`headroom.controllers.react.first_step_s`, as the simulator; not after a
+  restart past it) — for each region heard of: observation →
   ``ControlPlane.step``
   (allocator → RMA PID → SBM coverage → router) → one ``targets`` message keyed by region, one
   ``target.issued`` event (``events`` topic and the structured log) with its inputs and reasons;
@@ -95,6 +95,7 @@ from headroom.controllers.levers import RmaCurve
 from headroom.controllers.liveness import Liveness
 from headroom.controllers.observe import RegionAggregator
 from headroom.controllers.plane import ControlPlane
+from headroom.controllers.react import first_step_s
 from headroom.controllers.read_marks import ReadMarks, covers, mark_key, merge_seqs, take_seq
 from headroom.controllers.types import CapacityLevel, RegionTargets
 from headroom.kernel import seeds
@@ -136,9 +137,6 @@ class ControllerSettings:
     ttl_s: float | None = None
     # wall-clock time of scenario time 0: the control steps fall at t0 + k × interval_s
     t0: float = 0.0
-    # wall seconds after t0 of the step before the first tick (controllers.react.first_step_s
-    # over the speed); None: none, the first step is the first tick
-    first_step_s: float | None = None
     app_id: str | None = None  # default: "<prefix>controller"
     data_dir: Path = Path(".headroom/controller")
     seed: int = 0
@@ -608,9 +606,8 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
 
     @app.task  # type: ignore[untyped-decorator]
     async def control_clock() -> None:
-        await _control_clock(
-            app, settings.t0, config.interval_s, prepare, run_tick, settings.first_step_s
-        )
+        first = first_step_s(config.interval_s, float(settings.scenario.slo.window_s))
+        await _control_clock(app, settings.t0, config.interval_s, prepare, run_tick, first)
 
     @app.task  # type: ignore[untyped-decorator]
     async def watch() -> None:  # the value signals' counts and the liveness check

@@ -3,8 +3,7 @@
 The control interval and target lifetime are the scenario's ``control`` section unless
 ``--interval`` / ``--ttl`` are given (scenario seconds; with ``--speed X`` the app steps every
 ``interval / X`` wall seconds), and the steps fall at ``--t0 + k × interval`` (k = 1, 2, …), the
-instants at which the simulator steps (``--t0``: ``$HEADROOM_T0``, else 0), with one more at the
-end of the first SLO window when that comes before the first of them (as in the simulator).
+instants at which the simulator steps (``--t0``: ``$HEADROOM_T0``, else 0).
 
 Creates the topics first (idempotent), so Faust never auto-declares a region-keyed topic with
 another partition count (that would break co-partitioning, see docs/kafka.md), then runs a Faust
@@ -46,7 +45,6 @@ def controller(args: argparse.Namespace) -> int:
     import faust
 
     from headroom.controllers.app import ControllerSettings, create_app
-    from headroom.controllers.react import first_step_s
 
     scenario = load_scenario(resolve_scenario(args.scenario))
     # the scenario's control interval and target lifetime (scenario seconds) unless --interval /
@@ -55,7 +53,6 @@ def controller(args: argparse.Namespace) -> int:
     # window per step, so --interval may be shorter than slo.window_s here)
     control = control_with_flags(scenario.control, args.interval, args.ttl)
     speed = float(getattr(args, "speed", 1.0) or 1.0)
-    first = first_step_s(control.interval_s, float(scenario.slo.window_s))
     target = KafkaTarget.from_args(args)
     bootstrap, prefix = target.bootstrap, target.prefix
     partitions, replication = asyncio.run(_prepare_topics(bootstrap, prefix))
@@ -66,7 +63,6 @@ def controller(args: argparse.Namespace) -> int:
         scenario=scenario,
         interval_s=control.interval_s / speed,
         ttl_s=control.target_ttl_s / speed,
-        first_step_s=None if first is None else first / speed,
         t0=resolve_t0(getattr(args, "t0", None)),
         data_dir=data_dir,
         seed=scenario.seed,
