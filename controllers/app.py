@@ -35,9 +35,7 @@ Data flow (topics of docs/messages.md, names with the configured prefix):
   fault (docs/scenarios.md); nothing else does. The liveness check is tested through it.
 * a clock at ``t0 + k × interval_s`` (k = 1, 2, …: the instants the simulator steps at, scenario
   time ``k × interval_s``; :func:`next_step`; a step that fell due while the process was paused
-  runs as soon as it resumes), and once before the first tick at the end of the first SLO
-  window (:func:`headroom.controllers.react.first_step_s`, as the simulator; not after a
-  restart past it) — for each region heard of: observation →
+  runs as soon as it resumes) — for each region heard of: observation →
   ``ControlPlane.step``
   (allocator → RMA PID → SBM coverage → router) → one ``targets`` message keyed by region, one
   ``target.issued`` event (``events`` topic and the structured log) with its inputs and reasons;
@@ -95,7 +93,6 @@ from headroom.controllers.levers import RmaCurve
 from headroom.controllers.liveness import Liveness
 from headroom.controllers.observe import RegionAggregator
 from headroom.controllers.plane import ControlPlane
-from headroom.controllers.react import first_step_s
 from headroom.controllers.read_marks import ReadMarks, covers, mark_key, merge_seqs, take_seq
 from headroom.controllers.types import CapacityLevel, RegionTargets
 from headroom.kernel import seeds
@@ -477,26 +474,12 @@ def owned_regions(regions: set[str], partitions: set[int], count: int) -> set[st
     return {r for r in regions if region_partition(r, count) in partitions}
 
 
-def next_step(
-    now: float, t0: float, interval_s: float, last: int = 0, first_s: float | None = None
-) -> int:
+def next_step(now: float, t0: float, interval_s: float, last: int = 0) -> int:
     """The next control step after ``now``: the smallest ``k >= 1``, ``k > last``, with
-    ``t0 + k × interval_s > now``; or ``0``, the step at ``t0 + first_s`` before the first tick
-    (:func:`headroom.controllers.react.first_step_s`), when ``first_s`` is given, ``last < 0``
-    (no step yet) and that time is still ahead. Steps missed while the process was paused (a
-    control outage) are skipped, not made up, as in the simulator."""
-    if first_s is not None and last < 0 and math.isfinite(now - t0) and now < t0 + first_s:
-        return 0
+    ``t0 + k × interval_s > now``. Steps missed while the process was paused (a control outage)
+    are skipped, not made up, as in the simulator."""
     k = math.floor((now - t0) / interval_s) + 1 if math.isfinite(now - t0) else 1
     return max(1, last + 1, k)
-
-
-def step_time(k: int, t0: float, interval_s: float, first_s: float | None = None) -> float:
-    """Wall-clock time of step ``k`` of :func:`next_step`: ``t0 + first_s`` for ``k = 0``,
-    else ``t0 + k × interval_s``."""
-    if k == 0 and first_s is not None:
-        return t0 + first_s
-    return t0 + k * interval_s
 
 
 def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
@@ -606,8 +589,7 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
 
     @app.task  # type: ignore[untyped-decorator]
     async def control_clock() -> None:
-        first = first_step_s(config.interval_s, float(settings.scenario.slo.window_s))
-        await _control_clock(app, settings.t0, config.interval_s, prepare, run_tick, first)
+        await _control_clock(app, settings.t0, config.interval_s, prepare, run_tick)
 
     @app.task  # type: ignore[untyped-decorator]
     async def watch() -> None:  # the value signals' counts and the liveness check
@@ -886,18 +868,16 @@ async def _control_clock(
     interval_s: float,
     prepare: Callable[[], Awaitable[bool]],
     run_tick: Callable[[float], Awaitable[None]],
-    first_s: float | None = None,
 ) -> None:
     """One step at every ``t0 + k × interval_s`` (scenario time ``k × interval_s``, as in the
-    simulator), not every interval from whenever this process started, and one at
-    ``t0 + first_s`` before them when that is still ahead (:func:`next_step`); ``prepare`` once
-    the tables are recovered, before the first step. A step before recovery is skipped
-    (bumpless restart); a failed step is logged and never stops the control plane."""
-    k = -1
+    simulator), not every interval from whenever this process started; ``prepare`` once the
+    tables are recovered, before the first step. A step before recovery is skipped (bumpless
+    restart); a failed step is logged and never stops the control plane."""
+    k = 0
     prepared = False
     while not app.should_stop:
-        k = next_step(time.time(), t0, interval_s, k, first_s)
-        at = step_time(k, t0, interval_s, first_s)
+        k = next_step(time.time(), t0, interval_s, k)
+        at = t0 + k * interval_s
         while not app.should_stop and time.time() < at:
             if not prepared and _recovered(app):
                 prepared = await prepare()

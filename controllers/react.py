@@ -1,11 +1,9 @@
 """When a capacity change warrants a control step between the regular ticks (both engines).
 
-The control plane steps every region at ``t0 + k × interval_s``, and once before the first of
-those ticks, at the end of the first SLO window (:func:`first_step_s`). A capacity *reclaim*
-needs no central step to be safe (servers and clients shed within milliseconds), but a *grant*
-— or a rise, or a pool that appears — stays unused until a step assigns it. :func:`reacts` is
-the one rule both engines ask on every capacity level they record: a step now, out of the
-clock, when
+The control plane steps every region at ``t0 + k × interval_s``. A capacity *reclaim* needs no
+central step to be safe (servers and clients shed within milliseconds), but a *grant* — or a
+rise, or a pool that appears — stays unused until a step assigns it. :func:`reacts` is the one
+rule both engines ask on every capacity level they record: a step now, out of the clock, when
 
 * the change is **material**: for some opportunistic pool the region's levers may use (local
   pools; remote ones only when the precompute lever is on), the level moved by at least
@@ -29,7 +27,7 @@ from dataclasses import dataclass
 from headroom.controllers.types import CapacityLevel
 from headroom.kernel.checks import FieldChecker
 
-__all__ = ["ReactSettings", "first_step_s", "material_change", "reacts", "spaced"]
+__all__ = ["ReactSettings", "material_change", "reacts", "spaced"]
 
 _EPS = 1e-9
 
@@ -112,19 +110,6 @@ def spaced(
     if abs(phase - round(phase)) * interval_s <= _EPS:
         return False  # now is a tick
     return k_next * interval_s + t0 - now >= gap - _EPS
-
-
-def first_step_s(interval_s: float, window_s: float) -> float | None:
-    """Scenario time of the plane's first step, before its first regular tick: the end of the
-    first SLO window, the first observation there is. Waiting for the first tick would leave
-    every lever idle for a whole interval while value signals cannot arrive either (nothing
-    optional runs before a target). None when the window is not shorter than the interval
-    (then the first tick comes first) or either is not a positive number."""
-    if not (math.isfinite(interval_s) and math.isfinite(window_s)):
-        return None
-    if not (0.0 < window_s < interval_s - _EPS):
-        return None
-    return window_s
 
 
 def reacts(

@@ -65,7 +65,6 @@ import numpy.typing as npt
 
 from headroom.analysis.events import WindowTraffic, window_event
 from headroom.controllers.coverage import observed_coverage
-from headroom.controllers.react import first_step_s
 from headroom.controllers.types import (
     ArmStats,
     CapacityLevel,
@@ -234,8 +233,7 @@ class RegionRun:
         for ch in self.traces.changes:
             self._push(ch.t, _EV_CAPACITY, ch)
         # a policy whose plane steps between ticks (``react``: controllers/react.py) also
-        # steps at once when a control outage ends, instead of at the next tick, and once at
-        # the end of the first SLO window, before the first tick
+        # steps at once when a control outage ends, instead of at the next tick
         self._react = None if policy.direct else getattr(policy, "react", None)
         if not policy.direct:
             k = 1
@@ -243,11 +241,6 @@ class RegionRun:
                 self._push(k * self.interval, _EV_CONTROL, False)
                 k += 1
         if self._react is not None:
-            # the plane's first step, before its first tick (controllers/react.py): a step
-            # between ticks, so it first closes the window it observes
-            first = first_step_s(self.interval, float(ctx.scenario.slo.window_s))
-            if first is not None and first < ctx.duration_s - _EPS:
-                self._push(first, _EV_CONTROL, True)
             for _, end in self.traces.outages:
                 phase = end / self.interval
                 if end < ctx.duration_s - _EPS and abs(phase - round(phase)) * self.interval > _EPS:

@@ -13,13 +13,7 @@ from hypothesis import strategies as st
 
 from headroom.controllers.config import ControlConfig
 from headroom.controllers.plane import ControlPlane
-from headroom.controllers.react import (
-    ReactSettings,
-    first_step_s,
-    material_change,
-    reacts,
-    spaced,
-)
+from headroom.controllers.react import ReactSettings, material_change, reacts, spaced
 from headroom.controllers.types import CapacityLevel, RegionObservation
 from headroom.kernel.errors import ConfigError
 from headroom.kernel.scenario_load import load_scenario
@@ -149,12 +143,3 @@ def test_the_plane_reacts_only_to_a_region_it_has_stepped() -> None:
     assert plane.reacts("r", 90.0, _levels(10, 0), _levels(10, 2))
     assert not plane.reacts("r", 70.0, _levels(10, 0), _levels(10, 2))  # too soon
     assert not plane.reacts("r", 90.0, _levels(10, 2), _levels(10, 2))  # no change
-
-
-def test_the_first_step_is_one_slo_window_in_when_that_is_before_the_first_tick() -> None:
-    assert first_step_s(60.0, 10.0) == 10.0
-    assert first_step_s(10.0, 10.0) is None  # the first tick is the first window's end
-    assert first_step_s(10.0, 30.0) is None
-    for bad in (0.0, -1.0, math.inf, math.nan):
-        assert first_step_s(60.0, bad) is None
-        assert first_step_s(bad, 10.0) is None

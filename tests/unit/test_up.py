@@ -66,24 +66,6 @@ def test_the_controller_steps_at_the_simulators_instants() -> None:
     assert next_step(1061.0, t0, interval, last=3) == 13  # a pause: missed steps are skipped
 
 
-def test_the_controllers_first_step_is_at_the_end_of_the_first_slo_window() -> None:
-    from headroom.controllers.app import next_step, step_time
-
-    t0, interval, first = 1000.0, 60.0, 10.0
-    # no step yet (last < 0): the first step (k = 0) at t0 + 10, then the ticks
-    assert next_step(990.0, t0, interval, -1, first) == 0
-    assert step_time(0, t0, interval, first) == 1010.0
-    assert next_step(1009.9, t0, interval, -1, first) == 0
-    assert next_step(1010.0, t0, interval, 0, first) == 1
-    assert step_time(1, t0, interval, first) == 1060.0
-    # started (or restarted) past it: the ticks alone, as without a first step
-    assert next_step(1010.0, t0, interval, -1, first) == 1
-    assert next_step(1125.0, t0, interval, -1, first) == 3
-    # without one, a process that has made no step starts at the first tick
-    assert next_step(990.0, t0, interval, -1) == 1
-    assert step_time(2, t0, interval) == 1120.0
-
-
 def test_a_scenario_without_a_control_section_gets_the_simulators_default(tmp_path: Path) -> None:
     text = SCENARIO.read_text()
     assert "control: {interval_s: 5}" in text
