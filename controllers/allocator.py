@@ -218,6 +218,16 @@ def solve_lp(
     return x[:n], float(t[m, -1]) * c_scale
 
 
+def _left(acc: _Acc, pools: Sequence[Pool], share: float, remote_only: bool) -> list[float] | None:
+    """``share`` of what is left of every pool (of the remote ones alone, with
+    ``remote_only``); None when that is nothing anywhere."""
+    limits = [
+        c * share if p.remote or not remote_only else 0.0
+        for c, p in zip(acc.left, pools, strict=True)
+    ]
+    return limits if any(x > 0.0 for x in limits) else None
+
+
 @dataclass(frozen=True, slots=True)
 class Allocation:
     """The allocator's decision for one region."""
@@ -745,11 +755,8 @@ class Allocator:
         the k levers on a pool capped at 1/k of its share."""
         if share <= 0.0 or not names:
             return
-        limits = [
-            c * share if p.remote or not remote_only else 0.0
-            for c, p in zip(acc.left, pools, strict=True)
-        ]
-        if not any(x > 0.0 for x in limits):
+        limits = _left(acc, pools, share, remote_only)
+        if limits is None:
             return  # nothing to hand out (a region without remote pools): no LP to solve
         users = [0] * len(pools)
         for n in names:
@@ -787,11 +794,8 @@ class Allocator:
         it holds there already."""
         contested = self._contested(variables, len(pools))
         for n in names:
-            limits = [
-                c if p.remote or not remote_only else 0.0
-                for c, p in zip(acc.left, pools, strict=True)
-            ]
-            if not any(x > 0.0 for x in limits):
+            limits = _left(acc, pools, 1.0, remote_only)
+            if limits is None:
                 return
             cap = self.settings.cap(n)
             room = [
