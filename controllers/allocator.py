@@ -766,6 +766,20 @@ class Allocator:
             for i in touched:
                 users[i] += 1
         cap_units = [limits[i] / users[i] if users[i] else 0.0 for i in range(len(pools))]
+        self._solve_flat(names, variables, demand, pools, limits, acc, cap_units)
+
+    def _solve_flat(
+        self,
+        names: Sequence[str],
+        variables: Mapping[str, list[_Var]],
+        demand: Mapping[str, float],
+        pools: Sequence[Pool],
+        limits: Sequence[float],
+        acc: _Acc,
+        cap_units: Sequence[float],
+    ) -> None:
+        """The LP of :meth:`_flat` and :meth:`_top_up`: a flat value per resource unit for
+        ``names``, within ``limits`` of every pool, each lever within ``cap_units`` of each."""
         self._solve(
             names,
             variables,
@@ -804,18 +818,7 @@ class Allocator:
                 else limits[k]
                 for k, sl in enumerate(slots)
             ]
-            self._solve(
-                [n],
-                {n: variables[n]},
-                demand,
-                {n: 1.0},
-                pools,
-                limits,
-                acc,
-                caps={n: 1.0},
-                cap_units=room,
-                contested=None,
-            )
+            self._solve_flat([n], {n: variables[n]}, demand, pools, limits, acc, room)
 
     @staticmethod
     def _contested(variables: Mapping[str, list[_Var]], npool: int) -> list[bool]:

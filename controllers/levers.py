@@ -299,6 +299,7 @@ class ValueBook:
     """Discounted holdout sums per (segment, lever, arm); see the module docstring."""
 
     __slots__ = (
+        "_controls_cache",
         "_estimates",
         "_means_cache",
         "_slopes_cache",
@@ -312,6 +313,9 @@ class ValueBook:
         # per lever, the control strata's slopes and their variances (unchanged by decay:
         # every sum scales alike, and :func:`_moments` rescales to the effective count)
         self._slopes_cache: dict[tuple[str, str], dict[str, float]] = {}
+        # per lever, the moments of its control strata (:meth:`_controls`), until the sums next
+        # change (the slopes and their variances both read them)
+        self._controls_cache: dict[str, dict[str, list[Moments]]] = {}
         # uplift and per_unit answers until the sums next change (a control step asks the same
         # lever and segment several times: the pooled estimate, each tranche, the allocator)
         self._estimates: dict[tuple[str, str, object, str | None], Uplift | None] = {}
@@ -328,9 +332,7 @@ class ValueBook:
         """Multiply every sum by ``factor`` in [0, 1] (call once per window before adding)."""
         if factor >= 1.0:
             return
-        self._estimates.clear()
-        self._worked_cache.clear()
-        self._means_cache.clear()
+        self._forget()
         for a in self._sums.values():
             for i in range(8):
                 a[i] *= factor
@@ -362,9 +364,7 @@ class ValueBook:
 
     def add(self, value: Mapping[ValueKey, ArmStats]) -> None:
         self._slopes_cache.clear()
-        self._estimates.clear()
-        self._worked_cache.clear()
-        self._means_cache.clear()
+        self._forget()
         for key, st in value.items():
             if st.n <= 0 or not (math.isfinite(st.value_sum) and math.isfinite(st.value_sq_sum)):
                 continue
@@ -478,12 +478,24 @@ class ValueBook:
             return Uplift(0.0, math.inf, n_t_total, n_c_total)
         return Uplift(mean, math.sqrt(var), n_t_total, n_c_total)
 
+    def _forget(self) -> None:
+        """Drop the answers kept until the sums next change (they just did)."""
+        self._estimates.clear()
+        self._worked_cache.clear()
+        self._means_cache.clear()
+        self._controls_cache.clear()
+
     def _controls(self, lever: str) -> dict[str, list[Moments]]:
-        """Per segment, the moments of ``lever``'s control strata."""
+        """Per segment, the moments of ``lever``'s control strata (kept until the sums next
+        change)."""
+        got = self._controls_cache.get(lever)
+        if got is not None:
+            return got
         controls: dict[str, list[Moments]] = {}
         for (key, lv, arm), a in self._sums.items():
             if lv == lever and arm == "control":
                 controls.setdefault(segment_of(key), []).append(_moments(a))
+        self._controls_cache[lever] = controls
         return controls
 
     def _slopes(self, lever: str) -> dict[str, float]:
@@ -716,9 +728,7 @@ class ValueBook:
         self._sums = sums
         self._units = units
         self._slopes_cache.clear()
-        self._estimates.clear()
-        self._worked_cache.clear()
-        self._means_cache.clear()
+        self._forget()
 
 
 _SNAPSHOTTING: tuple[type[Snapshotting], ...] = (ValueBook,)  # checked by mypy
