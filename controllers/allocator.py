@@ -60,12 +60,10 @@ Exploration and fallback
   0, worth almost nothing in the LP, keeps about what it held unproven (no cliff at the proof).
 * A split on LCBs alone starves a lever whose estimate is still wide: the other takes its cap
   of the contested pool, the wide one gets the remainder, its samples arrive slowly and its
-  LCB stays far below its mean. So while a lever that can use a pool has no estimate, or has
-  an LCB below ``measure_precision`` of its mean and could still be worth more there (its UCB
-  per unit of the pool's resource at least the other's LCB), the other takes at most
-  ``1 − measure_share`` of that pool (its own cap if lower). Once the estimate is that tight,
-  or the lever is known to be worth less, the caps are back to ``max_share`` and the LP alone
-  decides. The proven levers' top-up still fills what the measured lever cannot use.
+  LCB stays far below its mean. So while a lever that can use a pool has no estimate, is not
+  proven either way, or is proven with its LCB below ``measure_precision`` of its mean, every
+  other lever takes at most ``1 − measure_share`` of that pool (its own cap if lower). Once
+  the estimate is that tight, the caps are back to ``max_share`` and the LP alone decides.
 * **Fallback** — when value signals never arrived (``no_value``), are older than
   ``value_stale_s`` (``stale_value``), or leave no lever with a positive LCB while some could
   still be positive (``uncertain_value``), the allocator hands ``fallback_share`` of the safe
@@ -841,32 +839,16 @@ class Allocator:
         names: Sequence[str],
         variables: Mapping[str, list[_Var]],
         estimates: Mapping[str, ValueEstimate],
-        pools: Sequence[Pool],
     ) -> dict[str, float]:
         """Each of ``names``' cap on the contested pools: its own (``max_share`` or its
         ``lever_caps`` entry), and at most ``1 − measure_share`` while another lever that can
-        use one of its pools is still being measured against it: that lever has no estimate
-        yet, or is not proven harmful (UCB > 0), has an LCB below ``measure_precision`` of its
-        mean, and could still be worth more per unit of the pool's resource (its UCB there at
-        least the capped lever's LCB). A lever known to be worth less is not measured further
-        at the other's expense, however wide its estimate."""
+        use one of its pools is still being measured: no estimate yet, or not proven harmful
+        (UCB > 0) with an LCB below ``measure_precision`` of its mean."""
         s = self.settings
 
-        def per(name: str, bound: float, resource: str) -> float:
-            cost = self.levers[name].unit_cost()
-            unit = cost.cpu_s if resource == "cpu" else cost.accelerator_s
-            return bound / unit if unit > 0.0 else math.inf
-
-        def measured_against(m: str, n: str, shared: set[int]) -> bool:
-            e = estimates[m]
-            if not e.known:
-                return True
-            if not (e.ucb > 0.0 and e.lcb < s.measure_precision * e.mean):
-                return False
-            lcb_n = estimates[n].lcb
-            return any(
-                per(m, e.ucb, pools[i].resource) >= per(n, lcb_n, pools[i].resource) for i in shared
-            )
+        def measuring(name: str) -> bool:
+            e = estimates[name]
+            return not e.known or (e.ucb > 0.0 and e.lcb < s.measure_precision * e.mean)
 
         pools_of = {
             n: {p for v in vs for p in (v.cpu_pool, v.acc_pool) if p is not None}
@@ -875,10 +857,7 @@ class Allocator:
         caps: dict[str, float] = {}
         for n in names:
             cap = s.cap(n)
-            if any(
-                m != n and (shared := pools_of[m] & pools_of[n]) and measured_against(m, n, shared)
-                for m in variables
-            ):
+            if any(m != n and measuring(m) and pools_of[m] & pools_of[n] for m in variables):
                 cap = min(cap, 1.0 - s.measure_share)
             caps[n] = cap
         return caps
@@ -921,7 +900,7 @@ class Allocator:
             pools,
             list(acc.left),
             acc,
-            caps=self._caps(names, variables, estimates, pools),
+            caps=self._caps(names, variables, estimates),
             cap_units=list(units),
             contested=contested,
             tranches={n: tranches[n] for n in names if n in tranches},

@@ -154,12 +154,11 @@ class AllocatorSettings:
     max_share: float = 0.9
     # Per-lever overrides of max_share, e.g. (("sbm", 0.5),).
     lever_caps: tuple[tuple[str, float], ...] = ()
-    # While another lever that can use a contested pool is still being measured against it (no
-    # estimate yet, or an LCB below ``measure_precision`` of its mean and a UCB per unit of the
-    # pool's resource at least this lever's LCB: it could still be worth more), a lever takes
-    # at most 1 - measure_share of that pool. A split on LCBs alone starves the lever whose
-    # estimate is still wide: it gets the cap's remainder, so its samples arrive slowly and its
-    # estimate stays wide (BENCHMARKS.md, *Simulator outcome targets*).
+    # While another lever that can use a contested pool is still being measured (no estimate
+    # yet, not proven either way, or proven with its LCB below ``measure_precision`` of its
+    # mean), a lever takes at most 1 - measure_share of that pool. A split on LCBs alone starves
+    # the lever whose estimate is still wide: it gets the cap's remainder, so its samples arrive
+    # slowly and its estimate stays wide (BENCHMARKS.md, *Simulator outcome targets*).
     measure_share: float = 0.2
     measure_precision: float = 0.8
     # Value signals older than this (seconds) are stale: fall back. 3 control intervals by

@@ -478,34 +478,6 @@ def test_the_pool_goes_to_the_best_value_per_device_second_not_per_unit() -> Non
     assert shares["cheap"] == pytest.approx(100.0, rel=0.01)
 
 
-@pytest.mark.parametrize(("weak_cost", "good_share"), [(0.001, 0.8), (0.1, 0.9)])
-def test_a_lever_measured_keeps_a_share_only_while_it_could_still_be_worth_more(
-    weak_cost: float, good_share: float
-) -> None:
-    # "good": 100 per device-second, tightly measured. "weak": proven, but its LCB is half its
-    # mean. At 0.001 device-s a unit its LCB per device-second (~48) is below good's and its
-    # UCB (~152) above: it could still be worth more, so good takes 1 − measure_share. At 0.1
-    # its UCB (~1.5) is far below good's LCB: it is known to be worth less, and good takes
-    # its cap (max_share) however wide weak's estimate is
-    levers = LeverRegistry([_AccLever("good", 0.01), _AccLever("weak", weak_cost)])
-    rng = np.random.default_rng(0)
-    book = ValueBook()
-    for name, uplift, sd, n in (("good", 1.0, 0.1, 5000), ("weak", 0.1, 1.0, 2000)):
-        book.add(
-            {
-                ("s", name, "treatment"): arm_stats(rng, n, 1.0 + uplift, sd),
-                ("s", name, "control"): arm_stats(rng, n, 1.0, sd),
-            }
-        )
-    a = Allocator(AllocatorSettings(), ValueSettings(), levers).allocate(
-        capacity(accelerator=2.0), 0.0, CTX, book, 10.0
-    )
-    weak = a.estimates["weak"]
-    assert 0.0 < weak.lcb < 0.8 * weak.mean
-    assert a.budget("good")[1] == pytest.approx(good_share * a.safe_accelerator)
-    assert a.budget("weak")[1] == pytest.approx((1.0 - good_share) * a.safe_accelerator)
-
-
 @pytest.mark.parametrize(
     ("book", "age", "reason"),
     [
