@@ -19,8 +19,7 @@ Which pools a lever may use:
 
 Guardrails: every pool counts ``units × (1 - safety_margin)``; a lever may take at most
 ``cap_l`` of any pool that another lever could also use (a cap on a pool nobody else can use
-would only waste it), and at most ``1 − measure_share`` of it while such a lever is still being
-measured (below); and value signals that are missing, stale or too uncertain trigger a
+would only waste it); and value signals that are missing, stale or too uncertain trigger a
 conservative fallback (below).
 
 The solution: an exact linear program
@@ -58,12 +57,6 @@ Exploration and fallback
   sooner, and the servers' admission rule bounds how busy the pools run either way. What they
   leave of it goes to the proven levers, up to their demand: a lever whose LCB has just crossed
   0, worth almost nothing in the LP, keeps about what it held unproven (no cliff at the proof).
-* A split on LCBs alone starves a lever whose estimate is still wide: the other takes its cap
-  of the contested pool, the wide one gets the remainder, its samples arrive slowly and its
-  LCB stays far below its mean. So while a lever that can use a pool has no estimate, is not
-  proven either way, or is proven with its LCB below ``measure_precision`` of its mean, every
-  other lever takes at most ``1 − measure_share`` of that pool (its own cap if lower). Once
-  the estimate is that tight, the caps are back to ``max_share`` and the LP alone decides.
 * **Fallback** — when value signals never arrived (``no_value``), are older than
   ``value_stale_s`` (``stale_value``), or leave no lever with a positive LCB while some could
   still be positive (``uncertain_value``), the allocator hands ``fallback_share`` of the safe
@@ -817,9 +810,7 @@ class Allocator:
     ) -> None:
         """What is left of the pools (of the remote ones, with ``remote_only``) to the proven
         ``names`` in turn, each up to its demand and, on a contested pool, its cap less what
-        it holds there already. The cap is ``max_share`` (or the lever's own), not the lower
-        one the LP kept while another lever was being measured: what that lever could not use
-        is not kept idle."""
+        it holds there already."""
         contested = self._contested(variables, len(pools))
         for n in names:
             limits = _left(acc, pools, 1.0, remote_only)
@@ -833,34 +824,6 @@ class Allocator:
                 for k, sl in enumerate(slots)
             ]
             self._solve_flat([n], {n: variables[n]}, demand, pools, limits, acc, room)
-
-    def _caps(
-        self,
-        names: Sequence[str],
-        variables: Mapping[str, list[_Var]],
-        estimates: Mapping[str, ValueEstimate],
-    ) -> dict[str, float]:
-        """Each of ``names``' cap on the contested pools: its own (``max_share`` or its
-        ``lever_caps`` entry), and at most ``1 − measure_share`` while another lever that can
-        use one of its pools is still being measured: no estimate yet, or not proven harmful
-        (UCB > 0) with an LCB below ``measure_precision`` of its mean."""
-        s = self.settings
-
-        def measuring(name: str) -> bool:
-            e = estimates[name]
-            return not e.known or (e.ucb > 0.0 and e.lcb < s.measure_precision * e.mean)
-
-        pools_of = {
-            n: {p for v in vs for p in (v.cpu_pool, v.acc_pool) if p is not None}
-            for n, vs in variables.items()
-        }
-        caps: dict[str, float] = {}
-        for n in names:
-            cap = s.cap(n)
-            if any(m != n and measuring(m) and pools_of[m] & pools_of[n] for m in variables):
-                cap = min(cap, 1.0 - s.measure_share)
-            caps[n] = cap
-        return caps
 
     @staticmethod
     def _contested(variables: Mapping[str, list[_Var]], npool: int) -> list[bool]:
@@ -900,7 +863,7 @@ class Allocator:
             pools,
             list(acc.left),
             acc,
-            caps=self._caps(names, variables, estimates),
+            caps={n: self.settings.cap(n) for n in names},
             cap_units=list(units),
             contested=contested,
             tranches={n: tranches[n] for n in names if n in tranches},

@@ -154,13 +154,6 @@ class AllocatorSettings:
     max_share: float = 0.9
     # Per-lever overrides of max_share, e.g. (("sbm", 0.5),).
     lever_caps: tuple[tuple[str, float], ...] = ()
-    # While another lever that can use a contested pool is still being measured (no estimate
-    # yet, not proven either way, or proven with its LCB below ``measure_precision`` of its
-    # mean), a lever takes at most 1 - measure_share of that pool. A split on LCBs alone starves
-    # the lever whose estimate is still wide: it gets the cap's remainder, so its samples arrive
-    # slowly and its estimate stays wide (BENCHMARKS.md, *Simulator outcome targets*).
-    measure_share: float = 0.2
-    measure_precision: float = 0.8
     # Value signals older than this (seconds) are stale: fall back. 3 control intervals by
     # default (set from the interval in from_scenario).
     value_stale_s: float = 180.0
@@ -197,8 +190,6 @@ class AllocatorSettings:
                 c.problems.append(f"{c.path}.lever_caps[{i}]: must be (lever name, share)")
                 continue
             c.between(f"lever_caps[{i}]", item[1], 0.0, 1.0)
-        c.between("measure_share", self.measure_share, 0.0, 1.0, hi_open=True)
-        c.between("measure_precision", self.measure_precision, 0.0, 1.0)
         c.at_least("value_stale_s", self.value_stale_s, 0.0, strict=True)
         c.between("fallback_share", self.fallback_share, 0.0, 1.0)
         c.between("explore_share", self.explore_share, 0.0, 1.0)

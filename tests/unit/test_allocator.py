@@ -290,8 +290,7 @@ def test_rma_runs_only_where_cpu_and_accelerator_budget_both_exist() -> None:
 def test_a_cpu_starved_region_gives_its_accelerators_to_sbm() -> None:
     # SBM needs 2 ms of CPU per request (400 × 0.005 ms), RMA 0.1 ms per extra candidate
     levers = LeverRegistry.standard(COSTS, 400, 1200)
-    # RMA's LCB is 0.74 of its mean in this book: it would keep measure_share of the pool
-    alloc_ = Allocator(AllocatorSettings(measure_share=0.0), ValueSettings(), levers)
+    alloc_ = Allocator(AllocatorSettings(), ValueSettings(), levers)
     a = alloc_.allocate(capacity(cpu=0.5, accelerator=4.0), 0.0, CTX, PROVEN, 10.0)
     _sbm_cpu, sbm_acc = a.budget("sbm")
     assert sbm_acc > 0.8 * a.safe_accelerator
@@ -381,67 +380,12 @@ def test_cap_does_not_waste_a_pool_no_other_lever_can_use() -> None:
 
 def test_higher_lcb_per_resource_unit_wins_the_contested_pool() -> None:
     levers = LeverRegistry.standard(COSTS, 400, 1200)
-    # no caps at all (neither max_share nor the share kept for a lever still being measured)
-    alloc_ = Allocator(AllocatorSettings(max_share=1.0, measure_share=0.0), ValueSettings(), levers)
+    alloc_ = Allocator(AllocatorSettings(max_share=1.0), ValueSettings(), levers)
     cap = capacity(cpu=0.5, accelerator=2.0)  # little CPU: RMA is CPU-bound anyway
     sbm_rich = alloc_.allocate(cap, 0.0, CTX, book_with({"rma": 0.001, "sbm": 1.0}), 10.0)
     rma_rich = alloc_.allocate(cap, 0.0, CTX, book_with({"rma": 5.0, "sbm": 0.01}), 10.0)
     assert sbm_rich.budget("sbm")[1] > rma_rich.budget("sbm")[1]
     assert rma_rich.budget("rma")[0] > sbm_rich.budget("rma")[0]
-
-
-def _sbm_and_rma(rma_samples: int) -> ValueBook:
-    """SBM proven tightly (LCB ~0.99 of its mean), RMA proven with ``rma_samples`` per arm."""
-    book = book_with({"sbm": 0.5}, n=200_000)
-    rng = np.random.default_rng(1)
-    book.add(
-        {
-            ("casual", "rma", "treatment"): arm_stats(
-                rng, rma_samples, 1.05, 0.5, *treated_cost("rma", rma_samples)
-            ),
-            ("casual", "rma", "control"): arm_stats(rng, rma_samples, 1.0, 0.5),
-        }
-    )
-    return book
-
-
-def test_a_lever_still_being_measured_keeps_a_share_of_the_contested_pool() -> None:
-    # SBM is worth more per device than RMA: on LCBs alone it takes its cap (max_share) of the
-    # contested accelerators. While RMA's LCB is under measure_precision of its mean, SBM takes
-    # at most 1 − measure_share of them, so RMA's samples keep arriving; once RMA's estimate is
-    # that tight, the LP alone decides again
-    levers = LeverRegistry.standard(COSTS, 400, 1200)
-    alloc_ = Allocator(AllocatorSettings(), ValueSettings(), levers)
-    cap = capacity(cpu=64.0, accelerator=2.0)
-    wide = alloc_.allocate(cap, 0.0, CTX, _sbm_and_rma(2_000), 10.0)
-    tight = alloc_.allocate(cap, 0.0, CTX, _sbm_and_rma(200_000), 10.0)
-    for a in (wide, tight):
-        assert a.fallback is None
-        assert a.estimates["rma"].lcb > 0.0  # both proven
-    assert wide.estimates["rma"].lcb < 0.8 * wide.estimates["rma"].mean
-    assert tight.estimates["rma"].lcb >= 0.8 * tight.estimates["rma"].mean
-    safe = wide.safe_accelerator
-    assert wide.budget("sbm")[1] == pytest.approx(0.8 * safe)
-    assert wide.budget("rma")[1] == pytest.approx(0.2 * safe)
-    assert tight.budget("sbm")[1] == pytest.approx(0.9 * safe)
-    assert tight.budget("rma")[1] == pytest.approx(0.1 * safe)
-    # the setting off: the cap alone, wide estimate or not
-    off = Allocator(AllocatorSettings(measure_share=0.0), ValueSettings(), levers)
-    assert off.allocate(cap, 0.0, CTX, _sbm_and_rma(2_000), 10.0).budget("sbm")[1] == pytest.approx(
-        0.9 * safe
-    )
-
-
-def test_what_a_lever_being_measured_cannot_use_is_not_kept_idle() -> None:
-    # RMA, still being measured, may add only 10 candidates a request: its demand is a sliver
-    # of the share kept for it, and SBM gets the rest back up to max_share (no idle devices)
-    levers = LeverRegistry.standard(COSTS, 400, 410)
-    alloc_ = Allocator(AllocatorSettings(), ValueSettings(), levers)
-    a = alloc_.allocate(capacity(cpu=64.0, accelerator=2.0), 0.0, CTX, _sbm_and_rma(2_000), 10.0)
-    assert a.estimates["rma"].lcb < 0.8 * a.estimates["rma"].mean
-    safe = a.safe_accelerator
-    assert 0.0 < a.budget("rma")[1] < 0.05 * safe
-    assert a.budget("sbm")[1] == pytest.approx(0.9 * safe)
 
 
 class _AccLever(Lever):
@@ -646,7 +590,7 @@ def test_the_safety_margin_is_taken_once_for_sbm_as_a_ceiling_on_how_busy_it_run
     book = book_with({"sbm": 0.5, "rma": 0.001})
     sbm = LIVE["sbm"]
     for devices in (1.0, 2.0, 4.0):
-        a = live_allocator(max_share=1.0, measure_share=0.0, safety_margin=margin).allocate(
+        a = live_allocator(max_share=1.0, safety_margin=margin).allocate(
             capacity(cpu=64.0, accelerator=devices), 0.0, CTX, book, 10.0
         )
         used = a.rates["sbm"] * sbm.unit_cost().accelerator_s
