@@ -39,9 +39,9 @@ where the pivot row and column are non-zero. A region's LP takes about 50 micros
 lever per pool (a median of 55 over a 6 h diurnal-3region run) and 2–4 ms with RMA's bands on
 three segments' contested strata (240–260 rows) — scipy's ``linprog`` gives the same optimum
 (a unit test checks it on random instances) but costs a millisecond per call in set-up
-alone. A greedy by value per resource unit
-is *not* exact here: RMA is CPU-heavy, SBM and precompute accelerator-heavy, and the optimum
-often splits a pool between two levers that each use both resources.
+alone. A greedy by value per resource unit is *not* exact here: RMA is CPU-heavy, SBM and
+precompute accelerator-heavy, and the optimum often splits a pool between two levers that each
+use both resources.
 
 Each lever's value enters as ``v_l`` per unit of work; variables are scaled to the lever's
 dominant resource so the tableau is well conditioned. ``LeverShare.value_per_unit_lcb`` reports
