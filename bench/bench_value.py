@@ -18,6 +18,7 @@ Markdown.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -129,7 +130,10 @@ def collect(quick: bool, policies: Sequence[str] | None = None) -> dict[str, dic
 
 
 def summary(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Headroom's lowest capture over the scenarios' own seeds and its mean over quickstart's."""
+    """Headroom's lowest capture over the scenarios' own seeds, and its mean over quickstart's
+    with the standard error of that mean (the seeds' sample standard deviation over √n): a
+    change to the policy moves each seed's run along another trajectory, so the mean of ten
+    seeds moves by about that much whatever the change is worth."""
     own = [
         r["policies"]["headroom"]["capture_feasible"]
         for label, r in results.items()
@@ -142,11 +146,15 @@ def summary(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     ]
     own_n = [x for x in own if x is not None]
     seeds_n = [x for x in seeds if x is not None]
+    mean = sum(seeds_n) / len(seeds_n) if seeds_n else None
+    se = None
+    if mean is not None and len(seeds_n) > 1:
+        var = sum((x - mean) ** 2 for x in seeds_n) / (len(seeds_n) - 1)
+        se = math.sqrt(var / len(seeds_n))
     return {
         "headroom_min_capture_feasible": min(own_n + seeds_n) if own_n + seeds_n else None,
-        "headroom_mean_capture_feasible_quickstart_seeds": (
-            sum(seeds_n) / len(seeds_n) if seeds_n else None
-        ),
+        "headroom_mean_capture_feasible_quickstart_seeds": mean,
+        "headroom_mean_capture_feasible_quickstart_seeds_se": se,
     }
 
 
