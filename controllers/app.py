@@ -34,12 +34,12 @@ Data flow (topics of docs/messages.md, names with the configured prefix):
   ``controller.stall.resumed`` log lines. ``headroom up`` sends them for a scenario's ``stall``
   fault (docs/scenarios.md); nothing else does. The liveness check is tested through it.
 * a clock at ``t0 + k × interval_s`` (k = 1, 2, …: the instants the simulator steps at, scenario
-  time ``k × interval_s``, and the run's early first step, a quarter interval in once an SLO
-  window has closed, controllers/react.py; :func:`next_step`; a step that fell due while the
-  process was paused runs as soon as it resumes) — for each region heard of: observation →
-  ``ControlPlane.step`` (allocator → RMA PID → SBM coverage → router) → one ``targets`` message
-  keyed by region, one ``target.issued`` event (``events`` topic and the structured log) with
-  its inputs and reasons; then the plane's snapshot goes to the ``state`` table.
+  time ``k × interval_s``; :func:`next_step`; a step that fell due while the process was paused
+  runs as soon as it resumes) — for each region heard of: observation →
+  ``ControlPlane.step``
+  (allocator → RMA PID → SBM coverage → router) → one ``targets`` message keyed by region, one
+  ``target.issued`` event (``events`` topic and the structured log) with its inputs and reasons;
+  then the plane's snapshot goes to the ``state`` table.
 
 Restart: tables are changelogged to Kafka; on the first tick after a (re)start the plane is
 restored from the ``state`` table, so epochs keep increasing and the PID resumes from its last
@@ -93,7 +93,6 @@ from headroom.controllers.levers import RmaCurve
 from headroom.controllers.liveness import Liveness
 from headroom.controllers.observe import RegionAggregator
 from headroom.controllers.plane import ControlPlane
-from headroom.controllers.react import first_step_s
 from headroom.controllers.read_marks import ReadMarks, covers, mark_key, merge_seqs, take_seq
 from headroom.controllers.types import CapacityLevel, RegionTargets
 from headroom.kernel import seeds
@@ -135,9 +134,6 @@ class ControllerSettings:
     ttl_s: float | None = None
     # wall-clock time of scenario time 0: the control steps fall at t0 + k × interval_s
     t0: float = 0.0
-    # the SLO window, wall seconds (the run's early first step waits for one to close,
-    # controllers/react.py); None: the scenario's
-    slo_window_s: float | None = None
     app_id: str | None = None  # default: "<prefix>controller"
     data_dir: Path = Path(".headroom/controller")
     seed: int = 0
@@ -478,26 +474,12 @@ def owned_regions(regions: set[str], partitions: set[int], count: int) -> set[st
     return {r for r in regions if region_partition(r, count) in partitions}
 
 
-def next_step(
-    now: float, t0: float, interval_s: float, last: int = -1, first_s: float | None = None
-) -> int:
+def next_step(now: float, t0: float, interval_s: float, last: int = 0) -> int:
     """The next control step after ``now``: the smallest ``k >= 1``, ``k > last``, with
-    ``t0 + k × interval_s > now`` — or ``0``, the run's early first step at ``t0 + first_s``
-    (:func:`headroom.controllers.react.first_step_s`; :func:`step_time`), when there is one, no
-    step was taken yet (``last < 0``) and it is still ahead. Steps missed while the process was
-    paused (a control outage) are skipped, not made up, as in the simulator."""
-    if first_s is not None and last < 0 and math.isfinite(now - t0) and now < t0 + first_s:
-        return 0
+    ``t0 + k × interval_s > now``. Steps missed while the process was paused (a control outage)
+    are skipped, not made up, as in the simulator."""
     k = math.floor((now - t0) / interval_s) + 1 if math.isfinite(now - t0) else 1
     return max(1, last + 1, k)
-
-
-def step_time(k: int, t0: float, interval_s: float, first_s: float | None = None) -> float:
-    """When step ``k`` of :func:`next_step` falls: ``t0 + k × interval_s``, step 0 at
-    ``t0 + first_s``."""
-    if k == 0 and first_s is not None:
-        return t0 + first_s
-    return t0 + k * interval_s
 
 
 def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
@@ -607,13 +589,7 @@ def create_app(settings: ControllerSettings) -> tuple[faust.App, Controller]:
 
     @app.task  # type: ignore[untyped-decorator]
     async def control_clock() -> None:
-        window = settings.slo_window_s
-        first_s = first_step_s(
-            config.react,
-            config.interval_s,
-            float(settings.scenario.slo.window_s) if window is None else window,
-        )
-        await _control_clock(app, settings.t0, config.interval_s, prepare, run_tick, first_s)
+        await _control_clock(app, settings.t0, config.interval_s, prepare, run_tick)
 
     @app.task  # type: ignore[untyped-decorator]
     async def watch() -> None:  # the value signals' counts and the liveness check
@@ -892,19 +868,16 @@ async def _control_clock(
     interval_s: float,
     prepare: Callable[[], Awaitable[bool]],
     run_tick: Callable[[float], Awaitable[None]],
-    first_s: float | None = None,
 ) -> None:
     """One step at every ``t0 + k × interval_s`` (scenario time ``k × interval_s``, as in the
-    simulator), not every interval from whenever this process started, and one at
-    ``t0 + first_s`` when the process is up before then (the run's early first step,
-    controllers/react.py); ``prepare`` once the tables are recovered, before the first step.
-    A step before recovery is skipped (bumpless restart); a failed step is logged and never
-    stops the control plane."""
-    k = -1
+    simulator), not every interval from whenever this process started; ``prepare`` once the
+    tables are recovered, before the first step. A step before recovery is skipped (bumpless
+    restart); a failed step is logged and never stops the control plane."""
+    k = 0
     prepared = False
     while not app.should_stop:
-        k = next_step(time.time(), t0, interval_s, k, first_s)
-        at = step_time(k, t0, interval_s, first_s)
+        k = next_step(time.time(), t0, interval_s, k)
+        at = t0 + k * interval_s
         while not app.should_stop and time.time() < at:
             if not prepared and _recovered(app):
                 prepared = await prepare()

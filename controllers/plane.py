@@ -54,7 +54,7 @@ from headroom.controllers.config import ControlConfig
 from headroom.controllers.coverage import CoverageController, CoverageResult
 from headroom.controllers.levers import LeverContext, LeverRegistry, ValueBook, bin_means
 from headroom.controllers.pid import RmaController, RmaResult
-from headroom.controllers.react import first_step_s, reacts
+from headroom.controllers.react import reacts
 from headroom.controllers.router import RouteResult, SbmRouter
 from headroom.controllers.types import (
     LEVER_PRECOMPUTE,
@@ -344,12 +344,6 @@ class ControlPlane:
             remote_ok=cfg.precompute_enabled,
             t0=t0,
         )
-
-    def first_step_s(self, window_s: float) -> float | None:
-        """When after the run's start its first step comes, if before the first tick
-        (:func:`headroom.controllers.react.first_step_s`; ``window_s`` the SLO window, in the
-        unit of the interval); None: at the first tick."""
-        return first_step_s(self.config.react, self.config.interval_s, window_s)
 
     def signal_means(self, region: str) -> dict[str, float]:
         """The region's mean value signal per value-book key (segment or stratum):

@@ -13,15 +13,6 @@ rule both engines ask on every capacity level they record: a step now, out of th
   step (regular or extra), and at least as long before the next regular tick (which will see the
   change anyway).
 
-The run's **first step** comes early by the same spacing, once one SLO window has closed: at
-``t0 + max(min_gap_share × interval_s, window_s)`` (:func:`first_step_s`), not a whole interval
-after the start. The capacity a run starts with is a grant too: without that step it stays
-unused for the first interval (a minute with the default interval), and the strong model cannot
-start loading until then. The step observes the window(s) closed by then; no value signal is in
-yet, so it is the allocator's fallback (``no_value``, controllers/allocator.py), and the levers
-start being measured a step sooner too. A controller that starts after that instant (a restart)
-keeps the clock; with an interval no longer than that, the first tick is the first step.
-
 Pure: no clock (the caller passes ``now``, the previous step's time and the phase of its
 clock), no I/O. Thresholds: :class:`ReactSettings` (``control.react`` of
 :class:`headroom.controllers.config.ControlConfig`).
@@ -36,7 +27,7 @@ from dataclasses import dataclass
 from headroom.controllers.types import CapacityLevel
 from headroom.kernel.checks import FieldChecker
 
-__all__ = ["ReactSettings", "first_step_s", "material_change", "reacts", "spaced"]
+__all__ = ["ReactSettings", "material_change", "reacts", "spaced"]
 
 _EPS = 1e-9
 
@@ -55,31 +46,12 @@ class ReactSettings:
     # interval, and each sees at least a quarter interval since the previous step), nor an
     # extra step this close before a regular tick
     min_gap_share: float = 0.25
-    # the run's first step at ``min_gap_share × interval_s`` rather than at the first tick
-    # (:func:`first_step_s`)
-    first_step: bool = True
 
     def validate(self, c: FieldChecker) -> None:
-        for name in ("enabled", "first_step"):
-            if not isinstance(getattr(self, name), bool):
-                c.fail(name, "must be true or false", getattr(self, name))
+        if not isinstance(self.enabled, bool):
+            c.fail("enabled", "must be true or false", self.enabled)
         c.between("min_change_share", self.min_change_share, 0.0, 1.0, lo_open=True)
         c.between("min_gap_share", self.min_gap_share, 0.0, 1.0, lo_open=True)
-
-
-def first_step_s(settings: ReactSettings, interval_s: float, window_s: float) -> float | None:
-    """Time after the run's start of its early first step (module docstring), the same in both
-    engines: ``max(min_gap_share × interval_s, window_s)`` (``window_s`` the SLO window, in the
-    unit of ``interval_s``). None when out-of-tick steps or the early first step are off, or
-    that is not at least a gap before the first tick: the first step is then the first tick."""
-    if not (settings.enabled and settings.first_step):
-        return None
-    if not (math.isfinite(interval_s) and interval_s > 0.0 and math.isfinite(window_s)):
-        return None
-    at = max(settings.min_gap_share * interval_s, window_s, 0.0)
-    if interval_s - at < settings.min_gap_share * interval_s - _EPS:
-        return None
-    return at
 
 
 def _usable(level: CapacityLevel, remote_ok: bool) -> bool:

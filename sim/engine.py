@@ -241,12 +241,6 @@ class RegionRun:
                 self._push(k * self.interval, _EV_CONTROL, False)
                 k += 1
         if self._react is not None:
-            # the run's first step, before the first tick (controllers/react.py): one between
-            # ticks, on the SLO windows closed by then
-            first_of = getattr(policy, "first_step_s", None)
-            first = first_of(float(ctx.scenario.slo.window_s)) if first_of is not None else None
-            if first is not None and first < ctx.duration_s - _EPS:
-                self._push(first, _EV_CONTROL, True)
             for _, end in self.traces.outages:
                 phase = end / self.interval
                 if end < ctx.duration_s - _EPS and abs(phase - round(phase)) * self.interval > _EPS:

@@ -62,9 +62,7 @@ when the ones they hold expire (``ttl_s``, 3 intervals).
 
 **Between ticks.** The control plane's policies (central-only, headroom) also step on a material
 capacity change between ticks and as soon as an outage ends (:meth:`PlaneRegion.react`, the
-plane's rule of controllers/react.py), and take their first step a quarter interval (at least
-an SLO window) after the start rather than at the first tick (:meth:`PlaneRegion.first_step_s`);
-the others keep the clock.
+plane's rule of controllers/react.py); the others keep the clock.
 """
 
 from __future__ import annotations
@@ -340,12 +338,6 @@ class PlaneRegion(StaticRegion):
         capacity agent does."""
         region = self._region_name
         return region is not None and self.plane.reacts(region, now, before, after)
-
-    def first_step_s(self, window_s: float) -> float | None:
-        """Scenario time of the run's first step, before the first tick (the plane's rule,
-        :func:`headroom.controllers.react.first_step_s`, as the streaming controller's clock
-        has it); None: at the first tick."""
-        return self.plane.first_step_s(window_s)
 
     def control(self, now: float, obs: RegionObservation, run: RegionRun) -> Issued | None:
         rt = self.plane.step(obs)

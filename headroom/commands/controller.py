@@ -64,7 +64,6 @@ def controller(args: argparse.Namespace) -> int:
         interval_s=control.interval_s / speed,
         ttl_s=control.target_ttl_s / speed,
         t0=resolve_t0(getattr(args, "t0", None)),
-        slo_window_s=scenario.slo.window_s / speed,
         data_dir=data_dir,
         seed=scenario.seed,
         partitions=partitions,

@@ -5,8 +5,7 @@ capacity topic. Latency samples well below the SLO must make the RMA candidate t
 base; samples above the SLO (some produced by kcat) must make it fall back toward base,
 monotonically. Malformed samples go to the dead-letter topic while the app runs on. After kill -9
 and a restart the app resumes from its tables: the first new target is within one rate-limit step
-of the last one. A material rise of the spare capacity between ticks steps the region at once,
-and a run's first step comes as soon as an SLO window has closed, not at the first tick.
+of the last one. A material rise of the spare capacity between ticks steps the region at once.
 """
 
 from __future__ import annotations
@@ -103,9 +102,7 @@ class ControllerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = workdir / "controller.log"
 
-    def start(
-        self, ttl_s: float | None = None, interval_s: float = 1.0, t0: float | None = None
-    ) -> None:
+    def start(self, ttl_s: float | None = None, interval_s: float = 1.0) -> None:
         env = dict(
             os.environ, HEADROOM_CONTROLLER_DIR=str(self.workdir), HEADROOM_LOG_FORMAT="json"
         )
@@ -122,7 +119,6 @@ class ControllerProcess:
                 "--prefix",
                 self.prefix,
                 *([] if ttl_s is None else ["--ttl", str(ttl_s)]),
-                *([] if t0 is None else ["--t0", repr(t0)]),
             ],
             env=env,
             stdout=subprocess.DEVNULL,
@@ -421,46 +417,6 @@ async def test_a_capacity_rise_between_ticks_steps_the_region_at_once(
         between = [t for t in after if t.epoch > at_tick.epoch and 0.25 <= phase(t) <= 0.75]
         assert between, [(round(phase(t), 3), t.budget.cpu) for t in after]
         assert between[0].budget.cpu > at_tick.budget.cpu, (at_tick.budget, between[0].budget)
-    finally:
-        await consumer.stop()
-        await producer.stop()
-        proc.stop()
-
-
-FIRST_INTERVAL_S = 40.0  # ticks at t0 + k × 40 s: the first step's 10 s is a quarter of it
-FIRST_LEAD_S = 45.0  # the controller starts this long before t0 (up and its tables recovered)
-
-
-async def test_a_runs_first_step_comes_once_a_window_has_closed_not_at_the_first_tick(
-    kafka_bootstrap: str, topic_prefix: str, tmp_path: Path
-) -> None:
-    # The run starts at t0, FIRST_LEAD_S after the controller; ticks at t0 + k × 40 s. The
-    # scenario's SLO window is 10 s: the run's first step (controllers/react.py) comes at
-    # t0 + 10 s, so the capacity the run starts with is assigned 30 s before the first tick.
-    window = load_scenario(default_scenario_path()).slo.window_s
-    first_s = max(0.25 * FIRST_INTERVAL_S, window)
-    assert FIRST_INTERVAL_S - first_s >= 0.25 * FIRST_INTERVAL_S  # the rule has the early step
-    t0 = time.time() + FIRST_LEAD_S
-    proc = ControllerProcess(kafka_bootstrap, topic_prefix, tmp_path)
-    proc.start(interval_s=FIRST_INTERVAL_S, t0=t0)
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
-    consumer = AIOKafkaConsumer(
-        f"{topic_prefix}targets", bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest"
-    )
-    await producer.start()
-    await consumer.start()
-    try:
-        seen: list[messages.Target] = []
-        while not seen and time.time() < t0 + FIRST_INTERVAL_S + 10.0:
-            _, got = await asyncio.gather(
-                _feed(producer, topic_prefix, 0.3 * SLO_MS, 1.0),
-                _collect_targets(consumer, 1, timeout_s=1.0),
-            )
-            seen += got
-        assert seen, "the controller published no target"
-        # stepped at t0 + 10 s (the step's own clock: a late one runs at once, never earlier)
-        first = seen[0]
-        assert t0 + first_s - 0.5 <= first.ts < t0 + FIRST_INTERVAL_S, (first.ts - t0, first_s)
     finally:
         await consumer.stop()
         await producer.stop()

@@ -13,13 +13,7 @@ from hypothesis import strategies as st
 
 from headroom.controllers.config import ControlConfig
 from headroom.controllers.plane import ControlPlane
-from headroom.controllers.react import (
-    ReactSettings,
-    first_step_s,
-    material_change,
-    reacts,
-    spaced,
-)
+from headroom.controllers.react import ReactSettings, material_change, reacts, spaced
 from headroom.controllers.types import CapacityLevel, RegionObservation
 from headroom.kernel.errors import ConfigError
 from headroom.kernel.scenario_load import load_scenario
@@ -112,36 +106,6 @@ def test_disabled_never_reacts() -> None:
     assert reacts(ReactSettings(), 60.0, 30.0, 0.0, _levels(10, 0), _levels(10, 2))
 
 
-def test_the_first_step_comes_a_quarter_interval_in_once_a_window_has_closed() -> None:
-    rule = ReactSettings()
-    assert first_step_s(rule, 60.0, 10.0) == 15.0  # a quarter interval
-    assert first_step_s(rule, 60.0, 30.0) == 30.0  # not before the first SLO window closes
-    assert first_step_s(rule, 60.0, 45.0) == 45.0  # still a gap before the first tick
-    assert first_step_s(rule, 60.0, 50.0) is None  # too close to it: the tick is the first step
-    assert first_step_s(rule, 5.0, 5.0) is None  # an interval no longer than a window
-    assert first_step_s(ReactSettings(min_gap_share=0.5), 60.0, 10.0) == 30.0
-    assert first_step_s(ReactSettings(first_step=False), 60.0, 10.0) is None
-    assert first_step_s(ReactSettings(enabled=False), 60.0, 10.0) is None
-    assert first_step_s(rule, math.inf, 10.0) is None
-    assert first_step_s(rule, 0.0, 10.0) is None
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    interval=st.floats(0.1, 1e5, allow_nan=False),
-    window=st.floats(0.0, 1e5, allow_nan=False),
-    gap_share=st.floats(0.01, 1.0),
-)
-def test_an_early_first_step_keeps_the_spacing_of_every_other_step(
-    interval: float, window: float, gap_share: float
-) -> None:
-    at = first_step_s(ReactSettings(min_gap_share=gap_share), interval, window)
-    if at is not None:
-        assert at >= window
-        assert at >= gap_share * interval - 1e-9
-        assert interval - at >= gap_share * interval - 1e-6
-
-
 def _config(**overrides: object) -> ControlConfig:
     return ControlConfig.from_scenario(
         load_scenario(ROOT / "scenarios" / "quickstart.yaml"), **overrides
@@ -157,9 +121,6 @@ def test_settings_are_validated_with_their_field_path() -> None:
         _config(react={"min_gap_share": 1.5})
     with pytest.raises(ConfigError, match=r"control\.react\.enabled"):
         _config(react={"enabled": "yes"})
-    with pytest.raises(ConfigError, match=r"control\.react\.first_step"):
-        _config(react={"first_step": 1})
-    assert _config(react={"first_step": False}).react.first_step is False
     with pytest.raises(ConfigError, match=r"control\.react\.nope"):
         _config(react={"nope": 1})
 

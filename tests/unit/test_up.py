@@ -66,21 +66,6 @@ def test_the_controller_steps_at_the_simulators_instants() -> None:
     assert next_step(1061.0, t0, interval, last=3) == 13  # a pause: missed steps are skipped
 
 
-def test_the_controllers_first_step_comes_early_when_it_is_up_in_time() -> None:
-    from headroom.controllers.app import next_step, step_time
-
-    t0, interval, first = 1000.0, 60.0, 15.0
-    assert next_step(980.0, t0, interval, first_s=first) == 0  # up before t0
-    assert step_time(0, t0, interval, first) == 1015.0
-    assert next_step(1014.9, t0, interval, first_s=first) == 0
-    assert next_step(1014.9, t0, interval, last=0, first_s=first) == 1  # taken: the clock next
-    assert step_time(1, t0, interval, first) == 1060.0
-    # up after it (a restart): the clock, as without an early step
-    assert next_step(1015.0, t0, interval, first_s=first) == 1
-    assert next_step(1200.0, t0, interval, first_s=first) == 4
-    assert step_time(0, t0, interval) == t0  # no early step: step k at t0 + k × interval
-
-
 def test_a_scenario_without_a_control_section_gets_the_simulators_default(tmp_path: Path) -> None:
     text = SCENARIO.read_text()
     assert "control: {interval_s: 5}" in text
