@@ -31,6 +31,17 @@ variance. A stratum with treated requests but fewer than 2 control requests is m
 other such strata of its group (sums add); if the merged stratum still has fewer than 2 control
 requests its treated requests are left out and the group is reported unusable.
 
+Thin control arms. ``s²_{e,C,h}`` rests on the control arm's own requests, and a stratum of a
+small holdout holds a handful in a control interval (quickstart's 2 %: 3–20 per premium bin in
+the first minutes). Its variance then is itself a noisy guess, and the weight of a stratum
+moves with it: a control arm whose few requests happen to sit close together reads as precise.
+The treated arms of the same stratum measure the same spread on hundreds of requests (a lever
+moves the mean far more than the spread), so the control's residual variance is shrunk towards
+theirs (pooled over the treated arms) with the weight of :data:`CONTROL_PRIOR_DOF` degrees of
+freedom (:func:`control_variance`): ``((n_C − 1)·s²_C + k·s²_T) / (n_C − 1 + k)``. A control arm
+of 11 requests counts half its own spread, one of 200 about 95 % (docs/analysis.md, *Thin
+control arms*; BENCHMARKS.md, *Simulator outcome targets*).
+
 Failures in the control. Where the sums report the requests that failed or timed out (``nf``,
 ``xf = Σx``, ``xxf = Σx²`` of them), a failed *control* request is taken as harm optional work did
 through the queues every arm shares (the baseline is provisioned to serve every request): the
@@ -59,16 +70,21 @@ from dataclasses import dataclass
 
 __all__ = [
     "CONTROL",
+    "CONTROL_PRIOR_DOF",
     "Z_95",
     "Estimate",
     "Moments",
     "adjusted_difference",
+    "control_variance",
     "estimate",
     "slope",
     "slope_variance",
 ]
 
 CONTROL = "control"
+# the weight, in degrees of freedom, of the treated arms' residual variance in a control arm's
+# (module docstring, *Thin control arms*)
+CONTROL_PRIOR_DOF = 10.0
 # 97.5th percentile of the standard normal: the two-sided 95 % interval.
 Z_95 = 1.959963984540054
 
@@ -196,12 +212,27 @@ def slope_variance(controls: Iterable[Moments], theta: float) -> float:
     return rss / (dof - 1.0) / sxx
 
 
+def control_variance(c: Moments, theta: float, treated_var: float, treated_dof: float) -> float:
+    """The control arm's residual variance shrunk towards the treated arms' ``treated_var``
+    (on ``treated_dof`` degrees of freedom) with the weight of :data:`CONTROL_PRIOR_DOF`
+    (module docstring, *Thin control arms*); its own alone when no treated arm has two
+    requests."""
+    own = c.residual_variance(theta)
+    if not (treated_dof > 0.0 and c.n >= 2 and math.isfinite(treated_var)):
+        return own
+    return ((c.n - 1.0) * own + CONTROL_PRIOR_DOF * treated_var) / (c.n - 1.0 + CONTROL_PRIOR_DOF)
+
+
 def adjusted_difference(t: Moments, c: Moments, theta: float) -> tuple[float, float]:
     """Per treated request, ``d = (ȳ_t − ȳ_c) − θ(x̄_t − x̄_c)`` and its variance
-    ``s²_e,t/n_t + s²_e,c/n_c`` (the module docstring's stratum term; ``n ≥ 2`` in both arms)."""
+    ``s²_e,t/n_t + s²_e,c/n_c`` (the module docstring's stratum term, the control's variance
+    shrunk towards the treated arm's: :func:`control_variance`; ``n ≥ 2`` in the control)."""
     d = (t.mean_y - c.mean_y) - theta * (t.mean_x - c.mean_x)
-    var_c = c.residual_variance(theta)
-    var_t = t.residual_variance(theta) if t.n >= 2 else var_c
+    if t.n >= 2:
+        var_t = t.residual_variance(theta)
+        var_c = control_variance(c, theta, var_t, t.n - 1.0)
+    else:
+        var_c = var_t = c.residual_variance(theta)
     return d, var_t / t.n + var_c / c.n
 
 
@@ -264,12 +295,20 @@ def estimate(
                 unusable.append(group)
                 continue
             n_t = 0.0
-            var_c = c.residual_variance(theta)
+            own_c = c.residual_variance(theta)
+            # the treated arms' residual variance, pooled (the control's shrinks towards it)
+            dof = sum(m.n - 1.0 for m in treated if m.n >= 2)
+            pooled = (
+                sum((m.n - 1.0) * m.residual_variance(theta) for m in treated if m.n >= 2) / dof
+                if dof > 0.0
+                else 0.0
+            )
+            var_c = control_variance(c, theta, pooled, dof)
             for m in treated:
                 d, _ = adjusted_difference(m, c, theta)
                 total += m.n * d
                 shift += m.n * (m.mean_x - c.mean_x)
-                var_t = m.residual_variance(theta) if m.n >= 2 else var_c
+                var_t = m.residual_variance(theta) if m.n >= 2 else own_c
                 variance += m.n * var_t
                 n_t += m.n
             variance += n_t * n_t * var_c / c.n

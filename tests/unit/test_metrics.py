@@ -262,10 +262,11 @@ def test_per_region_oracle_lines_add_up_and_a_run_wide_line_applies_to_every_pol
 
 def test_holdout_estimate_matches_the_hand_computation() -> None:
     # Segment casual: control [1,2,3,4] (mean 2.5, s² 5/3); rma [3,4,5] (mean 4, s² 1);
-    # sbm [5,7] (mean 6, s² 2). Estimate 3·1.5 + 2·3.5 = 11.5.
-    # Var = 3·1 + 2·2 + (3+2)²·(5/3)/4 = 7 + 125/12.
-    # Segment premium: control [10,12] (mean 11, s² 2); rma [14] (n=1: borrows s² = 2).
-    # Estimate 3; Var = 1·2 + 1²·2/2 = 3.
+    # sbm [5,7] (mean 6, s² 2). Estimate 3·1.5 + 2·3.5 = 11.5. The control's s² shrunk
+    # towards the treated arms' pooled (2·1 + 1·2)/3 = 4/3 with 10 degrees of freedom:
+    # (3·5/3 + 10·4/3)/13 = 55/39. Var = 3·1 + 2·2 + (3+2)²·(55/39)/4.
+    # Segment premium: control [10,12] (mean 11, s² 2); rma [14] (n=1: borrows s² = 2, and
+    # lends the control nothing). Estimate 3; Var = 1·2 + 1²·2/2 = 3.
     log = LogBuilder()
     log.run_started("p")
     arms0 = {
@@ -280,7 +281,7 @@ def test_holdout_estimate_matches_the_hand_computation() -> None:
     log.window("p", "r1", 10.0, latencies_ms=FAST, arms=arms1)
     v = compute_metrics(log.events)["policies"]["p"]["value"]
     expected = 11.5 + 3.0
-    variance = 7 + 125 / 12 + 3.0
+    variance = 7 + 25 * (55 / 39) / 4 + 3.0
     assert v["estimated_incremental"] == pytest.approx(expected)
     half = Z_95 * math.sqrt(variance)
     assert v["estimated_ci95"] == pytest.approx([expected - half, expected + half])
