@@ -40,7 +40,9 @@ moves the mean far more than the spread), so the control's residual variance is 
 theirs (pooled over the treated arms) with the weight of :data:`CONTROL_PRIOR_DOF` degrees of
 freedom (:func:`control_variance`): ``((n_C − 1)·s²_C + k·s²_T) / (n_C − 1 + k)``. A control arm
 of 11 requests counts half its own spread, one of 200 about 95 % (docs/analysis.md, *Thin
-control arms*; BENCHMARKS.md, *Simulator outcome targets*).
+control arms*; BENCHMARKS.md, *Simulator outcome targets*). The treated arms count ``k``
+whatever their size once one has two requests: where they are thin as well, the stratum weighs
+little either way.
 
 Failures in the control. Where the sums report the requests that failed or timed out (``nf``,
 ``xf = Σx``, ``xxf = Σx²`` of them), a failed *control* request is taken as harm optional work did
