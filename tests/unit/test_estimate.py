@@ -87,7 +87,7 @@ def test_without_signal_sums_it_is_the_plain_stratified_difference() -> None:
 
 def test_a_thin_control_arms_variance_leans_on_the_treated_arms() -> None:
     """A control arm of 11 requests counts half its own spread and half the treated arms'
-    (pooled over them); one of 1,000 almost only its own; a lone treated request lends none."""
+    (pooled over them); one of 1,001 almost only its own; a lone treated request lends none."""
     rng = np.random.default_rng(3)
     wide = rng.normal(0.0, 2.0, 400)  # the treated arms: sd 2
     treated = {"rma": _m(wide[:200], wide[:200] * 0), "none": _m(wide[200:], wide[200:] * 0)}
