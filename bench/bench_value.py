@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -146,15 +147,13 @@ def summary(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     ]
     own_n = [x for x in own if x is not None]
     seeds_n = [x for x in seeds if x is not None]
-    mean = sum(seeds_n) / len(seeds_n) if seeds_n else None
-    se = None
-    if mean is not None and len(seeds_n) > 1:
-        var = sum((x - mean) ** 2 for x in seeds_n) / (len(seeds_n) - 1)
-        se = math.sqrt(var / len(seeds_n))
+    n = len(seeds_n)
     return {
         "headroom_min_capture_feasible": min(own_n + seeds_n) if own_n + seeds_n else None,
-        "headroom_mean_capture_feasible_quickstart_seeds": mean,
-        "headroom_mean_capture_feasible_quickstart_seeds_se": se,
+        "headroom_mean_capture_feasible_quickstart_seeds": statistics.fmean(seeds_n) if n else None,
+        "headroom_mean_capture_feasible_quickstart_seeds_se": (
+            statistics.stdev(seeds_n) / math.sqrt(n) if n > 1 else None
+        ),
     }
 
 

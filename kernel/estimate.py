@@ -297,20 +297,21 @@ def estimate(
                 unusable.append(group)
                 continue
             n_t = 0.0
+            # each treated arm's residual variance (one of fewer than 2 requests borrows the
+            # control's own), and theirs pooled: the control's shrinks towards it
             own_c = c.residual_variance(theta)
-            # the treated arms' residual variance, pooled (the control's shrinks towards it)
+            var_ts = [m.residual_variance(theta) if m.n >= 2 else own_c for m in treated]
             dof = sum(m.n - 1.0 for m in treated if m.n >= 2)
             pooled = (
-                sum((m.n - 1.0) * m.residual_variance(theta) for m in treated if m.n >= 2) / dof
+                sum((m.n - 1.0) * v for m, v in zip(treated, var_ts, strict=True) if m.n >= 2) / dof
                 if dof > 0.0
                 else 0.0
             )
             var_c = control_variance(c, theta, pooled, dof)
-            for m in treated:
+            for m, var_t in zip(treated, var_ts, strict=True):
                 d, _ = adjusted_difference(m, c, theta)
                 total += m.n * d
                 shift += m.n * (m.mean_x - c.mean_x)
-                var_t = m.residual_variance(theta) if m.n >= 2 else own_c
                 variance += m.n * var_t
                 n_t += m.n
             variance += n_t * n_t * var_c / c.n
