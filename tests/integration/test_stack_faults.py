@@ -23,7 +23,6 @@ down, so what waited is served in a burst when it is back).
 from __future__ import annotations
 
 import json
-import math
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,7 +32,6 @@ from typing import Any
 import pytest
 
 from headroom.analysis.events import base_sketch, read_events, unpack_sketch
-from headroom.analysis.metrics import SketchSum
 from headroom.commands.up import UpResult, run_up
 from headroom.controllers.config import ControlConfig
 from headroom.kernel.errors import HeadroomError
@@ -42,6 +40,7 @@ from headroom.streams import broker, messages
 from headroom.streams.kafka import KafkaTarget
 from headroom.workers.up import StackConfig
 from tests.conftest import run_async, start_private_broker
+from tests.integration.slo_windows import baseline_window_p99s, fault_window, fault_windows
 from tests.integration.topic_reads import read_topic
 
 pytestmark = pytest.mark.integration
@@ -286,7 +285,7 @@ def test_a_client_that_wakes_with_an_expired_target_serves_the_baseline(
     # before the controller is back at 110 s: the requests that queued while it was frozen and
     # those after are served baseline-only. The window of the wake may hold the few requests in
     # flight when it was frozen (planned before, with the target then in force).
-    wake = math.floor(CLIENT_PAUSE[1] / window_s) * window_s
+    wake = fault_window(CLIENT_PAUSE[1], window_s)
     requests, optional = served(wake)
     assert requests > 0
     assert optional <= 3, (requests, optional)
@@ -316,20 +315,10 @@ def test_the_surge_is_served_with_the_baseline_held(fault_run: FaultRun) -> None
     assert surged / 10.0 > 5.0 * normal / 10.0, (surged, normal)
     # no timeouts, but for a request in flight when the client was frozen (it ends at the wake)
     window_s = fault_run.metrics["slo"]["window_s"]
-    wake = math.floor(CLIENT_PAUSE[1] / window_s) * window_s
+    wake = fault_window(CLIENT_PAUSE[1], window_s)
     late = {w["t_start"]: w["timeouts"] for w in windows if w.get("timeouts")}
     assert set(late) <= {wake}, late
     assert sum(late.values()) <= 3, late
-
-
-def _baseline_window_p99(fault_run: FaultRun) -> dict[float, float]:
-    """Per window, the p99 of the requests that ran with no optional work."""
-    sums: dict[float, SketchSum] = {}
-    for w in fault_run.kinds("window", "client"):
-        sketch = base_sketch(w)
-        if sketch:
-            sums.setdefault(w["t_start"], SketchSum()).add(sketch)
-    return {t: s.quantile(0.99) or 0.0 for t, s in sums.items()}
 
 
 def test_the_baseline_slo_held_outside_the_windows_the_faults_make_impossible(
@@ -348,12 +337,8 @@ def test_the_baseline_slo_held_outside_the_windows_the_faults_make_impossible(
         ("kill", "feed"),
         ("broker_restart", "broker"),
     ):
-        f = fault_run.fault(fault, process)
-        t = math.floor(f["at_s"] / window_s) * window_s
-        while t <= f["end_t"] + f["recovery_s"] + window_s:
-            exempt.add(t)
-            t += window_s
-    p99 = _baseline_window_p99(fault_run)
+        exempt |= fault_windows(fault_run.fault(fault, process), window_s)
+    p99 = baseline_window_p99s(fault_run.kinds("window", "client"))
     assert len(p99) >= 30
     outside = {t: p for t, p in p99.items() if t not in exempt}
     # a loaded two-core host (other stacks, brokers and test suites beside this one) puts single

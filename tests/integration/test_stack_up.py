@@ -27,17 +27,17 @@ from typing import Any
 
 import pytest
 
-from headroom.analysis.events import read_events, unpack_sketch
-from headroom.analysis.metrics import MetricsAccumulator, compute_metrics
+from headroom.analysis.events import read_events
+from headroom.analysis.metrics import compute_metrics
 from headroom.commands.up import UpResult, run_up
 from headroom.kernel.scenario import Scenario
 from headroom.kernel.scenario_load import load_scenario
-from headroom.kernel.sketch import LatencySketch
 from headroom.streams import messages
 from headroom.streams.kafka import KafkaTarget, delete_topics
 from headroom.streams.topics import topics
 from headroom.workers.up import Stack, StackConfig
 from tests.conftest import run_async
+from tests.integration.slo_windows import fault_window, window_p99s
 from tests.integration.topic_reads import decode_topic
 
 pytestmark = pytest.mark.integration
@@ -135,28 +135,17 @@ def test_every_process_started_and_the_run_was_collected(stack_run: StackRun) ->
     assert (stack_run.result.out_dir / "events.jsonl").exists()
 
 
-def _window_p99s(stack_run: StackRun) -> dict[float, float]:
-    """Every judged window's p99 of all requests (ms), by its start: the series behind the
-    metrics' violation fraction."""
-    acc = MetricsAccumulator()
-    for e in stack_run.events:
-        acc.add(e)
-    acc.flush()
-    series = acc.window_series("headroom", REGION)
-    return dict(zip(series.t_start, series.p99_ms, strict=True))
-
-
 def test_baseline_p99_within_the_slo(stack_run: StackRun) -> None:
     slo = stack_run.metrics["slo"]
     assert slo["windows"] >= 20
-    p99s = _window_p99s(stack_run)
+    p99s = window_p99s(stack_run.events, REGION)
     assert len(p99s) == slo["windows"]
     assert max(p99s.values()) == pytest.approx(slo["worst_window_p99_ms"])
     # The window in which the client is killed and restarted is the fault's own: its new process
     # starts cold on a shared host and serves the backlog (paced, baseline-only). Nothing in it
     # may time out (twice the SLO); two full runs on a loaded 2-core host put its p99 at 302 and
     # 416 ms, every other window of those runs under 160 ms.
-    restart = math.floor(KILL_CLIENT_AT / slo["window_s"]) * slo["window_s"]
+    restart = fault_window(KILL_CLIENT_AT, slo["window_s"])
     assert p99s[restart] < 2.0 * slo["p99_ms"], p99s
     # every other window, the server's kill and restart, the preemption, the reclaim and the
     # control outage included, keeps p99 of all requests under the SLO
@@ -363,20 +352,6 @@ def test_simulate_on_the_same_scenario_is_reported_beside_the_real_run(
     assert real["value"]["oracle_incremental"] == pytest.approx(sim["value"]["oracle_incremental"])
 
 
-def window_p99s(events: list[dict[str, Any]]) -> list[float]:
-    """p99 of every SLO window, from the merged sketches of every line of that window."""
-    merged: dict[tuple[str, float], LatencySketch] = {}
-    for e in events:
-        if e["kind"] == "window" and e.get("sketch"):
-            sk = LatencySketch.from_dict(unpack_sketch(e["sketch"]))
-            key = (e["region"], e["t_start"])
-            if key in merged:
-                merged[key].merge(sk)
-            else:
-                merged[key] = sk
-    return [q for sk in merged.values() if (q := sk.quantile(0.99)) is not None]
-
-
 def compare(
     real: dict[str, Any],
     real_events: list[dict[str, Any]],
@@ -386,7 +361,7 @@ def compare(
     """The figures of both engines and their relative gaps ((real − sim) / sim)."""
 
     def figures(m: dict[str, Any], events: list[dict[str, Any]]) -> dict[str, float]:
-        p99s = sorted(window_p99s(events))
+        p99s = sorted(window_p99s(events, REGION).values())
         return {
             "worst_window_p99_ms": float(m["slo"]["worst_window_p99_ms"]),
             "median_window_p99_ms": float(p99s[len(p99s) // 2]),
