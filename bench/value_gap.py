@@ -9,9 +9,12 @@ difference of their incremental value, window by window, two ways:
   ``value_lost`` of the window lines), from the window lines' ``inc`` fields;
 * **by phase** — each window of a region falls in the first phase that applies:
 
-  - ``outage``: from a ``control_outage`` event to one control interval after it ends plus the
-    target lifetime (the fail-safe turns both policies to the baseline; what is left is the
-    regain after it);
+  - ``outage``: the fail-safe's span of a ``control_outage`` — from the moment the policy's last
+    targets before the outage expire (their issue plus the target lifetime; never before the
+    outage starts) until the policy issues targets again after it ends (or one control interval
+    plus a target lifetime after the end, if it issues none). Both policies run the baseline in
+    it but for the regain; the windows before the old targets expire run them as usual and fall
+    in the phases below;
   - ``start-up``: before the policy's first targets that differ from the baseline in that region
     (the levers are not proven yet);
   - ``after capacity change``: from a ``preempt`` or ``grant`` event of the region (or any region
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -46,16 +49,11 @@ PHASES = ("start-up", "after capacity change", "outage", "learning", "steady")
 
 
 def _spans(scenario: Scenario, region: str) -> dict[str, list[tuple[float, float]]]:
-    ctl = scenario.control
-    interval = ctl.interval_s
-    ttl = ctl.target_ttl_s
+    interval = scenario.control.interval_s
     load = scenario.models.strong.load_s
     out: dict[str, list[tuple[float, float]]] = {"outage": [], "after capacity change": []}
     for e in scenario.events:
-        if e.kind == "control_outage":
-            end = e.at_s + (e.duration_s or 0.0)
-            out["outage"].append((e.at_s, end + ttl + interval))
-        elif e.kind in ("preempt", "grant") and (e.region in (None, region)):
+        if e.kind in ("preempt", "grant") and (e.region in (None, region)):
             out["after capacity change"].append((e.at_s, e.at_s + load + 2 * interval))
     return out
 
@@ -103,6 +101,26 @@ def _read(events: Path, policy: str, n0: int) -> _Log:
     return log
 
 
+def _outage_spans(
+    scenario: Scenario, issued: Sequence[tuple[float, bool]]
+) -> list[tuple[float, float]]:
+    """Per ``control_outage``, the span of its fail-safe for a policy that issued targets at
+    the (sorted) times of ``issued`` (the module docstring's ``outage`` phase)."""
+    ttl = scenario.control.target_ttl_s
+    times = [t for t, _ in issued]
+    out = []
+    for e in scenario.events:
+        if e.kind != "control_outage":
+            continue
+        end = e.at_s + (e.duration_s or 0.0)
+        i = bisect_right(times, e.at_s)
+        start = e.at_s if i == 0 else max(e.at_s, times[i - 1] + ttl)
+        j = bisect_left(times, end)
+        cap = end + ttl + scenario.control.interval_s
+        out.append((start, min(times[j], cap) if j < len(times) else cap))
+    return out
+
+
 def _phase(spans: dict[str, list[tuple[float, float]]], log: _Log, region: str, t0: float) -> str:
     if any(a <= t0 < b for a, b in spans["outage"]):
         return "outage"
@@ -127,7 +145,10 @@ def decompose(
         other = log.wins.get(("oracle", region, t0))
         if pol != policy or other is None:
             continue
-        spans = span_cache.setdefault(region, _spans(scenario, region))
+        spans = span_cache.get(region)
+        if spans is None:
+            spans = span_cache[region] = _spans(scenario, region)
+            spans["outage"] = _outage_spans(scenario, log.issued.get(region, []))
         phase = _phase(spans, log, region, t0)
         for lever in LEVERS:
             d = other.get(lever, 0.0) - inc.get(lever, 0.0)

@@ -42,6 +42,8 @@ def test_every_window_falls_in_one_phase_and_the_phases_add_up(tmp_path: Path) -
         _issued(60.0, []),
         _issued(600.0, ["rma"]),  # RMA unproven from 600 s
         _issued(700.0, ["precompute"]),  # proven again (an asynchronous lever is not live)
+        _issued(2940.0, []),  # the last targets before the outage: they live until 3,120 s
+        _issued(3460.0, []),  # the first after it: the regain
     ]
     expected = {
         0.0: "start-up",  # the baseline's targets still
@@ -49,7 +51,10 @@ def test_every_window_falls_in_one_phase_and_the_phases_add_up(tmp_path: Path) -
         650.0: "learning",
         900.0: "steady",
         2100.0: "after capacity change",  # the grant's load and two intervals
-        3500.0: "outage",  # until the outage, one interval and a target lifetime are over
+        3050.0: "steady",  # in the outage, but the targets of 2,940 s are still in force
+        3200.0: "outage",  # they have expired: the fail-safe
+        3450.0: "outage",  # after the outage, before the policy's first targets
+        3500.0: "steady",  # regained
     }
     for t in expected:
         candidates = 400 if t == 0.0 else 500
@@ -68,3 +73,27 @@ def test_every_window_falls_in_one_phase_and_the_phases_add_up(tmp_path: Path) -
     assert totals["oracle"] == pytest.approx(3.0 * len(expected))
     assert totals["rma"] == pytest.approx(totals["oracle"] - totals["policy"])
     assert totals["feasible_bound"] == 100.0
+
+
+def test_an_outage_without_targets_after_it_lasts_a_lifetime_and_an_interval(
+    tmp_path: Path,
+) -> None:
+    # no targets before it nor after it: the fail-safe from the outage's start until one
+    # interval and a target lifetime after its end (quickstart: 3,000 + 400 + 180 + 60 s)
+    scenario = load_scenario(ROOT / "scenarios" / "quickstart.yaml")
+    path = tmp_path / "events.jsonl"
+    events: list[dict[str, Any]] = [
+        {"kind": "run.started", "ts": T0, "policy": None, "t0": T0},
+        _window("headroom", 0.0, 1.0),  # targets other than the baseline's from the start
+        _window("oracle", 0.0, 1.0),
+    ]
+    phases = {2990.0: "steady", 3000.0: "outage", 3630.0: "outage", 3640.0: "steady"}
+    for t in phases:
+        events += [_window("headroom", t, 1.0), _window("oracle", t, 2.0)]
+    with EventWriter(path) as w:
+        for e in events:
+            w.write(e)
+    gap, _ = decompose(scenario, path, "headroom", 400)
+    for phase in ("outage", "steady"):
+        n = sum(1 for p in phases.values() if p == phase)
+        assert gap[phase]["rma"] == pytest.approx(float(n)), phase
