@@ -4,8 +4,10 @@ The problem
 -----------
 A region announces opportunistic *pools*: (resource, hardware, remote, remaining lifetime,
 units). Each registered lever (controllers/levers.py) costs ``cpu_l`` core-seconds and ``acc_l``
-device-seconds per unit of work, is worth ``v_l`` per unit (its **lower confidence bound**, so a
-lever must prove its value before it gets capacity), and can absorb at most ``D_l`` units/s.
+device-seconds per unit of work, is worth ``v_l`` per unit (its estimated **mean**, once its
+**lower confidence bound** is above 0: a lever must prove its value before it gets capacity, and
+a proven one is then valued at what it is expected to be worth), and can absorb at most ``D_l``
+units/s.
 Which pools a lever may use:
 
 * **hardware** — an accelerator pool only if its type is in ``lever.hardware`` (SBM and
@@ -47,6 +49,11 @@ Each lever's value enters as ``v_l`` per unit of work; variables are scaled to t
 dominant resource so the tableau is well conditioned. ``LeverShare.value_per_unit_lcb`` reports
 the LCB per core-second or device-second of that dominant resource.
 
+**Proven by the LCB, valued at the mean.** The LCB decides which levers and tranches get
+capacity at all (``lcb > 0``); among those the LP weighs each at its mean. Weighing them at
+their LCBs too would favour whichever lever is measured more precisely, not the one worth more:
+a lever measured on a thin slice of a contested pool has an LCB far below its mean.
+
 Exploration and fallback
 ------------------------
 * A lever not proven valuable (LCB ≤ 0) but not proven harmful (UCB > 0, or no estimate yet)
@@ -59,6 +66,13 @@ Exploration and fallback
   sooner, and the servers' admission rule bounds how busy the pools run either way. What they
   leave of it goes to the proven levers, up to their demand: a lever whose LCB has just crossed
   0, worth almost nothing in the LP, keeps about what it held unproven (no cliff at the proof).
+* **A whole device** (a lever that needs one, SBM): the lever is pinned to it or dropped from
+  the pool, one (lever, pool) at a time. A lever being measured is pinned (it must work to be
+  measured), unless that leaves an unknown lever measured on the pool nothing of it. A proven
+  one is pinned when that is worth more than what the others make of the pool, and not when it
+  would shut out of the pool a lever measured but not proven either way whose work there is
+  worth more at its estimated mean (its demand counted): else a lever not yet proven when the
+  other was pinned to the only pool it can use would get no samples again.
 * **Fallback** — when value signals never arrived (``no_value``), are older than
   ``value_stale_s`` (``stale_value``), or leave no lever with a positive LCB while some could
   still be positive (``uncertain_value``), the allocator hands ``fallback_share`` of the safe
@@ -111,6 +125,12 @@ __all__ = [
 ]
 
 _EPS = 1e-9
+
+
+def _worth_of(est: ValueEstimate) -> float:
+    """What the LP weighs a unit of a lever's work at: its mean once its LCB is above 0 (it is
+    proven), else its LCB (a lever not proven gets no variable; module docstring)."""
+    return est.mean if est.known and est.lcb > 0.0 else est.lcb
 
 
 class FallbackReason(Enum):
@@ -486,6 +506,8 @@ class Allocator:
             )
             if pin is not None and not self._keeps_explorers(run, pin, key, pools, estimates):
                 pin = None
+            if pin is not None and self._shut_out_worth_more(pin, drop, key, estimates, tranches):
+                pin = None
             est = estimates[key[0]]
             exploring = not (est.known and est.lcb > 0.0)
             if pin is not None and (
@@ -498,8 +520,8 @@ class Allocator:
             ):
                 # a lever being explored (unknown, or not proven either way) must be able to
                 # do work to be measured — in a fallback too, else it could never end it; a
-                # proven one is pinned only outside a fallback and when its LCB says the whole
-                # device is worth more than what the others make of it
+                # proven one is pinned only outside a fallback and when the whole device is
+                # worth more to it than what the others make of it (at the LP's weights)
                 pinned.append(key)
                 run = pin
             else:
@@ -572,26 +594,65 @@ class Allocator:
                 return False
         return True
 
+    def _shut_out_worth_more(
+        self,
+        pin: _Run,
+        drop: _Run,
+        key: tuple[str, int],
+        estimates: Mapping[str, ValueEstimate],
+        tranches: Mapping[str, Sequence[Tranche]],
+    ) -> bool:
+        """Whether pinning a proven lever ``key`` to its whole device shuts out of the pool a
+        lever measured but not proven either way (``lcb ≤ 0``) whose work there, at its
+        estimated mean, is worth more than the pin. The device goes whole to one of them, so
+        the choice is made on what each is expected to be worth — the shut-out lever's work
+        without the pin (its demand counted: a lever that could use only a sliver of the device
+        does not take it), the others at the LP's weights. Without this a lever not yet proven
+        when another is pinned to the only pool it can use gets no samples again, and its
+        estimate only ages (docs/controllers.md, *Guardrails*). A pinning lever that is itself
+        being measured is measured first."""
+        lever, i = key
+        pinner = estimates[lever]
+        if not (pinner.known and pinner.lcb > 0.0):
+            return False
+        gain = 0.0
+        for (name, j), units in drop.acc.pool_use.items():
+            est = estimates[name]
+            if (
+                name == lever
+                or j != i
+                or units <= _EPS
+                or not (est.known and est.lcb <= 0.0 < est.mean)
+                or pin.acc.pool_use.get((name, i), 0.0) > _EPS
+            ):
+                continue
+            more = drop.acc.rates.get(name, 0.0) - pin.acc.rates.get(name, 0.0)
+            gain += max(more, 0.0) * est.mean
+        if gain <= 0.0:
+            return False
+        return self._worth(drop, estimates, tranches) + gain > self._worth(pin, estimates, tranches)
+
     @staticmethod
     def _worth(
         run: _Run,
         estimates: Mapping[str, ValueEstimate],
         tranches: Mapping[str, Sequence[Tranche]],
     ) -> float:
-        """LCB value per second of a run's work (unknown or unproven levers count 0): each
-        tranche's work at its own LCB, the rest of a lever's work at the lever's."""
+        """Value per second of a run's work at the LP's weights (unknown or unproven levers
+        count 0): each proven tranche's work at its own mean, the rest of a lever's work at the
+        lever's."""
         total = 0.0
         in_tranches: dict[str, float] = {}
         for (name, seg), rate in run.acc.tranche_rates.items():
             for t in tranches.get(name, ()):
                 if t.segment == seg and t.estimate.known and t.estimate.lcb > 0.0:
-                    total += t.estimate.lcb * rate
+                    total += t.estimate.mean * rate
             in_tranches[name] = in_tranches.get(name, 0.0) + rate
         for name, rate in run.acc.rates.items():
             rate = max(rate - in_tranches.get(name, 0.0), 0.0)
             est = estimates[name]
             if est.known and est.lcb > 0.0:
-                total += est.lcb * rate
+                total += est.mean * rate
         return total
 
     def _run(
@@ -853,8 +914,9 @@ class Allocator:
         for n in names:
             cost = self.levers[n].unit_cost()
             # a scaled unit is one resource unit of the dominant resource, i.e. 1/dominant units
-            # of work: value per scaled unit = LCB per unit of work / dominant cost
-            values[n] = estimates[n].lcb / max(cost.cpu_s, cost.accelerator_s)
+            # of work: value per scaled unit = value per unit of work / dominant cost, at the
+            # mean once proven (the module docstring), else at the LCB (≤ 0: no variable)
+            values[n] = _worth_of(estimates[n]) / max(cost.cpu_s, cost.accelerator_s)
         # a cap binds only on pools another lever that could run here could also use
         contested = self._contested(variables, len(pools))
         return self._solve(
@@ -908,7 +970,7 @@ class Allocator:
                     continue
                 for v in variables[n]:
                     vs.append(_Var(v.lever, v.cpu_pool, v.acc_pool, v.cpu, v.acc, v.scale, k))
-                    coef.append(t.estimate.lcb / dominant)
+                    coef.append(t.estimate.mean / dominant)
         if not vs:
             return []
         rows: list[list[float]] = []

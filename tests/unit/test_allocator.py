@@ -49,11 +49,12 @@ def treated_cost(lever: str, n: int, extra: float = 200.0) -> tuple[float, float
     return 0.0, 0.0
 
 
-def book_with(uplift: dict[str, float], n: int = 2000, seed: int = 0) -> ValueBook:
-    """A book where each lever's treatment beats control by ``uplift[lever]`` per request."""
+def book_of(spec: dict[str, tuple[float, int]], seed: int = 0) -> ValueBook:
+    """A book where each lever's treatment beats control by ``d`` per request, ``n`` requests
+    an arm (``spec[lever] = (d, n)``: fewer requests, a wider interval)."""
     rng = np.random.default_rng(seed)
     book = ValueBook()
-    for lever, d in uplift.items():
+    for lever, (d, n) in spec.items():
         book.add(
             {
                 ("casual", lever, "treatment"): arm_stats(
@@ -63,6 +64,11 @@ def book_with(uplift: dict[str, float], n: int = 2000, seed: int = 0) -> ValueBo
             }
         )
     return book
+
+
+def book_with(uplift: dict[str, float], n: int = 2000, seed: int = 0) -> ValueBook:
+    """A book where each lever's treatment beats control by ``uplift[lever]`` per request."""
+    return book_of({lever: (d, n) for lever, d in uplift.items()}, seed)
 
 
 PROVEN = book_with({"rma": 0.1, "sbm": 0.3, "precompute": 0.2})
@@ -529,6 +535,48 @@ def test_sbm_holds_a_whole_device_or_none_of_it_never_a_split_the_replicas_round
     a = live_allocator().allocate(capacity(cpu=8.0, accelerator=1.0), 0.0, CTX, book, 10.0)
     assert a.estimates["sbm"].lcb <= 0.0 < a.estimates["sbm"].ucb
     assert use_of(a, "sbm")[0] == pytest.approx(0.9)
+
+
+def test_proven_levers_share_a_device_by_their_means_not_their_lcbs() -> None:
+    # RMA just proven on 200 requests an arm (a wide interval), the strong model on 20,000:
+    # per device-second RMA's LCB is below the strong model's, its mean far above it. The
+    # device goes to the lever worth more, not to the one measured more precisely.
+    book = book_of({"rma": (0.03, 200), "sbm": (0.05, 20000)})
+    a = live_allocator().allocate(capacity(cpu=8.0, accelerator=1.0), 0.0, CTX, book, 10.0)
+    rma, sbm = a.estimates["rma"], a.estimates["sbm"]
+    acc_s = {n: LIVE[n].unit_cost().accelerator_s for n in ("rma", "sbm")}
+    assert 0.0 < rma.lcb / acc_s["rma"] < sbm.lcb / acc_s["sbm"]
+    assert rma.mean / acc_s["rma"] > 10.0 * sbm.mean / acc_s["sbm"]
+    assert use_of(a, "rma")[0] == pytest.approx(0.9)
+    assert use_of(a, "sbm").get(0, 0.0) == 0.0
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_proven_lever_does_not_shut_out_a_measured_one_worth_more_at_its_mean(
+    seed: int,
+) -> None:
+    # RMA measured but not proven (200 requests an arm), its mean per device-second far above
+    # the proven strong model's: pinning the strong model to the one device would leave RMA no
+    # samples again, so RMA keeps being measured there and the strong model is dropped
+    book = book_of({"rma": (0.02, 200), "sbm": (0.05, 20000)}, seed)
+    a = live_allocator().allocate(capacity(cpu=8.0, accelerator=1.0), 0.0, CTX, book, 10.0)
+    rma = a.estimates["rma"]
+    assert rma.known
+    assert rma.lcb <= 0.0 < rma.mean
+    assert a.estimates["sbm"].lcb > 0.0
+    assert use_of(a, "rma")[0] > 0.0
+    assert use_of(a, "sbm").get(0, 0.0) == 0.0
+
+
+@pytest.mark.parametrize("uplift", [0.0005, -0.01])
+def test_a_measured_lever_worth_nothing_at_its_mean_is_shut_out(uplift: float) -> None:
+    # the same, but RMA's mean is at or below 0: the strong model holds the device whole
+    book = book_of({"rma": (uplift, 400), "sbm": (0.05, 20000)})
+    a = live_allocator().allocate(capacity(cpu=8.0, accelerator=1.0), 0.0, CTX, book, 10.0)
+    assert a.estimates["rma"].known
+    assert a.estimates["rma"].mean <= 0.0
+    assert use_of(a, "sbm")[0] == pytest.approx(0.9)
+    assert use_of(a, "rma").get(0, 0.0) == 0.0
 
 
 def test_sbm_on_a_larger_pool_holds_at_least_one_device_and_the_rest_is_split() -> None:

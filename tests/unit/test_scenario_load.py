@@ -28,6 +28,7 @@ from headroom.kernel.scenario_schema import SCHEMA
 
 REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = sorted((REPO / "scenarios").glob("*.yaml"))
+BENCH_VARIANTS = sorted((REPO / "bench" / "scenarios").glob("*.yaml"))
 
 MINIMAL: dict[str, Any] = {
     "name": "t",
@@ -164,8 +165,9 @@ def only_problem(document: Any, base_dir: Path | None = None) -> str:
 # Valid files
 
 
-@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", SCENARIOS + BENCH_VARIANTS, ids=lambda p: p.name)
 def test_every_reference_scenario_loads(path: Path) -> None:
+    # the benchmarks' robustness variants (bench/scenarios/) load as well
     scenario = load_scenario(path)
     assert isinstance(scenario, Scenario)
     assert scenario.source == str(path)
