@@ -48,10 +48,17 @@ LEVERS = ("rma", "sbm", "precompute", "lost")
 PHASES = ("start-up", "after capacity change", "outage", "learning", "steady")
 
 
-def _spans(scenario: Scenario, region: str) -> dict[str, list[tuple[float, float]]]:
+def _spans(
+    scenario: Scenario, region: str, issued: Sequence[tuple[float, bool]]
+) -> dict[str, list[tuple[float, float]]]:
+    """The ``outage`` and ``after capacity change`` spans of ``region``, for a policy that
+    issued its targets there at the (sorted) times of ``issued``."""
     interval = scenario.control.interval_s
     load = scenario.models.strong.load_s
-    out: dict[str, list[tuple[float, float]]] = {"outage": [], "after capacity change": []}
+    out: dict[str, list[tuple[float, float]]] = {
+        "outage": _outage_spans(scenario, issued),
+        "after capacity change": [],
+    }
     for e in scenario.events:
         if e.kind in ("preempt", "grant") and (e.region in (None, region)):
             out["after capacity change"].append((e.at_s, e.at_s + load + 2 * interval))
@@ -147,8 +154,7 @@ def decompose(
             continue
         spans = span_cache.get(region)
         if spans is None:
-            spans = span_cache[region] = _spans(scenario, region)
-            spans["outage"] = _outage_spans(scenario, log.issued.get(region, []))
+            spans = span_cache[region] = _spans(scenario, region, log.issued.get(region, []))
         phase = _phase(spans, log, region, t0)
         for lever in LEVERS:
             d = other.get(lever, 0.0) - inc.get(lever, 0.0)

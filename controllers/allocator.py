@@ -127,10 +127,15 @@ __all__ = [
 _EPS = 1e-9
 
 
+def _proven(est: ValueEstimate) -> bool:
+    """A lever (or tranche) is proven once its LCB is above 0."""
+    return est.known and est.lcb > 0.0
+
+
 def _worth_of(est: ValueEstimate) -> float:
-    """What the LP weighs a unit of a lever's work at: its mean once its LCB is above 0 (it is
-    proven), else its LCB (a lever not proven gets no variable; module docstring)."""
-    return est.mean if est.known and est.lcb > 0.0 else est.lcb
+    """What the LP weighs a unit of a lever's work at: its mean once it is proven, else its LCB
+    (a lever not proven gets no variable; module docstring)."""
+    return est.mean if _proven(est) else est.lcb
 
 
 class FallbackReason(Enum):
@@ -506,22 +511,19 @@ class Allocator:
             )
             if pin is not None and not self._keeps_explorers(run, pin, key, pools, estimates):
                 pin = None
-            if pin is not None and self._shut_out_worth_more(pin, drop, key, estimates, tranches):
-                pin = None
-            est = estimates[key[0]]
-            exploring = not (est.known and est.lcb > 0.0)
+            exploring = not _proven(estimates[key[0]])
             if pin is not None and (
                 exploring
                 or (
                     run.fallback is None
-                    and self._worth(pin, estimates, tranches)
-                    > self._worth(drop, estimates, tranches)
+                    and self._pin_worth_more(pin, drop, key, estimates, tranches)
                 )
             ):
                 # a lever being explored (unknown, or not proven either way) must be able to
                 # do work to be measured — in a fallback too, else it could never end it; a
                 # proven one is pinned only outside a fallback and when the whole device is
-                # worth more to it than what the others make of it (at the LP's weights)
+                # worth more to it than what the others make of it (at the LP's weights), the
+                # levers it would shut out of the pool included
                 pinned.append(key)
                 run = pin
             else:
@@ -594,7 +596,7 @@ class Allocator:
                 return False
         return True
 
-    def _shut_out_worth_more(
+    def _pin_worth_more(
         self,
         pin: _Run,
         drop: _Run,
@@ -602,20 +604,17 @@ class Allocator:
         estimates: Mapping[str, ValueEstimate],
         tranches: Mapping[str, Sequence[Tranche]],
     ) -> bool:
-        """Whether pinning a proven lever ``key`` to its whole device shuts out of the pool a
-        lever measured but not proven either way (``lcb ≤ 0``) whose work there, at its
-        estimated mean, is worth more than the pin. The device goes whole to one of them, so
-        the choice is made on what each is expected to be worth — the shut-out lever's work
-        without the pin (its demand counted: a lever that could use only a sliver of the device
-        does not take it), the others at the LP's weights. Without this a lever not yet proven
-        when another is pinned to the only pool it can use gets no samples again, and its
-        estimate only ages (docs/controllers.md, *Guardrails*). A pinning lever that is itself
-        being measured is measured first."""
+        """Whether pinning the proven lever ``key`` to its whole device is worth more than
+        dropping it from the pool, at the LP's weights — and more than what the levers it would
+        shut out of the pool, measured but not proven either way (``lcb ≤ 0``), would make of
+        the pool without it at their estimated means. The device goes whole to one of them, so
+        the choice is made on what each is expected to be worth; a shut-out lever is counted
+        for the work it does without the pin (its demand counted: a lever that could use only
+        a sliver of the device does not take it). Without the second test a lever not yet
+        proven when another is pinned to the only pool it can use gets no samples again, and
+        its estimate only ages (docs/controllers.md, *Guardrails*)."""
         lever, i = key
-        pinner = estimates[lever]
-        if not (pinner.known and pinner.lcb > 0.0):
-            return False
-        gain = 0.0
+        shut_out = 0.0
         for (name, j), units in drop.acc.pool_use.items():
             est = estimates[name]
             if (
@@ -627,10 +626,10 @@ class Allocator:
             ):
                 continue
             more = drop.acc.rates.get(name, 0.0) - pin.acc.rates.get(name, 0.0)
-            gain += max(more, 0.0) * est.mean
-        if gain <= 0.0:
-            return False
-        return self._worth(drop, estimates, tranches) + gain > self._worth(pin, estimates, tranches)
+            shut_out += max(more, 0.0) * est.mean
+        w_pin = self._worth(pin, estimates, tranches)
+        w_drop = self._worth(drop, estimates, tranches)
+        return w_pin > w_drop and w_pin >= w_drop + shut_out
 
     @staticmethod
     def _worth(
@@ -645,13 +644,13 @@ class Allocator:
         in_tranches: dict[str, float] = {}
         for (name, seg), rate in run.acc.tranche_rates.items():
             for t in tranches.get(name, ()):
-                if t.segment == seg and t.estimate.known and t.estimate.lcb > 0.0:
+                if t.segment == seg and _proven(t.estimate):
                     total += t.estimate.mean * rate
             in_tranches[name] = in_tranches.get(name, 0.0) + rate
         for name, rate in run.acc.rates.items():
             rate = max(rate - in_tranches.get(name, 0.0), 0.0)
             est = estimates[name]
-            if est.known and est.lcb > 0.0:
+            if _proven(est):
                 total += est.mean * rate
         return total
 
@@ -694,7 +693,7 @@ class Allocator:
         # pinned slots first: their lever gets what it can use there and holds the rest
         self._fill_pinned(pools, slots, variables, demand, acc)
 
-        proven = [n for n in variables if estimates[n].known and estimates[n].lcb > 0.0]
+        proven = [n for n in variables if _proven(estimates[n])]
         hopeful = [n for n in variables if not estimates[n].known or estimates[n].ucb > 0.0]
         fallback = self._fallback(variables, estimates, value_age_s, proven, hopeful)
         if fallback is not None:
@@ -966,7 +965,7 @@ class Allocator:
             cost = self.levers[n].unit_cost()
             dominant = max(cost.cpu_s, cost.accelerator_s)
             for k, t in enumerate(ts):
-                if not (t.estimate.known and t.estimate.lcb > 0.0 and t.demand > 0.0):
+                if not (_proven(t.estimate) and t.demand > 0.0):
                     continue
                 for v in variables[n]:
                     vs.append(_Var(v.lever, v.cpu_pool, v.acc_pool, v.cpu, v.acc, v.scale, k))
