@@ -81,6 +81,15 @@ GZIP_LEVEL = 6
 _DAMAGED = (EOFError, zlib.error, gzip.BadGzipFile)
 
 
+def encode_event(event: Mapping[str, Any]) -> bytes:
+    """One event as the log's line (JSON, newline-terminated; numpy values as numbers)."""
+    try:
+        return orjson.dumps(event, option=_ORJSON_OPTIONS)
+    except TypeError as exc:
+        kind = event.get("kind", "?") if isinstance(event, Mapping) else "?"
+        raise HeadroomError(f"cannot encode a {kind!r} event: {exc}") from exc
+
+
 class EventWriter:
     """Write events as JSON lines: ``with EventWriter(path) as w: w.write({...})``.
 
@@ -118,12 +127,9 @@ class EventWriter:
         if self._file is None:
             raise HeadroomError(f"event log {self.path}: write after close")
         try:
-            line = orjson.dumps(event, option=_ORJSON_OPTIONS)
-        except TypeError as exc:
-            kind = event.get("kind", "?") if isinstance(event, Mapping) else "?"
-            raise HeadroomError(
-                f"event log {self.path}: cannot encode a {kind!r} event: {exc}"
-            ) from exc
+            line = encode_event(event)
+        except HeadroomError as exc:
+            raise HeadroomError(f"event log {self.path}: {exc}") from exc
         self._file.write(line)
         self.count += 1
 

@@ -70,7 +70,8 @@ from headroom.controllers.types import (
 )
 from headroom.defences.plan import VALUE_BINS, PlanRule
 from headroom.kernel.errors import HeadroomError
-from headroom.kernel.jsonstate import Snapshotting
+from headroom.kernel.jsonstate import Snapshotting, decode_big_ints, encode_big_ints
+from headroom.kernel.seeds import named_rng
 
 __all__ = ["ControlConfig", "ControlPlane", "Decision", "SnapshotError", "strong_replica_units"]
 
@@ -219,9 +220,9 @@ class Decision:
 
 
 class _Region:
-    __slots__ = ("book", "coverage", "epoch", "last_now", "precompute_rate", "rma")
+    __slots__ = ("book", "coverage", "epoch", "last_now", "precompute_rate", "rma", "rng")
 
-    def __init__(self, plane: ControlPlane) -> None:
+    def __init__(self, plane: ControlPlane, name: str) -> None:
         cfg = plane.config
         self.rma = RmaController(
             cfg.pid, cfg.setpoint_ms, cfg.base_candidates, cfg.max_candidates, cfg.costs
@@ -234,6 +235,9 @@ class _Region:
             ceiling=1.0 - cfg.allocator.safety_margin,
         )
         self.book = ValueBook()
+        # the region's own stream (the router's draws): what one region draws does not depend
+        # on the other regions or on the order the regions step in
+        self.rng = named_rng(plane.rng_root, name)
         self.epoch = 0
         self.last_now: float | None = None
         self.precompute_rate = 0.0
@@ -246,6 +250,7 @@ class _Region:
             "rma": self.rma.snapshot(),
             "coverage": self.coverage.snapshot(),
             "book": self.book.snapshot(),
+            "rng": encode_big_ints(self.rng.bit_generator.state),
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
@@ -256,16 +261,20 @@ class _Region:
         self.rma.restore(state["rma"])
         self.coverage.restore(state["coverage"])
         self.book.restore(state.get("book", []))
+        rng = state.get("rng")
+        if rng is not None:  # an older snapshot without it: the region's stream starts afresh
+            self.rng.bit_generator.state = decode_big_ints(rng)
 
 
 class ControlPlane:
     """Runs allocator → RMA PID → SBM coverage → router for one region per :meth:`step`.
 
     Pure: no clock (``obs.now`` is the time), no I/O; randomness only from ``rng`` (the
-    router's Thompson draws). ``levers`` defaults to RMA and SBM, plus precompute when the
-    scenario enables it, with RMA's demand limited to one rate-limit step above the extra
-    candidates in force (so capacity the latency loop cannot use this interval goes to other
-    levers); pass a :class:`LeverRegistry` to add or replace levers.
+    router's Thompson draws), one stream per region derived from it, so a region's targets do
+    not depend on which other regions step or in what order. ``levers`` defaults to RMA and
+    SBM, plus precompute when the scenario enables it, with RMA's demand limited to one
+    rate-limit step above the extra candidates in force (so capacity the latency loop cannot
+    use this interval goes to other levers); pass a :class:`LeverRegistry` to add or replace levers.
     """
 
     def __init__(
@@ -276,7 +285,9 @@ class ControlPlane:
         rma_curve: RmaCurve | None = None,
     ) -> None:
         self.config = config
-        self.rng = rng
+        # one draw, so every region's stream derives from the generator given, whatever order
+        # the regions come in (:func:`headroom.kernel.seeds.named_rng`)
+        self.rng_root = int(rng.integers(0, 2**63))
         # RMA's value curve per segment (the ranking world's): with it, the targets carry the
         # level of every value bin (``rma_levels``); without it, the plan's one block
         self.rma_curve = rma_curve
@@ -355,7 +366,7 @@ class ControlPlane:
     def _region(self, name: str) -> _Region:
         st = self._regions.get(name)
         if st is None:
-            st = self._regions[name] = _Region(self)
+            st = self._regions[name] = _Region(self, name)
         return st
 
     def step(self, obs: RegionObservation) -> RegionTargets:
@@ -426,7 +437,7 @@ class ControlPlane:
             cov.command,
             weights,
             st.book,
-            self.rng,
+            st.rng,
             cost,
             self._sbm_segments(alloc),
             self._sbm_shares(alloc, weights, eligible_rps),
@@ -601,7 +612,7 @@ class ControlPlane:
         regions: dict[str, _Region] = {}
         try:
             for name, data in dict(state.get("regions", {})).items():
-                region = regions[str(name)] = _Region(self)
+                region = regions[str(name)] = _Region(self, str(name))
                 region.restore(data)
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise SnapshotError(f"control-plane snapshot: malformed region state ({exc})") from exc

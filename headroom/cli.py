@@ -344,6 +344,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="output directory (default: runs/<scenario>-<time>/)",
     )
     _add_control_flags(p)
+    number(
+        p,
+        "--jobs",
+        COUNT,
+        default=None,
+        metavar="N",
+        help="processes that simulate a policy's regions side by side, the log the same as in "
+        "one (default: one per region, at most two per core; 1: all in this process)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-plots", action="store_true", help="skip PNG plots and report.html")
 

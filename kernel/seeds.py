@@ -14,6 +14,8 @@ see the same capacity traces, the same arrivals per second and the same requests
 * :func:`replica_rng` — a server replica's own service-time draws, keyed by its name.
 * :func:`process_rng` — the stream of a controller, client or precompute process's own choices
   (holdout draws, exploration, planning), from the seed its settings carry.
+* :func:`named_rng` — a stream of one named part (a region) of such a process, so that the part
+  draws the same numbers whatever the other parts draw and in whatever order they step.
 
 A seed is a non-negative integer below 2**64 (the scenario loader enforces it).
 """
@@ -26,6 +28,7 @@ import numpy as np
 
 __all__ = [
     "feed_requests_rng",
+    "named_rng",
     "process_rng",
     "replica_rng",
     "stream_rng",
@@ -73,3 +76,10 @@ def replica_rng(seed: int, replica: str) -> np.random.Generator:
 def process_rng(seed: int) -> np.random.Generator:
     """The generator of a process's own choices, from the seed its settings carry."""
     return np.random.default_rng(int(seed))
+
+
+def named_rng(root: int, name: str) -> np.random.Generator:
+    """The generator of the part ``name`` of a process whose own stream is rooted at ``root``
+    (the whole name counts: no two names share a stream)."""
+    key = int.from_bytes(b"\x01" + name.encode(), "big")
+    return np.random.default_rng(np.random.SeedSequence([int(root), key]))

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, cast
 
@@ -104,6 +104,7 @@ from headroom.sim.context import (
     build_mix,
     extras_units,
 )
+from headroom.sim.fanout import EmitFor, MarkWindow, run_forked
 from headroom.sim.faults import fault_lines
 from headroom.sim.latency import (
     RHO_FLUID_CAP,
@@ -1484,13 +1485,16 @@ def run_policy(
     *,
     control_interval_s: float,
     progress: Callable[[int, int], None] | None = None,
+    jobs: int = 1,
 ) -> None:
     """Simulate every region of ``ctx`` under one policy, writing events through ``write``.
 
     Regions advance window by window in scenario order, so the log is ordered by time.
+    ``jobs`` > 1: the regions run in that many forked processes (:mod:`headroom.sim.fanout`),
+    the log the same line for line.
     """
 
-    def emitter(region: str) -> EmitFn:
+    def emitter(region: str, sink: Callable[[dict[str, Any]], None]) -> EmitFn:
         def emit(kind: str, t: float, fields: dict[str, Any]) -> None:
             ev = {
                 "v": 1,
@@ -1501,31 +1505,50 @@ def run_policy(
                 "region": region,
             }
             ev.update(fields)
-            write(ev)
+            sink(ev)
 
         return emit
 
-    runs = [
-        RegionRun(
-            ctx,
-            r,
-            make_region_policy(ctx, r),
-            emitter(ctx.regions[r].name),
-            control_interval_s,
-            precompute_region(ctx, r, policy_name),
-        )
-        for r in range(len(ctx.regions))
-    ]
+    def simulate(regions: Sequence[int], emit_for: EmitFor, mark: MarkWindow) -> None:
+        runs = [
+            RegionRun(
+                ctx,
+                r,
+                make_region_policy(ctx, r),
+                emitter(ctx.regions[r].name, emit_for(r)),
+                control_interval_s,
+                precompute_region(ctx, r, policy_name),
+            )
+            for r in regions
+        ]
+        for w in range(ctx.n_windows):
+            mark(w)
+            for run in runs:
+                run.run_window(w)
+
     faults = fault_lines(ctx.scenario, control_interval_s, ctx.t0, policy_name)
-    for w in range(ctx.n_windows):
-        for run in runs:
-            run.run_window(w)
-        while faults and faults[0][0] < (w + 1) * ctx.window_s:
+
+    def after_window(w: int) -> None:  # the scenario's faults, in time among the windows
+        while faults and (w >= ctx.n_windows or faults[0][0] < (w + 1) * ctx.window_s):
             write(faults.pop(0)[1])
+
+    n = len(ctx.regions)
+    if jobs > 1 and n > 1:
+        run_forked(n, ctx.n_windows, jobs, simulate, write, after_window, progress)
+        return
+
+    def mark(w: int) -> None:
+        if w > 0:
+            after_window(w - 1)
+            if progress is not None:
+                progress(w, ctx.n_windows)
+
+    simulate(range(n), lambda _r: write, mark)
+    if ctx.n_windows > 0:
+        after_window(ctx.n_windows - 1)
         if progress is not None:
-            progress(w + 1, ctx.n_windows)
-    for _t, line in faults:  # at the very end of the run
-        write(line)
+            progress(ctx.n_windows, ctx.n_windows)
+    after_window(ctx.n_windows)  # at the very end of the run
 
 
 def _per_mix(

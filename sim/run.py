@@ -23,6 +23,7 @@ from headroom.kernel.scenario import Scenario
 from headroom.sim.config import SimConfig
 from headroom.sim.context import Curves, SimContext
 from headroom.sim.engine import run_policy
+from headroom.sim.fanout import default_jobs
 from headroom.sim.oracle import oracle_for
 from headroom.sim.policies import POLICIES, PolicyFactory
 from headroom.sim.runtime import estimate_run
@@ -75,11 +76,14 @@ def run_simulation(
     progress: ProgressFn | None = None,
     clock: Callable[[], float] | None = None,
     compress_events: bool | None = None,
+    jobs: int | None = None,
 ) -> RunResult:
     """Simulate ``policies`` side by side and write ``events.jsonl``, ``metrics.json`` and (with
     ``plots``) the PNG plots and ``report.html`` into ``out_dir``. ``compress_events``: write the
     log gzip-compressed (None: when its plain size would exceed
-    :data:`headroom.sim.runtime.COMPRESS_ABOVE_BYTES`, i.e. long runs)."""
+    :data:`headroom.sim.runtime.COMPRESS_ABOVE_BYTES`, i.e. long runs). ``jobs``: processes
+    simulating a policy's regions side by side (None: :func:`headroom.sim.fanout.default_jobs`;
+    the log is the same whatever the number)."""
     unknown = [p for p in policies if p not in POLICIES]
     if unknown:
         raise ValueError(f"unknown policies {unknown} (known: {', '.join(POLICIES)})")
@@ -150,6 +154,7 @@ def run_simulation(
                 writer.write,
                 control_interval_s=factory.interval_s,
                 progress=tick,
+                jobs=default_jobs(len(ctx.regions)) if jobs is None else jobs,
             )
             finished: dict[str, Any] = {
                 "v": 1,

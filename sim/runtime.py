@@ -4,7 +4,8 @@
 and :func:`headroom.sim.run.run_simulation` compresses the event log of a run whose plain log
 would exceed :data:`COMPRESS_ABOVE_BYTES` (docs/analysis.md, *Event log size*).
 
-**Wall time** = Σ over the policies of ``simulated seconds × regions × cost(policy)`` + the
+**Wall time** = Σ over the policies of ``simulated seconds × regions × cost(policy)``, divided
+by the cores the regions' processes run on (:mod:`headroom.sim.fanout`), + the
 analysis of the log afterwards (``window lines × ANALYSIS_S_PER_LINE``) + a fixed start-up
 (:data:`START_S`: the world's value curves, the run's context and the oracle's bound). The engine's
 work is per SLO window and region (a fixed number of latency samples, one fluid-model pass), so
@@ -33,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from headroom.kernel.scenario import Scenario
+from headroom.sim.fanout import default_jobs, usable_cores
 
 __all__ = [
     "BYTES_PER_WINDOW_LINE",
@@ -87,15 +89,23 @@ class RunEstimate:
 
 
 def estimate_run(
-    scenario: Scenario, policies: Sequence[str], *, duration_s: float | None = None
+    scenario: Scenario,
+    policies: Sequence[str],
+    *,
+    duration_s: float | None = None,
+    jobs: int | None = None,
 ) -> RunEstimate:
     """The expected cost of simulating ``policies`` on ``scenario`` (``duration_s``: the simulated
-    span when it is not the scenario's, e.g. a replayed recording's)."""
+    span when it is not the scenario's, e.g. a replayed recording's; ``jobs``: the processes
+    simulating the regions, None for :func:`headroom.sim.fanout.default_jobs`). The regions' work
+    is spread over as many cores as there are processes and regions, at most the usable cores."""
     span = float(scenario.duration_s if duration_s is None else duration_s)
     regions = len(scenario.regions)
     windows = max(1, math.ceil(span / scenario.slo.window_s - 1e-9))
     lines = windows * regions * len(policies)
     sim_s = sum(COST_S_PER_REGION_S.get(p, DEFAULT_COST) for p in policies) * span * regions
+    procs = default_jobs(regions) if jobs is None else jobs
+    sim_s /= max(1, min(procs, regions, usable_cores()))
     wall = START_S + sim_s + lines * ANALYSIS_S_PER_LINE
     plain = lines * BYTES_PER_WINDOW_LINE
     return RunEstimate(

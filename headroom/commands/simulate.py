@@ -98,7 +98,8 @@ def simulate(args: argparse.Namespace) -> int:
         f"{control.target_ttl_s:g} s)",
         file=sys.stderr,
     )
-    _warn_if_long(scenario, policies)
+    jobs = getattr(args, "jobs", None)
+    _warn_if_long(scenario, policies, jobs)
     ctx = replayed if replayed is not None else build_context(scenario, seed=seed)
     _print_costs(scenario, seed)
     progress = Progress(sys.stderr, policies, enabled=not args.no_progress)
@@ -110,6 +111,7 @@ def simulate(args: argparse.Namespace) -> int:
         plots=not args.no_plots,
         progress=progress,
         clock=time.perf_counter,
+        jobs=jobs,
     )
     from headroom.analysis.table import closing_lines, format_table
 
@@ -128,12 +130,12 @@ def simulate(args: argparse.Namespace) -> int:
 LONG_RUN_S = 60.0
 
 
-def _warn_if_long(scenario: Scenario, policies: list[str]) -> None:
+def _warn_if_long(scenario: Scenario, policies: list[str], jobs: int | None = None) -> None:
     """Say at start how long a run expected to take over :data:`LONG_RUN_S` will take, and how
     large its event log will be (:func:`headroom.sim.runtime.estimate_run`)."""
     from headroom.sim.runtime import estimate_run
 
-    est = estimate_run(scenario, policies)
+    est = estimate_run(scenario, policies, jobs=jobs)
     if est.wall_s > LONG_RUN_S:
         print(
             f"simulate: this run is expected to take {est.describe()} ({len(policies)} "
