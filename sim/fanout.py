@@ -20,8 +20,10 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import pickle
+import sys
 import tempfile
 import traceback
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -152,9 +154,16 @@ def run_forked(
             )
             for i, group in enumerate(groups)
         ]
+        for stream in (sys.stdout, sys.stderr):  # nothing buffered is written twice
+            stream.flush()
         try:
-            for child in children:
-                child.start()
+            with warnings.catch_warnings():
+                # Python 3.12+ warns at any fork of a process with threads: here numpy's BLAS
+                # workers, idle between calls while the parent forks (OpenBLAS starts them
+                # afresh in the child); no Python thread of ours runs during a simulation
+                warnings.filterwarnings("ignore", "This process .* is multi-threaded")
+                for child in children:
+                    child.start()
             _wait(children, directory, done, n_windows, progress)
         finally:
             for child in children:
