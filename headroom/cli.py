@@ -327,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="P",
         default=None,
         help="policy to run (repeatable or comma-separated): static, greedy, central-only, aimd, "
-        "gradient, headroom, oracle (default: all side by side)",
+        "gradient, envoy, sre-throttle, headroom, oracle (default: all side by side)",
     )
     _add_seed_flag(p)
     p.add_argument(

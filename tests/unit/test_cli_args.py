@@ -228,3 +228,11 @@ def test_a_run_of_a_simulated_day_announces_its_time_and_log_size(
     assert estimate_run(hour, list(POLICIES)).wall_s < LONG_RUN_S
     _warn_if_long(hour, list(POLICIES))
     assert capsys.readouterr().err == ""  # a short run says nothing
+
+
+def test_simulate_policy_help_names_every_policy() -> None:
+    from headroom.sim.policies import POLICIES
+
+    simulate = dict(COMMANDS)[("simulate",)]
+    (policy,) = [a for a in simulate._actions if "--policy" in a.option_strings]
+    assert all(name in str(policy.help) for name in POLICIES)
