@@ -183,8 +183,8 @@ def _wait(
     last = -1
     while True:
         for i, child in enumerate(children):
-            if child.exitcode not in (None, 0):
-                _raise_child_error(directory, i, int(child.exitcode or 0))
+            if child.exitcode:  # None while it runs, 0 once it has finished well
+                _raise_child_error(directory, i, child.exitcode)
         running = [child.sentinel for child in children if child.exitcode is None]
         now = min(int(v) for v in done)
         if progress is not None and now != last:

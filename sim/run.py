@@ -93,6 +93,8 @@ def run_simulation(
     events_path = out_dir / "events.jsonl"
     if compress_events is None:
         compress_events = estimate_run(scenario, policies, duration_s=ctx.duration_s).compress
+    if jobs is None:
+        jobs = default_jobs(len(ctx.regions))
     oracle = oracle_for(ctx)
     bound = oracle.bound()
     feasible = oracle.feasible()
@@ -154,7 +156,7 @@ def run_simulation(
                 writer.write,
                 control_interval_s=factory.interval_s,
                 progress=tick,
-                jobs=default_jobs(len(ctx.regions)) if jobs is None else jobs,
+                jobs=jobs,
             )
             finished: dict[str, Any] = {
                 "v": 1,

@@ -9,6 +9,7 @@ must stop the run with the child's own exception.
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 FAULTS = REPO / "tests" / "integration" / "scenarios" / "faults-short.yaml"
 
 pytestmark = pytest.mark.skipif(
-    "fork" not in __import__("multiprocessing").get_all_start_methods(),
+    "fork" not in multiprocessing.get_all_start_methods(),
     reason="the regions' processes are forked (POSIX)",
 )
 
