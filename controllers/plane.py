@@ -590,11 +590,13 @@ class ControlPlane:
     # -- snapshot / restore -------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
-        """Every region's controller state as plain JSON. The generator is not included: the
-        plane draws from the one it was constructed with (restore that one's state apart)."""
+        """Every region's controller state as plain JSON, each region's random stream with it,
+        and the root the streams of regions not seen yet derive from (so a region that first
+        steps after a restore draws what it would have drawn without one)."""
         return {
             "version": SNAPSHOT_VERSION,
             "levers": list(self.levers.names),
+            "rng_root": str(self.rng_root),
             "regions": {name: st.snapshot() for name, st in self._regions.items()},
         }
 
@@ -610,11 +612,15 @@ class ControlPlane:
                 f"control-plane snapshot: version {version!r} is not one of {READABLE_VERSIONS}"
             )
         regions: dict[str, _Region] = {}
+        root = self.rng_root
         try:
+            if state.get("rng_root") is not None:  # older snapshots: new regions use this plane's
+                self.rng_root = int(state["rng_root"])
             for name, data in dict(state.get("regions", {})).items():
                 region = regions[str(name)] = _Region(self, str(name))
                 region.restore(data)
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            self.rng_root = root
             raise SnapshotError(f"control-plane snapshot: malformed region state ({exc})") from exc
         self._regions = regions
         self._decisions = {}
