@@ -87,7 +87,7 @@ can disclose the allocator's failure bounds.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -366,6 +366,8 @@ class Allocator:
         if not (need_cpu or need_acc):
             return []  # free work needs no capacity: nothing to allocate
         dominant = max(cost.cpu_s, cost.accelerator_s)
+        # the devices the lever is pinned to, per pool
+        pinned_devices = {sl.origin: sl.devices for sl in slots if sl.owner == lever.name}
 
         def open_to(k: int, resource: str) -> float:
             """The share of slot ``k`` the lever can use (0: it may not use the slot)."""
@@ -379,6 +381,15 @@ class Allocator:
             ):
                 return 0.0
             u = lever.usable_share(resource, slot.devices)
+            held = pinned_devices.get(slot.origin, 0.0) if slot.owner is None else 0.0
+            if 0.0 < held < slot.devices:
+                # the rest of a pool where the lever holds its pinned devices: each unit it
+                # adds there lets it use more of those too (a queue of more servers runs
+                # busier at the same wait), so its units there are worth the chord of its
+                # usable units from the pinned devices to the whole pool, not their average
+                u = (u * slot.devices - lever.usable_share(resource, held) * held) / (
+                    slot.devices - held
+                )
             if not (u > 0.0 and math.isfinite(u)):
                 return 0.0
             # ``u`` is a share of the *announced* units, the slot's units are what is left of
@@ -494,15 +505,28 @@ class Allocator:
         # The whole-device rule, decided here rather than by the replicas' placement: a lever
         # holding a share of a pool below what it can hold (SBM: one device) is either pinned
         # to that much or dropped from the pool, whichever is worth more; one (lever, pool) at
-        # a time, each decision a constraint of the next run.
+        # a time, each decision a constraint of the next run. A proven lever holding at least
+        # that much, with no lever being measured, is pinned to it (it keeps the pool either
+        # way; the pin prices its first devices apart from the rest, :meth:`_short_hold`).
         pinned: list[tuple[str, int]] = []
         dropped: set[tuple[str, int]] = set()
+        kept: set[tuple[str, int]] = set()  # held their need; left as the runs have them
         run = self._run(pools, usable, demand, estimates, value_age_s, pinned, dropped, tranches)
         for _ in range(len(self.levers) * len(pools)):
-            short = self._short_hold(run, pools, pinned, dropped)
+            short = self._short_hold(run, pools, pinned, dropped | kept)
             if short is None:
                 break
-            key = short
+            key, holds = short
+            if holds:
+                pin = self._run(
+                    pools, usable, demand, estimates, value_age_s, [*pinned, key], dropped, tranches
+                )
+                if self._keeps_explorers(run, pin, key, pools, estimates):
+                    pinned.append(key)
+                    run = pin
+                else:
+                    kept.add(key)
+                continue
             drop = self._run(
                 pools, usable, demand, estimates, value_age_s, pinned, dropped | {key}, tranches
             )
@@ -537,14 +561,23 @@ class Allocator:
         pools: Sequence[Pool],
         pinned: Sequence[tuple[str, int]],
         dropped: set[tuple[str, int]],
-    ) -> tuple[str, int] | None:
-        """The first (lever, pool) holding more than nothing but less than its need."""
+    ) -> tuple[tuple[str, int], bool] | None:
+        """The first (lever, pool) holding more than nothing of a pool where it needs whole
+        devices, not yet pinned there or dropped from it, and whether it holds its need: below
+        it the lever cannot hold that share at all. At or above it, outside a fallback and with
+        no lever being measured (they get the capacity the proven levers leave idle, and a pin
+        leaves none on its devices), the pin prices the lever's first devices apart from the
+        rest of the pool, which it then holds at the chord of its usable units
+        (:meth:`_variables`): a queue of more devices runs busier at the same wait, so the
+        first device is worth less to it than the average and each further one more."""
         for (name, i), units in sorted(run.acc.pool_use.items()):
             if (name, i) in dropped or (name, i) in pinned or units <= _EPS:
                 continue
             need = self.need(self.levers[name], pools[i])
             if units < need * (1.0 - 1e-6):
-                return name, i
+                return (name, i), False
+            if need > 0.0 and run.fallback is None and not run.explored:
+                return (name, i), True
         return None
 
     def _tranches(self, book: ValueBook, ctx: LeverContext) -> dict[str, list[Tranche]]:
@@ -638,8 +671,10 @@ class Allocator:
         tranches: Mapping[str, Sequence[Tranche]],
     ) -> float:
         """Value per second of a run's work at the LP's weights (unknown or unproven levers
-        count 0): each proven tranche's work at its own mean, the rest of a lever's work at the
-        lever's."""
+        and tranches count 0): each proven tranche's work at its own mean, the rest of the
+        work of a lever valued as a whole (no segment tranches) at the lever's. A lever valued
+        by segment does its other work in tranches the LP gives no weight (not proven, or past
+        their demand): its pooled mean would price that work at its best segments' value."""
         total = 0.0
         in_tranches: dict[str, float] = {}
         for (name, seg), rate in run.acc.tranche_rates.items():
@@ -648,6 +683,8 @@ class Allocator:
                     total += t.estimate.mean * rate
             in_tranches[name] = in_tranches.get(name, 0.0) + rate
         for name, rate in run.acc.rates.items():
+            if any(t.segment is not None for t in tranches.get(name, ())):
+                continue
             rate = max(rate - in_tranches.get(name, 0.0), 0.0)
             est = estimates[name]
             if _proven(est):
@@ -690,12 +727,15 @@ class Allocator:
         if not variables:
             return run
 
-        # pinned slots first: their lever gets what it can use there and holds the rest
-        self._fill_pinned(pools, slots, variables, demand, acc)
-
         proven = [n for n in variables if _proven(estimates[n])]
         hopeful = [n for n in variables if not estimates[n].known or estimates[n].ucb > 0.0]
         fallback = self._fallback(variables, estimates, value_age_s, proven, hopeful)
+        # pinned slots first: their lever gets what it can use there and holds the rest — but
+        # a proven lever's pinned slot goes into the value-ordered LP with the rest of its
+        # pools (only it can use the slot), so its best strata get the slot's work and the
+        # router is told which strata that work serves; it holds what the LP leaves after it
+        optimised = set(proven) if fallback is None else set()
+        self._fill_pinned(pools, slots, variables, demand, acc, skip=optimised)
         if fallback is not None:
             measured = list(variables) if fallback is FallbackReason.NO_VALUE else hopeful
             self._flat(measured, variables, demand, slot_pools, acc, s.fallback_share)
@@ -714,6 +754,7 @@ class Allocator:
                 acc,
                 tranches or {},
             )
+            self._fill_pinned(pools, slots, variables, demand, acc, only=optimised)
         # remote capacity the proven levers left is worth nothing to them and the live path
         # cannot touch it: the levers being measured that may run there get all of it; outside
         # a fallback, so does the live capacity the LP left idle (``explore_idle``); what they
@@ -755,12 +796,18 @@ class Allocator:
         variables: Mapping[str, list[_Var]],
         demand: Mapping[str, float],
         acc: _Acc,
+        *,
+        skip: Collection[str] = (),
+        only: Collection[str] | None = None,
     ) -> None:
-        """Each pinned slot to its lever: what the lever can use there by an LP of its own,
-        and the rest of the slot held for it all the same."""
+        """Each pinned slot to its lever (but those of ``skip``; of ``only``'s alone when
+        given): what the lever can use there by an LP of its own, and the rest of the slot
+        held for it all the same."""
         slot_pools = [pools[sl.origin] for sl in slots]
         for k, sl in enumerate(slots):
-            if sl.owner is None or sl.owner not in variables:
+            if sl.owner is None or sl.owner not in variables or sl.owner in skip:
+                continue
+            if only is not None and sl.owner not in only:
                 continue
             mine = [v for v in variables[sl.owner] if k in (v.cpu_pool, v.acc_pool)]
             if mine:

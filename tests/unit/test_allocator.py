@@ -587,6 +587,55 @@ def test_sbm_on_a_larger_pool_holds_at_least_one_device_and_the_rest_is_split() 
     assert sbm + use_of(a, "rma").get(0, 0.0) <= 2.7 + 1e-9
 
 
+def test_the_rest_of_a_pool_sbm_is_pinned_to_is_priced_at_the_chord_of_its_usable_units() -> None:
+    # a queue of more devices runs busier at the same wait: pinned to its first device, SBM
+    # uses u(1) of it; each unit it adds of the rest lets it use u(2)·2 − u(1)·1 per device
+    # more — more than the average u(2) a unit of an unpinned share is priced at
+    a = live_allocator()
+    sbm = LIVE["sbm"]
+    margin = a.settings.safety_margin
+    pools = pools_from_capacity(capacity(cpu=8.0, accelerator=2.0), 0.0, margin)
+    acc = next(i for i, p in enumerate(pools) if p.resource == "accelerator")
+    u1, u2 = (sbm.usable_share("accelerator", d) for d in (1.0, 2.0))
+    chord = (u2 * 2.0 - u1 * 1.0) / (2.0 - 1.0)
+    assert u1 < u2 < chord
+
+    def used_per_held(pinned: list[tuple[str, int]]) -> dict[str | None, float]:
+        slots = a._slots(pools, [True] * len(pools), pinned)
+        out = {}
+        for v in a._variables(sbm, pools, slots):
+            if v.acc_pool is not None:
+                # a variable is one used device-second; v.acc the held units it takes
+                out[slots[v.acc_pool].owner] = 1.0 / v.acc
+        return out
+
+    assert used_per_held([]) == {None: pytest.approx(min(u2 / (1 - margin), 1.0))}
+    pinned = used_per_held([("sbm", acc)])
+    assert pinned["sbm"] == pytest.approx(min(u1 / (1 - margin), 1.0))
+    assert pinned[None] == pytest.approx(min(chord / (1 - margin), 1.0))
+
+
+def test_a_proven_sbm_holding_its_device_is_pinned_and_its_work_is_all_in_its_strata() -> None:
+    # both levers proven, nothing measured: the strong model holds its device, and every
+    # request it serves, the pinned device's included, is in a stratum the LP chose for it
+    # (what the router is given: controllers/router.py, the allocator's shares)
+    book = segment_book(
+        {
+            ("rma", "premium"): 0.2,
+            ("rma", "casual"): 0.004,
+            ("sbm", "premium"): 0.005,
+            ("sbm", "casual"): 0.1,
+        }
+    )
+    a = Allocator(AllocatorSettings(explore_share=0.0), ValueSettings(), LIVE)
+    for devices in (2.0, 3.0, 4.0):
+        alloc = a.allocate(capacity(cpu=40.0, accelerator=devices), 0.0, SEG_CTX, book, 10.0)
+        assert alloc.fallback is None and alloc.explored == ()
+        assert alloc.budget("sbm")[1] >= 0.9 - 1e-9
+        in_strata = sum(r for lv, _, r in alloc.tranche_rates if lv == "sbm")
+        assert in_strata == pytest.approx(alloc.rates["sbm"], rel=1e-6), devices
+
+
 def test_an_unknown_lever_keeps_its_exploration_share_against_a_whole_device() -> None:
     # RMA never did work (no data): it must be explored, so SBM cannot take the one device
     book = book_with({"sbm": 0.5})
