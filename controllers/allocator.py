@@ -339,6 +339,19 @@ class _Run:
     explored: list[str]
 
 
+def _pinned_beside(slots: Sequence[_Slot], levers: Collection[str]) -> dict[tuple[str, int], float]:
+    """(lever, shared slot) -> the units ``levers`` hold pinned in the same pool: a lever's cap
+    of a pool counts what it is pinned to there."""
+    out: dict[tuple[str, int], float] = {}
+    for sl in slots:
+        if sl.owner is None or sl.owner not in levers:
+            continue
+        for k, other in enumerate(slots):
+            if other.owner is None and other.origin == sl.origin:
+                out[(sl.owner, k)] = out.get((sl.owner, k), 0.0) + sl.units
+    return out
+
+
 class Allocator:
     """Stateless: every call solves the region's split afresh from what it is given."""
 
@@ -517,11 +530,13 @@ class Allocator:
             if short is None:
                 break
             key, holds = short
-            if holds:
-                pin = self._run(
-                    pools, usable, demand, estimates, value_age_s, [*pinned, key], dropped, tranches
-                )
-                if self._keeps_explorers(run, pin, key, pools, estimates):
+            pin: _Run | None = self._run(
+                pools, usable, demand, estimates, value_age_s, [*pinned, key], dropped, tranches
+            )
+            if pin is not None and not self._keeps_explorers(run, pin, key, pools, estimates):
+                pin = None
+            if holds:  # it keeps the pool either way: pinned, or left as the run has it
+                if pin is not None:
                     pinned.append(key)
                     run = pin
                 else:
@@ -530,11 +545,6 @@ class Allocator:
             drop = self._run(
                 pools, usable, demand, estimates, value_age_s, pinned, dropped | {key}, tranches
             )
-            pin: _Run | None = self._run(
-                pools, usable, demand, estimates, value_age_s, [*pinned, key], dropped, tranches
-            )
-            if pin is not None and not self._keeps_explorers(run, pin, key, pools, estimates):
-                pin = None
             exploring = not _proven(estimates[key[0]])
             if pin is not None and (
                 exploring
@@ -753,6 +763,7 @@ class Allocator:
                 [x.units for x in slots],
                 acc,
                 tranches or {},
+                _pinned_beside(slots, optimised),
             )
             self._fill_pinned(pools, slots, variables, demand, acc, only=optimised)
         # remote capacity the proven levers left is worth nothing to them and the live path
@@ -953,6 +964,7 @@ class Allocator:
         units: Sequence[float],
         acc: _Acc,
         tranches: Mapping[str, Sequence[Tranche]],
+        pinned_units: Mapping[tuple[str, int], float] | None = None,
     ) -> list[str]:
         if not names:
             return []
@@ -977,6 +989,7 @@ class Allocator:
             cap_units=list(units),
             contested=contested,
             tranches={n: tranches[n] for n in names if n in tranches},
+            pinned_units=pinned_units,
         )
 
     def _solve(
@@ -993,6 +1006,7 @@ class Allocator:
         cap_units: Sequence[float],
         contested: Sequence[bool] | None,
         tranches: Mapping[str, Sequence[Tranche]] | None = None,
+        pinned_units: Mapping[tuple[str, int], float] | None = None,
     ) -> list[str]:
         """Build and solve one LP and add its solution to ``acc``; returns the levers whose
         cap row was tight. ``contested=None`` puts a cap row on every (lever, pool).
@@ -1027,7 +1041,7 @@ class Allocator:
                 rows.append(row)
                 rhs.append(max(limits[i], 0.0))
         cap_rows = self._lever_rows(
-            vs, demand, acc, caps, cap_units, contested, len(limits), rows, rhs, parts
+            vs, demand, acc, caps, cap_units, contested, len(limits), rows, rhs, parts, pinned_units
         )
         self._request_rows(vs, parts, rows, rhs)
         a = np.array(rows)
@@ -1115,10 +1129,12 @@ class Allocator:
         rows: list[list[float]],
         rhs: list[float],
         tranches: Mapping[str, Sequence[Tranche]] | None = None,
+        pinned_units: Mapping[tuple[str, int], float] | None = None,
     ) -> list[tuple[int, str]]:
         """Append each lever's demand row and its cap rows (on the contested pools, or every
         pool with ``contested=None``) to ``rows``/``rhs``; returns the cap rows as (row index,
-        lever)."""
+        lever). ``pinned_units[(lever, slot)]``: what the lever holds pinned beside that slot,
+        in the same pool — its cap there is its cap of the whole pool less that."""
         cap_rows: list[tuple[int, str]] = []
         for n in dict.fromkeys(v.lever for v in vs):
             # every variable of a lever has the same scale (work units per scaled unit), so the
@@ -1148,7 +1164,8 @@ class Allocator:
                 if any(row):
                     cap_rows.append((len(rows), n))
                     rows.append(row)
-                    rhs.append(max(cap * cap_units[i], 0.0))
+                    held = (pinned_units or {}).get((n, i), 0.0)
+                    rhs.append(max(cap * (cap_units[i] + held) - held, 0.0))
         return cap_rows
 
     @staticmethod

@@ -630,7 +630,8 @@ def test_a_proven_sbm_holding_its_device_is_pinned_and_its_work_is_all_in_its_st
     a = Allocator(AllocatorSettings(explore_share=0.0), ValueSettings(), LIVE)
     for devices in (2.0, 3.0, 4.0):
         alloc = a.allocate(capacity(cpu=40.0, accelerator=devices), 0.0, SEG_CTX, book, 10.0)
-        assert alloc.fallback is None and alloc.explored == ()
+        assert alloc.fallback is None
+        assert alloc.explored == ()
         assert alloc.budget("sbm")[1] >= 0.9 - 1e-9
         in_strata = sum(r for lv, _, r in alloc.tranche_rates if lv == "sbm")
         assert in_strata == pytest.approx(alloc.rates["sbm"], rel=1e-6), devices
