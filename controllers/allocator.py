@@ -339,12 +339,12 @@ class _Run:
     explored: list[str]
 
 
-def _pinned_beside(slots: Sequence[_Slot], levers: Collection[str]) -> dict[tuple[str, int], float]:
-    """(lever, shared slot) -> the units ``levers`` hold pinned in the same pool: a lever's cap
+def _pinned_beside(slots: Sequence[_Slot]) -> dict[tuple[str, int], float]:
+    """(lever, shared slot) -> the units the lever holds pinned in the same pool: a lever's cap
     of a pool counts what it is pinned to there."""
     out: dict[tuple[str, int], float] = {}
     for sl in slots:
-        if sl.owner is None or sl.owner not in levers:
+        if sl.owner is None:
             continue
         for k, other in enumerate(slots):
             if other.owner is None and other.origin == sl.origin:
@@ -524,6 +524,7 @@ class Allocator:
         pinned: list[tuple[str, int]] = []
         dropped: set[tuple[str, int]] = set()
         kept: set[tuple[str, int]] = set()  # held their need; left as the runs have them
+        priced: set[tuple[str, int]] = set()  # pinned because they held their need
         run = self._run(pools, usable, demand, estimates, value_age_s, pinned, dropped, tranches)
         for _ in range(len(self.levers) * len(pools)):
             short = self._short_hold(run, pools, pinned, dropped | kept)
@@ -531,19 +532,36 @@ class Allocator:
                 break
             key, holds = short
             pin: _Run | None = self._run(
-                pools, usable, demand, estimates, value_age_s, [*pinned, key], dropped, tranches
+                pools,
+                usable,
+                demand,
+                estimates,
+                value_age_s,
+                [*pinned, key],
+                dropped,
+                tranches,
+                priced | {key} if holds else priced,
             )
             if pin is not None and not self._keeps_explorers(run, pin, key, pools, estimates):
                 pin = None
             if holds:  # it keeps the pool either way: pinned, or left as the run has it
                 if pin is not None:
                     pinned.append(key)
+                    priced.add(key)
                     run = pin
                 else:
                     kept.add(key)
                 continue
             drop = self._run(
-                pools, usable, demand, estimates, value_age_s, pinned, dropped | {key}, tranches
+                pools,
+                usable,
+                demand,
+                estimates,
+                value_age_s,
+                pinned,
+                dropped | {key},
+                tranches,
+                priced,
             )
             exploring = not _proven(estimates[key[0]])
             if pin is not None and (
@@ -681,10 +699,8 @@ class Allocator:
         tranches: Mapping[str, Sequence[Tranche]],
     ) -> float:
         """Value per second of a run's work at the LP's weights (unknown or unproven levers
-        and tranches count 0): each proven tranche's work at its own mean, the rest of the
-        work of a lever valued as a whole (no segment tranches) at the lever's. A lever valued
-        by segment does its other work in tranches the LP gives no weight (not proven, or past
-        their demand): its pooled mean would price that work at its best segments' value."""
+        count 0): each proven tranche's work at its own mean, the rest of a lever's work at the
+        lever's."""
         total = 0.0
         in_tranches: dict[str, float] = {}
         for (name, seg), rate in run.acc.tranche_rates.items():
@@ -693,8 +709,6 @@ class Allocator:
                     total += t.estimate.mean * rate
             in_tranches[name] = in_tranches.get(name, 0.0) + rate
         for name, rate in run.acc.rates.items():
-            if any(t.segment is not None for t in tranches.get(name, ())):
-                continue
             rate = max(rate - in_tranches.get(name, 0.0), 0.0)
             est = estimates[name]
             if _proven(est):
@@ -711,9 +725,12 @@ class Allocator:
         pinned: Sequence[tuple[str, int]],
         dropped: set[tuple[str, int]],
         tranches: Mapping[str, Sequence[Tranche]] | None = None,
+        priced: Collection[tuple[str, int]] = (),
     ) -> _Run:
         """One split: fallback or exploration, then the LP, on the pools as ``pinned`` and
-        ``dropped`` reshape them (a pinned lever's need is a slot only it may use)."""
+        ``dropped`` reshape them (a pinned lever's need is a slot only it may use). The pins
+        of ``priced`` (made because the lever held its need, :meth:`_short_hold`) are filled
+        by the value-ordered LP, the others first, by the lever's own."""
         s = self.settings
         slots = self._slots(pools, usable, pinned)
         dropped_slots = {
@@ -741,11 +758,12 @@ class Allocator:
         hopeful = [n for n in variables if not estimates[n].known or estimates[n].ucb > 0.0]
         fallback = self._fallback(variables, estimates, value_age_s, proven, hopeful)
         # pinned slots first: their lever gets what it can use there and holds the rest — but
-        # a proven lever's pinned slot goes into the value-ordered LP with the rest of its
-        # pools (only it can use the slot), so its best strata get the slot's work and the
-        # router is told which strata that work serves; it holds what the LP leaves after it
-        optimised = set(proven) if fallback is None else set()
-        self._fill_pinned(pools, slots, variables, demand, acc, skip=optimised)
+        # the slot of a proven lever pinned because it held its need goes into the
+        # value-ordered LP with the rest of its pools (only it can use the slot), so its best
+        # strata get the slot's work and the router is told which strata that work serves; it
+        # holds what the LP leaves after it
+        late = {key for key in priced if key[0] in proven} if fallback is None else set()
+        self._fill_pinned(pools, slots, variables, demand, acc, skip=late)
         if fallback is not None:
             measured = list(variables) if fallback is FallbackReason.NO_VALUE else hopeful
             self._flat(measured, variables, demand, slot_pools, acc, s.fallback_share)
@@ -763,9 +781,9 @@ class Allocator:
                 [x.units for x in slots],
                 acc,
                 tranches or {},
-                _pinned_beside(slots, optimised),
+                _pinned_beside(slots),
             )
-            self._fill_pinned(pools, slots, variables, demand, acc, only=optimised)
+            self._fill_pinned(pools, slots, variables, demand, acc, only=late)
         # remote capacity the proven levers left is worth nothing to them and the live path
         # cannot touch it: the levers being measured that may run there get all of it; outside
         # a fallback, so does the live capacity the LP left idle (``explore_idle``); what they
@@ -808,17 +826,19 @@ class Allocator:
         demand: Mapping[str, float],
         acc: _Acc,
         *,
-        skip: Collection[str] = (),
-        only: Collection[str] | None = None,
+        skip: Collection[tuple[str, int]] = (),
+        only: Collection[tuple[str, int]] | None = None,
     ) -> None:
-        """Each pinned slot to its lever (but those of ``skip``; of ``only``'s alone when
-        given): what the lever can use there by an LP of its own, and the rest of the slot
-        held for it all the same."""
+        """Each pinned slot to its lever (but the (lever, pool) pins of ``skip``; those of
+        ``only`` alone when given): what the lever can use there by an LP of its own, and the
+        rest of the slot held for it all the same."""
         slot_pools = [pools[sl.origin] for sl in slots]
         for k, sl in enumerate(slots):
-            if sl.owner is None or sl.owner not in variables or sl.owner in skip:
+            if sl.owner is None or sl.owner not in variables:
                 continue
-            if only is not None and sl.owner not in only:
+            if (sl.owner, sl.origin) in skip or (
+                only is not None and (sl.owner, sl.origin) not in only
+            ):
                 continue
             mine = [v for v in variables[sl.owner] if k in (v.cpu_pool, v.acc_pool)]
             if mine:
