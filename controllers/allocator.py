@@ -72,7 +72,11 @@ Exploration and fallback
   one is pinned when that is worth more than what the others make of the pool, and not when it
   would shut out of the pool a lever measured but not proven either way whose work there is
   worth more at its estimated mean (its demand counted): else a lever not yet proven when the
-  other was pinned to the only pool it can use would get no samples again.
+  other was pinned to the only pool it can use would get no samples again. A proven lever
+  that holds at least the device is pinned to it too, outside a fallback and while no lever is
+  being measured: the pin prices the devices it holds at their own usable share and its units
+  of the rest of the pool at the chord of its usable units (more devices run busier at the same
+  wait), and its slot is filled by the value-ordered LP, so its work there is named by stratum.
 * **Fallback** — when value signals never arrived (``no_value``), are older than
   ``value_stale_s`` (``stale_value``), or leave no lever with a positive LCB while some could
   still be positive (``uncertain_value``), the allocator hands ``fallback_share`` of the safe

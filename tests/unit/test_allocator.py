@@ -619,14 +619,7 @@ def test_a_proven_sbm_holding_its_device_is_pinned_and_its_work_is_all_in_its_st
     # both levers proven, nothing measured: the strong model holds its device, and every
     # request it serves, the pinned device's included, is in a stratum the LP chose for it
     # (what the router is given: controllers/router.py, the allocator's shares)
-    book = segment_book(
-        {
-            ("rma", "premium"): 0.2,
-            ("rma", "casual"): 0.004,
-            ("sbm", "premium"): 0.005,
-            ("sbm", "casual"): 0.1,
-        }
-    )
+    book = segment_book(SPLIT_UPLIFT)
     a = Allocator(AllocatorSettings(explore_share=0.0), ValueSettings(), LIVE)
     for devices in (2.0, 3.0, 4.0):
         alloc = a.allocate(capacity(cpu=40.0, accelerator=devices), 0.0, SEG_CTX, book, 10.0)
@@ -779,19 +772,21 @@ SEG_CTX = LeverContext(
 )
 
 
+# RMA worth most on premium, the strong model on casual (per device-second: below)
+SPLIT_UPLIFT = {
+    ("rma", "premium"): 0.2,
+    ("rma", "casual"): 0.004,
+    ("sbm", "premium"): 0.005,
+    ("sbm", "casual"): 0.1,
+}
+
+
 def test_contested_accelerator_follows_each_segments_own_value() -> None:
     # per device-second: RMA premium 0.2/0.016 = 12.5, SBM casual 0.1/0.04 = 2.5, RMA casual
     # 0.004/0.016 = 0.25, SBM premium 0.005/0.04 = 0.125. Pooled, RMA (mostly casual requests
     # by count) would still look better than SBM per device and take the whole pool; by
     # segment, RMA serves premium and the strong model the casual requests
-    book = segment_book(
-        {
-            ("rma", "premium"): 0.2,
-            ("rma", "casual"): 0.004,
-            ("sbm", "premium"): 0.005,
-            ("sbm", "casual"): 0.1,
-        }
-    )
+    book = segment_book(SPLIT_UPLIFT)
     levers = LeverRegistry.standard(COSTS, 400, 1200)
     a = Allocator(AllocatorSettings(explore_share=0.0), ValueSettings(), levers)
     cap = capacity(cpu=40.0, accelerator=3.0)
