@@ -527,15 +527,14 @@ class Allocator:
         # way; the pin prices its first devices apart from the rest, :meth:`_short_hold`).
         pinned: list[tuple[str, int]] = []
         dropped: set[tuple[str, int]] = set()
-        kept: set[tuple[str, int]] = set()  # held their need; left as the runs have them
         priced: set[tuple[str, int]] = set()  # pinned because they held their need
         run = self._run(pools, usable, demand, estimates, value_age_s, pinned, dropped, tranches)
         for _ in range(len(self.levers) * len(pools)):
-            short = self._short_hold(run, pools, pinned, dropped | kept)
+            short = self._short_hold(run, pools, pinned, dropped)
             if short is None:
                 break
             key, holds = short
-            pin: _Run | None = self._run(
+            pin = self._run(
                 pools,
                 usable,
                 demand,
@@ -546,16 +545,14 @@ class Allocator:
                 tranches,
                 priced | {key} if holds else priced,
             )
-            if pin is not None and not self._keeps_explorers(run, pin, key, pools, estimates):
-                pin = None
-            if holds:  # it keeps the pool either way: pinned, or left as the run has it
-                if pin is not None:
-                    pinned.append(key)
-                    priced.add(key)
-                    run = pin
-                else:
-                    kept.add(key)
+            if holds:
+                # it keeps the pool either way, and no lever is measured (so no explorer to
+                # keep): the pin only reprices it
+                pinned.append(key)
+                priced.add(key)
+                run = pin
                 continue
+            keeps = self._keeps_explorers(run, pin, key, pools, estimates)
             drop = self._run(
                 pools,
                 usable,
@@ -568,7 +565,7 @@ class Allocator:
                 priced,
             )
             exploring = not _proven(estimates[key[0]])
-            if pin is not None and (
+            if keeps and (
                 exploring
                 or (
                     run.fallback is None

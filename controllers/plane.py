@@ -222,7 +222,7 @@ class Decision:
 class _Region:
     __slots__ = ("book", "coverage", "epoch", "last_now", "precompute_rate", "rma", "rng")
 
-    def __init__(self, plane: ControlPlane, name: str) -> None:
+    def __init__(self, plane: ControlPlane, name: str, rng_root: int | None = None) -> None:
         cfg = plane.config
         self.rma = RmaController(
             cfg.pid, cfg.setpoint_ms, cfg.base_candidates, cfg.max_candidates, cfg.costs
@@ -236,8 +236,8 @@ class _Region:
         )
         self.book = ValueBook()
         # the region's own stream (the router's draws): what one region draws does not depend
-        # on the other regions or on the order the regions step in
-        self.rng = named_rng(plane.rng_root, name)
+        # on the other regions or on the order the regions step in (``rng_root``: the plane's)
+        self.rng = named_rng(plane.rng_root if rng_root is None else rng_root, name)
         self.epoch = 0
         self.last_now: float | None = None
         self.precompute_rate = 0.0
@@ -612,16 +612,15 @@ class ControlPlane:
                 f"control-plane snapshot: version {version!r} is not one of {READABLE_VERSIONS}"
             )
         regions: dict[str, _Region] = {}
-        root = self.rng_root
         try:
-            if state.get("rng_root") is not None:  # older snapshots: new regions use this plane's
-                self.rng_root = int(state["rng_root"])
+            # older snapshots have no root: new regions keep deriving from this plane's
+            root = self.rng_root if state.get("rng_root") is None else int(state["rng_root"])
             for name, data in dict(state.get("regions", {})).items():
-                region = regions[str(name)] = _Region(self, str(name))
+                region = regions[str(name)] = _Region(self, str(name), root)
                 region.restore(data)
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            self.rng_root = root
             raise SnapshotError(f"control-plane snapshot: malformed region state ({exc})") from exc
+        self.rng_root = root
         self._regions = regions
         self._decisions = {}
 
