@@ -129,6 +129,8 @@ __all__ = [
 ]
 
 _EPS = 1e-9
+# tableaux of at most this many entries are updated whole at each pivot (:func:`solve_lp`)
+_WHOLE_TABLEAU = 1000
 
 
 def _proven(est: ValueEstimate) -> bool:
@@ -207,44 +209,50 @@ def solve_lp(
     # value of 1e-7 per unit (an LCB per candidate times seconds per candidate) must not
     # look like zero, so solve with the largest coefficient scaled to 1
     c_scale = float(np.max(np.abs(cost))) if n else 0.0
-    if c_scale <= 0.0:
+    if c_scale <= 0.0 or _held_at_zero(cost / c_scale, a, np.asarray(b, dtype=float)):
         return np.zeros(n), 0.0
     t = np.zeros((m + 1, n + m + 1))
     t[:m, :n] = a
-    t[:m, n : n + m] = np.eye(m)
+    t[np.arange(m), n + np.arange(m)] = 1.0
     t[:m, -1] = b
     t[m, :n] = -cost / c_scale
     basis = list(range(n, n + m))
     bland_after = m + n
     rhs = t[:m, -1]
+    row_obj = t[m, :-1]
+    # a small tableau is cheapest updated whole; a large one only where the pivot row and
+    # column are non-zero: everywhere else the update subtracts 0, and the tableau of these LPs
+    # stays mostly zeros. Either way every entry gets the same arithmetic, so the pivots and
+    # the optimum are the same
+    whole = (m + 1) * (n + m + 1) <= _WHOLE_TABLEAU
     for it in range(max_iter):
-        row_obj = t[m, :-1]
         if it < bland_after:
-            col = int(np.argmin(row_obj))
+            col = int(row_obj.argmin())
             if row_obj[col] >= -_EPS:
                 break
         else:
-            neg = np.flatnonzero(row_obj < -_EPS)
+            neg = (row_obj < -_EPS).nonzero()[0]
             if neg.size == 0:
                 break
             col = int(neg[0])
         column = t[:m, col]
-        positive = np.flatnonzero(column > _EPS)
+        positive = (column > _EPS).nonzero()[0]
         if positive.size == 0:  # unbounded: cannot happen with every variable in a row
             raise ValueError("unbounded linear program")
         ratios = rhs[positive] / column[positive]
         best = ratios.min()
         ties = positive[ratios <= best + _EPS * max(1.0, abs(best))]
-        row = int(min(ties, key=lambda r: basis[r]))
+        row = int(ties[0]) if ties.size == 1 else int(min(ties, key=lambda r: basis[r]))
         t[row] /= t[row, col]
-        # eliminate only where the pivot row and column are non-zero: everywhere else the
-        # update subtracts 0, and the tableau of these LPs stays mostly zeros (4× faster)
         pivot = t[row]
         factors = t[:, col].copy()
         factors[row] = 0.0
-        rows = np.flatnonzero(factors)
-        cols = np.flatnonzero(pivot)
-        t[np.ix_(rows, cols)] -= np.outer(factors[rows], pivot[cols])
+        if whole:
+            t -= np.multiply.outer(factors, pivot)
+        else:
+            rows = factors.nonzero()[0]
+            cols = pivot.nonzero()[0]
+            t[rows[:, None], cols] -= np.multiply.outer(factors[rows], pivot[cols])
         basis[row] = col
     else:
         raise RuntimeError("simplex did not converge")
@@ -252,6 +260,23 @@ def solve_lp(
     for r, j in enumerate(basis):
         x[j] = max(t[r, -1], 0.0)
     return x[:n], float(t[m, -1]) * c_scale
+
+
+def _held_at_zero(cost: np.ndarray, a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether the origin is the optimum :func:`solve_lp` reaches without a pivot that moves:
+    every variable it would enter (scaled cost above the tolerance) uses a row with no room
+    (``b = 0``), and no row the ratio test would call a tie with it (room below the
+    tolerance but not 0) could take it off 0. Most of the allocator's top-up LPs are such
+    (the lever's demand met, or nothing left where it may run): they need no tableau."""
+    live = cost > _EPS
+    if not live.any():
+        return True
+    uses = a[:, live] > _EPS
+    full = b == 0.0
+    if not (uses & full[:, None]).any(axis=0).all():
+        return False
+    tiny = (b > 0.0) & (b <= _EPS * a[:, live].max(axis=1, initial=0.0))
+    return not (uses & tiny[:, None]).any()
 
 
 def _left(acc: _Acc, pools: Sequence[Pool], share: float, remote_only: bool) -> list[float] | None:
@@ -306,6 +331,61 @@ class _Var:
     acc: float
     scale: float  # units of work per unit of the scaled variable (1 / dominant cost)
     tranche: int = -1  # index into the lever's tranches (-1: the lever as a whole)
+
+
+class _Columns:
+    """An LP's variables as arrays, to write its rows with: the lever of each (a code into
+    ``names``, in order of first appearance), its pools (-1: none), its use of each and its
+    scale, and its tranche (-1: the lever as a whole)."""
+
+    __slots__ = ("acc", "acc_pool", "cpu", "cpu_pool", "lever", "names", "scale", "tranche")
+
+    def __init__(self, vs: Sequence[_Var]) -> None:
+        self.names = list(dict.fromkeys(v.lever for v in vs))
+        code = {n: k for k, n in enumerate(self.names)}
+        self.lever = np.array([code[v.lever] for v in vs])
+        self.cpu_pool = np.array([-1 if v.cpu_pool is None else v.cpu_pool for v in vs])
+        self.acc_pool = np.array([-1 if v.acc_pool is None else v.acc_pool for v in vs])
+        self.cpu = np.array([v.cpu for v in vs], dtype=float)
+        self.acc = np.array([v.acc for v in vs], dtype=float)
+        self.scale = np.array([v.scale for v in vs], dtype=float)
+        self.tranche = np.array([v.tranche for v in vs])
+
+    def pool_rows(self, npool: int) -> np.ndarray:
+        """Every pool's LP row: what each variable uses of pool ``i``, row ``i``."""
+        ids = np.arange(npool)[:, None]
+        return np.where(self.cpu_pool == ids, self.cpu, 0.0) + np.where(
+            self.acc_pool == ids, self.acc, 0.0
+        )
+
+
+class _Rows:
+    """An LP's constraint rows and their limits, appended in blocks."""
+
+    __slots__ = ("blocks", "count", "rhs")
+
+    def __init__(self) -> None:
+        self.blocks: list[np.ndarray] = []
+        self.rhs: list[float] = []
+        self.count = 0
+
+    def add(self, block: np.ndarray, rhs: Sequence[float]) -> None:
+        if block.shape[0]:
+            self.blocks.append(block)
+            self.rhs.extend(rhs)
+            self.count += block.shape[0]
+
+    def add_sparse(
+        self, coefs: Sequence[Mapping[int, float]], rhs: Sequence[float], n: int
+    ) -> None:
+        """Rows given as {column: coefficient}, of ``n`` columns."""
+        block = np.zeros((len(coefs), n))
+        for r, coef in enumerate(coefs):
+            block[r, list(coef)] = list(coef.values())
+        self.add(block, rhs)
+
+    def matrix(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.concatenate(self.blocks), np.array(self.rhs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1054,19 +1134,16 @@ class Allocator:
                     coef.append(t.estimate.mean / dominant)
         if not vs:
             return []
-        rows: list[list[float]] = []
-        rhs: list[float] = []
-        for i in range(len(limits)):
-            row = self._pool_row(vs, i, None)
-            if any(row):
-                rows.append(row)
-                rhs.append(max(limits[i], 0.0))
+        cols = _Columns(vs)
+        rows = _Rows()
+        use = cols.pool_rows(len(limits))
+        live = use.any(axis=1)
+        rows.add(use[live], [max(limits[i], 0.0) for i in np.flatnonzero(live).tolist()])
         cap_rows = self._lever_rows(
-            vs, demand, acc, caps, cap_units, contested, len(limits), rows, rhs, parts, pinned_units
+            cols, use, demand, acc, caps, cap_units, contested, rows, parts, pinned_units
         )
-        self._request_rows(vs, parts, rows, rhs)
-        a = np.array(rows)
-        b = np.array(rhs)
+        self._request_rows(vs, parts, rows)
+        a, b = rows.matrix()
         x, _ = solve_lp(coef, a, b)
         used = a @ x
         bound = [n for r, n in cap_rows if b[r] > 0.0 and used[r] >= b[r] * (1.0 - 1e-7)]
@@ -1074,11 +1151,7 @@ class Allocator:
         return bound
 
     def _request_rows(
-        self,
-        vs: Sequence[_Var],
-        tranches: Mapping[str, Sequence[Tranche]],
-        rows: list[list[float]],
-        rhs: list[float],
+        self, vs: Sequence[_Var], tranches: Mapping[str, Sequence[Tranche]], rows: _Rows
     ) -> None:
         """A request gets one of the levers that take it whole (RMA's extras or the strong
         model): per segment or stratum, the requests the levers' tranches of that name treat
@@ -1087,18 +1160,23 @@ class Allocator:
         the requests it treats plus theirs ≤ the stratum's rate. (One row per band, not one
         per stratum: a request that gets RMA's 150th extra candidate also got its first.)"""
         segs: dict[str, float] = {}
+        per_request: dict[str, float | None] = {}
         for v in vs:
             if v.tranche < 0:
                 continue
+            if v.lever not in per_request:
+                per_request[v.lever] = self.levers[v.lever].requests_per_unit()
             t = tranches[v.lever][v.tranche]
-            if t.segment is not None and self.levers[v.lever].requests_per_unit() is not None:
+            if t.segment is not None and per_request[v.lever] is not None:
                 segs[t.segment] = t.requests
+        if not segs:
+            return
         whole: dict[str, dict[int, float]] = {seg: {} for seg in segs}
         users: dict[str, set[str]] = {seg: set() for seg in segs}
         bands: dict[tuple[str, str, int], dict[int, float]] = {}
         for j, v in enumerate(vs):
-            per = self.levers[v.lever].requests_per_unit()
-            if v.tranche < 0 or per is None:
+            per = per_request.get(v.lever) if v.tranche >= 0 else None
+            if per is None:
                 continue
             t = tranches[v.lever][v.tranche]
             if t.segment in segs:
@@ -1107,86 +1185,64 @@ class Allocator:
             for key, r in t.strata:
                 if key in segs:
                     bands.setdefault((key, v.lever, v.tranche), {})[j] = v.scale * r
+        coefs: list[Mapping[int, float]] = []
+        limits: list[float] = []
         for seg, requests in sorted(segs.items()):
             if len(users[seg]) >= 2:  # one lever alone is bounded by its own demand row
-                self._append_row(len(vs), whole[seg], rows, rhs, requests)
+                coefs.append(whole[seg])
+                limits.append(max(requests, 0.0))
         for (key, lever, _), coef in sorted(bands.items()):
             if users[key] - {lever}:
-                self._append_row(len(vs), {**whole[key], **coef}, rows, rhs, segs[key])
-
-    @staticmethod
-    def _append_row(
-        n: int, coef: Mapping[int, float], rows: list[list[float]], rhs: list[float], limit: float
-    ) -> None:
-        row = [0.0] * n
-        for j, c in coef.items():
-            row[j] = c
-        rows.append(row)
-        rhs.append(max(limit, 0.0))
-
-    @staticmethod
-    def _pool_row(vs: Sequence[_Var], i: int, lever: str | None) -> list[float]:
-        """The LP row of pool ``i``: what each variable (of ``lever`` only, unless None) uses
-        there."""
-        row = [0.0] * len(vs)
-        for j, v in enumerate(vs):
-            if lever is not None and v.lever != lever:
-                continue
-            if v.cpu_pool == i:
-                row[j] += v.cpu
-            if v.acc_pool == i:
-                row[j] += v.acc
-        return row
+                coefs.append({**whole[key], **coef})
+                limits.append(max(segs[key], 0.0))
+        rows.add_sparse(coefs, limits, len(vs))
 
     @staticmethod
     def _lever_rows(
-        vs: Sequence[_Var],
+        cols: _Columns,
+        use: np.ndarray,
         demand: Mapping[str, float],
         acc: _Acc,
         caps: Mapping[str, float],
         cap_units: Sequence[float],
         contested: Sequence[bool] | None,
-        npool: int,
-        rows: list[list[float]],
-        rhs: list[float],
+        rows: _Rows,
         tranches: Mapping[str, Sequence[Tranche]] | None = None,
         pinned_units: Mapping[tuple[str, int], float] | None = None,
     ) -> list[tuple[int, str]]:
         """Append each lever's demand row and its cap rows (on the contested pools, or every
-        pool with ``contested=None``) to ``rows``/``rhs``; returns the cap rows as (row index,
-        lever). ``pinned_units[(lever, slot)]``: what the lever holds pinned beside that slot,
-        in the same pool — its cap there is its cap of the whole pool less that."""
+        pool with ``contested=None``) to ``rows``; returns the cap rows as (row index, lever).
+        ``use``: every pool's row (:meth:`_Columns.pool_rows`). ``pinned_units[(lever,
+        slot)]``: what the lever holds pinned beside that slot, in the same pool — its cap
+        there is its cap of the whole pool less that."""
         cap_rows: list[tuple[int, str]] = []
-        for n in dict.fromkeys(v.lever for v in vs):
+        for code, n in enumerate(cols.names):
+            mine = cols.lever == code
             # every variable of a lever has the same scale (work units per scaled unit), so the
             # demand row Σ x·scale ≤ D is written Σ x ≤ D / scale, in resource units like the rest
-            scale = next(v.scale for v in vs if v.lever == n)
-            rows.append([1.0 if v.lever == n else 0.0 for v in vs])
-            rhs.append(max(demand[n] - acc.rates.get(n, 0.0), 0.0) / scale)
+            scale = float(cols.scale[int(np.argmax(mine))])
+            rows.add(
+                mine[None, :].astype(float), [max(demand[n] - acc.rates.get(n, 0.0), 0.0) / scale]
+            )
             if tranches is not None and n in tranches:
                 # and one per tranche: what its segment can use
-                members: dict[int, list[int]] = {}
-                for j, v in enumerate(vs):
-                    if v.lever == n and v.tranche >= 0:
-                        members.setdefault(v.tranche, []).append(j)
-                for k in sorted(members):
-                    row = [0.0] * len(vs)
-                    for j in members[k]:
-                        row[j] = 1.0
-                    rows.append(row)
-                    rhs.append(max(tranches[n][k].demand, 0.0) / scale)
+                ks = np.unique(cols.tranche[mine & (cols.tranche >= 0)])
+                if ks.size:
+                    block = ((cols.tranche[None, :] == ks[:, None]) & mine).astype(float)
+                    rows.add(block, [max(tranches[n][int(k)].demand, 0.0) / scale for k in ks])
             cap = caps.get(n, 1.0)
             if contested is not None and cap >= 1.0:
                 continue
-            for i in range(npool):
-                if contested is not None and not contested[i]:
-                    continue
-                row = Allocator._pool_row(vs, i, n)
-                if any(row):
-                    cap_rows.append((len(rows), n))
-                    rows.append(row)
-                    held = (pinned_units or {}).get((n, i), 0.0)
-                    rhs.append(max(cap * (cap_units[i] + held) - held, 0.0))
+            own = np.where(mine, use, 0.0)
+            keep = own.any(axis=1)
+            if contested is not None:
+                keep &= np.asarray(contested, dtype=bool)
+            limits: list[float] = []
+            for i in np.flatnonzero(keep).tolist():
+                cap_rows.append((rows.count + len(limits), n))
+                held = (pinned_units or {}).get((n, i), 0.0)
+                limits.append(max(cap * (cap_units[i] + held) - held, 0.0))
+            rows.add(own[keep], limits)
         return cap_rows
 
     @staticmethod

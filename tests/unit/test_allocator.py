@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from scipy.optimize import linprog
 
+from headroom.controllers import allocator as allocator_module
 from headroom.controllers.allocator import (
     Allocator,
     FallbackReason,
@@ -116,6 +118,37 @@ def test_simplex_matches_scipy_on_random_nonnegative_programs(shape, data) -> No
     assert np.all(x >= 0.0)
     assert np.all(a @ x <= b + 1e-7 * (1 + np.abs(b)))
     assert float(c @ x) == pytest.approx(obj, rel=1e-7, abs=1e-7)
+
+
+def _program(data: st.DataObject, m: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A random allocator-like program: sparse non-negative rows, limits that are often 0 or
+    tiny (what the LPs of a region look like once a lever's demand is met or a pool is spent)
+    and a demand row bounding every variable."""
+    coef = st.floats(0.0, 10.0, allow_nan=False).map(lambda x: 0.0 if x < 5.0 else x)
+    a = np.array(
+        data.draw(st.lists(st.lists(coef, min_size=n, max_size=n), min_size=m, max_size=m))
+    )
+    limit = st.one_of(st.just(0.0), st.just(1e-16), st.floats(0.0, 100.0))
+    b = np.array(data.draw(st.lists(limit, min_size=m + 1, max_size=m + 1)))
+    c = np.array(data.draw(st.lists(st.floats(-1.0, 5.0), min_size=n, max_size=n)))
+    return c, np.vstack([a, np.ones((1, n))]), b
+
+
+@settings(max_examples=150, deadline=None)
+@given(shape=st.tuples(st.integers(1, 30), st.integers(1, 30)), data=st.data())
+def test_simplex_shortcuts_change_no_pivot(shape, data) -> None:
+    """The origin returned without a tableau, and a tableau updated whole or only where the
+    pivot row and column are non-zero: the simplex's own result, to the last bit."""
+    c, a, b = _program(data, *shape)
+    got = solve_lp(c, a, b)
+    with mock.patch.object(allocator_module, "_held_at_zero", return_value=False):
+        with mock.patch.object(allocator_module, "_WHOLE_TABLEAU", 0):
+            sparse = solve_lp(c, a, b)
+        with mock.patch.object(allocator_module, "_WHOLE_TABLEAU", 10**9):
+            whole = solve_lp(c, a, b)
+    for x, obj in (sparse, whole):
+        assert np.array_equal(x, got[0])
+        assert obj == got[1]
 
 
 def test_simplex_does_not_mistake_tiny_values_for_zero() -> None:
