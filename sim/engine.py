@@ -1486,12 +1486,15 @@ def run_policy(
     control_interval_s: float,
     progress: Callable[[int, int], None] | None = None,
     jobs: int = 1,
+    meanwhile: Callable[[], None] | None = None,
 ) -> None:
     """Simulate every region of ``ctx`` under one policy, writing events through ``write``.
 
     Regions advance window by window in scenario order, so the log is ordered by time.
     ``jobs`` > 1: the regions run in that many forked processes (:mod:`headroom.sim.fanout`),
-    the log the same line for line.
+    the log the same line for line. ``meanwhile``: other work, done before the first region
+    event is written — in one process before the regions run, with ``jobs`` > 1 while the
+    processes simulate them (what it writes comes first either way).
     """
 
     def emitter(region: str, sink: Callable[[dict[str, Any]], None]) -> EmitFn:
@@ -1534,8 +1537,10 @@ def run_policy(
 
     n = len(ctx.regions)
     if jobs > 1 and n > 1:
-        run_forked(n, ctx.n_windows, jobs, simulate, write, after_window, progress)
+        run_forked(n, ctx.n_windows, jobs, simulate, write, after_window, progress, meanwhile)
         return
+    if meanwhile is not None:
+        meanwhile()
 
     def mark(w: int) -> None:
         if w > 0:

@@ -134,12 +134,14 @@ def run_forked(
     write: Callable[[dict[str, Any]], None],
     after_window: Callable[[int], None],
     progress: Callable[[int, int], None] | None = None,
+    meanwhile: Callable[[], None] | None = None,
 ) -> None:
     """Simulate ``n_regions`` regions in ``min(jobs, n_regions)`` forked processes with
     ``simulate``, then ``write`` every window's events region by region, calling
     ``after_window(w)`` after window ``w``'s (and once with ``n_windows`` after what the regions
     emit past the last). ``progress(done, total)``: the windows every process has simulated, as
-    they run."""
+    they run. ``meanwhile``: work of the parent's own, done once the processes have started
+    (the parent would only wait), before it writes anything of theirs."""
     groups = groups_of(n_regions, jobs)
     mp = multiprocessing.get_context("fork")
     with tempfile.TemporaryDirectory(prefix="headroom-regions-") as tmp:
@@ -164,6 +166,8 @@ def run_forked(
                 warnings.filterwarnings("ignore", "This process .* is multi-threaded")
                 for child in children:
                     child.start()
+            if meanwhile is not None:
+                meanwhile()
             _wait(children, directory, done, n_windows, progress)
         finally:
             for child in children:

@@ -12,6 +12,7 @@ log gives the same ``metrics.json``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,8 +97,6 @@ def run_simulation(
     if jobs is None:
         jobs = default_jobs(len(ctx.regions))
     oracle = oracle_for(ctx)
-    bound = oracle.bound()
-    feasible = oracle.feasible()
     with EventWriter(events_path, compress=compress_events) as writer:
         writer.write(
             {
@@ -122,8 +121,12 @@ def run_simulation(
                 "policies": list(policies),
             }
         )
-        for name in policies:
-            factory = PolicyFactory(name, ctx)
+
+        def write_bound(name: str) -> None:
+            """The oracle's bounds, before the policy's events. They are computed once, while
+            the first policy's regions run (their processes do not need them)."""
+            bound = oracle.bound()
+            feasible = oracle.feasible()
             writer.write(
                 {
                     "v": 1,
@@ -143,6 +146,9 @@ def run_simulation(
                     "feasible_by_lever": dict(feasible.by_lever),
                 }
             )
+
+        for name in policies:
+            factory = PolicyFactory(name, ctx)
             started = clock() if clock is not None else None
 
             def tick(done: int, total: int, name: str = name) -> None:
@@ -157,6 +163,7 @@ def run_simulation(
                 control_interval_s=factory.interval_s,
                 progress=tick,
                 jobs=jobs,
+                meanwhile=functools.partial(write_bound, name),
             )
             finished: dict[str, Any] = {
                 "v": 1,

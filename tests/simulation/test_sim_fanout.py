@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import os
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,33 @@ def test_progress_reaches_the_end_and_never_goes_back() -> None:
 
 class _Broken(Exception):
     pass
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_the_parents_own_work_runs_in_it_and_writes_before_the_regions(jobs: int) -> None:
+    """``meanwhile`` (the oracle's bounds, in ``simulate``): done in the calling process, its
+    events first in the log, the regions' lines as without it."""
+    ctx = _two_regions()
+    factory = PolicyFactory("headroom", ctx)
+    out: list[bytes] = []
+    ran_in: list[int] = []
+
+    def meanwhile() -> None:
+        ran_in.append(os.getpid())
+        out.append(b"marker")
+
+    run_policy(
+        ctx,
+        "headroom",
+        factory.region,
+        lambda ev: out.append(encode_event(ev)),
+        control_interval_s=factory.interval_s,
+        jobs=jobs,
+        meanwhile=meanwhile,
+    )
+    assert ran_in == [os.getpid()]
+    assert out[0] == b"marker"
+    assert out[1:] == _lines(ctx, "headroom", jobs=1)
 
 
 def test_a_failing_region_stops_the_run_with_its_own_exception() -> None:
