@@ -1159,32 +1159,33 @@ class Allocator:
         :attr:`Tranche.strata`) gets a row of its own with the other levers' tranches there:
         the requests it treats plus theirs ≤ the stratum's rate. (One row per band, not one
         per stratum: a request that gets RMA's 150th extra candidate also got its first.)"""
+        # the columns of each (lever, tranche), in the order of ``vs``
+        groups: dict[tuple[str, int], list[int]] = {}
+        for j, v in enumerate(vs):
+            if v.tranche >= 0:
+                groups.setdefault((v.lever, v.tranche), []).append(j)
+        per_request = {lever: self.levers[lever].requests_per_unit() for lever, _ in groups}
         segs: dict[str, float] = {}
-        per_request: dict[str, float | None] = {}
-        for v in vs:
-            if v.tranche < 0:
-                continue
-            if v.lever not in per_request:
-                per_request[v.lever] = self.levers[v.lever].requests_per_unit()
-            t = tranches[v.lever][v.tranche]
-            if t.segment is not None and per_request[v.lever] is not None:
+        for lever, k in groups:
+            t = tranches[lever][k]
+            if t.segment is not None and per_request[lever] is not None:
                 segs[t.segment] = t.requests
         if not segs:
             return
         whole: dict[str, dict[int, float]] = {seg: {} for seg in segs}
         users: dict[str, set[str]] = {seg: set() for seg in segs}
         bands: dict[tuple[str, str, int], dict[int, float]] = {}
-        for j, v in enumerate(vs):
-            per = per_request.get(v.lever) if v.tranche >= 0 else None
+        for (lever, k), js in groups.items():
+            per = per_request[lever]
             if per is None:
                 continue
-            t = tranches[v.lever][v.tranche]
+            t = tranches[lever][k]
             if t.segment in segs:
-                whole[str(t.segment)][j] = v.scale * per
-                users[str(t.segment)].add(v.lever)
+                whole[str(t.segment)].update({j: vs[j].scale * per for j in js})
+                users[str(t.segment)].add(lever)
             for key, r in t.strata:
                 if key in segs:
-                    bands.setdefault((key, v.lever, v.tranche), {})[j] = v.scale * r
+                    bands.setdefault((key, lever, k), {}).update({j: vs[j].scale * r for j in js})
         coefs: list[Mapping[int, float]] = []
         limits: list[float] = []
         for seg, requests in sorted(segs.items()):
