@@ -216,7 +216,7 @@ def solve_lp(
     t[np.arange(m), n + np.arange(m)] = 1.0
     t[:m, -1] = b
     t[m, :n] = -cost / c_scale
-    basis = list(range(n, n + m))
+    basis = np.arange(n, n + m)
     bland_after = m + n
     rhs = t[:m, -1]
     row_obj = t[m, :-1]
@@ -242,7 +242,7 @@ def solve_lp(
         ratios = rhs[positive] / column[positive]
         best = ratios.min()
         ties = positive[ratios <= best + _EPS * max(1.0, abs(best))]
-        row = int(ties[0]) if ties.size == 1 else int(min(ties, key=lambda r: basis[r]))
+        row = int(ties[0]) if ties.size == 1 else int(ties[basis[ties].argmin()])
         t[row] /= t[row, col]
         pivot = t[row]
         factors = t[:, col].copy()
@@ -257,8 +257,7 @@ def solve_lp(
     else:
         raise RuntimeError("simplex did not converge")
     x = np.zeros(n + m)
-    for r, j in enumerate(basis):
-        x[j] = max(t[r, -1], 0.0)
+    x[basis] = np.maximum(t[:m, -1], 0.0)
     return x[:n], float(t[m, -1]) * c_scale
 
 
