@@ -22,6 +22,7 @@ import os
 import pickle
 import sys
 import tempfile
+import threading
 import traceback
 import warnings
 from collections.abc import Callable, Sequence
@@ -140,8 +141,10 @@ def run_forked(
     ``simulate``, then ``write`` every window's events region by region, calling
     ``after_window(w)`` after window ``w``'s (and once with ``n_windows`` after what the regions
     emit past the last). ``progress(done, total)``: the windows every process has simulated, as
-    they run. ``meanwhile``: work of the parent's own, done once the processes have started
-    (the parent would only wait), before it writes anything of theirs."""
+    they run. ``meanwhile``: work of the parent's own, done while the processes run (the parent
+    would only wait) and before it writes anything of theirs, in a thread of the lowest
+    priority (:func:`_in_idle_time`): it takes the cores the processes leave idle, not the time
+    of the slowest region, which bounds the run."""
     groups = groups_of(n_regions, jobs)
     mp = multiprocessing.get_context("fork")
     with tempfile.TemporaryDirectory(prefix="headroom-regions-") as tmp:
@@ -166,15 +169,40 @@ def run_forked(
                 warnings.filterwarnings("ignore", "This process .* is multi-threaded")
                 for child in children:
                     child.start()
+            errors: list[BaseException] = []
+            worker = None
             if meanwhile is not None:
-                meanwhile()
+                worker = threading.Thread(
+                    target=_in_idle_time,
+                    args=(meanwhile, errors),
+                    name="headroom-meanwhile",
+                    daemon=True,  # a failing region's exception does not wait for it
+                )
+                worker.start()
             _wait(children, directory, done, n_windows, progress)
+            if worker is not None:
+                worker.join()
+            if errors:
+                raise errors[0]
         finally:
             for child in children:
                 if child.is_alive():
                     child.terminate()
                 child.join()
         _merge(directory, n_regions, n_windows, write, after_window)
+
+
+def _in_idle_time(work: Callable[[], None], errors: list[BaseException]) -> None:
+    """Run ``work`` in this thread at the lowest scheduling priority where the system lets a
+    thread have its own (Linux: a thread's nice value is its own), so it runs on what the
+    regions' processes leave of the cores; its exception goes to ``errors``."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    try:
+        work()
+    except BaseException as exc:  # re-raised by the parent's thread
+        errors.append(exc)
 
 
 def _wait(

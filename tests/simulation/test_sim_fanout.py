@@ -123,6 +123,25 @@ def test_the_parents_own_work_runs_in_it_and_writes_before_the_regions(jobs: int
     assert out[1:] == _lines(ctx, "headroom", jobs=1)
 
 
+def test_the_parents_own_work_fails_the_run_with_its_own_exception() -> None:
+    ctx = _two_regions()
+    factory = PolicyFactory("static", ctx)
+
+    def meanwhile() -> None:
+        raise _Broken("no bound")
+
+    with pytest.raises(_Broken, match="no bound"):
+        run_policy(
+            ctx,
+            "static",
+            factory.region,
+            lambda _ev: None,
+            control_interval_s=factory.interval_s,
+            jobs=2,
+            meanwhile=meanwhile,
+        )
+
+
 def test_a_failing_region_stops_the_run_with_its_own_exception() -> None:
     ctx = _two_regions()
     factory = PolicyFactory("static", ctx)
