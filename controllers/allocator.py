@@ -1030,9 +1030,11 @@ class Allocator:
     ) -> None:
         """What is left of the pools (of the remote ones, with ``remote_only``) to the proven
         ``names`` in turn, each up to its demand and, on a contested pool, its cap less what
-        it holds there already."""
+        it holds there already (a lever whose demand is met gets no LP)."""
         contested = self._contested(variables, len(pools))
         for n in names:
+            if demand[n] - acc.rates.get(n, 0.0) <= 0.0:
+                continue  # its demand row has no room: the LP would give it nothing
             limits = _left(acc, pools, 1.0, remote_only)
             if limits is None:
                 return
