@@ -278,6 +278,29 @@ def _held_at_zero(cost: np.ndarray, a: np.ndarray, b: np.ndarray) -> bool:
     return not (uses & tiny[:, None]).any()
 
 
+def _spent(
+    name: str,
+    vs: Sequence[_Var],
+    demand: Mapping[str, float],
+    acc: _Acc,
+    limits: Sequence[float],
+    room: Sequence[float],
+) -> bool:
+    """Whether an LP with a row per pool (``limits``), a cap row per pool (``room``) and a
+    demand row can give lever ``name`` nothing: its demand is met, or each of its variables
+    ``vs`` uses a pool with nothing left or no room under its cap. Its optimum is then 0 for
+    the lever; the simplex would give it at most what rounding leaves (a tie with a row of
+    1e-16 left), so the LP is not built."""
+    if demand[name] - acc.rates.get(name, 0.0) <= 0.0:
+        return True
+    return all(
+        any(
+            i is not None and (limits[i] <= 0.0 or room[i] <= 0.0) for i in (v.cpu_pool, v.acc_pool)
+        )
+        for v in vs
+    )
+
+
 def _left(acc: _Acc, pools: Sequence[Pool], share: float, remote_only: bool) -> list[float] | None:
     """``share`` of what is left of every pool (of the remote ones alone, with
     ``remote_only``); None when that is nothing anywhere."""
@@ -1004,7 +1027,10 @@ class Allocator:
         cap_units: Sequence[float],
     ) -> None:
         """The LP of :meth:`_flat` and :meth:`_top_up`: a flat value per resource unit for
-        ``names``, within ``limits`` of every pool, each lever within ``cap_units`` of each."""
+        ``names``, within ``limits`` of every pool, each lever within ``cap_units`` of each.
+        Not built when it can give none of them anything (:meth:`_spent`)."""
+        if all(_spent(n, variables[n], demand, acc, limits, cap_units) for n in names):
+            return
         self._solve(
             names,
             variables,
@@ -1030,11 +1056,9 @@ class Allocator:
     ) -> None:
         """What is left of the pools (of the remote ones, with ``remote_only``) to the proven
         ``names`` in turn, each up to its demand and, on a contested pool, its cap less what
-        it holds there already (a lever whose demand is met gets no LP)."""
+        it holds there already."""
         contested = self._contested(variables, len(pools))
         for n in names:
-            if demand[n] - acc.rates.get(n, 0.0) <= 0.0:
-                continue  # its demand row has no room: the LP would give it nothing
             limits = _left(acc, pools, 1.0, remote_only)
             if limits is None:
                 return
