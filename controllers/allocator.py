@@ -1252,10 +1252,10 @@ class Allocator:
             )
             if tranches is not None and n in tranches:
                 # and one per tranche: what its segment can use
-                ks = np.unique(cols.tranche[mine & (cols.tranche >= 0)])
-                if ks.size:
-                    block = ((cols.tranche[None, :] == ks[:, None]) & mine).astype(float)
-                    rows.add(block, [max(tranches[n][int(k)].demand, 0.0) / scale for k in ks])
+                ks = sorted(set(cols.tranche[mine].tolist()) - {-1})
+                if ks:
+                    block = ((cols.tranche[None, :] == np.array(ks)[:, None]) & mine).astype(float)
+                    rows.add(block, [max(tranches[n][k].demand, 0.0) / scale for k in ks])
             cap = caps.get(n, 1.0)
             if contested is not None and cap >= 1.0:
                 continue
