@@ -37,11 +37,14 @@ With values linear in work, the best split is the LP::
 All coefficients and bounds are non-negative, so the origin is feasible and a single-phase
 simplex suffices. It is solved exactly by :func:`solve_lp`, a dense tableau simplex (Dantzig's
 rule, Bland's rule after too many degenerate pivots so it cannot cycle), eliminating only
-where the pivot row and column are non-zero. A region's LP takes about 50 microseconds with a
-lever per pool (a median of 55 over a 6 h diurnal-3region run) and 2–4 ms with RMA's bands on
-three segments' contested strata (240–260 rows) — scipy's ``linprog`` gives the same optimum
-(a unit test checks it on random instances) but costs a millisecond per call in set-up
-alone. A greedy by value per resource unit is *not* exact here: RMA is CPU-heavy, SBM and
+where the pivot row and column are non-zero in a large tableau (a small one is updated whole:
+fewer numpy calls, the same arithmetic), and with no tableau at all when every variable it
+would enter is held at 0 by a row with no room. A region's LP takes about 30 microseconds
+with a lever per pool (the median over the LPs of a 3 h diurnal-3region run) and 1.2 ms with
+RMA's bands on three segments' contested strata (160–250 rows, ~37 pivots) — scipy's
+``linprog`` gives the same optimum (a unit test checks it on random instances) but costs a
+millisecond per call in set-up alone. The exploration and top-up LPs are not built at all
+where they can give none of their levers anything (:func:`_spent`). A greedy by value per resource unit is *not* exact here: RMA is CPU-heavy, SBM and
 precompute accelerator-heavy, and the optimum often splits a pool between two levers that each
 use both resources.
 
