@@ -44,9 +44,9 @@ with a lever per pool (the median over the LPs of a 3 h diurnal-3region run) and
 RMA's bands on three segments' contested strata (160–250 rows, ~37 pivots) — scipy's
 ``linprog`` gives the same optimum (a unit test checks it on random instances) but costs a
 millisecond per call in set-up alone. The exploration and top-up LPs are not built at all
-where they can give none of their levers anything (:func:`_spent`). A greedy by value per resource unit is *not* exact here: RMA is CPU-heavy, SBM and
-precompute accelerator-heavy, and the optimum often splits a pool between two levers that each
-use both resources.
+where they can give none of their levers anything (:func:`_spent`). A greedy by value per
+resource unit is *not* exact here: RMA is CPU-heavy, SBM and precompute accelerator-heavy, and
+the optimum often splits a pool between two levers that each use both resources.
 
 Each lever's value enters as ``v_l`` per unit of work; variables are scaled to the lever's
 dominant resource so the tableau is well conditioned. ``LeverShare.value_per_unit_lcb`` reports

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,17 +44,28 @@ def _two_regions() -> SimContext:
     return SimContext(s, curves_of(s))
 
 
-def _lines(ctx: SimContext, policy: str, jobs: int) -> list[bytes]:
-    out: list[bytes] = []
+def _run(
+    ctx: SimContext,
+    policy: str,
+    jobs: int,
+    write: Callable[[dict[str, Any]], None] = lambda _ev: None,
+    **options: Any,
+) -> None:
     factory = PolicyFactory(policy, ctx)
     run_policy(
         ctx,
         policy,
         factory.region,
-        lambda ev: out.append(encode_event(ev)),
+        write,
         control_interval_s=factory.interval_s,
         jobs=jobs,
+        **options,
     )
+
+
+def _lines(ctx: SimContext, policy: str, jobs: int) -> list[bytes]:
+    out: list[bytes] = []
+    _run(ctx, policy, jobs, lambda ev: out.append(encode_event(ev)))
     return out
 
 
@@ -78,16 +90,7 @@ def test_more_processes_than_regions_and_regions_dealt_in_turn() -> None:
 def test_progress_reaches_the_end_and_never_goes_back() -> None:
     ctx = _two_regions()
     seen: list[tuple[int, int]] = []
-    factory = PolicyFactory("static", ctx)
-    run_policy(
-        ctx,
-        "static",
-        factory.region,
-        lambda _ev: None,
-        control_interval_s=factory.interval_s,
-        progress=lambda done, total: seen.append((done, total)),
-        jobs=2,
-    )
+    _run(ctx, "static", 2, progress=lambda done, total: seen.append((done, total)))
     assert seen[-1] == (ctx.n_windows, ctx.n_windows)
     assert [d for d, _ in seen] == sorted(d for d, _ in seen)
 
@@ -101,7 +104,6 @@ def test_the_parents_own_work_runs_in_it_and_writes_before_the_regions(jobs: int
     """``meanwhile`` (the oracle's bounds, in ``simulate``): done in the calling process, its
     events first in the log, the regions' lines as without it."""
     ctx = _two_regions()
-    factory = PolicyFactory("headroom", ctx)
     out: list[bytes] = []
     ran_in: list[int] = []
 
@@ -109,37 +111,18 @@ def test_the_parents_own_work_runs_in_it_and_writes_before_the_regions(jobs: int
         ran_in.append(os.getpid())
         out.append(b"marker")
 
-    run_policy(
-        ctx,
-        "headroom",
-        factory.region,
-        lambda ev: out.append(encode_event(ev)),
-        control_interval_s=factory.interval_s,
-        jobs=jobs,
-        meanwhile=meanwhile,
-    )
+    _run(ctx, "headroom", jobs, lambda ev: out.append(encode_event(ev)), meanwhile=meanwhile)
     assert ran_in == [os.getpid()]
     assert out[0] == b"marker"
     assert out[1:] == _lines(ctx, "headroom", jobs=1)
 
 
 def test_the_parents_own_work_fails_the_run_with_its_own_exception() -> None:
-    ctx = _two_regions()
-    factory = PolicyFactory("static", ctx)
-
     def meanwhile() -> None:
         raise _Broken("no bound")
 
     with pytest.raises(_Broken, match="no bound"):
-        run_policy(
-            ctx,
-            "static",
-            factory.region,
-            lambda _ev: None,
-            control_interval_s=factory.interval_s,
-            jobs=2,
-            meanwhile=meanwhile,
-        )
+        _run(_two_regions(), "static", 2, meanwhile=meanwhile)
 
 
 def test_a_failing_region_stops_the_run_with_its_own_exception() -> None:
