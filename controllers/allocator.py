@@ -132,6 +132,9 @@ __all__ = [
 ]
 
 _EPS = 1e-9
+# an LP's solution below this many resource units (cores, devices) is what the tableau's
+# rounding leaves, not work: a lever is not booked a 1e-17 share of a pool (:meth:`Allocator._book`)
+_ROUNDING = 1e-12
 # tableaux of at most this many entries are updated whole at each pivot (:func:`solve_lp`)
 _WHOLE_TABLEAU = 1000
 
@@ -1282,10 +1285,11 @@ class Allocator:
         acc: _Acc,
         tranches: Mapping[str, Sequence[Tranche]] | None = None,
     ) -> None:
-        """Add an LP's solution ``x`` to ``acc``: capacity left, pool use, budgets, rates."""
+        """Add an LP's solution ``x`` to ``acc``: capacity left, pool use, budgets, rates (an entry
+        of at most :data:`_ROUNDING` is the tableau's rounding, not work)."""
         for j, v in enumerate(vs):
             xj = float(x[j])
-            if xj <= 0.0:
+            if xj <= _ROUNDING:
                 continue
             if v.tranche >= 0 and tranches is not None:
                 tkey = (v.lever, tranches[v.lever][v.tranche].segment)

@@ -757,6 +757,8 @@ def test_sbm_holds_cpu_for_the_devices_it_holds_not_for_the_share_it_keeps_busy(
     n=st.sampled_from([50, 2000]),
     age=st.sampled_from([None, 10.0, 1e5]),
 )
+# an LP that left SBM what the tableau's rounding left of the device (1.2e-17): no work
+@example(cpu=1.0, acc=0.09375, uplift={"rma": 0.5, "precompute": 1.0, "sbm": 1.0}, n=2000, age=10.0)
 def test_no_sub_device_sbm_share_and_unknown_levers_keep_a_share(cpu, acc, uplift, n, age) -> None:
     reg = LeverRegistry.standard(COSTS, 400, 1200, precompute=True, strong_wait_budget_ms=34.0)
     a = Allocator(AllocatorSettings(), ValueSettings(), reg).allocate(
