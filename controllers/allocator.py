@@ -215,13 +215,16 @@ def solve_lp(
     # value of 1e-7 per unit (an LCB per candidate times seconds per candidate) must not
     # look like zero, so solve with the largest coefficient scaled to 1
     c_scale = float(np.max(np.abs(cost))) if n else 0.0
-    if c_scale <= 0.0 or _held_at_zero(cost / c_scale, a, np.asarray(b, dtype=float)):
+    if c_scale <= 0.0:
+        return np.zeros(n), 0.0
+    scaled = cost / c_scale
+    if _held_at_zero(scaled, a, np.asarray(b, dtype=float)):
         return np.zeros(n), 0.0
     t = np.zeros((m + 1, n + m + 1))
     t[:m, :n] = a
     t[np.arange(m), n + np.arange(m)] = 1.0
     t[:m, -1] = b
-    t[m, :n] = -cost / c_scale
+    t[m, :n] = -scaled
     basis = np.arange(n, n + m)
     bland_after = m + n
     rhs = t[:m, -1]
@@ -390,18 +393,21 @@ class _Columns:
 class _Rows:
     """An LP's constraint rows and their limits, appended in blocks."""
 
-    __slots__ = ("blocks", "count", "rhs")
+    __slots__ = ("blocks", "rhs")
 
     def __init__(self) -> None:
         self.blocks: list[np.ndarray] = []
         self.rhs: list[float] = []
-        self.count = 0
+
+    @property
+    def count(self) -> int:
+        """Rows so far (one limit each)."""
+        return len(self.rhs)
 
     def add(self, block: np.ndarray, rhs: Sequence[float]) -> None:
         if block.shape[0]:
             self.blocks.append(block)
             self.rhs.extend(rhs)
-            self.count += block.shape[0]
 
     def add_sparse(
         self, coefs: Sequence[Mapping[int, float]], rhs: Sequence[float], n: int
