@@ -311,9 +311,12 @@ async def delete_topics(bootstrap: str, names: Iterable[str], timeout_s: float =
             await client.delete_topics(doomed, timeout_ms=int(timeout_s * 1000))
 
 
-async def wait_for_topics(bootstrap: str, names: Iterable[str], timeout_s: float = 30.0) -> None:
+async def wait_for_topics(
+    bootstrap: str, names: Iterable[str], timeout_s: float = 30.0
+) -> dict[str, int]:
     """Return once every named topic has a leader for each partition (just-created topics
-    take a moment); :class:`KafkaUnavailable` after ``timeout_s``."""
+    take a moment), with each topic's partition count; :class:`KafkaUnavailable` after
+    ``timeout_s``."""
     names = list(names)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
@@ -328,7 +331,7 @@ async def wait_for_topics(bootstrap: str, names: Iterable[str], timeout_s: float
                 and all(p["leader"] >= 0 for p in t["partitions"])
             }
             if ready >= set(names):
-                return
+                return {t["topic"]: len(t["partitions"]) for t in described if t["topic"] in ready}
             if loop.time() > deadline:
                 missing = sorted(set(names) - ready)
                 raise KafkaUnavailable(f"topics not ready after {timeout_s} s: {missing}")

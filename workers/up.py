@@ -65,6 +65,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from aiokafka import TopicPartition
+
 from headroom.analysis.events import EventWriter
 from headroom.defences.replicas import DEDICATED_REPLICAS, MixedReplicas
 from headroom.kernel.checks import FieldChecker
@@ -353,10 +355,13 @@ class Stack:
             )
         wanted = topics(self.kafka.prefix)
         await create_topics(self.kafka.bootstrap, wanted)
-        await wait_for_topics(self.kafka.bootstrap, [t.name for t in wanted])
+        partitions = await wait_for_topics(self.kafka.bootstrap, [t.name for t in wanted])
         cfg.out_dir.mkdir(parents=True, exist_ok=True)
-        self._collector = asyncio.create_task(self._collect(), name="collector")
-        await asyncio.wait_for(self._collector_ready.wait(), 60.0)
+        events = self.kafka.topic("events")
+        self._collector = asyncio.create_task(
+            self._collect(events, partitions[events]), name="collector"
+        )
+        await self._collector_started()
         scenario_flag = ["--scenario", str(cfg.scenario_path)]
         self.t0 = time.time() + cfg.startup_margin_s
         clock = ["--t0", f"{self.t0:.6f}", "--speed", repr(cfg.speed)]
@@ -678,13 +683,38 @@ class Stack:
 
     # -- the collector ----------------------------------------------------------------------------
 
-    async def _collect(self) -> int:
-        consumer = make_consumer(self.kafka.bootstrap, self.kafka.topic("events"))
+    async def _collector_started(self) -> None:
+        """Until the collector reads the events topic from its end; its own error if it failed
+        first (the broker unreachable, the topic gone), :class:`HeadroomError` after
+        :data:`READY_TIMEOUT_S`."""
+        assert self._collector is not None
+        ready = asyncio.ensure_future(self._collector_ready.wait())
+        try:
+            await asyncio.wait(
+                {ready, self._collector},
+                timeout=READY_TIMEOUT_S,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            ready.cancel()
+        if self._collector_ready.is_set():
+            return
+        if self._collector.done():
+            self._collector.result()  # raises what stopped it
+        raise HeadroomError(
+            f"the event collector did not reach the end of {self.kafka.topic('events')} "
+            f"within {READY_TIMEOUT_S:g} s"
+        )
+
+    async def _collect(self, topic: str, partitions: int) -> int:
+        # every partition, assigned by hand: a consumer subscribed without a group is assigned
+        # only once its own metadata shows the topic, which on a busy cluster of several brokers
+        # can lag the topic's creation by more than the start-up allows
+        consumer = make_consumer(self.kafka.bootstrap)
+        parts = [TopicPartition(topic, p) for p in range(partitions)]
         count = 0
         async with started(consumer, self.kafka.bootstrap):
-            while not consumer.assignment():
-                await consumer.getmany(timeout_ms=100)
-            parts = list(consumer.assignment())
+            consumer.assign(parts)
             await consumer.seek_to_end(*parts)
             for tp in parts:
                 await consumer.position(tp)

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from headroom.streams import messages
-from headroom.streams.kafka import admin, topic_configs, topic_partitions
+from headroom.streams.kafka import admin, topic_configs, topic_partitions, wait_for_topics
 from headroom.streams.topics import KINDS
 
 from ..conftest import run_async
@@ -79,6 +79,7 @@ def test_create_is_idempotent_and_sets_the_registry_configs(
         expected = "compact" if kind in {"capacity", "targets", "precompute"} else "delete"
         assert policy == expected, kind
     assert partitions[f"{prefix}deadletter"] == 1
+    assert run_async(wait_for_topics(kafka_bootstrap, names)) == partitions
     assert {partitions[f"{prefix}{k}"] for k in KINDS if k != "deadletter"} == {4}
 
     listed = subprocess.run(

@@ -17,7 +17,7 @@ from headroom.kernel.errors import ConfigError
 from headroom.kernel.scenario import Control
 from headroom.kernel.scenario_load import load_scenario, load_scenario_text
 from headroom.streams.broker import free_port
-from headroom.streams.kafka import KafkaTarget
+from headroom.streams.kafka import KafkaTarget, KafkaUnavailable
 from headroom.workers.up import StackConfig
 
 REPO = Path(__file__).parents[2]
@@ -208,3 +208,46 @@ def test_the_stop_waits_until_the_controllers_counted_every_value_signal(
     short = {"value": {"producers": {"c": {"published": 1}}}}
     asyncio.run(asyncio.wait_for(stack._settle_value_counts(short), 5.0))
     assert stack._value_counted == {"a": 5, "b": 2}
+
+
+def test_a_collector_that_fails_at_start_up_fails_the_start_with_its_own_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the start waits for the event collector to reach the end of the events topic; a collector
+    # that stopped first is reported by its own exception, one that never gets there by name
+    import asyncio
+
+    from headroom.kernel.errors import HeadroomError
+    from headroom.workers import up
+    from headroom.workers.up import Stack
+
+    stack = Stack(
+        StackConfig(SCENARIO, tmp_path, KafkaTarget("x:1", "t.")), load_scenario(SCENARIO)
+    )
+
+    async def failing() -> int:
+        raise KafkaUnavailable("cannot reach Kafka at x:1: refused")
+
+    async def hanging() -> int:
+        await asyncio.sleep(60.0)
+        return 0
+
+    async def ready() -> int:
+        stack._collector_ready.set()
+        await asyncio.sleep(60.0)
+        return 0
+
+    async def start(collect: Any) -> None:
+        stack._collector_ready = asyncio.Event()
+        stack._collector = asyncio.create_task(collect())
+        try:
+            await stack._collector_started()
+        finally:
+            stack._collector.cancel()
+
+    with pytest.raises(KafkaUnavailable, match="cannot reach Kafka at x:1"):
+        asyncio.run(start(failing))
+    monkeypatch.setattr(up, "READY_TIMEOUT_S", 0.2)
+    with pytest.raises(HeadroomError, match=r"did not reach the end of t\.events within 0\.2 s"):
+        asyncio.run(start(hanging))
+    asyncio.run(start(ready))  # returns
