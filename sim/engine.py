@@ -657,8 +657,13 @@ class RegionRun:
         t0 = w * ctx.window_s
         t1 = min(t0 + ctx.window_s, ctx.duration_s)
         if self.precompute is not None:
-            # the window's visits are known when it opens: the hits' share leaves the live plan
-            h = self.precompute.visit(t0, t1)
+            # the window's jobs are planned with what its opening brings (a capacity change, a
+            # control step), and its visits are known when it opens: the hits' share leaves the
+            # live plan
+            while self.heap and self.heap[0][0] <= t0 + _EPS:
+                et, kind, _, payload = heapq.heappop(self.heap)
+                self._handle(max(et, t0), kind, payload)
+            h = self.precompute.visit(t0, t1, self)
             self._hit = h[ctx.pop.seg] if bool((h > 0.0).any()) else None
             self._mix_key = None
         t = t0

@@ -135,17 +135,17 @@ from 59.8k (0.862 of the bound) to 66.7k (0.961).
 So where the oracle reaches the bound, the bound is attainable; the gap is what the reloads and
 the queues' noise cost.
 
-**Precompute** (scenarios with the precompute fields, regions that can run it). A visit that
-finds a stored result is served from it instead of the live path (sim/precompute_sim.py), so
-each cell gets one more option, ``pre``, worth ``Δ*_s`` per request (the most a stored result
-ever adds to a visit of segment ``s``), costing no live capacity, with ``x_{c,pre} ≤ ρ_{w,s}``:
-the share of the window's treatment visits of the segment whose user visited in an earlier
-window (:func:`headroom.sim.precompute_sim.returning_share`; no policy can serve another visit from
-a result). A policy whose hits are ``h_s ≤ ρ_{w,s}`` of a segment's visits in a window earns
-``(1 − h_s)·(live gain) + h_s·(hit gain)`` per request: the live allocation scaled by
-``1 − h_s`` still fits the budgets and ``x_{c,pre} = h_s`` is feasible, so the joint LP bounds
-it. Stretches are also cut at window edges (one ``ρ`` each). Counting every visit at ``Δ*``
-*on top of* the live LP, as before, counted a hit's request twice.
+**Precompute** (scenarios with the precompute fields, regions that can run it). A visit that finds a
+stored result is served from it instead of the live path (sim/precompute_sim.py), so each cell gets
+one more option, ``pre``, worth ``Δ*_s`` per request (the most a stored result ever adds to a visit
+of segment ``s``), costing no live capacity, with ``x_{c,pre} ≤ ρ_{w,s}``: the share of the window's
+treatment visits of the segment whose user first visited at least a job's duration and the topic's
+delay earlier (:func:`headroom.sim.precompute_sim.returning_share`; no policy can serve another
+visit from a result). A policy whose hits are ``h_s ≤ ρ_{w,s}`` of a segment's visits in a window
+earns ``(1 − h_s)·(live gain) + h_s·(hit gain)`` per request: the live allocation scaled by
+``1 − h_s`` still fits the budgets and ``x_{c,pre} = h_s`` is feasible, so the joint LP bounds it.
+Stretches are also cut at window edges (one ``ρ`` each). Counting every visit at ``Δ*`` *on top of*
+the live LP, as before, counted a hit's request twice.
 
 **Computing it exactly and fast.** The LP depends on the stretch only through ``b`` (per-request
 budgets). ``b`` is rounded *down* onto a log grid (ratio :data:`GRID_RATIO`) and the LP is solved

@@ -41,23 +41,29 @@ written on the run's last window line).
 Whom and when. Every ``PLAN_S`` seconds the planner picks up to the jobs the next round can run
 (:func:`select_slots`: exactly :meth:`PrecomputePlanner.select`'s choice, without building one
 ``Pick`` per job); they are marked in flight and started in that order; picks left at the end of a
-round go back. A hit runs nothing live, so at each round the planner's uplift is taken over the
-policy's live alternative (:meth:`headroom.sim.engine.RegionPolicy.live_alternative`, handed to
+round go back. A round that ran dry is planned again at once when the book has met users since the
+last one (as the worker's next round would pick them), else after half a round. A hit runs nothing
+live, so at each round the planner's uplift is taken over the policy's live alternative
+(:meth:`headroom.sim.engine.RegionPolicy.live_alternative`, handed to
 :meth:`UpliftModel.against_live`; None keeps the curves' uplift over the base ranking): headroom's
 is live RMA under its targets (:func:`headroom.controllers.precompute.rma_live_alternative`), the
 oracle's the bound's LP's (:meth:`headroom.sim.oracle.Oracle.live_alternative`).
 
 The oracle policy's jobs. It knows every visit to come (:func:`future_visits` replays the draws
 every policy sees) and plans every window (``plan_s`` = the SLO window) instead of by expected
-gains: users with a treatment visit in the next window first (a result is visible from the window
-after its job, so it is then as young as it can be when served), then the others, each by the
+gains: users with a treatment visit in the next window first (a job planned when a window opens
+ends within it, so its result is then as young as it can be when served), then the others, each
+by the
 uplift the new result adds over its stored one on the user's visits of the next
 :data:`FORESIGHT_HORIZON_S` (:meth:`PrecomputeRegion._foresight_slots`). On precompute-remote
-(seed 11) this serves casual visits at 0.091 a hit against 0.083 by expected gains.
+(seed 11) this serves casual visits at 0.091 a hit against 0.083 by expected gains. Before the
+oracle policy's first plan is in force it starts no job (it plans against its live plan).
 
 Jobs (fluid throughput, the core's job book at every change)
 ------------------------------------------------------------
-A window is cut at every capacity change of the region's pools. Over a piece ``[a, b)`` the
+A window's jobs run when it opens (:meth:`PrecomputeRegion.visit`), at the rate and on the pools in
+force then, after the events of that instant (a capacity change, a control step). The window is
+cut at every capacity change of the region's pools. Over a piece ``[a, b)`` the
 pools precompute may use are fixed: every ``remote`` pool at its level, plus (headroom) what of
 each local pool the live levers are not assigned (``level − rma − sbm``); the oracle policy uses the
 remote pools only (its live plan may use every local unit). They pass through
@@ -67,13 +73,17 @@ types, safety margin, a pool must outlive one job). Jobs run at ``X = min(rate, 
 ones that end inside the piece complete at their end; the ones still running at ``b`` are put in the
 core's :class:`JobBook`, so that at the next piece :meth:`JobBook.set_pools` stops those on units
 that are gone — at once, newest first, counted as ``wasted_partial``, their users' work lost.
-Results become visible from the next window on (at most one window late: a conservative stand-in for
-the topic's delivery delay); their age counts from completion.
+A piece is planned in rounds of one job duration, and before each round the book observes the
+window's visits made before it: a round picks among the users seen so far, as the worker, which
+learns a user at its visit and plans every quarter second. A result is visible to a visit once its
+job has ended and it has crossed the topic (``SimConfig.propagation_s``, the targets' delay); its
+age counts from the job's end.
 
 Value (ground truth, against the live path)
 -------------------------------------------
 A window's visits are drawn when it opens (:meth:`PrecomputeRegion.visit`: they depend only on
-the store the earlier windows left), so the engine knows ``h_s``, the drawn share of segment
+the store the earlier windows left and the window's own jobs), so the engine knows ``h_s``, the
+drawn share of segment
 ``s``'s treatment visits that hit, before it runs the window's live path. A hit runs nothing of
 its plan live (the client plan's rule for a stored result, :func:`headroom.defences.plan.
 serves_from_store`, vectorised as :meth:`headroom.defences.plan.CellPlan.live`): the engine takes
@@ -108,9 +118,10 @@ result as a third option to its per-stretch LP, worth ``Δ*_s = v̄_s · max_a (
 most a stored result can ever add to one visit over the base ranking), costing no live capacity, and
 open to at most ``ρ_{w,s}`` of the segment's requests in window ``w``:
 :func:`returning_share` replays the visits (:func:`draw_visits`, the same draws every policy
-sees) and counts the treatment visits whose user had already visited in an *earlier* window. No
-policy can serve more of them: the planner knows a user only from a visit, a job starts after it
-and its result is stored after the window's visits, so it is visible from the next window on.
+sees) and counts the treatment visits whose user had first visited at least a job's duration and
+the topic's delay earlier. No policy can serve more of them: the planner knows a user only from a
+visit, a job starts after it, and its result reaches the visits after it has run and crossed the
+topic.
 Capacity, ageing and the remote pools' reclaims are left out (the bound stays loose there).
 """
 
@@ -339,8 +350,9 @@ def draw_visits(
 
 def returning_share(ctx: SimContext, r: int) -> FloatArray | None:
     """``ρ[w, s]``: the share of window ``w``'s treatment visits of segment ``s`` whose user had
-    already visited in an earlier window — the most of them any policy can serve from a stored
-    result (module docstring, *The oracle's bound*). None without precompute fields."""
+    first visited at least a job's duration and the topic's delay earlier — the most of them any
+    policy can serve from a stored result (module docstring, *The oracle's bound*). None without
+    precompute fields."""
     static = precompute_static(ctx)
     if static is None:
         return None
@@ -350,22 +362,22 @@ def returning_share(ctx: SimContext, r: int) -> FloatArray | None:
         return np.asarray(got, dtype=np.float64)
     rng = ctx.rng(r, _RNG_VISITS)
     n_s = ctx.pop.n_segments
-    first = np.full(int(static.users.sum()), -1, dtype=np.int64)
+    lag = static.config.job_duration_s + ctx.config.propagation_s
+    first = np.full(int(static.users.sum()), np.inf)  # each user's first visit
     out = np.zeros((ctx.n_windows, n_s))
     for w in range(ctx.n_windows):
         t0 = w * ctx.window_s  # the engine's window bounds, computed the same way
         t1 = min(t0 + ctx.window_s, ctx.duration_s)
         arrivals = trace_arrivals(ctx, r, t0, t1)
-        _, _, ids, seg, _, ctl = draw_visits(rng, ctx, static, arrivals, t0, t1)
+        _, _, ids, seg, tv, ctl = draw_visits(rng, ctx, static, arrivals, t0, t1)
         if ids.size == 0:
             continue
-        seen = first[ids] >= 0  # first visit in an earlier window
+        np.minimum.at(first, ids, tv)
+        seen = first[ids] <= tv - lag  # a job after the first visit could have served it
         treat = ~ctl
         num = np.bincount(seg[treat & seen], minlength=n_s)
         den = np.bincount(seg[treat], minlength=n_s)
         out[w] = np.where(den > 0, num / np.maximum(den, 1), 0.0)
-        new = ids[~seen]
-        first[new] = w
     ctx.oracle_cache[key] = out
     return out
 
@@ -489,6 +501,7 @@ class PrecomputeRegion:
         self.queue = np.zeros(0, dtype=np.int64)  # picked slots not started yet
         self.next_plan = -math.inf
         self.last_plan = -math.inf
+        self._planned_size = 0  # the book's size at the last planning round
         # the oracle policy plans every window, on the visits to come (foresight)
         self.plan_s = ctx.window_s if mode == "foresight" else PLAN_S
         self.future = future_visits(ctx, r) if mode == "foresight" else None
@@ -603,23 +616,34 @@ class PrecomputeRegion:
 
     # -- one window ----------------------------------------------------------------------------
 
-    def visit(self, t0: float, t1: float) -> FloatArray:
-        """The visits of the window ``[t0, t1)`` and the ones that hit; returns ``h`` (S,), per
-        segment the share of its treatment visits that hit. Called when the window opens: the
-        visits depend only on the store as the previous windows left it (results of this window's
-        jobs are visible from the next window on), and the engine takes the hits' share out of
-        the window's live plan (:func:`headroom.defences.plan.live_share`). :meth:`advance`
-        finishes the window."""
+    def visit(self, t0: float, t1: float, run: RegionRun) -> FloatArray:
+        """The window ``[t0, t1)``: its jobs, its visits and the ones that hit; returns ``h``
+        (S,), per segment the share of its treatment visits that hit. Called when the window
+        opens, so that the engine takes the hits' share out of the window's live plan
+        (:func:`headroom.defences.plan.live_share`); :meth:`advance` finishes the window.
+
+        The window's jobs run at the rate and on the pools in force when it opens (``run``), in
+        rounds that pick among the users its visits made known so far (:meth:`_run_jobs`). A
+        visit finds the result of one of them once the job has ended and the result has crossed
+        the topic (``propagation_s``, the targets' delay); before that, the result its user had
+        (if still live)."""
         got = self._opened
         if got is not None and got[0] == t0 and got[1] == t1:
             return got[2]
         ctx = self.ctx
         s = self.s
         n_seg_all = ctx.pop.n_segments
+        book = self.book
         # visits: the same draws whatever the policy does (and the oracle's bound replays them),
-        # from the window's requests in the traffic trace
+        # from the window's requests in the traffic trace; in time order
         n_seg, n_ctl, ids, seg, tv, ctl = draw_visits(
             self.visit_rng, ctx, s, trace_arrivals(ctx, self.r, t0, t1), t0, t1
+        )
+        order = np.argsort(tv, kind="stable")
+        ids, seg, tv, ctl = ids[order], seg[order], tv[order], ctl[order]
+        # the jobs, planned as the visits make users known
+        cpu_s, acc_s, (done_ids, done_at), wasted, rate = self._run_jobs(
+            t0, t1, run, (ids, seg, tv)
         )
         visits = (n_seg - n_ctl).astype(np.int64)
         held = n_ctl.astype(np.int64)
@@ -628,36 +652,71 @@ class PrecomputeRegion:
         q_sum: FloatArray = np.zeros(n_seg_all)
         staleness: list[FloatArray] = []
         used = 0
-        book = self.book
-        if ids.size:
-            slots = self._observe(ids, seg, tv)
-            live = (book.cov_until[slots] >= tv) & (book.cov_at[slots] <= tv)
-            hit = live & ~ctl
-            hits = np.bincount(seg[hit], minlength=n_seg_all).astype(np.int64)
-            held_out = np.bincount(seg[live & ctl], minlength=n_seg_all).astype(np.int64)
-            if hit.any():
-                hs = slots[hit]
-                age = tv[hit] - book.cov_at[hs]
-                q_sum = np.asarray(
-                    np.bincount(seg[hit], weights=s.quality(seg[hit], age), minlength=n_seg_all),
-                    dtype=np.float64,
-                )
-                staleness.append(age)
-                first = np.unique(hs[~self.served[hs]])
-                used = int(first.size)
-                self.served[hs] = True
+        # slots as the book stands now (a user it evicted in the window has none: no hit)
+        slots = self._slots(ids)
+        found = slots >= 0
+        ids, seg, tv, ctl, slots = ids[found], seg[found], tv[found], ctl[found], slots[found]
+        done_slots = self._slots(done_ids)
+        kept = done_slots >= 0  # an evicted user's result is lost
+        done = (done_slots[kept], done_at[kept])
+        # the time each visit's user gets this window's result (the newest of its jobs'), if any
+        newest = np.full(book.size, -np.inf)
+        np.maximum.at(newest, done[0], done[1])
+        fresh_at = np.where(np.isneginf(newest), np.inf, newest)
+        delay = ctx.config.propagation_s
+        new_seen = fresh_at[slots] + delay <= tv
+        # the store as the earlier windows left it serves the visits before that (a result of
+        # the end of the last window, too, once it has crossed the topic)
+        old_live = (book.cov_until[slots] >= tv) & (book.cov_at[slots] + delay <= tv) & ~new_seen
+        used += self._serve(slots[old_live & ~ctl], seg[old_live & ~ctl], tv[old_live & ~ctl],
+                            hits, q_sum, staleness)  # fmt: skip
+        dropped = self._store(done)
+        # ... and the window's results the visits after them (a result may expire in the window)
+        new_live = new_seen & (book.cov_until[slots] >= tv)
+        used += self._serve(slots[new_live & ~ctl], seg[new_live & ~ctl], tv[new_live & ~ctl],
+                            hits, q_sum, staleness)  # fmt: skip
+        live = old_live | new_live
+        held_out += np.bincount(seg[live & ctl], minlength=n_seg_all).astype(np.int64)
         h = np.where(visits > 0, hits / np.maximum(visits, 1), 0.0).astype(np.float64)
-        self._visited = (visits, held, hits, held_out, q_sum, staleness, used)
+        self._visited = (
+            visits, held, hits, held_out, q_sum, staleness, used,
+            cpu_s, acc_s, int(done[0].size), dropped, wasted, rate,
+        )  # fmt: skip
         self._opened = (t0, t1, h)
         return h
 
+    def _serve(
+        self,
+        slots: IntArray,
+        seg: IntArray,
+        tv: FloatArray,
+        hits: IntArray,
+        q_sum: FloatArray,
+        staleness: list[FloatArray],
+    ) -> int:
+        """Visits at ``tv`` served from their users' stored results (``slots``): their hits,
+        quality and ages added in place; returns how many results were served a first time."""
+        if slots.size == 0:
+            return 0
+        n_seg_all = hits.size
+        hits += np.bincount(seg, minlength=n_seg_all).astype(np.int64)
+        age = tv - self.book.cov_at[slots]
+        q_sum += np.bincount(seg, weights=self.s.quality(seg, age), minlength=n_seg_all)
+        staleness.append(age)
+        first = np.unique(slots[~self.served[slots]])
+        self.served[slots] = True
+        return int(first.size)
+
     def advance(self, t0: float, t1: float, run: RegionRun) -> tuple[float, float]:
-        """Finish the window ``[t0, t1)``: its visits (:meth:`visit`, if the engine did not ask
-        for them when the window opened), expiry, jobs. Returns the (cpu, accelerator)
+        """Finish the window ``[t0, t1)``: its jobs and visits (:meth:`visit`, if the engine did
+        not ask for them when the window opened), expiry. Returns the (cpu, accelerator)
         unit-seconds the jobs used (counted in the window in which they end or stop)."""
         ctx = self.ctx
-        self.visit(t0, t1)
-        visits, held, hits, held_out, q_sum, staleness, used = self._visited
+        self.visit(t0, t1, run)
+        (
+            visits, held, hits, held_out, q_sum, staleness, used,
+            cpu_s, acc_s, jobs, dropped, wasted, rate,
+        ) = self._visited  # fmt: skip
         self._opened = None
         book = self.book
         # expiry: results that expired in the window end now
@@ -665,11 +724,8 @@ class PrecomputeRegion:
         ended = np.flatnonzero(~np.isnan(book.cov_at[:nb]) & (book.cov_until[:nb] < t1))
         expired_unused = int((~self.served[ended]).sum())
         self._clear(ended)
-        # jobs
-        cpu_s, acc_s, done, wasted, rate = self._run_jobs(t0, t1, run)
-        dropped = self._store(done)
         tot = self.totals
-        tot["jobs"] += len(done[0])
+        tot["jobs"] += jobs
         tot["used"] += used
         tot["expired_unused"] += expired_unused
         tot["dropped_unused"] += dropped
@@ -686,7 +742,7 @@ class PrecomputeRegion:
             held_out=held_out,
             q_sum=q_sum,
             staleness=[float(x) for x in age_all.tolist()],
-            jobs=len(done[0]),
+            jobs=jobs,
             used=used,
             expired_unused=expired_unused,
             dropped_unused=dropped,
@@ -738,6 +794,10 @@ class PrecomputeRegion:
         # policy would otherwise give the visit (UpliftModel.against_live)
         policy = getattr(run, "policy", None)  # None: a bare run (the unit tests' stand-in)
         live = policy.live_alternative(now, run) if policy is not None else None
+        if live is None and self.future is not None and policy is not None:
+            # the oracle policy plans its jobs against its live plan: none is in force yet
+            self.queue = np.zeros(0, dtype=np.int64)
+            return
         self.planner.uplift = self.s.uplift if live is None else self.s.uplift.against_live(live)
         if self.future is None:
             picked = select_slots(self.planner, now, k)
@@ -799,89 +859,113 @@ class PrecomputeRegion:
         return out
 
     def _take(self, n: int, now: float, x: float, run: RegionRun) -> IntArray:
-        """The next ``n`` picks: a new planning round when the round is over, or early (at most
-        every half round) when it ran dry."""
+        """The next ``n`` picks: a new planning round when the round is over, or early when it
+        ran dry: at once if the book has met users since the last round (the worker would pick
+        them at its next round), else at most every half round."""
         due = now >= self.next_plan - _EPS
-        dry = self.queue.size < n and now >= self.last_plan + self.plan_s / 2 - _EPS
+        dry = self.queue.size < n and (
+            now >= self.last_plan + self.plan_s / 2 - _EPS or self.book.size > self._planned_size
+        )
         if due or dry:
             self.last_plan = now
             self.next_plan = now + self.plan_s
+            self._planned_size = self.book.size
             self._plan(now, math.ceil(min(x, 1e6) * self.plan_s * 1.1) + n + 16, run)
         got, self.queue = self.queue[:n], self.queue[n:]
         return got
 
     def _run_jobs(
-        self, t0: float, t1: float, run: RegionRun
+        self,
+        t0: float,
+        t1: float,
+        run: RegionRun,
+        visits: tuple[IntArray, IntArray, FloatArray],
     ) -> tuple[float, float, tuple[IntArray, FloatArray], int, float]:
+        """The jobs of the window ``[t0, t1)`` at the rate and on the pools in force when it
+        opens, in pieces cut at the pools' changes and every job duration. Before each piece the
+        book observes the ``visits`` (ids, segments, times; in time order) made before it, so a
+        piece's picks are among the users seen so far (the worker learns a user at its visit and
+        plans every round). Returns the unit-seconds used, the finished jobs (user ids, end
+        times), the jobs stopped, and the rate."""
         cfg = self.s.config
         d = cfg.job_duration_s
         cost = self.s.job
         rate = self.rate(run)
         inner = self.change_times[(self.change_times > t0 + _EPS) & (self.change_times < t1 - _EPS)]
         cuts = [t0, *inner.tolist(), t1]
-        done_slots: list[IntArray] = []
+        ids, seg, tv = visits
+        seen = 0
+        done_ids: list[IntArray] = []
         done_at: list[FloatArray] = []
         wasted = 0
         st0 = self.jobs.stats
         unit_cpu0, unit_acc0 = st0.cpu_unit_s, st0.accelerator_unit_s
         fluid_jobs = 0
-        for a, b in itertools.pairwise(cuts):
+        for a_cap, b_cap in itertools.pairwise(cuts):
+            # the pools hold from a_cap to b_cap
             pools = usable_pools(
-                self.levels(run, a),
-                a,
+                self.levels(run, a_cap),
+                a_cap,
                 use=CapacityUse.ASYNC,
                 hardware=self.s.hardware,
                 min_lifetime_s=d,
                 safety_margin=cfg.safety_margin,
             )
-            stopped = self.jobs.set_pools(pools, a)
+            stopped = self.jobs.set_pools(pools, a_cap)
             wasted += len(stopped)
             for j in stopped:  # a stopped job delivers nothing: its user may be picked again
                 slot = self.book.slot(j.user)
                 if slot is not None:
                     self.book.inflight[slot] = False
-            for j in self.jobs.due(b):
-                slot = self.book.slot(j.user)
-                if slot is not None:
-                    done_slots.append(np.array([slot], dtype=np.int64))
-                    done_at.append(np.array([j.ends_at]))
+            for j in self.jobs.due(b_cap):
+                done_ids.append(np.array([j.user], dtype=np.int64))
+                done_at.append(np.array([j.ends_at]))
             empty = JobBook(cost, d)
-            empty.set_pools(pools, a)
+            empty.set_pools(pools, a_cap)
             x = min(rate, empty.capacity() / d)
-            if not (x > 0.0) or b - a <= _EPS:
+            if not (x > 0.0) or b_cap - a_cap <= _EPS:
                 continue
-            want = self.carry + x * (b - a)
-            n = int(want)
-            self.carry = want - n
-            if n == 0:
-                continue
-            picks = self._take(n, a, x, run)
-            n = picks.size
-            if n == 0:
-                self.carry = 0.0
-                continue
-            starts = a + (np.arange(n) + 0.5) * (b - a) / n
-            inside = starts + d <= b + _EPS
-            if inside.any():
-                done_slots.append(picks[inside])
-                done_at.append(starts[inside] + d)
-                fluid_jobs += int(inside.sum())
-            tail = picks[~inside]
-            if tail.size:
-                t_mid = float(starts[~inside].mean())
-                users = self.book.ids[tail]
-                segs = self.book.seg[tail]
-                started = self.jobs.start(
-                    t_mid, list(zip(users.tolist(), segs.tolist(), strict=True))
-                )
-                if len(started) < tail.size:  # did not fit: back to the pool of users
-                    self.book.inflight[tail[len(started) :]] = False
+            # planning rounds every job duration; a job runs on until it ends or the pools change
+            rounds = np.arange(a_cap + d, b_cap - _EPS, d)
+            for a, b in itertools.pairwise([a_cap, *rounds.tolist(), b_cap]):
+                upto = int(np.searchsorted(tv, a, side="left"))
+                if upto > seen:
+                    self._observe(ids[seen:upto], seg[seen:upto], tv[seen:upto])
+                    seen = upto
+                want = self.carry + x * (b - a)
+                n = int(want)
+                self.carry = want - n
+                if n == 0:
+                    continue
+                picks = self._take(n, a, x, run)
+                n = picks.size
+                if n == 0:
+                    self.carry = 0.0
+                    continue
+                starts = a + (np.arange(n) + 0.5) * (b - a) / n
+                inside = starts + d <= b_cap + _EPS
+                if inside.any():
+                    done_ids.append(self.book.ids[picks[inside]])
+                    done_at.append(starts[inside] + d)
+                    fluid_jobs += int(inside.sum())
+                tail = picks[~inside]
+                if tail.size:
+                    t_mid = float(starts[~inside].mean())
+                    users = self.book.ids[tail]
+                    segs = self.book.seg[tail]
+                    started = self.jobs.start(
+                        t_mid, list(zip(users.tolist(), segs.tolist(), strict=True))
+                    )
+                    if len(started) < tail.size:  # did not fit: back to the pool of users
+                        self.book.inflight[tail[len(started) :]] = False
         st = self.jobs.stats
         cpu_s = st.cpu_unit_s - unit_cpu0 + fluid_jobs * cost.cpu_s
         acc_s = st.accelerator_unit_s - unit_acc0 + fluid_jobs * cost.accelerator_s
-        slots = np.concatenate(done_slots) if done_slots else np.zeros(0, dtype=np.int64)
+        if seen < ids.size:
+            self._observe(ids[seen:], seg[seen:], tv[seen:])
+        users = np.concatenate(done_ids) if done_ids else np.zeros(0, dtype=np.int64)
         at = np.concatenate(done_at) if done_at else np.zeros(0)
-        return cpu_s, acc_s, (slots, at), wasted, rate
+        return cpu_s, acc_s, (users, at), wasted, rate
 
     # -- window lines --------------------------------------------------------------------------
 
