@@ -708,8 +708,8 @@ class Stack:
 
     async def _collect(self, topic: str, partitions: int) -> int:
         # every partition, assigned by hand: a consumer subscribed without a group is assigned
-        # only once its own metadata shows the topic, which on a busy cluster of several brokers
-        # can lag the topic's creation by more than the start-up allows
+        # only once its own metadata shows the topic (on a busy three-broker cluster such a
+        # collector once did not become ready within a minute of the topic's creation)
         consumer = make_consumer(self.kafka.bootstrap)
         parts = [TopicPartition(topic, p) for p in range(partitions)]
         count = 0
