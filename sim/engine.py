@@ -651,6 +651,12 @@ class RegionRun:
 
     # -- the main loop ----------------------------------------------------------------------
 
+    def _handle_due(self, t: float) -> None:
+        """Handle the events due at ``t`` (or before), in the heap's order."""
+        while self.heap and self.heap[0][0] <= t + _EPS:
+            et, kind, _, payload = heapq.heappop(self.heap)
+            self._handle(max(et, t), kind, payload)
+
     def run_window(self, w: int) -> None:
         ctx = self.ctx
         tr = ctx.traces
@@ -660,17 +666,13 @@ class RegionRun:
             # the window's jobs are planned with what its opening brings (a capacity change, a
             # control step), and its visits are known when it opens: the hits' share leaves the
             # live plan
-            while self.heap and self.heap[0][0] <= t0 + _EPS:
-                et, kind, _, payload = heapq.heappop(self.heap)
-                self._handle(max(et, t0), kind, payload)
+            self._handle_due(t0)
             h = self.precompute.visit(t0, t1, self)
             self._hit = h[ctx.pop.seg] if bool((h > 0.0).any()) else None
             self._mix_key = None
         t = t0
         while t < t1 - _EPS:
-            while self.heap and self.heap[0][0] <= t + _EPS:
-                et, kind, _, payload = heapq.heappop(self.heap)
-                self._handle(max(et, t), kind, payload)
+            self._handle_due(t)
             step = tr.step_of(t)
             self.arrival_rate = float(self.traces.rate[step])
             nxt = min(self.heap[0][0] if self.heap else math.inf, t1)

@@ -510,7 +510,8 @@ class PrecomputeRegion:
         self.pending: list[_Window] = []
         # the open window: (t0, t1, hit share per segment) and its visits (:meth:`visit`)
         self._opened: tuple[float, float, FloatArray] | None = None
-        self._visited: tuple[Any, ...] = ()
+        # the open window's record and its jobs' (cpu, accelerator) unit-seconds (:meth:`visit`)
+        self._visited: tuple[_Window, float, float] | None = None
         self.totals = {"jobs": 0, "used": 0, "expired_unused": 0, "dropped_unused": 0}
         st = ctx.regions[r]
         self.pool_keys = st.pools
@@ -645,17 +646,13 @@ class PrecomputeRegion:
         cpu_s, acc_s, (done_ids, done_at), wasted, rate = self._run_jobs(
             t0, t1, run, (ids, seg, tv)
         )
-        visits = (n_seg - n_ctl).astype(np.int64)
-        held = n_ctl.astype(np.int64)
         hits = np.zeros(n_seg_all, dtype=np.int64)
-        held_out = np.zeros(n_seg_all, dtype=np.int64)
         q_sum: FloatArray = np.zeros(n_seg_all)
         staleness: list[FloatArray] = []
-        used = 0
         # slots as the book stands now (a user it evicted in the window has none: no hit)
         slots = self._slots(ids)
         found = slots >= 0
-        ids, seg, tv, ctl, slots = ids[found], seg[found], tv[found], ctl[found], slots[found]
+        seg, tv, ctl, slots = seg[found], tv[found], ctl[found], slots[found]
         done_slots = self._slots(done_ids)
         kept = done_slots >= 0  # an evicted user's result is lost
         done = (done_slots[kept], done_at[kept])
@@ -668,25 +665,42 @@ class PrecomputeRegion:
         # the store as the earlier windows left it serves the visits before that (a result of
         # the end of the last window, too, once it has crossed the topic)
         old_live = (book.cov_until[slots] >= tv) & (book.cov_at[slots] + delay <= tv) & ~new_seen
-        used += self._serve(slots[old_live & ~ctl], seg[old_live & ~ctl], tv[old_live & ~ctl],
-                            hits, q_sum, staleness)  # fmt: skip
+        used = self._serve(old_live & ~ctl, slots, seg, tv, hits, q_sum, staleness)
         dropped = self._store(done)
         # ... and the window's results the visits after them (a result may expire in the window)
         new_live = new_seen & (book.cov_until[slots] >= tv)
-        used += self._serve(slots[new_live & ~ctl], seg[new_live & ~ctl], tv[new_live & ~ctl],
-                            hits, q_sum, staleness)  # fmt: skip
-        live = old_live | new_live
-        held_out += np.bincount(seg[live & ctl], minlength=n_seg_all).astype(np.int64)
+        used += self._serve(new_live & ~ctl, slots, seg, tv, hits, q_sum, staleness)
+        visits = (n_seg - n_ctl).astype(np.int64)
+        age_all = np.concatenate(staleness) if staleness else np.zeros(0)
+        if age_all.size > STALENESS_SAMPLES:
+            q = (np.arange(STALENESS_SAMPLES) + 0.5) / STALENESS_SAMPLES
+            age_all = np.quantile(age_all, q)
+        rec = _Window(
+            t0=t0,
+            t1=t1,
+            visits=visits,
+            held=n_ctl.astype(np.int64),
+            hits=hits,
+            held_out=np.bincount(seg[(old_live | new_live) & ctl], minlength=n_seg_all).astype(
+                np.int64
+            ),
+            q_sum=q_sum,
+            staleness=[float(x) for x in age_all.tolist()],
+            jobs=int(done[0].size),
+            used=used,
+            expired_unused=0,  # counted when the window ends (:meth:`advance`)
+            dropped_unused=dropped,
+            wasted_partial=wasted,
+            rate=rate,
+        )
         h = np.where(visits > 0, hits / np.maximum(visits, 1), 0.0).astype(np.float64)
-        self._visited = (
-            visits, held, hits, held_out, q_sum, staleness, used,
-            cpu_s, acc_s, int(done[0].size), dropped, wasted, rate,
-        )  # fmt: skip
+        self._visited = (rec, cpu_s, acc_s)
         self._opened = (t0, t1, h)
         return h
 
     def _serve(
         self,
+        served: npt.NDArray[np.bool_],
         slots: IntArray,
         seg: IntArray,
         tv: FloatArray,
@@ -694,10 +708,12 @@ class PrecomputeRegion:
         q_sum: FloatArray,
         staleness: list[FloatArray],
     ) -> int:
-        """Visits at ``tv`` served from their users' stored results (``slots``): their hits,
-        quality and ages added in place; returns how many results were served a first time."""
-        if slots.size == 0:
+        """The visits ``served`` (a mask over ``slots``, ``seg``, ``tv``) are served from their
+        users' stored results: their hits, quality and ages added in place; returns how many
+        results were served a first time."""
+        if not served.any():
             return 0
+        slots, seg, tv = slots[served], seg[served], tv[served]
         n_seg_all = hits.size
         hits += np.bincount(seg, minlength=n_seg_all).astype(np.int64)
         age = tv - self.book.cov_at[slots]
@@ -711,45 +727,22 @@ class PrecomputeRegion:
         """Finish the window ``[t0, t1)``: its jobs and visits (:meth:`visit`, if the engine did
         not ask for them when the window opened), expiry. Returns the (cpu, accelerator)
         unit-seconds the jobs used (counted in the window in which they end or stop)."""
-        ctx = self.ctx
         self.visit(t0, t1, run)
-        (
-            visits, held, hits, held_out, q_sum, staleness, used,
-            cpu_s, acc_s, jobs, dropped, wasted, rate,
-        ) = self._visited  # fmt: skip
+        assert self._visited is not None
+        rec, cpu_s, acc_s = self._visited
         self._opened = None
         book = self.book
         # expiry: results that expired in the window end now
         nb = book.size
         ended = np.flatnonzero(~np.isnan(book.cov_at[:nb]) & (book.cov_until[:nb] < t1))
-        expired_unused = int((~self.served[ended]).sum())
+        rec.expired_unused = int((~self.served[ended]).sum())
         self._clear(ended)
         tot = self.totals
-        tot["jobs"] += jobs
-        tot["used"] += used
-        tot["expired_unused"] += expired_unused
-        tot["dropped_unused"] += dropped
-        age_all = np.concatenate(staleness) if staleness else np.zeros(0)
-        if age_all.size > STALENESS_SAMPLES:
-            q = (np.arange(STALENESS_SAMPLES) + 0.5) / STALENESS_SAMPLES
-            age_all = np.quantile(age_all, q)
-        rec = _Window(
-            t0=t0,
-            t1=t1,
-            visits=visits,
-            held=held,
-            hits=hits,
-            held_out=held_out,
-            q_sum=q_sum,
-            staleness=[float(x) for x in age_all.tolist()],
-            jobs=jobs,
-            used=used,
-            expired_unused=expired_unused,
-            dropped_unused=dropped,
-            wasted_partial=wasted,
-            rate=rate,
-        )
-        if t1 >= ctx.duration_s - _EPS:
+        tot["jobs"] += rec.jobs
+        tot["used"] += rec.used
+        tot["expired_unused"] += rec.expired_unused
+        tot["dropped_unused"] += rec.dropped_unused
+        if t1 >= self.ctx.duration_s - _EPS:
             live_now = ~np.isnan(book.cov_at[: book.size]) & book.active[: book.size]
             rec.stored_unused = int((live_now & ~self.served[: book.size]).sum())
         self.pending.append(rec)
