@@ -80,7 +80,7 @@ class CoverageSettings:
     """SBM coverage controller (controllers/coverage.py)."""
 
     max_coverage: float = 1.0  # ceiling on the share of eligible requests sent to the strong model
-    # PI on the strong replicas' own p99 (normalised like the RMA loop); it can only scale the
+    # PI on the strong path's tail (normalised like the RMA loop); it can only scale the
     # budget-derived coverage down, never above what the budget pays for.
     kp: float = 0.5
     ki: float = 0.25
@@ -94,10 +94,12 @@ class CoverageSettings:
     # 170 ms setpoint; two ≤ ~67 %; sixteen ≤ ~95 %. The servers admit strong work by the same
     # rule, so what is routed beyond it is downgraded at once instead of queueing.
     wait_budget_share: float = 0.2
-    # The PI above holds the strong replicas' own p99 at SLO × this. Strong requests are a
-    # small share of all requests, so their p99 at the SLO puts at most 1 % of *them* — a tiny
-    # share of the whole path — over it; the RMA loop's 0.85 margin would starve coverage for
-    # no gain (the strong path's tail is set by its admission, above).
+    # The PI above holds the strong path's tail at SLO × this: its latency at the quantile
+    # whose excess is half the 1 % of *all* requests the SLO lets over it (types.py,
+    # strong_tail_quantile; at coverage 0.14 its p96). Strong requests are a small share of
+    # all requests, so their own p99 at the SLO held their excess at a fraction of that share
+    # and starved coverage for no gain; the RMA loop's 0.85 margin would starve it further
+    # (the strong path's queue is bounded by its admission, above).
     strong_p99_margin: float = 1.0
 
     def validate(self, c: FieldChecker) -> None:

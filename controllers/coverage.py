@@ -20,8 +20,11 @@ One loop per region, stepped once per control interval after the allocator has s
    clamped to [0, max_coverage]; per-request costs come from
    :class:`headroom.controllers.levers.CostModel` (``sbm_per_request``). No eligible traffic or no
    budget means 0.
-2. **Latency correction.** The strong replicas have their own p99 (``obs.p99_ms["sbm"]``). A PI
-   term on the normalised error ``e = 1 - p99_sbm / target`` (clipped like the RMA loop; ``target``
+2. **Latency correction.** The strong path's tail: its latency at the quantile its share of the
+   requests allows (``obs.sbm_tail_ms``, :func:`headroom.controllers.types.strong_tail_quantile`:
+   its requests over the target stay within half the 1 % of all requests the SLO lets over it;
+   its p99 where the observation does not carry the tail). A PI term on the normalised error
+   ``e = 1 - tail / target`` (clipped like the RMA loop; ``target``
    = ``strong_p99_margin`` × the SLO when the plane passes the SLO, else the setpoint) gives a
    scale ``s = clamp(1 + kp·e + I, 0, 1)`` with ``I += ki·e·dt`` and back-calculation
    (``I = s - 1 - kp·e`` whenever the clamp acts). It can only *reduce* the budget's coverage —
@@ -148,7 +151,7 @@ class CoverageController:
         # queue tolerates: ``1 − allocator.safety_margin`` (the margin taken once, here)
         self.ceiling = min(max(ceiling, 0.0), 1.0)
         self.setpoint_ms = setpoint_ms
-        # the strong replicas' own p99 target (module docstring, step 2)
+        # the strong path's tail target (module docstring, step 2)
         self.target_ms = settings.strong_p99_margin * slo_ms if slo_ms is not None else setpoint_ms
         self.costs = costs
         self.integral = 0.0

@@ -42,12 +42,14 @@ from dataclasses import dataclass, field
 from headroom.controllers.coverage import observed_coverage
 from headroom.controllers.types import (
     LEVER_PRECOMPUTE,
+    SLO_QUANTILE,
     ArmStats,
     CapacityLevel,
     RegionObservation,
     ValueKey,
     segment_of,
     stratum_key,
+    strong_tail_quantile,
 )
 from headroom.defences.capacity import CapacityBook
 from headroom.kernel.sketch import LatencySketch
@@ -179,7 +181,11 @@ class RegionAggregator:
         p99: dict[str, float | None] = {}
         for key in ("all", *PATHS):
             sk = w.sketches.get(key)
-            p99[key] = sk.quantile(0.99) if sk is not None and sk.count > 0 else None
+            p99[key] = sk.quantile(SLO_QUANTILE) if sk is not None and sk.count > 0 else None
+        every, strong = w.sketches.get("all"), w.sketches.get("sbm")
+        sbm_tail = None
+        if every is not None and strong is not None and strong.count > 0:
+            sbm_tail = strong.quantile(strong_tail_quantile(every.count, strong.count))
         span = window_s
         if w.first_ts is not None and w.last_ts is not None:
             span = max(min_window_s, w.last_ts - w.first_ts + w.msg_window_s)
@@ -214,4 +220,5 @@ class RegionAggregator:
             value=dict(w.value),
             observed_coverage=coverage,
             value_age_s=None if last_value is None else max(0.0, now - last_value),
+            sbm_tail_ms=sbm_tail,
         )

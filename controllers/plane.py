@@ -427,9 +427,10 @@ class ControlPlane:
             obs.capacity,
             cfg.costs.strong_hardware,
         )
-        cov = st.coverage.step(
-            obs.p99_ms.get("sbm"), obs.observed_coverage, eligible_rps, sbm_cpu, sbm_acc, dt
-        )
+        # the strong path's tail at the quantile its share of the requests allows (types.py,
+        # strong_tail_quantile); its p99 where the observation does not carry it
+        tail = obs.sbm_tail_ms if obs.sbm_tail_ms is not None else obs.p99_ms.get("sbm")
+        cov = st.coverage.step(tail, obs.observed_coverage, eligible_rps, sbm_cpu, sbm_acc, dt)
         weights = self._segment_weights(obs.segment_rps)
         sbm = self.levers.get(LEVER_SBM)
         cost = sbm.unit_cost().accelerator_s if sbm is not None else 1.0
@@ -484,6 +485,7 @@ class ControlPlane:
         )
         inputs = {
             "p99_ms": {k: _finite_or_none(v) for k, v in obs.p99_ms.items()},
+            "sbm_tail_ms": _finite_or_none(obs.sbm_tail_ms),
             "request_rps": request_rps,
             "eligible_rps": eligible_rps,
             "observed_coverage": _finite_or_none(obs.observed_coverage),

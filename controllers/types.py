@@ -73,6 +73,29 @@ def segment_of(key: str) -> str:
     return key.split(STRATUM_SEP, 1)[0]
 
 
+# The SLO lets 1 % of a window's requests run over it; the strong model's path may take this
+# share of that tail, the rest is left to the other paths (RMA's loop holds the whole path's p99
+# at its setpoint below the SLO).
+STRONG_TAIL_SHARE = 0.5
+SLO_QUANTILE = 0.99
+
+
+def strong_tail_quantile(requests: float, strong_requests: float) -> float:
+    """The quantile of the strong path's latency the SBM coverage loop holds at its target.
+
+    Requests the strong path serves over the target are a share ``strong_requests / requests``
+    of all requests times their own share over it; holding its ``q``-quantile at the target
+    keeps them at ``STRONG_TAIL_SHARE`` of the 1 % the SLO allows when
+    ``q = 1 − STRONG_TAIL_SHARE × (1 − SLO_QUANTILE) × requests / strong_requests``. So the
+    fewer requests the strong path serves, the deeper into its own tail the target may sit
+    (a strong path serving 14 % of the requests: its p96), never below its p90; its p99 when it
+    serves nothing (no counts to weigh)."""
+    if not (strong_requests > 0.0 and requests >= strong_requests):
+        return SLO_QUANTILE
+    q = 1.0 - STRONG_TAIL_SHARE * (1.0 - SLO_QUANTILE) * requests / strong_requests
+    return max(q, 0.9)
+
+
 @dataclass(frozen=True, slots=True)
 class RegionObservation:
     """What the controllers know about one region at one control step."""
@@ -91,6 +114,9 @@ class RegionObservation:
     observed_coverage: float | None = None  # share of eligible requests served by the strong model
     # seconds since the newest value signal arrived (None = never): stale signals trigger fallback
     value_age_s: float | None = None
+    # the strong path's latency at :func:`strong_tail_quantile` of the window's counts (the SBM
+    # coverage loop's measurement); None: not measured (the loop reads ``p99_ms["sbm"]``)
+    sbm_tail_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,11 +66,13 @@ import numpy.typing as npt
 from headroom.analysis.events import WindowTraffic, window_event
 from headroom.controllers.coverage import observed_coverage
 from headroom.controllers.types import (
+    SLO_QUANTILE,
     ArmStats,
     CapacityLevel,
     RegionObservation,
     segment_of,
     stratum_key,
+    strong_tail_quantile,
 )
 from headroom.defences.plan import (
     CellPlanner,
@@ -1329,6 +1331,12 @@ class RegionRun:
             prev = self.obs_value.get(k)
             self.obs_value[k] = v if prev is None else prev + v
 
+    @staticmethod
+    def _obs_quantile(hist: npt.NDArray[np.float64], rank: float) -> float:
+        """The latency of the bin where ``hist``'s cumulative weight reaches ``rank``."""
+        k = int(np.searchsorted(np.cumsum(hist), rank))
+        return float(bin_values([k], SKETCH_ALPHA)[0])
+
     def _observation(self, now: float) -> RegionObservation:
         """What the controllers know about the last interval (then the accumulators reset)."""
         ctx = self.ctx
@@ -1344,8 +1352,12 @@ class RegionRun:
             if tot <= 0:
                 p99[name] = None
                 continue
-            k = int(np.searchsorted(np.cumsum(h), 0.99 * tot))
-            p99[name] = float(bin_values([k], SKETCH_ALPHA)[0])
+            p99[name] = self._obs_quantile(h, SLO_QUANTILE * tot)
+        sbm_tail = None
+        if p99["sbm"] is not None:
+            strong = float(self.obs_keys[3].sum())
+            q = strong_tail_quantile(float(self.obs_keys[0].sum()), strong)
+            sbm_tail = self._obs_quantile(self.obs_keys[3], q * strong)
         rps = self.obs_requests / span
         seg_rps = {s: float(self.obs_seg[i]) / span for i, s in enumerate(ctx.segment_names)}
         st = self.static
@@ -1368,6 +1380,7 @@ class RegionRun:
                 self.obs_requests, self.obs_sbm, ctx.eligible, ctx.treat
             ),
             value_age_s=0.0 if self.obs_value else None,
+            sbm_tail_ms=sbm_tail,
         )
         self._obs_reset()
         return obs

@@ -9,7 +9,13 @@ from hypothesis import strategies as st
 
 from headroom.controllers.coverage import observed_coverage
 from headroom.controllers.observe import RegionAggregator
-from headroom.controllers.types import ArmStats, CapacityLevel
+from headroom.controllers.types import (
+    SLO_QUANTILE,
+    STRONG_TAIL_SHARE,
+    ArmStats,
+    CapacityLevel,
+    strong_tail_quantile,
+)
 from headroom.kernel.sketch import LatencySketch
 
 
@@ -165,3 +171,45 @@ def test_precompute_hits_count_as_requests() -> None:
     obs = agg.observe("r", 10.0)
     assert obs.request_rps == 1000 / 10.0
     assert obs.observed_coverage == 60 / (1000 * 0.8)
+
+
+def test_the_strong_tail_is_read_at_the_quantile_its_share_of_requests_allows() -> None:
+    # 900 baseline requests and 100 strong ones, 5 of them slow: the strong path's p99 is the
+    # slow tail, but those 5 are 0.5 % of all requests, the share of the SLO's 1 % the strong
+    # path may take, so the loop's measurement is its p95 (1 − 0.5 × 1 % × 1000 / 100)
+    agg = RegionAggregator()
+    agg.add_latency("r", 0.0, "base", 900, _sketch(np.full(900, 10.0)), None)
+    strong = np.concatenate([np.full(95, 100.0), np.full(5, 400.0)])
+    agg.add_latency("r", 0.5, "sbm", 100, _sketch(strong), None)
+    obs = agg.observe("r", 1.0)
+    assert obs.p99_ms["sbm"] == pytest.approx(400.0, rel=0.011)
+    assert obs.sbm_tail_ms == pytest.approx(100.0, rel=0.011)
+    assert strong_tail_quantile(1000, 100) == pytest.approx(0.95)
+
+
+def test_no_strong_requests_no_strong_tail() -> None:
+    agg = RegionAggregator()
+    agg.add_latency("r", 0.0, "base", 10, _sketch(np.full(10, 10.0)), None)
+    assert agg.observe("r", 1.0).sbm_tail_ms is None
+
+
+@given(
+    requests=st.integers(min_value=1, max_value=10**7),
+    share=st.floats(min_value=0.0, max_value=1.0),
+)
+def test_the_strong_tail_quantile_keeps_its_excess_within_its_share_of_the_slo(
+    requests: int, share: float
+) -> None:
+    strong = round(requests * share)
+    q = strong_tail_quantile(requests, strong)
+    assert 0.9 <= q <= SLO_QUANTILE or (q > SLO_QUANTILE and strong > 0.5 * requests)
+    if strong == 0:
+        assert q == SLO_QUANTILE
+        return
+    # the strong requests over its q-quantile, as a share of all requests: STRONG_TAIL_SHARE
+    # of the SLO's 1 % unless the p90 floor holds (a strong path serving under 5 %)
+    excess = (1.0 - q) * strong / requests
+    assert excess <= STRONG_TAIL_SHARE * (1 - SLO_QUANTILE) + 1e-12 or q == 0.9
+    # more strong requests among as many in all: a quantile as deep or shallower
+    if strong < requests:
+        assert strong_tail_quantile(requests, strong + 1) >= q

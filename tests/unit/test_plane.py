@@ -548,6 +548,26 @@ def test_coverage_is_sized_to_the_whole_device_a_small_sbm_share_gets() -> None:
     assert coverage(1.5, 2.0) > one  # above one device, the share decides again
 
 
+def test_the_coverage_loop_holds_the_strong_tail_its_share_allows_not_its_p99() -> None:
+    # the strong path's p99 twice the SLO, its tail at the quantile its share of the requests
+    # allows (types.strong_tail_quantile) well inside it: the loop keeps the budget's coverage
+    cap = capacity(cpu=8.0, accelerator=2.0, expires_in_s=900.0)
+
+    def coverage(tail: float | None) -> tuple[float, str | None]:
+        plane = plane_with_sbm_budget(CFG, 1.0, 1.8)
+        for t in (60.0, 120.0):
+            obs = observation(t, capacity=cap, p99_sbm_ms=400.0)
+            targets = plane.step(dataclasses.replace(obs, sbm_tail_ms=tail))
+        decision = plane.decision("us-east")
+        assert decision is not None
+        return targets.sbm_coverage, decision.coverage.limit.value
+
+    held, held_by = coverage(150.0)
+    cut, cut_by = coverage(None)  # no tail measured: the loop reads the path's p99
+    assert held_by != "latency" and cut_by == "latency"
+    assert cut < held
+
+
 @pytest.mark.parametrize("margin", [0.0, 0.1, 0.25])
 def test_coverage_is_sized_at_the_devices_the_strong_replicas_hold_the_margin_taken_once(
     margin: float,
