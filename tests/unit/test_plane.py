@@ -564,7 +564,8 @@ def test_the_coverage_loop_holds_the_strong_tail_its_share_allows_not_its_p99() 
 
     held, held_by = coverage(150.0)
     cut, cut_by = coverage(None)  # no tail measured: the loop reads the path's p99
-    assert held_by != "latency" and cut_by == "latency"
+    assert held_by != "latency"
+    assert cut_by == "latency"
     assert cut < held
 
 
