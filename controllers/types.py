@@ -78,6 +78,7 @@ def segment_of(key: str) -> str:
 # at its setpoint below the SLO).
 STRONG_TAIL_SHARE = 0.5
 SLO_QUANTILE = 0.99
+STRONG_TAIL_FLOOR = 0.9  # never deeper into the strong path's own tail than its p90
 
 
 def strong_tail_quantile(requests: float, strong_requests: float) -> float:
@@ -93,7 +94,7 @@ def strong_tail_quantile(requests: float, strong_requests: float) -> float:
     if not (strong_requests > 0.0 and requests >= strong_requests):
         return SLO_QUANTILE
     q = 1.0 - STRONG_TAIL_SHARE * (1.0 - SLO_QUANTILE) * requests / strong_requests
-    return max(q, 0.9)
+    return max(q, STRONG_TAIL_FLOOR)
 
 
 @dataclass(frozen=True, slots=True)

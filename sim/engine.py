@@ -1346,18 +1346,16 @@ class RegionRun:
         span = self._obs_to - self._obs_at if self._obs_to - self._obs_at > _EPS else self.interval
         self._obs_at = self._obs_to
         p99: dict[str, float | None] = {}
+        totals = self.obs_keys.sum(axis=1)  # all, base, rma, sbm
         for idx, name in enumerate(("all", "base", "rma", "sbm")):
-            h = self.obs_keys[idx]
-            tot = float(h.sum())
-            if tot <= 0:
-                p99[name] = None
-                continue
-            p99[name] = self._obs_quantile(h, SLO_QUANTILE * tot)
+            tot = float(totals[idx])
+            p99[name] = (
+                self._obs_quantile(self.obs_keys[idx], SLO_QUANTILE * tot) if tot > 0 else None
+            )
         sbm_tail = None
         if p99["sbm"] is not None:
-            strong = float(self.obs_keys[3].sum())
-            q = strong_tail_quantile(float(self.obs_keys[0].sum()), strong)
-            sbm_tail = self._obs_quantile(self.obs_keys[3], q * strong)
+            q = strong_tail_quantile(float(totals[0]), float(totals[3]))
+            sbm_tail = self._obs_quantile(self.obs_keys[3], q * float(totals[3]))
         rps = self.obs_requests / span
         seg_rps = {s: float(self.obs_seg[i]) / span for i, s in enumerate(ctx.segment_names)}
         st = self.static
