@@ -1191,7 +1191,9 @@ class Oracle:
             for i0 in range(0, dt.size, _CORNER_BLOCK):
                 sl = slice(i0, min(i0 + _CORNER_BLOCK, dt.size))
                 bud = corners[segs[sl]] * scale[sl, None, None]  # (n, S, 4)
-                d = np.einsum("nsj,npj->nsp", bud, prices[sl]) + h_of[sl, None, :]
+                # Σ_j bud[n,s,j]·y[n,p,j] as a batched matrix product (several times faster
+                # than the equivalent einsum)
+                d = bud @ prices[sl].transpose(0, 2, 1) + h_of[sl, None, :]
                 pick = np.argmin(d, axis=2)  # (n, S)
                 dmin = np.take_along_axis(d, pick[:, :, None], axis=2)[:, :, 0]
                 k = np.argmax(dmin, axis=1)
