@@ -7,13 +7,14 @@ moment falls in, :func:`fault_windows` the windows a fault makes its own: from t
 starts in until one window after the component is healthy again (the backlog it leaves arrives
 at once). The tests judge those against the client's timeout, not the SLO.
 
-Outside them a test judges every window against :data:`LOADED_HOST_MARGIN` times the SLO: the
-tests run on a two-core host shared with brokers, other stacks and test suites, where a stall of a
-few hundred milliseconds now and then puts the few slowest requests of a ~200-request window over
-the SLO whatever the stack does (once 361 ms against 250 in a three-broker run's first window,
-before any optional work or fault: the requests that ran no optional work as slow as the rest). A
-fault that broke the baseline shows as many times the SLO: a stalled client or a lost server costs
-seconds.
+Outside them, :func:`slo_misses` judges the windows: the SLO holds in all of them but at most
+one, and that one stays within :data:`LOADED_HOST_MARGIN` times the SLO. The tests run on a
+two-core host shared with brokers, other stacks and test suites, where a stall of a few hundred
+milliseconds now and then puts the few slowest requests of a ~200-request window over the SLO
+whatever the stack does (once 361 ms against 250 in a three-broker run's first window, before
+any optional work or fault: the requests that ran no optional work as slow as the rest). A fault
+that broke the baseline shows as many times the SLO, or in window after window: a stalled client
+or a lost server costs seconds.
 """
 
 from __future__ import annotations
@@ -26,6 +27,19 @@ from headroom.analysis.events import base_sketch
 from headroom.analysis.metrics import MetricsAccumulator, SketchSum
 
 LOADED_HOST_MARGIN = 1.5  # a window outside the faults' own: p99 within 1.5 x the SLO
+
+
+def slo_misses(
+    p99s: Mapping[float, float], slo_ms: float, exempt: Iterable[float] = ()
+) -> dict[float, float]:
+    """The windows outside ``exempt`` whose p99 breaks the rule of this module's docstring:
+    every window over ``slo_ms`` when more than one is, else the one over the margin (empty: the
+    SLO held)."""
+    skip = set(exempt)
+    over = {t: p for t, p in p99s.items() if t not in skip and p > slo_ms}
+    if len(over) > 1:
+        return over
+    return {t: p for t, p in over.items() if p > LOADED_HOST_MARGIN * slo_ms}
 
 
 def window_p99s(
