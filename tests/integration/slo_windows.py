@@ -7,8 +7,9 @@ moment falls in, :func:`fault_windows` the windows a fault makes its own: from t
 starts in until one window after the component is healthy again (the backlog it leaves arrives
 at once). The tests judge those against the client's timeout, not the SLO.
 
-Outside them, :func:`slo_misses` judges the windows: the SLO holds in all of them but at most
-one, and that one stays within :data:`LOADED_HOST_MARGIN` times the SLO. The tests run on a
+Outside them, :func:`slo_misses` judges the p99 of all requests: the SLO holds in every window
+but at most one, and that one stays within :data:`LOADED_HOST_MARGIN` times the SLO (a series of
+baseline-only p99s, a few dozen requests a window, is held to the margin alone). The tests run on a
 two-core host shared with brokers, other stacks and test suites, where a stall of a few hundred
 milliseconds now and then puts the few slowest requests of a ~200-request window over the SLO
 whatever the stack does (once 361 ms against 250 in a three-broker run's first window, before
