@@ -87,6 +87,17 @@ Exploration and fallback
   capacity left after the safety margin is below ``min_pool_units`` everywhere, nothing is
   allocated (``below_safety_margin``).
 
+Loading
+-------
+A device new to the strong model idles for the model's load (``lever.load_s``) before it serves:
+of a pool that lives ``lifetime`` more seconds it works ``lifetime − load_s`` of them. Given what
+the last split gave each lever (``held``, :meth:`Allocation.held`), the value-ordered LP prices a
+lever's units of a pool beyond the ones it holds at ``1 − load_s / lifetime`` of a loaded one (a
+second copy of its variables there, the first limited to the held units). So devices move to
+the strong model only for a gain that pays the load, not back and forth on a knife edge between
+it and RMA; a pool of unknown lifetime, or a call without ``held``, prices every unit as
+loaded.
+
 Every result says whether it fell back and why, and which levers' caps bound, so the event log
 can disclose the allocator's failure bounds.
 """
@@ -123,6 +134,7 @@ __all__ = [
     "Allocator",
     "FallbackReason",
     "Pool",
+    "PoolUse",
     "QualityCurves",
     "RmaCurve",
     "fill_levels",
@@ -132,6 +144,8 @@ __all__ = [
 ]
 
 _EPS = 1e-9
+# (lever, resource, hardware, remote): a lever's part of one kind of pool, across calls
+PoolUse = tuple[str, str, str, bool]
 # an LP's solution below this many resource units (cores, devices) is what the tableau's
 # rounding leaves, not work: a lever is not booked a 1e-17 share of a pool (:meth:`Allocator._book`)
 _ROUNDING = 1e-12
@@ -343,6 +357,17 @@ class Allocation:
 
     def budget(self, lever: str) -> tuple[float, float]:
         return self.budgets.get(lever, (0.0, 0.0))
+
+    def held(self) -> dict[PoolUse, float]:
+        """The units of each pool every lever was given, by (lever, resource, hardware,
+        remote): what the next call's ``held`` says (:meth:`Allocator.allocate`)."""
+        out: dict[PoolUse, float] = {}
+        for lever, i, units in self.pool_use:
+            if 0 <= i < len(self.pools) and units > 0.0:
+                p = self.pools[i]
+                key = (lever, p.resource, p.hardware, p.remote)
+                out[key] = out.get(key, 0.0) + units
+        return out
 
     @property
     def total_cpu(self) -> float:
@@ -571,10 +596,14 @@ class Allocator:
         ctx: LeverContext,
         book: ValueBook,
         value_age_s: float | None,
+        held: Mapping[PoolUse, float] | None = None,
     ) -> Allocation:
-        """Split the region's opportunistic ``capacity`` (see the module docstring)."""
+        """Split the region's opportunistic ``capacity`` (see the module docstring). ``held``:
+        what the last split gave each lever (:meth:`Allocation.held`), for the levers whose new
+        devices must first load (*Loading*); None prices every unit as loaded."""
         s = self.settings
         pools = pools_from_capacity(capacity, now, s.safety_margin)
+        resident = self._resident(pools, held)
         usable = [p.units >= s.min_pool_units for p in pools]
         safe_cpu = sum(
             p.units for p, u in zip(pools, usable, strict=True) if u and p.resource == "cpu"
@@ -642,7 +671,17 @@ class Allocator:
         pinned: list[tuple[str, int]] = []
         dropped: set[tuple[str, int]] = set()
         priced: set[tuple[str, int]] = set()  # pinned because they held their need
-        run = self._run(pools, usable, demand, estimates, value_age_s, pinned, dropped, tranches)
+        run = self._run(
+            pools,
+            usable,
+            demand,
+            estimates,
+            value_age_s,
+            pinned,
+            dropped,
+            tranches,
+            resident=resident,
+        )
         for _ in range(len(self.levers) * len(pools)):
             short = self._short_hold(run, pools, pinned, dropped)
             if short is None:
@@ -658,6 +697,7 @@ class Allocator:
                 dropped,
                 tranches,
                 priced | {key} if holds else priced,
+                resident=resident,
             )
             if holds:
                 # it keeps the pool either way, and no lever is measured (so no explorer to
@@ -677,6 +717,7 @@ class Allocator:
                 dropped | {key},
                 tranches,
                 priced,
+                resident=resident,
             )
             exploring = not _proven(estimates[key[0]])
             if keeps and (
@@ -841,6 +882,8 @@ class Allocator:
         dropped: set[tuple[str, int]],
         tranches: Mapping[str, Sequence[Tranche]] | None = None,
         priced: Collection[tuple[str, int]] = (),
+        *,
+        resident: Mapping[tuple[str, int], float] | None = None,
     ) -> _Run:
         """One split: fallback or exploration, then the LP, on the pools as ``pinned`` and
         ``dropped`` reshape them (a pinned lever's need is a slot only it may use). The pins
@@ -897,6 +940,7 @@ class Allocator:
                 acc,
                 tranches or {},
                 _pinned_beside(slots),
+                self._loading(pools, slots, resident),
             )
             self._fill_pinned(pools, slots, variables, demand, acc, only=late)
         # remote capacity the proven levers left is worth nothing to them and the live path
@@ -910,6 +954,52 @@ class Allocator:
             self._top_up(proven, variables, demand, slot_pools, slots, acc, not idle_live)
         run.explored = measured
         return run
+
+    def _resident(
+        self, pools: Sequence[Pool], held: Mapping[PoolUse, float] | None
+    ) -> dict[tuple[str, int], float] | None:
+        """(lever, pool) -> the units of the pool the lever held after the last split, for the
+        levers whose new devices must first load (accelerator pools only); None: not known."""
+        if held is None:
+            return None
+        out: dict[tuple[str, int], float] = {}
+        for lever in self.levers:
+            if lever.load_s <= 0.0:
+                continue
+            for i, p in enumerate(pools):
+                if p.resource == "accelerator":
+                    units = held.get((lever.name, p.resource, p.hardware, p.remote), 0.0)
+                    out[(lever.name, i)] = units if math.isfinite(units) and units > 0 else 0.0
+        return out
+
+    def _loading(
+        self,
+        pools: Sequence[Pool],
+        slots: Sequence[_Slot],
+        resident: Mapping[tuple[str, int], float] | None,
+    ) -> dict[tuple[str, int], tuple[float, float]]:
+        """(lever, shared slot) -> (the units of it the lever holds loaded, what a unit
+        beyond them is worth against one of those): ``1 − load_s / lifetime`` of the pool
+        (*Loading*). Only where that is below 1 and the slot has units beyond the held ones."""
+        out: dict[tuple[str, int], tuple[float, float]] = {}
+        if resident is None:
+            return out
+        for lever in self.levers:
+            if lever.load_s <= 0.0:
+                continue
+            for k, sl in enumerate(slots):
+                got = resident.get((lever.name, sl.origin))
+                life = pools[sl.origin].lifetime_s
+                if sl.owner is not None or got is None or not math.isfinite(life) or life <= 0.0:
+                    continue
+                # its pinned devices of the pool are the first it holds
+                pinned = sum(
+                    x.units for x in slots if x.owner == lever.name and x.origin == sl.origin
+                )
+                here = max(got - pinned, 0.0)
+                if here < sl.units:
+                    out[(lever.name, k)] = (here, max(1.0 - lever.load_s / life, 0.0))
+        return out
 
     def _slots(
         self,
@@ -1103,6 +1193,7 @@ class Allocator:
         acc: _Acc,
         tranches: Mapping[str, Sequence[Tranche]],
         pinned_units: Mapping[tuple[str, int], float] | None = None,
+        loading: Mapping[tuple[str, int], tuple[float, float]] | None = None,
     ) -> list[str]:
         if not names:
             return []
@@ -1128,6 +1219,7 @@ class Allocator:
             contested=contested,
             tranches={n: tranches[n] for n in names if n in tranches},
             pinned_units=pinned_units,
+            loading=loading,
         )
 
     def _solve(
@@ -1145,12 +1237,16 @@ class Allocator:
         contested: Sequence[bool] | None,
         tranches: Mapping[str, Sequence[Tranche]] | None = None,
         pinned_units: Mapping[tuple[str, int], float] | None = None,
+        loading: Mapping[tuple[str, int], tuple[float, float]] | None = None,
     ) -> list[str]:
         """Build and solve one LP and add its solution to ``acc``; returns the levers whose
         cap row was tight. ``contested=None`` puts a cap row on every (lever, pool).
         ``tranches``: levers valued piecewise (a copy of the lever's variables per tranche,
         each at its tranche's LCB and limited to its share of the demand; the tranches of
-        levers that take a request whole share a per-segment request row)."""
+        levers that take a request whole share a per-segment request row). ``loading[(lever,
+        slot)] = (held, worth)``: the lever's units of the slot beyond the ``held`` ones are
+        worth ``worth`` of a held one (*Loading*: a copy of each of its variables there at that
+        value, the originals limited to ``held`` units)."""
         vs: list[_Var] = []
         coef: list[float] = []
         parts = tranches or {}
@@ -1171,11 +1267,27 @@ class Allocator:
                     coef.append(t.estimate.mean / dominant)
         if not vs:
             return []
+        held_cols: dict[tuple[str, int], list[int]] = {}
+        if loading:
+            for j in range(len(vs)):
+                v = vs[j]
+                key = (v.lever, -1 if v.acc_pool is None else v.acc_pool)
+                got = loading.get(key)
+                if got is not None:
+                    held_cols.setdefault(key, []).append(j)
+                    vs.append(v)  # the same work on units the lever must first load
+                    coef.append(coef[j] * got[1])
         cols = _Columns(vs)
         rows = _Rows()
         use = cols.pool_rows(len(limits))
         live = use.any(axis=1)
         rows.add(use[live], [max(limits[i], 0.0) for i in np.flatnonzero(live).tolist()])
+        if held_cols and loading:
+            rows.add_sparse(
+                [{j: vs[j].acc for j in js} for js in held_cols.values()],
+                [max(loading[key][0], 0.0) for key in held_cols],
+                len(vs),
+            )
         cap_rows = self._lever_rows(
             cols, use, demand, acc, caps, cap_units, contested, rows, parts, pinned_units
         )

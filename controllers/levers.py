@@ -829,6 +829,9 @@ class Lever(ABC):
     shed_action: ShedAction = ShedAction.DROP
     hardware: tuple[str, ...] | None = None  # accelerator types it may use; None = any
     min_durability_s: float = 0.0  # pools expiring sooner than this are useless to it
+    # seconds an accelerator new to the lever idles before it does work (the strong model's
+    # load): the allocator prices such units below the ones it already holds
+    load_s: float = 0.0
     # True when its treatment value signals carry the ``cost`` of the work they received (the
     # live levers' servers report it): then treatment sums without cost mean it did no work
     costed_signals: bool = False
@@ -1209,6 +1212,7 @@ class SbmLever(Lever):
         self.costs = costs
         self.hardware = costs.strong_hardware
         self.min_durability_s = costs.strong_load_s
+        self.load_s = costs.strong_load_s
         self.max_coverage = max_coverage
         # the strong replicas' mean-wait budget (coverage ``wait_budget_share`` × setpoint):
         # they admit work up to the utilisation whose queue stays within it; None: no limit

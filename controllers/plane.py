@@ -46,6 +46,7 @@ import numpy as np
 from headroom.controllers.allocator import (
     Allocation,
     Allocator,
+    PoolUse,
     RmaCurve,
     fill_levels,
     held_units,
@@ -220,7 +221,7 @@ class Decision:
 
 
 class _Region:
-    __slots__ = ("book", "coverage", "epoch", "last_now", "precompute_rate", "rma", "rng")
+    __slots__ = ("book", "coverage", "epoch", "held", "last_now", "precompute_rate", "rma", "rng")
 
     def __init__(self, plane: ControlPlane, name: str, rng_root: int | None = None) -> None:
         cfg = plane.config
@@ -241,12 +242,17 @@ class _Region:
         self.epoch = 0
         self.last_now: float | None = None
         self.precompute_rate = 0.0
+        # what the last split gave each lever, per kind of pool (the allocator's ``held``)
+        self.held: dict[PoolUse, float] | None = None
 
     def snapshot(self) -> dict[str, Any]:
         return {
             "epoch": self.epoch,
             "last_now": self.last_now,
             "precompute_rate": self.precompute_rate,
+            "held": None
+            if self.held is None
+            else [[*key, units] for key, units in sorted(self.held.items())],
             "rma": self.rma.snapshot(),
             "coverage": self.coverage.snapshot(),
             "book": self.book.snapshot(),
@@ -258,6 +264,12 @@ class _Region:
         ln = state.get("last_now")
         self.last_now = None if ln is None else float(ln)
         self.precompute_rate = float(state.get("precompute_rate", 0.0))
+        held = state.get("held")  # None in older snapshots: every unit priced as loaded
+        self.held = (
+            None
+            if held is None
+            else {(str(lv), str(r), str(h), bool(rm)): float(u) for lv, r, h, rm, u in held}
+        )
         self.rma.restore(state["rma"])
         self.coverage.restore(state["coverage"])
         self.book.restore(state.get("book", []))
@@ -408,7 +420,8 @@ class ControlPlane:
         value_age = obs.value_age_s
         if value_age is not None and not math.isfinite(value_age):
             value_age = math.inf
-        alloc = self.allocator.allocate(obs.capacity, now, ctx, st.book, value_age)
+        alloc = self.allocator.allocate(obs.capacity, now, ctx, st.book, value_age, st.held)
+        st.held = alloc.held()
 
         # 3. RMA PID, sized by the requests that run live: a precompute hit runs nothing of its
         # plan (defences/plan.py, step 5), so its share of the budget would sit idle

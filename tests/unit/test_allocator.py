@@ -620,6 +620,47 @@ def test_sbm_on_a_larger_pool_holds_at_least_one_device_and_the_rest_is_split() 
     assert sbm + use_of(a, "rma").get(0, 0.0) <= 2.7 + 1e-9
 
 
+def _split(held: dict | None, expires_in_s: float | None, uplift: dict[str, float]):
+    book = book_with(uplift)
+    cap = capacity(cpu=16.0, accelerator=3.0, expires_in_s=expires_in_s)
+    return live_allocator().allocate(cap, 0.0, CTX, book, 10.0, held)
+
+
+@pytest.mark.parametrize("expires_in_s", [130.0, 300.0])
+def test_the_units_a_lever_holds_loaded_are_priced_in_full(expires_in_s: float) -> None:
+    # told it already holds what the split gives it, the strong model is given the same: only
+    # units beyond the held ones are priced below a loaded one
+    uplift = {"rma": 0.05, "sbm": 0.5}
+    fresh = _split(None, expires_in_s, uplift)
+    again = _split(fresh.held(), expires_in_s, uplift)
+    assert use_of(fresh, "sbm")[0] > 0.9 + 1e-6  # beyond its first device: the case at hand
+    assert again.held() == pytest.approx(fresh.held())
+    for lever, budget in fresh.budgets.items():
+        assert again.budget(lever) == pytest.approx(budget)
+
+
+def test_devices_the_strong_model_must_first_load_are_priced_by_what_is_left_of_the_pool() -> None:
+    # the pool lives 130 s and the model loads for 120: a device the strong model does not hold
+    # yet is worth 1 − 120/130 of a loaded one, so holding none it gives way to RMA, which can
+    # use a device at once; on a pool of unknown lifetime nothing changes
+    uplift = {"rma": 0.05, "sbm": 0.5}
+    priced = _split(None, 130.0, uplift)
+    new = _split({}, 130.0, uplift)
+    assert use_of(new, "sbm").get(0, 0.0) < use_of(priced, "sbm")[0] - 0.1
+    assert use_of(new, "rma")[0] > use_of(priced, "rma").get(0, 0.0) + 0.1
+    for held in ({}, {("sbm", "accelerator", "gpu-b", False): 5.0}):
+        assert _split(held, None, uplift).held() == pytest.approx(_split(None, None, uplift).held())
+
+
+def test_held_units_are_keyed_by_the_kind_of_pool() -> None:
+    a = _split(None, 300.0, {"rma": 0.05, "sbm": 0.5})
+    held = a.held()
+    assert set(held) <= {
+        (lever, p.resource, p.hardware, p.remote) for p in a.pools for lever in ("rma", "sbm")
+    }
+    assert sum(held.values()) == pytest.approx(sum(u for _, _, u in a.pool_use))
+
+
 def test_the_rest_of_a_pool_sbm_is_pinned_to_is_priced_at_the_chord_of_its_usable_units() -> None:
     # a queue of more devices runs busier at the same wait: pinned to its first device, SBM
     # uses u(1) of it; each unit it adds of the rest lets it use u(2)·2 − u(1)·1 per device

@@ -190,6 +190,23 @@ def test_snapshot_then_restore_gives_identical_next_outputs(before, after, seed)
         assert ta == tb
 
 
+def test_the_snapshot_keeps_what_the_last_split_gave_each_lever() -> None:
+    # the allocator prices devices the strong model must first load below the ones it holds:
+    # a restored plane knows what it held (an older snapshot without it prices all as loaded)
+    cap = capacity(cpu=8.0, accelerator=2.0, expires_in_s=900.0)
+    a = ControlPlane(CFG, np.random.default_rng(0))
+    a.step(observation(60.0, capacity=cap, value=proven(np.random.default_rng(7)), value_age_s=5.0))
+    snap = json.loads(json.dumps(a.snapshot()))
+    held = snap["regions"]["us-east"]["held"]
+    assert any(lever == "sbm" and resource == "accelerator" for lever, resource, *_ in held)
+    b = ControlPlane(CFG, np.random.default_rng(1))
+    b.restore(snap)
+    assert json.loads(json.dumps(b.snapshot()))["regions"]["us-east"]["held"] == held
+    del snap["regions"]["us-east"]["held"]
+    b.restore(snap)
+    assert b.snapshot()["regions"]["us-east"]["held"] is None
+
+
 def test_a_region_first_seen_after_a_restore_draws_as_without_the_restore() -> None:
     # the snapshot keeps the root new regions' streams derive from: a region that steps for
     # the first time after a restore gets the targets it would have got on the original plane
