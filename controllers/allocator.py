@@ -671,34 +671,22 @@ class Allocator:
         pinned: list[tuple[str, int]] = []
         dropped: set[tuple[str, int]] = set()
         priced: set[tuple[str, int]] = set()  # pinned because they held their need
-        run = self._run(
-            pools,
-            usable,
-            demand,
-            estimates,
-            value_age_s,
-            pinned,
-            dropped,
-            tranches,
-            resident=resident,
-        )
+
+        def split(
+            pins: Sequence[tuple[str, int]],
+            drops: set[tuple[str, int]],
+            prices: Collection[tuple[str, int]],
+        ) -> _Run:
+            args = (pools, usable, demand, estimates, value_age_s, pins, drops, tranches, prices)
+            return self._run(*args, resident=resident)
+
+        run = split(pinned, dropped, priced)
         for _ in range(len(self.levers) * len(pools)):
             short = self._short_hold(run, pools, pinned, dropped)
             if short is None:
                 break
             key, holds = short
-            pin = self._run(
-                pools,
-                usable,
-                demand,
-                estimates,
-                value_age_s,
-                [*pinned, key],
-                dropped,
-                tranches,
-                priced | {key} if holds else priced,
-                resident=resident,
-            )
+            pin = split([*pinned, key], dropped, priced | {key} if holds else priced)
             if holds:
                 # it keeps the pool either way, and no lever is measured (so no explorer to
                 # keep): the pin only reprices it
@@ -707,18 +695,7 @@ class Allocator:
                 run = pin
                 continue
             keeps = self._keeps_explorers(run, pin, key, pools, estimates)
-            drop = self._run(
-                pools,
-                usable,
-                demand,
-                estimates,
-                value_age_s,
-                pinned,
-                dropped | {key},
-                tranches,
-                priced,
-                resident=resident,
-            )
+            drop = split(pinned, dropped | {key}, priced)
             exploring = not _proven(estimates[key[0]])
             if keeps and (
                 exploring
