@@ -907,6 +907,7 @@ class Allocator:
             measured = [n for n in hopeful if n not in proven]
             if measured and s.explore_share > 0.0:
                 self._flat(measured, variables, demand, slot_pools, acc, s.explore_share)
+            beside = _pinned_beside(slots)
             run.cap_bound = self._optimise(
                 proven,
                 variables,
@@ -916,8 +917,8 @@ class Allocator:
                 [x.units for x in slots],
                 acc,
                 tranches or {},
-                _pinned_beside(slots),
-                self._loading(pools, slots, resident),
+                beside,
+                self._loading(pools, slots, resident, beside),
             )
             self._fill_pinned(pools, slots, variables, demand, acc, only=late)
         # remote capacity the proven levers left is worth nothing to them and the live path
@@ -954,10 +955,13 @@ class Allocator:
         pools: Sequence[Pool],
         slots: Sequence[_Slot],
         resident: Mapping[tuple[str, int], float] | None,
+        beside: Mapping[tuple[str, int], float],
     ) -> dict[tuple[str, int], tuple[float, float]]:
         """(lever, shared slot) -> (the units of it the lever holds loaded, what a unit
         beyond them is worth against one of those): ``1 − load_s / lifetime`` of the pool
-        (*Loading*). Only where that is below 1 and the slot has units beyond the held ones."""
+        (*Loading*). Only where that is below 1 and the slot has units beyond the held ones.
+        ``beside``: :func:`_pinned_beside` of ``slots`` (a lever's pinned devices of the pool
+        are the first it holds)."""
         out: dict[tuple[str, int], tuple[float, float]] = {}
         if resident is None:
             return out
@@ -969,11 +973,7 @@ class Allocator:
                 life = pools[sl.origin].lifetime_s
                 if sl.owner is not None or got is None or not math.isfinite(life) or life <= 0.0:
                     continue
-                # its pinned devices of the pool are the first it holds
-                pinned = sum(
-                    x.units for x in slots if x.owner == lever.name and x.origin == sl.origin
-                )
-                here = max(got - pinned, 0.0)
+                here = max(got - beside.get((lever.name, k), 0.0), 0.0)
                 if here < sl.units:
                     out[(lever.name, k)] = (here, max(1.0 - lever.load_s / life, 0.0))
         return out

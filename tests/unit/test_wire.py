@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
+from collections.abc import AsyncIterator
 
 import pytest
 from hypothesis import given
@@ -118,13 +120,23 @@ async def _echo_server(delays: dict[int, float]) -> asyncio.Server:
     return await serve(handle, "127.0.0.1", 0)
 
 
-async def test_responses_are_matched_to_requests_whatever_their_order() -> None:
-    # request 0 is slow: the others overtake it on the same connection
-    server = await _echo_server({0: 0.05})
-    port = server.sockets[0].getsockname()[1]
-    client = WireClient("127.0.0.1", port)
+@contextlib.asynccontextmanager
+async def _echo_client(delays: dict[int, float]) -> AsyncIterator[WireClient]:
+    """A client connected to :func:`_echo_server`; both closed on the way out."""
+    server = await _echo_server(delays)
+    client = WireClient("127.0.0.1", server.sockets[0].getsockname()[1])
     await client.connect()
     try:
+        yield client
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()
+
+
+async def test_responses_are_matched_to_requests_whatever_their_order() -> None:
+    # request 0 is slow: the others overtake it on the same connection
+    async with _echo_client({0: 0.05}) as client:
         calls = [
             client.call(RankRequest(id=i, user=100 + i, segment="s", t_s=0.0, base=5), 5.0)
             for i in range(20)
@@ -132,29 +144,17 @@ async def test_responses_are_matched_to_requests_whatever_their_order() -> None:
         done = await asyncio.gather(*calls)
         assert [r.top_ad for r in done] == [100 + i for i in range(20)]
         assert client.in_flight == 0
-    finally:
-        await client.close()
-        server.close()
-        await server.wait_closed()
 
 
 async def test_a_slow_answer_is_a_timeout_and_the_connection_stays_up() -> None:
     # request 0 takes longer than the caller waits: TimeoutError (an OSError), not a lost server
-    server = await _echo_server({0: 0.5})
-    port = server.sockets[0].getsockname()[1]
-    client = WireClient("127.0.0.1", port)
-    await client.connect()
-    try:
+    async with _echo_client({0: 0.5}) as client:
         with pytest.raises(TimeoutError):
             await client.call(RankRequest(id=0, user=7, segment="s", t_s=0.0, base=1), 0.05)
         assert not client.closed
         assert client.in_flight == 0
         done = await client.call(RankRequest(id=1, user=8, segment="s", t_s=0.0, base=1), 5.0)
         assert done.top_ad == 8
-    finally:
-        await client.close()
-        server.close()
-        await server.wait_closed()
 
 
 async def test_a_lost_connection_fails_every_call_in_flight_at_once() -> None:
