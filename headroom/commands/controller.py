@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 from headroom.commands.server import resolve_t0
+from headroom.kernel.errors import ConfigError
 from headroom.kernel.logs import configure, get_logger
 from headroom.kernel.scenario_load import control_with_flags, load_scenario
 from headroom.kernel.settings import resolve_scenario
@@ -40,8 +41,24 @@ async def _prepare_topics(bootstrap: str, prefix: str) -> tuple[int, int]:
     return counts.get(name, 4), replicas.get(name, default_replication(brokers))
 
 
+FAUST_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def faust_log_level() -> str:
+    """The level of Faust's own log lines (its recovery, rebalances; plain text beside the
+    JSON lines): ``$HEADROOM_FAUST_LOG_LEVEL``, else warning (docs/logging.md)."""
+    level = (os.environ.get("HEADROOM_FAUST_LOG_LEVEL") or "warning").upper()
+    if level not in FAUST_LOG_LEVELS:
+        raise ConfigError(
+            f"HEADROOM_FAUST_LOG_LEVEL: must be one of {', '.join(FAUST_LOG_LEVELS).lower()}, "
+            f"got {level.lower()!r}"
+        )
+    return level
+
+
 def controller(args: argparse.Namespace) -> int:
     configure()
+    faust_level = faust_log_level()
     import faust
 
     from headroom.controllers.app import ControllerSettings, create_app
@@ -85,6 +102,6 @@ def controller(args: argparse.Namespace) -> int:
         t0=settings.t0,
         **target.security.describe(),
     )
-    worker = faust.Worker(app, loglevel="WARNING", quiet=True, redirect_stdouts=False)
+    worker = faust.Worker(app, loglevel=faust_level, quiet=True, redirect_stdouts=False)
     worker.execute_from_commandline()
     return 0

@@ -103,8 +103,12 @@ class ControllerProcess:
         self.log = workdir / "controller.log"
 
     def start(self, ttl_s: float | None = None, interval_s: float = 1.0) -> None:
+        # Faust's own lines at info: where a controller stalls, its log shows where
         env = dict(
-            os.environ, HEADROOM_CONTROLLER_DIR=str(self.workdir), HEADROOM_LOG_FORMAT="json"
+            os.environ,
+            HEADROOM_CONTROLLER_DIR=str(self.workdir),
+            HEADROOM_LOG_FORMAT="json",
+            HEADROOM_FAUST_LOG_LEVEL="info",
         )
         self.proc = subprocess.Popen(
             [

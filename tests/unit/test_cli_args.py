@@ -236,3 +236,26 @@ def test_simulate_policy_help_names_every_policy() -> None:
     simulate = dict(COMMANDS)[("simulate",)]
     (policy,) = [a for a in simulate._actions if "--policy" in a.option_strings]
     assert all(name in str(policy.help) for name in POLICIES)
+
+
+def test_a_bad_faust_log_level_stops_the_controller_before_any_work(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # refused before the scenario is read or Kafka is asked for anything (nothing listens on
+    # the port given)
+    monkeypatch.setenv("HEADROOM_FAUST_LOG_LEVEL", "loud")
+    code = main(["controller", "--bootstrap", "127.0.0.1:9", "--prefix", "x."])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err == (
+        "headroom: HEADROOM_FAUST_LOG_LEVEL: must be one of debug, info, warning, error, "
+        "critical, got 'loud'\n"
+    )
+
+
+@pytest.mark.parametrize("level", ["", "info", "WARNING", "debug"])
+def test_a_faust_log_level_is_read_in_any_case(level: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from headroom.commands.controller import faust_log_level
+
+    monkeypatch.setenv("HEADROOM_FAUST_LOG_LEVEL", level)
+    assert faust_log_level() == (level.upper() or "WARNING")
