@@ -143,9 +143,9 @@ async def test_a_commit_past_unprocessed_signals_is_read_again_from_the_mark(
                 assert time.monotonic() < deadline, "the restarted controller got no partitions"
                 await asyncio.sleep(0.5)
             # one more signal, and another every RESEND_S until the controller has counted
-            # every one sent: its value agent starts at the group's commit, or — where the
-            # commit is not read in time and the consumer starts from the end — at the next
-            # signal; either way the first it processes reads the partition again from the mark
+            # every one sent: its value agent starts at the group's commit — or, should its
+            # consumer start from the end (the reset is `latest`), at a later signal; either
+            # way the first it processes reads the partition again from the mark
             sent = COMMITTED
             got: dict[str, Any] = {}
             deadline = time.monotonic() + 60.0
