@@ -1248,7 +1248,9 @@ class Allocator:
         if loading:
             for j in range(len(vs)):
                 v = vs[j]
-                key = (v.lever, -1 if v.acc_pool is None else v.acc_pool)
+                if v.acc_pool is None:
+                    continue
+                key = (v.lever, v.acc_pool)
                 got = loading.get(key)
                 if got is not None:
                     held_cols.setdefault(key, []).append(j)

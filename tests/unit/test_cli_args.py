@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from headroom.cli import build_parser, main
+from headroom.commands.controller import faust_log_level
 from headroom.kernel.errors import ConfigError
 from headroom.kernel.flags import (
     COUNT,
@@ -255,7 +256,5 @@ def test_a_bad_faust_log_level_stops_the_controller_before_any_work(
 
 @pytest.mark.parametrize("level", ["", "info", "WARNING", "debug"])
 def test_a_faust_log_level_is_read_in_any_case(level: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from headroom.commands.controller import faust_log_level
-
     monkeypatch.setenv("HEADROOM_FAUST_LOG_LEVEL", level)
     assert faust_log_level() == (level.upper() or "WARNING")
