@@ -923,9 +923,12 @@ class PrecomputeWorker(Service):
                 raise KafkaUnavailable(f"could not write to Kafka: {result}") from result
 
     async def _send_outbox(self) -> None:
-        outbox, self._outbox = self._outbox, []
-        for event in outbox:
+        # an event leaves the outbox once the producer holds it: a round cancelled by the stop
+        # in the middle of a send leaves the rest to the stop's own send (on_stop)
+        while self._outbox:
+            event = self._outbox[0]
             await self._send("events", messages.encode(event), event.key())
+            self._outbox.pop(0)
         if self._pending:
             await self._settle()
 

@@ -9,7 +9,9 @@ counts them as wasted, an expired target stops new jobs.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -447,3 +449,40 @@ async def test_the_uplift_is_counted_against_the_live_alternative_of_the_targets
     await w.step()
     assert w.live is None
     assert w.planner.uplift.lifetime(premium) == pytest.approx(lifetimes[premium])
+
+
+class _HeldProducer:
+    """Holds the first send until ``release`` is set; records every send it completes."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.sent: list[bytes] = []
+
+    async def send(
+        self, topic: str, value: bytes, key: bytes | None = None
+    ) -> asyncio.Future[None]:
+        await self.release.wait()
+        self.sent.append(value)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+
+async def test_a_round_stopped_in_the_middle_of_a_send_loses_no_event(world_and_curves) -> None:  # type: ignore[no-untyped-def]
+    # the stop cancels the worker's round while the producer holds an event; the stop's own
+    # send (on_stop) must still find every event not yet handed over
+    worker = make_worker(world_and_curves, Clock())
+    producer = _HeldProducer()
+    worker._producer = producer  # type: ignore[assignment]
+    worker.kafka = SimpleNamespace(topic=lambda kind: f"t.{kind}")  # type: ignore[assignment]
+    for k in range(3):
+        worker._event("precompute.uplift.rescaled", {"k": k})
+    round_ = asyncio.create_task(worker._send_outbox())
+    await asyncio.sleep(0.01)
+    round_.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await round_
+    producer.release.set()
+    await worker._send_outbox()
+    kinds = [messages.decode("events", v).to_dict()["k"] for v in producer.sent]
+    assert kinds == [0, 1, 2]
