@@ -29,6 +29,7 @@ from headroom.kernel.flags import (
     SPEED,
     number,
 )
+from headroom.kernel.logs import check_environment
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -737,6 +738,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # a bad numeric flag raises ConfigError here (headroom.kernel.flags.py): exit 2
         args = parser.parse_args(argv)
+        # a log variable no process could use stops every command here, before any work
+        check_environment()
         module_name, func_name = args._handler
         try:
             module = importlib.import_module(module_name)

@@ -18,8 +18,7 @@ import os
 from pathlib import Path
 
 from headroom.commands.server import resolve_t0
-from headroom.kernel.errors import ConfigError
-from headroom.kernel.logs import configure, get_logger
+from headroom.kernel.logs import LOG_LEVELS, configure, env_choice, get_logger
 from headroom.kernel.scenario_load import control_with_flags, load_scenario
 from headroom.kernel.settings import resolve_scenario
 from headroom.streams.kafka import KafkaTarget
@@ -41,19 +40,10 @@ async def _prepare_topics(bootstrap: str, prefix: str) -> tuple[int, int]:
     return counts.get(name, 4), replicas.get(name, default_replication(brokers))
 
 
-FAUST_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-
-
 def faust_log_level() -> str:
     """The level of Faust's own log lines (its recovery, rebalances; plain text beside the
     JSON lines): ``$HEADROOM_FAUST_LOG_LEVEL``, else warning (docs/logging.md)."""
-    level = (os.environ.get("HEADROOM_FAUST_LOG_LEVEL") or "warning").upper()
-    if level not in FAUST_LOG_LEVELS:
-        raise ConfigError(
-            f"HEADROOM_FAUST_LOG_LEVEL: must be one of {', '.join(FAUST_LOG_LEVELS).lower()}, "
-            f"got {level.lower()!r}"
-        )
-    return level
+    return env_choice("HEADROOM_FAUST_LOG_LEVEL", LOG_LEVELS, "warning").upper()
 
 
 def controller(args: argparse.Namespace) -> int:

@@ -10,7 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from headroom.cli import main
 from headroom.kernel import logs
+from headroom.kernel.errors import ConfigError
 
 
 class _Writes(io.StringIO):
@@ -70,3 +72,41 @@ def test_lines_from_threads_stay_whole_beside_a_stdlib_writer(stderr: _Writes) -
     assert len(lines) == 400
     mine = [json.loads(x) for x in lines if x.startswith("{")]
     assert sorted(x["i"] for x in mine) == list(range(200))
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("HEADROOM_LOG_LEVEL", "loud"),
+        ("HEADROOM_LOG_LEVEL", "warn"),
+        ("HEADROOM_LOG_FORMAT", "xml"),
+    ],
+)
+def test_a_log_variable_no_process_can_use_stops_every_command_at_start_up(
+    variable: str,
+    value: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(variable, value)
+    # a command that would otherwise succeed with no broker, file or network
+    assert main(["scenario", "schema"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith(f"headroom: {variable}: must be one of ")
+    assert captured.err.endswith(f", got {value!r}\n")
+    # and a library caller's first configure() refuses it too (the environment is read then)
+    monkeypatch.setattr(logs, "_configured", False)
+    with pytest.raises(ConfigError, match=variable):
+        logs.configure()
+
+
+@pytest.mark.parametrize("value", ["", "INFO", "Debug", " warning "])
+def test_a_log_level_is_read_in_any_case_and_empty_is_the_default(
+    value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HEADROOM_LOG_LEVEL", value)
+    assert logs.env_choice("HEADROOM_LOG_LEVEL", logs.LOG_LEVELS, "info") == (
+        value.strip().lower() or "info"
+    )
+    logs.check_environment()
