@@ -482,6 +482,15 @@ class _Run:
     explored: list[str]
 
 
+def _pool_units(slots: Sequence[_Slot]) -> list[float]:
+    """Per slot, the units of its whole pool (its own and every pinned slot of the pool): a
+    lever's cap is a share of the pool, whichever levers are pinned to parts of it."""
+    whole: dict[int, float] = {}
+    for sl in slots:
+        whole[sl.origin] = whole.get(sl.origin, 0.0) + sl.units
+    return [whole[sl.origin] for sl in slots]
+
+
 def _pinned_beside(slots: Sequence[_Slot]) -> dict[tuple[str, int], float]:
     """(lever, shared slot) -> the units the lever holds pinned in the same pool: a lever's cap
     of a pool counts what it is pinned to there."""
@@ -914,7 +923,7 @@ class Allocator:
                 demand,
                 estimates,
                 slot_pools,
-                [x.units for x in slots],
+                _pool_units(slots),
                 acc,
                 tranches or {},
                 beside,
@@ -1143,10 +1152,10 @@ class Allocator:
                 return
             cap = self.settings.cap(n)
             room = [
-                max(cap * sl.units - acc.pool_use.get((n, sl.origin), 0.0), 0.0)
+                max(cap * whole - acc.pool_use.get((n, sl.origin), 0.0), 0.0)
                 if contested[k] and cap < 1.0
                 else limits[k]
-                for k, sl in enumerate(slots)
+                for k, (sl, whole) in enumerate(zip(slots, _pool_units(slots), strict=True))
             ]
             self._solve_flat([n], {n: variables[n]}, demand, pools, limits, acc, room)
 
@@ -1341,9 +1350,10 @@ class Allocator:
     ) -> list[tuple[int, str]]:
         """Append each lever's demand row and its cap rows (on the contested pools, or every
         pool with ``contested=None``) to ``rows``; returns the cap rows as (row index, lever).
-        ``use``: every pool's row (:meth:`_Columns.pool_rows`). ``pinned_units[(lever,
-        slot)]``: what the lever holds pinned beside that slot, in the same pool — its cap
-        there is its cap of the whole pool less that."""
+        ``use``: every pool's row (:meth:`_Columns.pool_rows`). ``cap_units[i]``: the units a
+        lever's cap of slot ``i`` is a share of (its whole pool, :func:`_pool_units`, pinned
+        slots included). ``pinned_units[(lever, slot)]``: what the lever holds pinned beside
+        that slot, in the same pool — its cap there is its cap of the whole pool less that."""
         cap_rows: list[tuple[int, str]] = []
         for code, n in enumerate(cols.names):
             mine = cols.lever == code
@@ -1370,7 +1380,7 @@ class Allocator:
             for i in np.flatnonzero(keep).tolist():
                 cap_rows.append((rows.count + len(limits), n))
                 held = (pinned_units or {}).get((n, i), 0.0)
-                limits.append(max(cap * (cap_units[i] + held) - held, 0.0))
+                limits.append(max(cap * cap_units[i] - held, 0.0))
             rows.add(own[keep], limits)
         return cap_rows
 

@@ -689,6 +689,30 @@ def test_the_rest_of_a_pool_sbm_is_pinned_to_is_priced_at_the_chord_of_its_usabl
     assert pinned[None] == pytest.approx(min(chord / (1 - margin), 1.0))
 
 
+def test_a_levers_cap_is_a_share_of_the_whole_pool_whoever_is_pinned_to_part_of_it() -> None:
+    # RMA worth far more per device-second than the strong model: unpinned, its cap (0.9 of a
+    # contested pool) binds at 0.9 × 1.8 usable devices. With the strong model pinned to one
+    # device, RMA's share of the pool is what it takes of the rest, and the rest (0.9 device)
+    # is below its cap of the pool: it takes all of it — not 0.9 of the rest, which left the
+    # last tenth to the strong model and read as a binding cap
+    a = live_allocator()
+    pools = pools_from_capacity(capacity(cpu=40.0, accelerator=2.0), 0.0, a.settings.safety_margin)
+    acc = next(i for i, p in enumerate(pools) if p.resource == "accelerator")
+    book = book_with({"rma": 5.0, "sbm": 0.5})
+    est = {lv.name: lv.estimate(book, CTX, a.value.lcb_z, a.value.min_samples) for lv in LIVE}
+    demand = {lv.name: lv.demand(CTX) for lv in LIVE if lv.demand(CTX) > 0.0}
+    units = pools[acc].units
+    free = a._run(pools, [True] * len(pools), demand, est, 10.0, [], set())
+    assert free.acc.pool_use[("rma", acc)] == pytest.approx(0.9 * units)
+    assert free.cap_bound == ["rma"]
+    pinned = a._run(pools, [True] * len(pools), demand, est, 10.0, [("sbm", acc)], set())
+    held = pinned.acc.pool_use[("sbm", acc)]
+    assert held == pytest.approx(0.9)  # its one device, after the safety margin
+    assert pinned.acc.pool_use[("rma", acc)] == pytest.approx(units - held)
+    assert pinned.acc.pool_use[("rma", acc)] <= 0.9 * units
+    assert pinned.cap_bound == []
+
+
 def test_a_proven_sbm_holding_its_device_is_pinned_and_its_work_is_all_in_its_strata() -> None:
     # both levers proven, nothing measured: the strong model holds its device, and every
     # request it serves, the pinned device's included, is in a stratum the LP chose for it
