@@ -1146,6 +1146,7 @@ class Allocator:
         ``names`` in turn, each up to its demand and, on a contested pool, its cap less what
         it holds there already."""
         contested = self._contested(variables, len(pools))
+        wholes = _pool_units(slots)
         for n in names:
             limits = _left(acc, pools, 1.0, remote_only)
             if limits is None:
@@ -1155,7 +1156,7 @@ class Allocator:
                 max(cap * whole - acc.pool_use.get((n, sl.origin), 0.0), 0.0)
                 if contested[k] and cap < 1.0
                 else limits[k]
-                for k, (sl, whole) in enumerate(zip(slots, _pool_units(slots), strict=True))
+                for k, (sl, whole) in enumerate(zip(slots, wholes, strict=True))
             ]
             self._solve_flat([n], {n: variables[n]}, demand, pools, limits, acc, room)
 

@@ -333,7 +333,7 @@ class PrecomputeWorker(Service):
         self._requests: Any = None
         self._request_loop: ConsumerLoop | None = None
         self._pending: list[asyncio.Future[Any]] = []
-        self._outbox: list[messages.Event] = []
+        self._outbox: deque[messages.Event] = deque()
         self.events: deque[messages.Event] = deque(maxlen=10_000)  # the latest events emitted
         self._seg_names = cfg.segment_names
         self.calibrator = UpliftCalibrator(
@@ -928,7 +928,7 @@ class PrecomputeWorker(Service):
         while self._outbox:
             event = self._outbox[0]
             await self._send("events", messages.encode(event), event.key())
-            self._outbox.pop(0)
+            self._outbox.popleft()
         if self._pending:
             await self._settle()
 
